@@ -1,0 +1,37 @@
+# The README's commands. Each creates the virtual environment when it is missing.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(abspath $(VENV))/bin
+CORES ?= 2
+export PATH := $(BIN):$(PATH)
+
+.PHONY: demo test lint dryrun clean-demo venv
+
+venv: $(VENV)/.installed
+
+# Reinstall when the package's dependencies change.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+## demo: the whole workflow offline on this CPU (tiny ViT, synthetic data) into results/demo/
+demo: venv
+	$(BIN)/snakemake --configfile workflow/presets/demo.yaml --cores $(CORES) all
+
+## test: lint, then the test suite
+test: venv lint
+	$(BIN)/python -m pytest
+
+lint: venv
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/snakemake --lint
+
+## dryrun: list every job of the paper (no network, no compute)
+dryrun: venv
+	$(BIN)/snakemake -n all
+
+clean-demo:
+	rm -rf results/demo resources/demo

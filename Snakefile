@@ -1,0 +1,35 @@
+# vitplasticity: "Vision Transformer Finetuning Benefits from Non-Smooth Components", as a workflow.
+# All logic lives in src/vitplasticity; the rules below only wire files and config values.
+from snakemake.utils import min_version, validate
+
+min_version("9.27")
+
+
+configfile: "config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/plasticity.smk"
+include: "workflow/rules/finetune.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        plasticity_targets(),
+        report_targets(),
+    default_target: True
+
+
+rule plasticity_all:
+    input:
+        plasticity_targets(),
+
+
+rule finetune_all:
+    input:
+        finetune_targets(),

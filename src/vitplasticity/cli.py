@@ -1,0 +1,61 @@
+"""The ``vitplasticity`` command: one subcommand per workflow stage.
+
+Each subcommand lives in ``vitplasticity.commands.<module>`` as a ``register(subparsers)``
+function; its handler parses, calls one stage module, and writes. Heavy imports (torch,
+timm) happen inside handlers so that ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from vitplasticity import __version__
+
+# Modules that register subcommands, in the order --help lists them.
+COMMAND_MODULES: tuple[str, ...] = ("data", "plasticity", "bounds", "finetune", "report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every stage's subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="vitplasticity",
+        description="Plasticity and single-component finetuning of vision transformers "
+        "(arXiv 2602.06883). Each subcommand runs one workflow stage.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="STAGE")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"vitplasticity.commands.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"vitplasticity.commands.{name}":
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.handler(args) or 0)
+    except (ValueError, FileNotFoundError, RuntimeError) as error:
+        # Bad input: one clear line naming the culprit, no traceback to dig through.
+        logging.getLogger("vitplasticity").error("%s", error)
+        if args.verbose:
+            raise
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""``prepare`` and ``reference``: datasets into the prepared store, the reference set."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from vitplasticity.commands import json_argument
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``prepare`` and ``reference`` subcommands."""
+    prepare = subparsers.add_parser(
+        "prepare",
+        help="download (when needed) and prepare one dataset into the Parquet store",
+        description="Prepare one dataset: per split a Parquet file of encoded images and "
+        "labels, plus meta.json. Downloads are checksum-verified.",
+    )
+    prepare.add_argument("--dataset", required=True, help="dataset name (config key)")
+    prepare.add_argument(
+        "--spec", required=True, type=json_argument, help="its config entry, as JSON"
+    )
+    prepare.add_argument("--downloads", default="resources/downloads", help="download cache folder")
+    prepare.add_argument("--out", required=True, help="output folder of the prepared dataset")
+    prepare.set_defaults(handler=run_prepare)
+
+    reference = subparsers.add_parser(
+        "reference",
+        help="build the plasticity reference set (ImageNet val, or a prepared split)",
+        description="Select the reference images (paper: the first 12,800 ImageNet-1k val "
+        "images sorted by wnid and file name) into one Parquet file.",
+    )
+    reference.add_argument("--source", choices=["imagenet", "dataset"], required=True)
+    reference.add_argument("--imagenet", default="", help="ImageNet val folder or archive")
+    reference.add_argument(
+        "--dataset-dir", default="", help="with --source dataset: prepared dataset"
+    )
+    reference.add_argument("--split", default="test", help="with --source dataset: its split")
+    reference.add_argument("--n-images", type=int, default=12800)
+    reference.add_argument("--selection", choices=["paper", "stratified"], default="paper")
+    reference.add_argument("--seed", type=int, default=0, help="seed of the stratified selection")
+    reference.add_argument("--out", required=True, help="output Parquet file")
+    reference.set_defaults(handler=run_reference)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from vitplasticity.data.prepare import prepare_dataset
+
+    counts = prepare_dataset(args.dataset, args.spec, args.out, downloads=args.downloads)
+    log.info("prepared %s into %s: %s", args.dataset, args.out, counts)
+    return 0
+
+
+def run_reference(args: argparse.Namespace) -> int:
+    from vitplasticity.data.reference import build_reference
+
+    n = build_reference(
+        args.out,
+        source=args.source,
+        imagenet=args.imagenet or None,
+        dataset_dir=args.dataset_dir or None,
+        split=args.split,
+        n_images=args.n_images,
+        selection=args.selection,
+        seed=args.seed,
+    )
+    log.info("reference set %s: %d images", args.out, n)
+    return 0

@@ -1,0 +1,1 @@
+"""Datasets: sources, downloads, the prepared on-disk store, and loaders."""

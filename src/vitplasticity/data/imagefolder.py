@@ -1,0 +1,95 @@
+"""The generic ImageFolder preparer: ``root/<class>/<image>`` trees into the prepared store.
+
+Images are stored as their original encoded bytes (no re-encoding, no quality loss). When
+``root`` has ``train/`` and ``test/`` subfolders they become the pool and test splits (and
+``val/`` a fixed validation split); otherwise the fixed seed-42 80/20 split makes pool/test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitplasticity.data.store import PreparedDatasetWriter, fixed_split
+
+IMAGE_SUFFIXES: frozenset[str] = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif"})
+
+
+def scan_image_folder(
+    root: str | os.PathLike[str], classes: list[str] | None = None
+) -> tuple[list[Path], list[int], list[str]]:
+    """List images under ``root/<class>/`` sorted by (class, file name).
+
+    Returns the image paths, their labels, and the class names (sorted folder names unless
+    ``classes`` fixes them).
+
+    Raises:
+        FileNotFoundError: when ``root`` is missing or holds no class folder with images.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {root} does not exist")
+    names = classes or sorted(p.name for p in root.iterdir() if p.is_dir())
+    paths: list[Path] = []
+    labels: list[int] = []
+    for label, name in enumerate(names):
+        folder = root / name
+        files = (
+            sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            if folder.is_dir()
+            else []
+        )
+        paths.extend(files)
+        labels.extend([label] * len(files))
+    if not paths:
+        raise FileNotFoundError(f"image folder {root}: no <class>/<image> files found")
+    return paths, labels, names
+
+
+def prepare_image_folder(
+    root: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    name: str,
+    *,
+    split_seed: int = 42,
+    test_fraction: float = 0.2,
+    extra_meta: dict[str, Any] | None = None,
+) -> dict[str, int]:
+    """Prepare an ImageFolder tree; return the split sizes."""
+    root = Path(root)
+    with PreparedDatasetWriter(out_dir) as writer:
+        if (root / "train").is_dir() and (root / "test").is_dir():
+            _, _, classes = scan_image_folder(root / "train")
+            for folder, split in (("train", "pool"), ("val", "val"), ("test", "test")):
+                if (root / folder).is_dir():
+                    paths, labels, _ = scan_image_folder(root / folder, classes)
+                    writer.add_split(
+                        split,
+                        (p.read_bytes() for p in paths),
+                        labels,
+                        [str(p.relative_to(root)) for p in paths],
+                    )
+        else:
+            paths, labels, classes = scan_image_folder(root)
+            pool, test = fixed_split(len(paths), split_seed, test_fraction)
+            for split, idx in (("pool", pool), ("test", test)):
+                chosen = [paths[i] for i in idx]
+                writer.add_split(
+                    split,
+                    (p.read_bytes() for p in chosen),
+                    np.asarray(labels)[idx].tolist(),
+                    [str(p.relative_to(root)) for p in chosen],
+                )
+        writer.finish(
+            {
+                "name": name,
+                "source": "image_folder",
+                "num_classes": len(classes),
+                "class_names": classes,
+                **(extra_meta or {}),
+            }
+        )
+        return dict(writer.counts)

@@ -1,0 +1,177 @@
+"""The prepared store: one on-disk format for every dataset.
+
+A prepared dataset is a directory ``resources/datasets/<name>/`` holding, per split, a
+Parquet file ``<split>.parquet`` with columns ``image`` (encoded PNG/JPEG bytes), ``label``
+(int32) and ``file`` (where the image came from), and ``meta.json`` (class names, split
+sizes, source, provenance). Splits: ``pool`` (split into train/val by the run seed),
+``test``, and, for datasets with an official validation set (flowers102), ``val``; then
+``pool`` is the official train split and is not re-split.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SPLITS: tuple[str, ...] = ("pool", "val", "test")
+_ROW_GROUP = 1024
+_SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int32()), ("file", pa.string())])
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split in memory: encoded images, integer labels, and their origin."""
+
+    images: list[bytes]
+    labels: np.ndarray
+    files: list[str]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> Split:
+        """The rows at ``indices``, in that order."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return Split([self.images[i] for i in idx], self.labels[idx], [self.files[i] for i in idx])
+
+
+def encode_png(array: np.ndarray) -> bytes:
+    """Encode an (H, W, 3) uint8 array as PNG bytes (lossless)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(array, dtype=np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def write_split(
+    path: str | os.PathLike[str],
+    images: Iterable[bytes],
+    labels: Iterable[int],
+    files: Iterable[str],
+) -> int:
+    """Write one split's Parquet file; return its row count."""
+    images, labels, files = list(images), list(labels), list(files)
+    if not len(images) == len(labels) == len(files):
+        raise ValueError(
+            f"{path}: {len(images)} images, {len(labels)} labels and {len(files)} file names"
+        )
+    table = pa.table(
+        {
+            "image": pa.array(images, pa.binary()),
+            "label": pa.array(labels, pa.int32()),
+            "file": pa.array(files, pa.string()),
+        },
+        schema=_SCHEMA,
+    )
+    pq.write_table(table, path, row_group_size=_ROW_GROUP)
+    return len(images)
+
+
+def read_split(dataset_dir: str | os.PathLike[str], split: str) -> Split:
+    """Read one split of a prepared dataset.
+
+    Raises:
+        FileNotFoundError: naming the missing file and the splits that do exist.
+    """
+    path = Path(dataset_dir) / f"{split}.parquet"
+    if not path.is_file():
+        present = sorted(p.stem for p in Path(dataset_dir).glob("*.parquet"))
+        raise FileNotFoundError(f"{path}: no split {split!r} (present: {present or 'none'})")
+    table = pq.read_table(path, columns=["image", "label", "file"])
+    return Split(
+        images=table.column("image").to_pylist(),
+        labels=table.column("label").to_numpy().astype(np.int64),
+        files=table.column("file").to_pylist(),
+    )
+
+
+def read_meta(dataset_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``meta.json`` of a prepared dataset."""
+    path = Path(dataset_dir) / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not a prepared dataset (no meta.json)")
+    return json.loads(path.read_text())
+
+
+def has_fixed_val(dataset_dir: str | os.PathLike[str]) -> bool:
+    """Whether the dataset ships its own validation split (then the pool is not re-split)."""
+    return (Path(dataset_dir) / "val.parquet").is_file()
+
+
+def split_pool(n: int, seed: int, val_fraction: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``n`` pool rows into (train, val) indices, seeded by the run seed.
+
+    The first ``round(n * (1 - val_fraction))`` indices of a seeded permutation are train.
+    Both index arrays come back sorted so that file order is kept within each part.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
+    order = np.random.default_rng(seed).permutation(n)
+    n_train = round(n * (1.0 - val_fraction))
+    return np.sort(order[:n_train]), np.sort(order[n_train:])
+
+
+def fixed_split(
+    n: int, seed: int = 42, test_fraction: float = 0.2
+) -> tuple[np.ndarray, np.ndarray]:
+    """The fixed (pool, test) split of datasets without an official test set (seed 42)."""
+    return split_pool(n, seed, test_fraction)
+
+
+class PreparedDatasetWriter:
+    """Write a prepared dataset into a temporary directory, then move it into place.
+
+    Use as a context manager; on an exception nothing appears at ``out_dir``::
+
+        with PreparedDatasetWriter(out_dir) as writer:
+            writer.add_split("pool", images, labels, files)
+            writer.finish(meta)
+    """
+
+    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+        self.out_dir = Path(out_dir)
+        self.counts: dict[str, int] = {}
+        self._tmp: Path | None = None
+
+    def __enter__(self) -> PreparedDatasetWriter:
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", dir=self.out_dir.parent))
+        return self
+
+    def add_split(
+        self, split: str, images: Iterable[bytes], labels: Iterable[int], files: Iterable[str]
+    ) -> None:
+        """Write one split."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; known: {SPLITS}")
+        assert self._tmp is not None, "use PreparedDatasetWriter as a context manager"
+        self.counts[split] = write_split(self._tmp / f"{split}.parquet", images, labels, files)
+
+    def finish(self, meta: dict[str, Any]) -> None:
+        """Write meta.json (with the split sizes) and move the directory into place."""
+        assert self._tmp is not None, "use PreparedDatasetWriter as a context manager"
+        for required in ("pool", "test"):
+            if required not in self.counts:
+                raise ValueError(f"{self.out_dir.name}: split {required!r} was not written")
+        payload = {**meta, "splits": dict(self.counts)}
+        (self._tmp / "meta.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        if self.out_dir.exists():
+            shutil.rmtree(self.out_dir)
+        os.replace(self._tmp, self.out_dir)
+        self._tmp = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)

@@ -1,0 +1,61 @@
+"""Image decoding and eval preprocessing, shared by the plasticity, reference and finetune stages.
+
+Eval: Resize(shorter side to input_size / crop_pct) + CenterCrop(input_size) + normalise, on
+uint8 tensors decoded by torchvision (antialiased bilinear/bicubic resize, as PIL does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2 import functional as F
+
+from vitplasticity.models import Preprocessing
+
+_INTERPOLATION = {
+    "bicubic": InterpolationMode.BICUBIC,
+    "bilinear": InterpolationMode.BILINEAR,
+    "nearest": InterpolationMode.NEAREST,
+}
+
+
+def interpolation_mode(name: str) -> InterpolationMode:
+    """torchvision's interpolation for a timm ``interpolation`` name."""
+    return _INTERPOLATION.get(name, InterpolationMode.BICUBIC)
+
+
+def decode(image: bytes) -> torch.Tensor:
+    """Decode PNG/JPEG bytes into a (3, H, W) uint8 tensor (grey and RGBA become RGB)."""
+    data = torch.frombuffer(bytearray(image), dtype=torch.uint8)
+    return decode_image(data, mode=ImageReadMode.RGB)
+
+
+def normalize(batch: torch.Tensor, pre: Preprocessing) -> torch.Tensor:
+    """uint8 (B, 3, H, W) into float32 normalised by the model's mean and std."""
+    mean = torch.tensor(pre.mean, device=batch.device).view(1, 3, 1, 1)
+    std = torch.tensor(pre.std, device=batch.device).view(1, 3, 1, 1)
+    return (batch.float() / 255.0 - mean) / std
+
+
+def eval_image(image: bytes, pre: Preprocessing) -> torch.Tensor:
+    """One image through Resize + CenterCrop, still uint8: (3, S, S)."""
+    pixels = decode(image)
+    pixels = F.resize(
+        pixels,
+        [pre.resize_size],
+        interpolation=interpolation_mode(pre.interpolation),
+        antialias=True,
+    )
+    return F.center_crop(pixels, [pre.input_size, pre.input_size])
+
+
+def eval_batches(
+    images: Sequence[bytes], pre: Preprocessing, batch_size: int
+) -> Iterator[torch.Tensor]:
+    """Yield normalised float32 batches (B, 3, S, S) of ``images`` in order."""
+    for start in range(0, len(images), batch_size):
+        chunk = images[start : start + batch_size]
+        yield normalize(torch.stack([eval_image(image, pre) for image in chunk]), pre)

@@ -1,0 +1,41 @@
+# Datasets into the prepared store, and the plasticity reference set.
+
+
+rule prepare:
+    output:
+        directory(f"{RESOURCES}/datasets/{{dataset}}"),
+    log:
+        f"{RESOURCES}/logs/prepare/{{dataset}}.log",
+    params:
+        spec=lambda w: as_json(config["datasets"][w.dataset]),
+        downloads=f"{RESOURCES}/downloads",
+    shell:
+        "vitplasticity prepare --dataset {wildcards.dataset} --spec {params.spec:q}"
+        " --downloads {params.downloads:q} --out {output:q} > {log:q} 2>&1"
+
+
+def reference_input(wildcards):
+    ref = config["reference"]
+    return [dataset_dir(ref["dataset"])] if ref["source"] == "dataset" else []
+
+
+rule reference:
+    input:
+        reference_input,
+    output:
+        f"{RESOURCES}/reference/{{reference}}.parquet",
+    log:
+        f"{RESOURCES}/logs/reference/{{reference}}.log",
+    params:
+        source=config["reference"]["source"],
+        imagenet=lambda w: imagenet_path(config) or "",
+        dataset_dir=lambda w, input: input[0] if input else "",
+        split=config["reference"].get("split", "test"),
+        n_images=config["reference"]["n_images"],
+        selection=config["reference"].get("selection", "paper"),
+        seed=config["reference"].get("seed", 0),
+    shell:
+        "vitplasticity reference --source {params.source} --imagenet {params.imagenet:q}"
+        " --dataset-dir {params.dataset_dir:q} --split {params.split}"
+        " --n-images {params.n_images} --selection {params.selection} --seed {params.seed}"
+        " --out {output:q} > {log:q} 2>&1"
