@@ -15,6 +15,8 @@ check_config(config)
 
 RESOURCES = config["paths"]["resources"]
 RESULTS = config["paths"]["results"]
+# The software of every rule: the package, installed by pip into a conda env.
+ENV = "../../environment.yml"
 
 
 wildcard_constraints:
@@ -56,3 +58,30 @@ def finetune_summary(run):
 def finetune_targets(experiment=None):
     names = [experiment] if experiment else enabled_experiments(config)
     return [finetune_summary(run) for name in names for run in experiment_runs(config, name)]
+
+
+def reference_input(wildcards):
+    """The prepared dataset a 'dataset'-sourced reference set is taken from."""
+    ref = config["reference"]
+    return [dataset_dir(ref["dataset"])] if ref["source"] == "dataset" else []
+
+
+def experiment_value(key):
+    """A param function returning one key of the wildcard's experiment."""
+    return lambda w: config["experiments"][w.experiment][key]
+
+
+def finetune_value(key, default):
+    return config["finetune"].get(key, default)
+
+
+def experiment_summaries(wildcards):
+    return [finetune_summary(run) for run in experiment_runs(config, wildcards.experiment)]
+
+
+def report_targets():
+    experiments = enabled_experiments(config)
+    return [
+        f"{RESULTS}/aggregate/runs.parquet",
+        *expand(f"{RESULTS}/aggregate/{{experiment}}_selected.parquet", experiment=experiments),
+    ]

@@ -9,14 +9,11 @@ rule prepare:
     params:
         spec=lambda w: as_json(config["datasets"][w.dataset]),
         downloads=f"{RESOURCES}/downloads",
+    conda:
+        ENV
     shell:
         "vitplasticity prepare --dataset {wildcards.dataset} --spec {params.spec:q}"
         " --downloads {params.downloads:q} --out {output:q} > {log:q} 2>&1"
-
-
-def reference_input(wildcards):
-    ref = config["reference"]
-    return [dataset_dir(ref["dataset"])] if ref["source"] == "dataset" else []
 
 
 rule reference:
@@ -34,6 +31,8 @@ rule reference:
         n_images=config["reference"]["n_images"],
         selection=config["reference"].get("selection", "paper"),
         seed=config["reference"].get("seed", 0),
+    conda:
+        ENV
     shell:
         "vitplasticity reference --source {params.source} --imagenet {params.imagenet:q}"
         " --dataset-dir {params.dataset_dir:q} --split {params.split}"

@@ -1,15 +1,6 @@
 # Single-component finetuning: one job per (experiment, model, dataset, configuration, lr, seed).
 
 
-def experiment_value(key):
-    """A param function returning one key of the wildcard's experiment."""
-    return lambda w: config["experiments"][w.experiment][key]
-
-
-def finetune_value(key, default):
-    return config["finetune"].get(key, default)
-
-
 rule finetune:
     input:
         dataset=lambda w: dataset_dir(w.dataset),
@@ -38,8 +29,12 @@ rule finetune:
         log_every=finetune_value("log_every", 50),
         checkpoint_every=finetune_value("checkpoint_every", 500),
         out_dir=lambda w, output: os.path.dirname(output.summary),
+    conda:
+        ENV
     shell:
-        "vitplasticity finetune --model-spec {params.model_spec:q} --dataset-dir {input.dataset:q}"
+        "vitplasticity finetune --experiment {wildcards.experiment} --model {wildcards.model}"
+        " --dataset {wildcards.dataset} --model-spec {params.model_spec:q}"
+        " --dataset-dir {input.dataset:q}"
         " --configuration {wildcards.configuration:q} --optimizer {params.optimizer}"
         " --lr {wildcards.lr} --seed {wildcards.seed} --steps {params.steps}"
         " --val-every {params.val_every} --batch-size {params.batch_size}"

@@ -1,10 +1,6 @@
 # Aggregation, statistics, LaTeX tables and figures.
 
 
-def experiment_summaries(wildcards):
-    return [finetune_summary(run) for run in experiment_runs(config, wildcards.experiment)]
-
-
 rule aggregate_experiment:
     input:
         experiment_summaries,
@@ -15,10 +11,12 @@ rule aggregate_experiment:
         f"{RESULTS}/logs/aggregate/{{experiment}}.log",
     params:
         lr_selection=config["report"].get("lr_selection", "val"),
-        demo=config.get("demo", False),
+        demo_flag="--demo" if config.get("demo", False) else "",
+    conda:
+        ENV
     shell:
         "vitplasticity aggregate --experiment {wildcards.experiment} --summaries {input:q}"
-        " --lr-selection {params.lr_selection} $( [ {params.demo} = True ] && echo --demo )"
+        " --lr-selection {params.lr_selection} {params.demo_flag}"
         " --runs-out {output.runs:q} --selected-out {output.selected:q} > {log:q} 2>&1"
 
 
@@ -29,13 +27,7 @@ rule aggregate_all:
         f"{RESULTS}/aggregate/runs.parquet",
     log:
         f"{RESULTS}/logs/aggregate/all.log",
+    conda:
+        ENV
     shell:
         "vitplasticity concat --inputs {input:q} --out {output:q} > {log:q} 2>&1"
-
-
-def report_targets():
-    experiments = enabled_experiments(config)
-    return [
-        f"{RESULTS}/aggregate/runs.parquet",
-        *expand(f"{RESULTS}/aggregate/{{experiment}}_selected.parquet", experiment=experiments),
-    ]
