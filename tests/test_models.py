@@ -1,0 +1,53 @@
+"""Model building from config entries, and preprocessing from pretrained_cfg."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from vitplasticity.models import IMAGENET_MEAN, ModelSpec, build_model, preprocessing
+
+from .conftest import TINY_VIT_KWARGS
+
+
+def test_random_init_uses_kwargs(tiny_spec: ModelSpec) -> None:
+    model = build_model(tiny_spec, num_classes=7)
+    assert len(model.blocks) == 3 and model.embed_dim == 48 and model.head.out_features == 7
+    pre = preprocessing(model, tiny_spec)
+    assert pre.input_size == 32 and pre.mean == (0.5, 0.5, 0.5)  # vit_tiny's pretrained_cfg
+
+
+def test_normalize_overrides() -> None:
+    model = build_model(ModelSpec("vit_tiny_patch16_224", "random", kwargs=TINY_VIT_KWARGS))
+    assert preprocessing(model, ModelSpec("x", normalize="imagenet")).mean == IMAGENET_MEAN
+    custom = preprocessing(
+        model, ModelSpec("x", normalize={"mean": [0.1, 0.2, 0.3], "std": [1, 1, 1]})
+    )
+    assert custom.mean == (0.1, 0.2, 0.3)
+    assert preprocessing(model, ModelSpec("x", crop_pct=1.0)).resize_size == 32
+    with pytest.raises(ValueError, match="normalize"):
+        preprocessing(model, ModelSpec("x", normalize="cifar"))
+
+
+def test_local_weights_file(tmp_path: Path, tiny_spec: ModelSpec) -> None:
+    torch.manual_seed(1)
+    source = build_model(tiny_spec, num_classes=0)
+    path = tmp_path / "weights.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    loaded = build_model(
+        ModelSpec(tiny_spec.timm_id, str(path), kwargs=TINY_VIT_KWARGS), num_classes=0
+    )
+    for name, tensor in source.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+
+
+def test_bad_weights_are_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nothere\.safetensors"):
+        build_model(ModelSpec("vit_tiny_patch16_224", str(tmp_path / "nothere.safetensors")))
+    with pytest.raises(ValueError, match="expected 'hub', 'random'"):
+        build_model(ModelSpec("vit_tiny_patch16_224", "imagenet21k"))
+    with pytest.raises(ValueError, match="unknown model keys"):
+        ModelSpec.from_config({"timm_id": "x", "pretrained": True})
