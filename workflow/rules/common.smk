@@ -33,6 +33,16 @@ def as_json(value):
     return json.dumps(value, sort_keys=True)
 
 
+# Dataset keys that shape training, not the prepared data: editing them must not re-prepare.
+TRAINING_KEYS = ("steps", "val_every")
+
+
+def source_spec(dataset):
+    """The dataset's config entry without its training keys, as JSON."""
+    entry = config["datasets"][dataset]
+    return as_json({k: v for k, v in entry.items() if k not in TRAINING_KEYS})
+
+
 def dataset_dir(dataset):
     return f"{RESOURCES}/datasets/{dataset}"
 

@@ -7,7 +7,7 @@ rule prepare:
     log:
         f"{RESOURCES}/logs/prepare/{{dataset}}.log",
     params:
-        spec=lambda w: as_json(config["datasets"][w.dataset]),
+        spec=lambda w: source_spec(w.dataset),
         downloads=f"{RESOURCES}/downloads",
     conda:
         ENV
