@@ -95,3 +95,36 @@ def report_targets():
         f"{RESULTS}/aggregate/runs.parquet",
         *expand(f"{RESULTS}/aggregate/{{experiment}}_selected.parquet", experiment=experiments),
     ]
+
+
+# Wall time (minutes) that a SLURM job asks for, scaled by its work and by the retry attempt
+# (a TIMEOUT retry asks for more; a finetuning retry resumes from its checkpoint). Here, not
+# in the workflow profile, because a profile's resource expressions cannot read the config.
+# Seconds per finetuning step at batch 512 (fp32, one A100-class GPU), by ViT size: ViT-B/16
+# costs ~52.7 GFLOP per image forward + backward (PROTOCOL.md), i.e. ~27 TFLOP per step;
+# ViT-L/16 ~3.5x and ViT-H/14 ~9.5x that. Unknown sizes get the largest.
+STEP_SECONDS_BY_SIZE = {"tiny": 0.05, "small": 0.15, "base": 0.5, "large": 1.75, "huge": 4.75}
+
+
+def step_seconds(model):
+    """Estimated seconds of one batch-512 training step of `model` (from its timm id)."""
+    timm_id = config["models"][model]["timm_id"]
+    size = timm_id.split("_")[1] if timm_id.count("_") else ""
+    return STEP_SECONDS_BY_SIZE.get(size, max(STEP_SECONDS_BY_SIZE.values()))
+
+
+def finetune_runtime(wildcards, attempt):
+    """Minutes for one finetuning run: steps x step time, +30% for validation, +15 min."""
+    steps = config["datasets"][wildcards.dataset]["steps"]
+    batch_scale = finetune_value("batch_size", 512) / 512
+    seconds = 1.3 * steps * step_seconds(wildcards.model) * batch_scale
+    return int(attempt * (15 + seconds / 60))
+
+
+def plasticity_runtime(wildcards, attempt):
+    """Minutes for one plasticity job: one forward per image and protocol (1/3 of a training
+    step per image), with a 10x margin for decoding, +20 min."""
+    p = config["plasticity"]
+    images = 2 * p["n_pairs"] * len(p["protocols"])
+    seconds = 10 * images * step_seconds(wildcards.model) / (3 * 512)
+    return int(attempt * (20 + seconds / 60))

@@ -29,6 +29,8 @@ rule finetune:
         log_every=finetune_value("log_every", 50),
         checkpoint_every=finetune_value("checkpoint_every", 500),
         out_dir=lambda w, output: os.path.dirname(output.summary),
+    resources:
+        runtime=finetune_runtime,
     conda:
         ENV
     shell:

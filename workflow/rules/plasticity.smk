@@ -20,6 +20,8 @@ rule plasticity:
         batch_size=config["plasticity"].get("batch_size", 64),
         device=config["plasticity"].get("device", "auto"),
         demo_flag="--demo" if config.get("demo", False) else "",
+    resources:
+        runtime=plasticity_runtime,
     conda:
         ENV
     shell:
