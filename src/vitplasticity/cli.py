@@ -15,7 +15,14 @@ import sys
 from vitplasticity import __version__
 
 # Modules that register subcommands, in the order --help lists them.
-COMMAND_MODULES: tuple[str, ...] = ("data", "plasticity", "bounds", "finetune", "report")
+COMMAND_MODULES: tuple[str, ...] = (
+    "download",
+    "data",
+    "plasticity",
+    "bounds",
+    "finetune",
+    "report",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

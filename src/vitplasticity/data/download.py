@@ -1,0 +1,280 @@
+"""Checksum-verified, atomic, resumable downloads (stdlib ``urllib``, no torch).
+
+A download streams into ``<dest>.part``; an interrupted transfer resumes from the bytes it
+has with an HTTP range request, transient failures (connection drops, 5xx, timeouts) are
+retried with exponential backoff, and only a file whose md5 matches is renamed into place.
+So a file at ``dest`` is always complete and verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import os
+import re
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20  # 1 MiB reads: large enough to be fast, small enough for steady progress
+USER_AGENT = "vitplasticity-downloader/1"
+# HTTP statuses worth retrying: the server or a proxy may recover (others are permanent).
+RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class ChecksumError(RuntimeError):
+    """A file whose md5 is not the expected one."""
+
+
+class DownloadError(RuntimeError):
+    """A download that failed for good (permanent HTTP error or retries exhausted)."""
+
+
+class _Incomplete(Exception):
+    """The body ended before its announced length (truncated transfer): resume it."""
+
+
+class Progress:
+    """Progress of a long stream (bytes, or items with ``unit``): a tqdm bar on a terminal,
+    else a log line every 10 s (batch jobs write logs, not terminals)."""
+
+    def __init__(self, label: str, total: int | None, initial: int = 0, unit: str = "B") -> None:
+        self.label, self.total, self.done, self.unit = label, total, initial, unit
+        self._bar = None
+        self._last_log = time.monotonic()
+        self._start = time.monotonic()
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total, initial=initial, desc=label, unit=unit, unit_scale=True, leave=False
+            )
+
+    def update(self, n: int) -> None:
+        """Count ``n`` more bytes."""
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+            return
+        now = time.monotonic()
+        if now - self._last_log >= 10.0:
+            self._last_log = now
+            scale, unit = (1e6, "MB") if self.unit == "B" else (1.0, self.unit)
+            rate = self.done / max(now - self._start, 1e-9) / scale
+            share = f" ({100 * self.done / self.total:.1f}%)" if self.total else ""
+            log.info(
+                "%s: %.1f %s%s, %.1f %s/s", self.label, self.done / scale, unit, share, rate, unit
+            )
+
+    def close(self) -> None:
+        """End the bar (a no-op for log lines)."""
+        if self._bar is not None:
+            self._bar.close()
+
+
+def md5sum(path: str | os.PathLike[str], *, label: str | None = None) -> str:
+    """The md5 hex digest of a file, streamed in chunks (with progress for large files)."""
+    path = Path(path)
+    digest = hashlib.md5(usedforsecurity=False)
+    progress = Progress(label or f"md5 {path.name}", path.stat().st_size)
+    try:
+        with path.open("rb") as handle:
+            while chunk := handle.read(CHUNK):
+                digest.update(chunk)
+                progress.update(len(chunk))
+    finally:
+        progress.close()
+    return digest.hexdigest()
+
+
+def verify_md5(path: str | os.PathLike[str], md5: str | None, *, origin: str) -> str:
+    """Check ``path`` against ``md5``; return the actual digest.
+
+    Args:
+        path: the file.
+        md5: the expected digest; None skips the comparison (logged).
+        origin: where the file came from (a URL or a config key), named in the error.
+
+    Raises:
+        ChecksumError: naming ``origin``, the file, the expected and the actual digest.
+    """
+    actual = md5sum(path)
+    if md5 is None:
+        log.warning("%s: no known md5 for %s; its md5 is %s", origin, path, actual)
+    elif actual != md5.lower():
+        raise ChecksumError(
+            f"checksum mismatch for {origin} ({path}): expected md5 {md5}, got {actual}"
+        )
+    return actual
+
+
+def download(
+    url: str,
+    dest: str | os.PathLike[str],
+    *,
+    md5: str | None,
+    retries: int = 5,
+    backoff: float = 2.0,
+    timeout: float = 60.0,
+) -> Path:
+    """Download ``url`` to ``dest``: resumable, retried, md5-verified, atomic.
+
+    An existing ``dest`` with the right md5 is kept (no network). Otherwise the body streams
+    into ``<dest>.part``; a dropped or truncated transfer resumes from the bytes already
+    there (HTTP ``Range``), transient failures are retried up to ``retries`` times with
+    backoff ``backoff * 2**k`` seconds, and the verified file is renamed into place.
+
+    Args:
+        url: the file's URL (``http(s)://`` or ``file://``).
+        dest: the final path.
+        md5: the expected md5 (None: not checked, a warning names the actual one).
+        retries: how many failed attempts are retried.
+        backoff: the first retry's delay in seconds (doubled each retry, capped at 60 s).
+        timeout: socket timeout of each request in seconds.
+
+    Returns:
+        ``dest``.
+
+    Raises:
+        ChecksumError: the finished file's md5 differs; the file is deleted and the error
+            names the URL, the expected and the actual md5.
+        DownloadError: a permanent HTTP error, or the retries ran out.
+    """
+    dest = Path(dest)
+    if dest.is_file():
+        try:
+            verify_md5(dest, md5, origin=url)
+            log.info("%s: already downloaded and verified", dest)
+            return dest
+        except ChecksumError as error:
+            log.warning("%s; downloading it again", error)
+            dest.unlink()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    failures = 0
+    while True:
+        try:
+            digest = _fetch_into(url, part, timeout)
+            break
+        except DownloadError:
+            raise
+        except (_Incomplete, OSError, http.client.HTTPException) as error:
+            failures += 1
+            if failures > retries:
+                raise DownloadError(
+                    f"{url}: giving up after {failures} failed attempts (last: {error}); "
+                    f"the partial file {part} is kept, rerun to resume"
+                ) from error
+            delay = min(backoff * 2 ** (failures - 1), 60.0)
+            log.warning("%s: %s; retry %d/%d in %.1f s", url, error, failures, retries, delay)
+            time.sleep(delay)
+    if md5 is not None and digest != md5.lower():
+        part.unlink(missing_ok=True)
+        raise ChecksumError(
+            f"checksum mismatch for {url}: expected md5 {md5}, got {digest}; "
+            "the downloaded file was deleted"
+        )
+    if md5 is None:
+        log.warning("%s: no known md5; downloaded file has md5 %s", url, digest)
+    os.replace(part, dest)
+    log.info("%s: downloaded to %s (md5 %s)", url, dest, digest)
+    return dest
+
+
+def _fetch_into(url: str, part: Path, timeout: float) -> str:
+    """One attempt: append the rest of ``url`` to ``part``; return the md5 of the whole file.
+
+    Raises:
+        _Incomplete: the body ended early (retry resumes).
+        DownloadError: a permanent HTTP error.
+        OSError / HTTPException: transient network failures (retried by the caller).
+    """
+    offset = part.stat().st_size if part.is_file() else 0
+    request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
+    if offset:
+        request.add_header("Range", f"bytes={offset}-")
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as error:
+        if error.code == 416 and offset:
+            # Nothing left to send: the part may be complete already, or longer than the file.
+            total = _content_range_total(error.headers.get("Content-Range"))
+            if total == offset:
+                return _md5_of(part)
+            part.unlink()
+            raise _Incomplete(f"range {offset}- not satisfiable; restarting") from error
+        if error.code in RETRY_STATUSES:
+            raise _Incomplete(f"HTTP {error.code} {error.reason}") from error
+        raise DownloadError(f"{url}: HTTP {error.code} {error.reason}") from error
+    except urllib.error.URLError as error:
+        if isinstance(error.reason, OSError | socket.timeout):
+            raise OSError(f"cannot reach {url}: {error.reason}") from error
+        raise DownloadError(f"{url}: {error.reason}") from error
+    with response:
+        status = getattr(response, "status", 200)
+        length = response.headers.get("Content-Length")
+        if offset and status == 206:
+            digest = _hash_existing(part)
+            mode = "ab"
+            total = _content_range_total(response.headers.get("Content-Range"))
+        else:
+            if offset:
+                log.info("%s: server ignored the range request; starting over", url)
+            offset, digest, mode = 0, hashlib.md5(usedforsecurity=False), "wb"
+            total = int(length) if length is not None else None
+        expected_body = int(length) if length is not None else None
+        received = 0
+        progress = Progress(f"download {part.name[: -len('.part')]}", total, initial=offset)
+        try:
+            with part.open(mode) as handle:
+                for chunk in _read_chunks(response):
+                    handle.write(chunk)
+                    digest.update(chunk)
+                    received += len(chunk)
+                    progress.update(len(chunk))
+        finally:
+            progress.close()
+    if expected_body is not None and received < expected_body:
+        raise _Incomplete(
+            f"transfer ended after {offset + received} of {offset + expected_body} bytes"
+        )
+    return digest.hexdigest()
+
+
+def _read_chunks(response: http.client.HTTPResponse) -> Iterator[bytes]:
+    """The response body in chunks; an early close surfaces as ``_Incomplete``."""
+    while True:
+        try:
+            chunk = response.read(CHUNK)
+        except http.client.IncompleteRead as error:
+            if error.partial:
+                yield error.partial
+            raise _Incomplete("connection closed mid-body") from error
+        if not chunk:
+            return
+        yield chunk
+
+
+def _hash_existing(path: Path) -> hashlib._Hash:
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest
+
+
+def _md5_of(path: Path) -> str:
+    return _hash_existing(path).hexdigest()
+
+
+def _content_range_total(header: str | None) -> int | None:
+    """The total size in a ``Content-Range: bytes a-b/total`` (or ``bytes */total``) header."""
+    match = re.search(r"/(\d+)\s*$", header or "")
+    return int(match.group(1)) if match else None

@@ -1,0 +1,110 @@
+"""CIFAR-10-C (Hendrycks & Dietterich) from the Zenodo ``CIFAR-10-C.tar``.
+
+``<corruption>.npy`` holds (50000, 32, 32, 3) uint8 images: five severities of the CIFAR-10
+test set, severity s in rows ``(s-1)*10000 : s*10000``; ``labels.npy`` the labels. One
+severity (the paper: 5) is split 80/20 into pool/test by the reference code's fixed seed-42
+permutation; the pool is re-split into train/val by the run seed.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitplasticity.data.archives import ArchiveError, find_member, read_tar_members, tar_names
+from vitplasticity.data.sources.common import (
+    PreparedSplits,
+    make_split,
+    paper_fixed_split,
+    resolve_files,
+    write_prepared,
+)
+from vitplasticity.data.sources.registry import CIFAR10C_CORRUPTIONS
+from vitplasticity.data.store import encode_png
+
+CIFAR10_CLASSES: tuple[str, ...] = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+SEVERITIES = 5
+
+
+def severity_rows(n_rows: int, severity: int) -> slice:
+    """The rows of one severity in a corruption array of ``n_rows`` (five equal blocks)."""
+    per = n_rows // SEVERITIES
+    return slice((severity - 1) * per, severity * per)
+
+
+def prepare(
+    name: str,
+    spec: dict[str, Any],
+    out_dir: Path,
+    downloads: Path,
+    *,
+    files: dict | None = None,
+    expected: dict[str, int] | None = None,
+) -> dict[str, int]:
+    """Prepare one corruption at one severity into ``out_dir``; return split sizes.
+
+    Raises:
+        ValueError: an unknown corruption or a severity outside 1..5, naming the key.
+    """
+    corruption = spec.get("corruption")
+    if corruption not in CIFAR10C_CORRUPTIONS:
+        raise ValueError(
+            f"datasets.{name}.corruption: {corruption!r} is not one of {CIFAR10C_CORRUPTIONS}"
+        )
+    severity = int(spec.get("severity", 5))
+    if not 1 <= severity <= SEVERITIES:
+        raise ValueError(f"datasets.{name}.severity: {severity} is not in 1..{SEVERITIES}")
+    paths = resolve_files(name, spec, Path(downloads), files)
+    archive = paths["CIFAR-10-C.tar"]
+    names = tar_names(archive)
+    image_member = find_member(names, f"{corruption}.npy", archive)
+    label_member = find_member(names, "labels.npy", archive)
+    members = read_tar_members(archive, {image_member, label_member})
+    images = np.load(io.BytesIO(members[image_member]), allow_pickle=False)
+    labels = np.load(io.BytesIO(members[label_member]), allow_pickle=False)
+    if images.ndim != 4 or images.shape[1:] != (32, 32, 3) or len(images) != len(labels):
+        raise ArchiveError(
+            f"{archive}: {image_member} has shape {images.shape} and {label_member} "
+            f"{labels.shape}; expected (N, 32, 32, 3) and (N,)"
+        )
+    if len(images) % SEVERITIES:
+        raise ArchiveError(
+            f"{archive}: {len(images)} rows do not split into {SEVERITIES} severities"
+        )
+    rows = severity_rows(len(images), severity)
+    images, labels = images[rows], labels[rows].astype(np.int64)
+    first_row = rows.start
+    pool, test = paper_fixed_split(len(images))
+
+    def split_of(idx: np.ndarray):
+        return make_split(
+            [encode_png(images[i]) for i in idx],
+            labels[idx].tolist(),
+            [f"{corruption}.npy[{first_row + int(i)}]" for i in idx],
+        )
+
+    prepared = PreparedSplits(
+        splits={"pool": split_of(pool), "test": split_of(test)},
+        class_names=list(CIFAR10_CLASSES),
+        details={
+            "corruption": corruption,
+            "severity": severity,
+            "encoding": "png",
+            "pool_test_split": "reference code: numpy legacy seed 42 permutation, first 80% pool",
+        },
+    )
+    return write_prepared(name, spec, out_dir, prepared, paths, expected)

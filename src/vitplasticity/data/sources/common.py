@@ -1,0 +1,153 @@
+"""What every real source does the same way: find or fetch its verified files, split with
+the reference code's fixed seed, check the split sizes, and write the prepared store."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitplasticity.data.download import ChecksumError, download, md5sum
+from vitplasticity.data.sources.registry import (
+    FILES,
+    KNOWN_COUNTS,
+    RemoteFile,
+    local_archives,
+    remote_file,
+    source_files,
+)
+from vitplasticity.data.store import PreparedDatasetWriter, Split
+
+log = logging.getLogger(__name__)
+
+PAPER_SPLIT_SEED = 42
+
+
+def resolve_files(
+    name: str,
+    spec: Mapping[str, Any],
+    downloads: Path,
+    files: Mapping[str, RemoteFile] | None = None,
+) -> dict[str, Path]:
+    """The verified local path of every file the dataset needs, by registry file name.
+
+    A file under the entry's ``archive`` key is used in place (verified, never downloaded);
+    every other file is taken from ``downloads`` (verified) or downloaded there.
+
+    Args:
+        name: the dataset's config key (named in errors).
+        spec: its config entry.
+        downloads: the download cache folder.
+        files: registry entries replacing the built-in ones (tests, private mirrors).
+
+    Raises:
+        FileNotFoundError: an ``archive`` path that does not exist, naming the key.
+        ChecksumError: a file with the wrong md5, naming the key or URL.
+    """
+    registry = {**FILES, **(files or {})}
+    local = local_archives(name, spec)
+    resolved: dict[str, Path] = {}
+    for filename in source_files(spec["source"], spec):
+        entry = registry[filename]
+        if filename in local:
+            path = local[filename]
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"datasets.{name}.archive: {path} does not exist (expected {filename})"
+                )
+            actual = md5sum(path)
+            if entry.md5 is not None and actual != entry.md5:
+                raise ChecksumError(
+                    f"datasets.{name}.archive: checksum mismatch for {path}: "
+                    f"expected md5 {entry.md5} ({filename}), got {actual}"
+                )
+            resolved[filename] = path
+        else:
+            override = remote_file(name, spec, filename) if spec.get("url") else entry
+            remote = RemoteFile(filename, override.url, entry.md5, entry.size)
+            resolved[filename] = download(remote.url, downloads / filename, md5=remote.md5)
+    return resolved
+
+
+def paper_fixed_split(n: int, train_fraction: float = 0.8) -> tuple[np.ndarray, np.ndarray]:
+    """The reference code's fixed (pool, test) split: legacy ``np.random.seed(42)``, then
+    ``permutation(n)``; the first ``int(0.8 n)`` indices are the pool. Both come back sorted
+    (file order), as the reference code sorts them."""
+    order = np.random.RandomState(PAPER_SPLIT_SEED).permutation(n)
+    n_pool = int(train_fraction * n)
+    return np.sort(order[:n_pool]), np.sort(order[n_pool:])
+
+
+def expected_counts(source: str, expected: Mapping[str, int] | None) -> dict[str, int]:
+    """The split sizes (and ``num_classes``) to check: the caller's, else the registry's."""
+    return dict(expected if expected is not None else KNOWN_COUNTS.get(source, {}))
+
+
+def check_counts(
+    name: str, source: str, counts: Mapping[str, int], num_classes: int, expected: Mapping[str, int]
+) -> None:
+    """Compare the parsed split sizes and class count against the expected ones.
+
+    Raises:
+        ValueError: naming the dataset, every differing count, and what was expected.
+    """
+    found = {**counts, "num_classes": num_classes}
+    wrong = {
+        key: (found.get(key), value) for key, value in expected.items() if found.get(key) != value
+    }
+    log.info("%s (%s): %s (expected %s)", name, source, found, dict(expected) or "not recorded")
+    if wrong:
+        details = ", ".join(f"{key}: {got} instead of {want}" for key, (got, want) in wrong.items())
+        raise ValueError(
+            f"datasets.{name}: the {source} files give {details}; the archive is incomplete "
+            "or not the release the registry describes"
+        )
+
+
+@dataclass(frozen=True)
+class PreparedSplits:
+    """Parsed splits and class names, ready to be checked and written."""
+
+    splits: dict[str, Split]
+    class_names: list[str]
+    details: dict[str, Any]
+
+
+def write_prepared(
+    name: str,
+    spec: Mapping[str, Any],
+    out_dir: Path,
+    prepared: PreparedSplits,
+    paths: Mapping[str, Path],
+    expected: Mapping[str, int] | None,
+) -> dict[str, int]:
+    """Check the counts, then write the splits and meta.json atomically; return split sizes."""
+    source = spec["source"]
+    counts = {split: len(data) for split, data in prepared.splits.items()}
+    wanted = expected_counts(source, expected)
+    check_counts(name, source, counts, len(prepared.class_names), wanted)
+    with PreparedDatasetWriter(out_dir) as writer:
+        for split, data in prepared.splits.items():
+            writer.add_split(split, data.images, data.labels.tolist(), data.files)
+        writer.finish(
+            {
+                "name": name,
+                "source": source,
+                "num_classes": len(prepared.class_names),
+                "class_names": prepared.class_names,
+                "expected_counts": wanted,
+                "files": {filename: str(path) for filename, path in paths.items()},
+                "spec": dict(spec),
+                **prepared.details,
+            }
+        )
+        return dict(writer.counts)
+
+
+def make_split(images: Sequence[bytes], labels: Sequence[int], files: Sequence[str]) -> Split:
+    """A Split from parallel sequences."""
+    return Split(list(images), np.asarray(labels, dtype=np.int64), list(files))

@@ -1,0 +1,120 @@
+"""DomainNet (Peng et al., 2019): one domain's zip of ``<domain>/<class>/<image>.jpg``.
+
+``split: random`` (the reference code) takes the whole domain in ImageFolder order (classes
+sorted, files sorted) and splits it 80/20 into pool/test with the reference code's fixed
+seed-42 permutation. ``split: official`` uses the published ``<domain>_train.txt`` (pool)
+and ``<domain>_test.txt`` (test) lists. Images are stored as their original JPEG bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitplasticity.data.archives import ArchiveError, open_zip
+from vitplasticity.data.download import Progress
+from vitplasticity.data.sources.common import (
+    PreparedSplits,
+    make_split,
+    paper_fixed_split,
+    resolve_files,
+    write_prepared,
+)
+from vitplasticity.data.store import Split
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def scan_domain(names: list[str], domain: str) -> tuple[list[str], list[str]]:
+    """The image paths ``<domain>/<class>/<file>`` in ImageFolder order, and the class names."""
+    images = sorted(
+        n
+        for n in names
+        if n.lower().endswith(IMAGE_SUFFIXES) and n.startswith(f"{domain}/") and n.count("/") == 2
+    )
+    classes = sorted({n.split("/")[1] for n in images})
+    return images, classes
+
+
+def read_list(path: Path) -> list[str]:
+    """The image paths of an official split list (lines ``<path> <label>``)."""
+    entries = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            parts = line.split()
+            if len(parts) != 2:
+                raise ValueError(f"{path}:{number}: expected '<path> <label>', got {line!r}")
+            entries.append(parts[0])
+    return entries
+
+
+def prepare(
+    name: str,
+    spec: dict[str, Any],
+    out_dir: Path,
+    downloads: Path,
+    *,
+    files: dict | None = None,
+    expected: dict[str, int] | None = None,
+) -> dict[str, int]:
+    """Prepare one DomainNet domain into ``out_dir``; return split sizes.
+
+    Raises:
+        ValueError: an unknown ``split``, naming the key.
+        ArchiveError: the zip lacks the domain folder, or a listed image is missing.
+    """
+    domain, split_mode = spec.get("domain"), spec.get("split", "random")
+    if split_mode not in ("random", "official"):
+        raise ValueError(f"datasets.{name}.split: {split_mode!r} is not 'random' or 'official'")
+    paths = resolve_files(name, spec, Path(downloads), files)
+    archive = paths[f"{domain}.zip"]
+    with open_zip(archive) as zipped:
+        images, classes = scan_domain(zipped.namelist(), domain)
+        if not images:
+            raise ArchiveError(f"{archive}: no images under '{domain}/<class>/'; wrong domain?")
+        label_of = {c: k for k, c in enumerate(classes)}
+        if split_mode == "random":
+            pool_idx, test_idx = paper_fixed_split(len(images))
+            parts = {
+                "pool": [images[i] for i in pool_idx],
+                "test": [images[i] for i in test_idx],
+            }
+        else:
+            parts = {
+                "pool": read_list(paths[f"{domain}_train.txt"]),
+                "test": read_list(paths[f"{domain}_test.txt"]),
+            }
+            present = set(images)
+            for split, listed in parts.items():
+                missing = [p for p in listed if p not in present]
+                if missing:
+                    raise ArchiveError(
+                        f"{archive}: {len(missing)} image(s) of the official {split} list "
+                        f"missing, e.g. {missing[:3]}"
+                    )
+        progress = Progress(f"read {archive.name}", sum(len(v) for v in parts.values()), unit="img")
+        splits: dict[str, Split] = {}
+        for split, chosen in parts.items():
+            data = []
+            for path in chosen:
+                data.append(zipped.read(path))
+                progress.update(1)
+            labels = np.array([label_of[p.split("/")[1]] for p in chosen], dtype=np.int64)
+            splits[split] = make_split(data, labels.tolist(), chosen)
+        progress.close()
+    prepared = PreparedSplits(
+        splits=splits,
+        class_names=classes,
+        details={
+            "domain": domain,
+            "split": split_mode,
+            "domain_images": len(images),
+            "encoding": "original",
+        },
+    )
+    return write_prepared(name, spec, out_dir, prepared, paths, expected)

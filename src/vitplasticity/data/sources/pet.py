@@ -1,0 +1,92 @@
+"""Oxford-IIIT Pet from ``images.tar.gz`` + ``annotations.tar.gz``.
+
+``annotations/trainval.txt`` (3,680 images) is the pool, re-split into train/val by the run
+seed; ``annotations/test.txt`` (3,669) the test split. Lines read ``<image id> <class id>
+<species> <breed id>`` with 1-based class ids; class names come from the image ids
+(``american_bulldog_12`` -> ``American Bulldog``, as torchvision names them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vitplasticity.data.archives import ArchiveError, find_member, read_tar_members, tar_names
+from vitplasticity.data.sources.common import (
+    PreparedSplits,
+    make_split,
+    resolve_files,
+    write_prepared,
+)
+
+LISTS: dict[str, str] = {"pool": "trainval.txt", "test": "test.txt"}
+
+
+def parse_list(text: str, origin: str) -> list[tuple[str, int]]:
+    """``(image id, 0-based label)`` per line of an annotation list (``#`` lines skipped)."""
+    entries = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) < 2 or not parts[1].isdigit():
+            raise ArchiveError(f"{origin}:{number}: expected '<image id> <class id> ...'")
+        entries.append((parts[0], int(parts[1]) - 1))
+    return entries
+
+
+def class_name(image_id: str) -> str:
+    """The breed name of an image id: ``american_bulldog_12`` -> ``American Bulldog``."""
+    return " ".join(part.title() for part in image_id.rsplit("_", 1)[0].split("_"))
+
+
+def prepare(
+    name: str,
+    spec: dict[str, Any],
+    out_dir: Path,
+    downloads: Path,
+    *,
+    files: dict | None = None,
+    expected: dict[str, int] | None = None,
+) -> dict[str, int]:
+    """Prepare Oxford-IIIT Pet into ``out_dir`` (pool = trainval, test); return split sizes."""
+    paths = resolve_files(name, spec, Path(downloads), files)
+    images_tar, annotations_tar = paths["images.tar.gz"], paths["annotations.tar.gz"]
+    annotation_names = tar_names(annotations_tar)
+    list_members = {
+        split: find_member(annotation_names, f"annotations/{f}", annotations_tar)
+        for split, f in LISTS.items()
+    }
+    texts = read_tar_members(annotations_tar, set(list_members.values()))
+    entries = {
+        split: parse_list(texts[member].decode(), f"{annotations_tar}:{member}")
+        for split, member in list_members.items()
+    }
+    names: dict[int, str] = {}
+    for split_entries in entries.values():
+        for image_id, label in split_entries:
+            names.setdefault(label, class_name(image_id))
+    if sorted(names) != list(range(len(names))):
+        raise ArchiveError(f"{annotations_tar}: class ids are not 1..{len(names)}")
+    by_name = {n.rsplit("/", 1)[-1]: n for n in tar_names(images_tar) if n.endswith(".jpg")}
+    needed = {image_id for split_entries in entries.values() for image_id, _ in split_entries}
+    missing = sorted(i for i in needed if f"{i}.jpg" not in by_name)
+    if missing:
+        raise ArchiveError(
+            f"{images_tar}: {len(missing)} listed image(s) missing, e.g. {missing[:3]}"
+        )
+    members = read_tar_members(images_tar, {by_name[f"{i}.jpg"] for i in needed})
+    splits = {
+        split: make_split(
+            [members[by_name[f"{image_id}.jpg"]] for image_id, _ in split_entries],
+            [label for _, label in split_entries],
+            [f"images/{image_id}.jpg" for image_id, _ in split_entries],
+        )
+        for split, split_entries in entries.items()
+    }
+    prepared = PreparedSplits(
+        splits=splits,
+        class_names=[names[k] for k in range(len(names))],
+        details={"encoding": "original", "official_lists": LISTS},
+    )
+    return write_prepared(name, spec, out_dir, prepared, paths, expected)
