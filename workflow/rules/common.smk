@@ -10,6 +10,7 @@ from vitplasticity.config import (
     imagenet_path,
     lr_label,
 )
+from vitplasticity.data.sources import registry as source_registry
 
 check_config(config)
 
@@ -41,6 +42,18 @@ def source_spec(dataset):
     """The dataset's config entry without its training keys, as JSON."""
     entry = config["datasets"][dataset]
     return as_json({k: v for k, v in entry.items() if k not in TRAINING_KEYS})
+
+
+def prepare_inputs(wildcards):
+    """The files a dataset's prepare job reads: its local archives, else the downloads."""
+    return source_registry.download_inputs(
+        config["datasets"], wildcards.dataset, f"{RESOURCES}/downloads"
+    )
+
+
+def download_url(wildcards):
+    """The URL of one registry file: the registry's, or the datasets' mirror override."""
+    return source_registry.download_url(config["datasets"], wildcards.file)
 
 
 def dataset_dir(dataset):

@@ -1,7 +1,29 @@
-# Datasets into the prepared store, and the plasticity reference set.
+# Downloads (local rules: login nodes have internet, compute nodes often do not), datasets into
+# the prepared store, and the plasticity reference set.
+import re
+
+
+rule download:
+    output:
+        f"{RESOURCES}/downloads/{{file}}",
+    log:
+        f"{RESOURCES}/logs/download/{{file}}.log",
+    params:
+        url=download_url,
+        md5=lambda w: source_registry.FILES[w.file].md5 or "",
+    localrule: True
+    wildcard_constraints:
+        file="|".join(re.escape(name) for name in source_registry.FILES),
+    conda:
+        ENV
+    shell:
+        "vitplasticity download --file {wildcards.file:q} --url {params.url:q}"
+        " --md5 {params.md5:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule prepare:
+    input:
+        prepare_inputs,
     output:
         directory(f"{RESOURCES}/datasets/{{dataset}}"),
     log:
