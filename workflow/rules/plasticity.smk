@@ -19,6 +19,7 @@ rule plasticity:
         split=config["plasticity"].get("downstream_split", "test"),
         batch_size=config["plasticity"].get("batch_size", 64),
         device=config["plasticity"].get("device", "auto"),
+        dtype=config["plasticity"].get("dtype", "float32"),
         demo_flag="--demo" if config.get("demo", False) else "",
     resources:
         runtime=plasticity_runtime,
@@ -28,6 +29,6 @@ rule plasticity:
         "vitplasticity plasticity --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --reference {input.reference:q} --dataset-dir {input.dataset:q} --split {params.split}"
         " --protocols {params.protocols} --n-pairs {params.n_pairs}"
-        " --batch-size {params.batch_size} --device {params.device}"
+        " --batch-size {params.batch_size} --device {params.device} --dtype {params.dtype}"
         " {params.demo_flag}"
         " --out {output.pairs:q} --summary {output.summary:q} > {log:q} 2>&1"

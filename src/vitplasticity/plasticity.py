@@ -1,0 +1,443 @@
+"""Plasticity: the average rate of change ||f(x) - f(y)||_F / ||x - y||_F of every component f
+(ln1, mha, ln2, fc1, fc2) of every block of a timm ViT, over pairs of images (PROTOCOL.md).
+
+Two protocols decide what each component is fed:
+
+- ``embedding`` (the reference code, the default to reproduce): x and y are the embedding
+  outputs of the reference and the downstream image; *every* block's components are fed that
+  same pair. MHA is ``attn(x)`` without the norm before it or the residual; FC1 is ``fc1(x)``
+  without activation; FC2 is ``fc2([x, 0, 0, 0])``, x zero-padded to fc2's input width.
+- ``in_situ``: the real forward pass; each component gets what reaches it there, and its
+  ratio divides by the difference of its own inputs.
+
+Pair i is reference image i with downstream image i; the downstream set is cycled when it is
+shorter. Both images of a pair travel in one forward pass (reference half first), so that
+every difference is taken on the device right where the two activations are, and the
+per-pair norms are the only thing kept. Computation runs in the model's parameter dtype on
+the model's device; norms are reduced in float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import polars as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitplasticity import COMPONENTS
+from vitplasticity.components import block_modules
+
+PROTOCOLS: tuple[str, ...] = ("embedding", "in_situ")
+"""What each component is fed: the embedding output (reference code) or the real forward pass."""
+
+Images = torch.Tensor | Iterable[torch.Tensor]
+"""Preprocessed images (N, 3, H, W), or an iterable of such batches."""
+
+PAIR_SCHEMA: dict[str, pl.DataType] = {
+    "protocol": pl.String(),
+    "block": pl.Int64(),
+    "component": pl.String(),
+    "pair": pl.Int64(),
+    "ratio": pl.Float64(),
+    "numerator": pl.Float64(),
+    "denominator": pl.Float64(),
+}
+"""Columns of :func:`measure`'s result, in order."""
+
+
+def check_protocols(protocols: Sequence[str]) -> tuple[str, ...]:
+    """Return ``protocols`` as a tuple after checking each is known.
+
+    Raises:
+        ValueError: naming the unknown protocol and listing the valid ones.
+    """
+    if isinstance(protocols, str):
+        protocols = (protocols,)
+    if not protocols:
+        raise ValueError(f"no plasticity protocol given; valid protocols: {', '.join(PROTOCOLS)}")
+    for protocol in protocols:
+        if protocol not in PROTOCOLS:
+            raise ValueError(
+                f"unknown plasticity protocol {protocol!r}; valid protocols: {', '.join(PROTOCOLS)}"
+            )
+    return tuple(protocols)
+
+
+def vit_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks of a timm VisionTransformer, after checking it has every part we use.
+
+    Raises:
+        ValueError: when ``model`` lacks the embedding or a block lacks a component module,
+            naming what is missing.
+    """
+    missing = [
+        name
+        for name in ("patch_embed", "_pos_embed", "patch_drop", "norm_pre", "blocks")
+        if not hasattr(model, name)
+    ]
+    if missing:
+        raise ValueError(
+            f"{type(model).__name__} is not a timm VisionTransformer: it lacks {missing}"
+        )
+    blocks = list(model.blocks)
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has no blocks")
+    for index, block in enumerate(blocks):
+        try:
+            modules = block_modules(block)
+        except AttributeError as error:
+            raise ValueError(
+                f"block {index} of {type(model).__name__} is not a timm ViT block: {error}"
+            ) from error
+        if not isinstance(modules["fc2"], nn.Linear):
+            raise ValueError(
+                f"block {index}: mlp.fc2 is {type(modules['fc2']).__name__}, not Linear"
+            )
+    return blocks
+
+
+def embedding_tokens(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """The embedding output of ``images`` (B, 3, H, W): what the first block receives.
+
+    Patch embedding, cls token and position embedding (timm's ``_pos_embed``), then
+    ``patch_drop`` and ``norm_pre`` (identities in the paper's models): (B, n, d).
+    """
+    tokens = model._pos_embed(model.patch_embed(images))
+    return model.norm_pre(model.patch_drop(tokens))
+
+
+def _pair_norms(activations: torch.Tensor, n_pairs: int) -> torch.Tensor:
+    """Frobenius norms of (reference half - downstream half), one per pair, in float64: (B,)."""
+    difference = activations[:n_pairs] - activations[n_pairs:]
+    return torch.linalg.vector_norm(difference.flatten(1), dim=1, dtype=torch.float64)
+
+
+def _embedding_protocol(
+    model: nn.Module, blocks: list[nn.Module], images: torch.Tensor, n_pairs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Numerators and denominators (n_blocks, 5, B) of the embedding protocol."""
+    tokens = embedding_tokens(model, images)  # (2B, n, d)
+    width = tokens.shape[-1]
+    denominator = _pair_norms(tokens, n_pairs)  # (B,): the same pair feeds every component
+    numerators = []
+    for block in blocks:
+        modules = block_modules(block)
+        fc2 = modules["fc2"]
+        # fc2([x, 0, 0, 0]) only ever multiplies x by fc2's first `width` input columns:
+        # slicing the weight is the same map at a quarter of the work.
+        outputs = (
+            modules["ln1"](tokens),
+            modules["mha"](tokens),
+            modules["ln2"](tokens),
+            modules["fc1"](tokens),
+            F.linear(tokens, fc2.weight[:, :width], fc2.bias),
+        )
+        numerators.append(torch.stack([_pair_norms(out, n_pairs) for out in outputs]))
+    numerator = torch.stack(numerators)  # (n_blocks, 5, B)
+    return numerator, denominator.expand_as(numerator)
+
+
+class _InSituRecorder:
+    """Forward hooks recording, per component, the pair norms of its input and output change.
+
+    Hooks (rather than re-implementing Block.forward) see exactly what the real forward pass
+    feeds each module, whatever the block does around it (layer scale, drop path, the MLP's
+    activation and optional norm). A component whose input is the previous component's very
+    output tensor (attn gets norm1's output, fc1 gets norm2's) reuses that norm.
+    """
+
+    def __init__(self, blocks: list[nn.Module], n_pairs: int) -> None:
+        self.n_pairs = n_pairs
+        self.numerators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
+        self.denominators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
+        self._last_output: torch.Tensor | None = None
+        self._last_norm: torch.Tensor | None = None
+        self._handles = [
+            module.register_forward_hook(self._hook(b, c))
+            for b, block in enumerate(blocks)
+            for c, module in enumerate(block_modules(block).values())
+        ]
+
+    def _hook(self, block: int, component: int) -> Callable[..., None]:
+        def record(module: nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+            inputs = args[0]
+            if inputs is self._last_output:
+                denominator = self._last_norm
+            else:
+                denominator = _pair_norms(inputs, self.n_pairs)
+            numerator = _pair_norms(output, self.n_pairs)
+            self.numerators[block][component] = numerator
+            self.denominators[block][component] = denominator
+            self._last_output, self._last_norm = output, numerator
+
+        return record
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._last_output = self._last_norm = None
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Numerators and denominators (n_blocks, 5, B) of the pass just run."""
+        return (
+            torch.stack([torch.stack(row) for row in self.numerators]),  # type: ignore[arg-type]
+            torch.stack([torch.stack(row) for row in self.denominators]),  # type: ignore[arg-type]
+        )
+
+
+def _in_situ_protocol(
+    model: nn.Module, blocks: list[nn.Module], images: torch.Tensor, n_pairs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Numerators and denominators (n_blocks, 5, B) of the in-situ protocol."""
+    recorder = _InSituRecorder(blocks, n_pairs)
+    try:
+        tokens = embedding_tokens(model, images)
+        for block in blocks:
+            tokens = block(tokens)
+    finally:
+        recorder.remove()
+    return recorder.result()
+
+
+_PROTOCOL_FUNCTIONS = {"embedding": _embedding_protocol, "in_situ": _in_situ_protocol}
+
+
+def _image_chunks(source: Images, name: str, *, cycle: bool) -> Iterator[torch.Tensor]:
+    """The non-empty batches of ``source``, started over at its end when ``cycle``.
+
+    Raises:
+        ValueError: when ``source`` holds no image, a batch is not (N, 3, H, W), or a one-shot
+            iterator would have to be cycled.
+    """
+    batches: Iterable[torch.Tensor] = (source,) if isinstance(source, torch.Tensor) else source
+    one_shot = iter(batches) is batches
+    while True:
+        seen = 0
+        for chunk in batches:
+            if not isinstance(chunk, torch.Tensor) or chunk.ndim != 4 or chunk.shape[1] != 3:
+                shape = tuple(chunk.shape) if isinstance(chunk, torch.Tensor) else type(chunk)
+                raise ValueError(f"{name}: expected image batches (N, 3, H, W), got {shape}")
+            if len(chunk):
+                seen += len(chunk)
+                yield chunk
+        if not cycle:
+            return
+        if seen == 0:
+            raise ValueError(f"{name}: no images")
+        if one_shot:
+            raise ValueError(
+                f"{name} is a one-shot iterator shorter than the pairs asked for: pass a tensor "
+                "or a re-iterable (e.g. a list) of batches so that it can be cycled"
+            )
+
+
+class _ImageQueue:
+    """Hands out images of a chunk stream in batches of any size, in order.
+
+    Slices of one large tensor stay views: nothing is copied unless a batch spans chunks.
+    """
+
+    def __init__(self, chunks: Iterator[torch.Tensor]) -> None:
+        self._chunks = chunks
+        self._pending: list[torch.Tensor] = []
+        self._held = 0
+
+    def take(self, count: int) -> torch.Tensor | None:
+        """The next ``count`` images (fewer at the end of the stream; None when it is empty)."""
+        while self._held < count:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._pending.append(chunk)
+            self._held += len(chunk)
+        if not self._held:
+            return None
+        merged = self._pending[0] if len(self._pending) == 1 else torch.cat(self._pending)
+        rest = merged[count:]
+        self._pending, self._held = ([rest], len(rest)) if len(rest) else ([], 0)
+        return merged[:count]
+
+
+def measure_protocols(
+    model: nn.Module,
+    reference: Images,
+    downstream: Images,
+    *,
+    protocols: Sequence[str] = ("embedding",),
+    batch_size: int = 64,
+    n_pairs: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> pl.DataFrame:
+    """Plasticity of every component of every block, per image pair, for several protocols.
+
+    One pass over the images serves every protocol (each image is decoded once). See
+    :func:`measure` for the arguments; ``progress`` is called with the number of pairs done
+    after each batch.
+
+    Returns:
+        One row per (protocol, block, component, pair), columns :data:`PAIR_SCHEMA`.
+    """
+    protocols = check_protocols(protocols)
+    blocks = vit_blocks(model)
+    if model.training:
+        raise ValueError("model is in training mode (dropout would be random): call model.eval()")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if n_pairs is not None and n_pairs < 1:
+        raise ValueError(f"n_pairs must be >= 1, got {n_pairs}")
+    if isinstance(reference, torch.Tensor) and n_pairs is not None and len(reference) < n_pairs:
+        raise ValueError(
+            f"reference: {len(reference)} images, fewer than the {n_pairs} pairs asked"
+        )
+    parameter = next(model.parameters())
+    device, dtype = parameter.device, parameter.dtype
+
+    references = _ImageQueue(_image_chunks(reference, "reference", cycle=False))
+    downstreams = _ImageQueue(_image_chunks(downstream, "downstream", cycle=True))
+    # Per protocol: a list of per-batch (numerator, denominator) tensors, left on the device
+    # until the end so that no batch waits on a host copy.
+    found: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {p: [] for p in protocols}
+    done = 0
+    with torch.inference_mode():
+        while n_pairs is None or done < n_pairs:
+            wanted = batch_size if n_pairs is None else min(batch_size, n_pairs - done)
+            ref_batch = references.take(wanted)
+            if ref_batch is None:
+                break
+            down_batch = downstreams.take(len(ref_batch))
+            assert down_batch is not None and len(down_batch) == len(ref_batch)  # cycled
+            if ref_batch.shape[1:] != down_batch.shape[1:]:
+                raise ValueError(
+                    f"reference images {tuple(ref_batch.shape[1:])} and downstream images "
+                    f"{tuple(down_batch.shape[1:])} differ in shape"
+                )
+            images = torch.cat([ref_batch, down_batch]).to(device=device, dtype=dtype)
+            for protocol in protocols:
+                found[protocol].append(
+                    _PROTOCOL_FUNCTIONS[protocol](model, blocks, images, len(ref_batch))
+                )
+            done += len(ref_batch)
+            if progress is not None:
+                progress(done)
+    if done == 0:
+        raise ValueError("reference: no images")
+    if n_pairs is not None and done < n_pairs:
+        raise ValueError(f"reference: {done} images, fewer than the {n_pairs} pairs asked for")
+    return pl.concat(
+        [
+            _pairs_frame(
+                protocol,
+                torch.cat([num for num, _ in found[protocol]], dim=-1).cpu().numpy(),
+                torch.cat([den for _, den in found[protocol]], dim=-1).cpu().numpy(),
+            )
+            for protocol in protocols
+        ]
+    )
+
+
+def measure(
+    model: nn.Module,
+    reference: Images,
+    downstream: Images,
+    *,
+    protocol: str = "embedding",
+    batch_size: int = 64,
+    n_pairs: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> pl.DataFrame:
+    """Plasticity of every component of every block of ``model``, per image pair.
+
+    Args:
+        model: a timm VisionTransformer in eval mode; it runs on its own device and dtype.
+        reference: preprocessed reference images (N, 3, H, W), or an iterable of batches.
+        downstream: preprocessed downstream images, the same way; pair i is reference image
+            i with downstream image i, and the downstream set is cycled when shorter (an
+            iterable must then be re-iterable, e.g. a list).
+        protocol: "embedding" (every block fed the embedding output, the reference code) or
+            "in_situ" (each component fed what reaches it in the forward pass).
+        batch_size: pairs per forward pass (each pass carries 2 x batch_size images).
+        n_pairs: pairs to measure; defaults to every reference image.
+        progress: called with the number of pairs done after each batch.
+
+    Returns:
+        One row per (block, component, pair): protocol, block (0-based), component, pair,
+        ratio = numerator / denominator, numerator = ||f(x) - f(y)||_F and denominator =
+        ||x - y||_F of that component's inputs, all float64. Identical inputs give ratio NaN.
+
+    Raises:
+        ValueError: for an unknown protocol (listing the valid ones), a model that is not a
+            timm ViT, fewer reference images than ``n_pairs``, or malformed image batches.
+    """
+    return measure_protocols(
+        model,
+        reference,
+        downstream,
+        protocols=(protocol,),
+        batch_size=batch_size,
+        n_pairs=n_pairs,
+        progress=progress,
+    )
+
+
+def _pairs_frame(protocol: str, numerator: np.ndarray, denominator: np.ndarray) -> pl.DataFrame:
+    """Rows of one protocol from (n_blocks, 5, N) numerators and denominators."""
+    n_blocks, n_components, n = numerator.shape
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = numerator / denominator
+    return pl.DataFrame(
+        {
+            "protocol": [protocol] * ratio.size,
+            "block": np.repeat(np.arange(n_blocks, dtype=np.int64), n_components * n),
+            "component": np.tile(np.repeat(np.array(COMPONENTS), n), n_blocks),
+            "pair": np.tile(np.arange(n, dtype=np.int64), n_blocks * n_components),
+            "ratio": ratio.ravel(),
+            "numerator": numerator.ravel(),
+            "denominator": denominator.ravel(),
+        },
+        schema=PAIR_SCHEMA,
+    )
+
+
+def summarize(pairs: pl.DataFrame) -> pl.DataFrame:
+    """Mean plasticity per (protocol, block, component) with its spread.
+
+    Columns: protocol, block, component, relative_depth = (block + 1) / depth (depth: the
+    number of blocks in ``pairs``), n_pairs, mean, std (ddof=1), ci95 = 1.96 std / sqrt(n)
+    (the paper's 95% interval). Rows sorted by protocol, block and component in forward order.
+
+    Raises:
+        ValueError: when a column of :data:`PAIR_SCHEMA` is missing, naming it.
+    """
+    missing = [name for name in ("protocol", "block", "component", "ratio") if name not in pairs]
+    if missing:
+        raise ValueError(f"pairs frame lacks columns {missing}")
+    depth = pairs.group_by("protocol").agg((pl.col("block").max() + 1).alias("depth"))
+    order = pl.DataFrame({"component": list(COMPONENTS), "_order": range(len(COMPONENTS))})
+    return (
+        pairs.group_by("protocol", "block", "component")
+        .agg(
+            pl.len().cast(pl.Int64).alias("n_pairs"),
+            pl.col("ratio").mean().alias("mean"),
+            pl.col("ratio").std(ddof=1).alias("std"),
+        )
+        .join(depth, on="protocol")
+        .join(order, on="component", how="left")
+        .with_columns(
+            ((pl.col("block") + 1) / pl.col("depth")).alias("relative_depth"),
+            (1.96 * pl.col("std") / pl.col("n_pairs").sqrt()).alias("ci95"),
+        )
+        .sort("protocol", "block", "_order")
+        .select(
+            "protocol",
+            "block",
+            "component",
+            "relative_depth",
+            "n_pairs",
+            "mean",
+            "std",
+            "ci95",
+        )
+    )
