@@ -29,6 +29,7 @@ rule finetune:
         log_every=finetune_value("log_every", 50),
         checkpoint_every=finetune_value("checkpoint_every", 500),
         out_dir=lambda w, output: os.path.dirname(output.summary),
+        demo_flag="--demo" if config.get("demo", False) else "",
     resources:
         runtime=finetune_runtime,
     conda:
@@ -45,5 +46,5 @@ rule finetune:
         " --adam-betas {params.adam_betas} --val-fraction {params.val_fraction}"
         " --precision {params.precision} --device {params.device}"
         " --num-workers {params.num_workers} --log-every {params.log_every}"
-        " --checkpoint-every {params.checkpoint_every}"
+        " --checkpoint-every {params.checkpoint_every} {params.demo_flag}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"

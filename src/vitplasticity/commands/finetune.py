@@ -1,0 +1,107 @@
+"""``finetune``: one single-component finetuning run (one job of the workflow's grid)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from vitplasticity.commands import json_argument
+
+log = logging.getLogger(__name__)
+
+# Exit status of a run stopped by SIGTERM after writing its checkpoint (128 + SIGTERM):
+# the scheduler sees a failed job and reruns it, which resumes.
+PREEMPTED_EXIT = 143
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``finetune`` subcommand."""
+    parser = subparsers.add_parser(
+        "finetune",
+        help="finetune one configuration of a ViT on one prepared dataset (resumable)",
+        description="Single-component finetuning (arXiv 2602.06883): train the named "
+        "components plus the new head and final norm; write metrics.parquet and summary.json "
+        "into --out-dir. Resumes from --out-dir/checkpoint.pt; SIGTERM writes a checkpoint.",
+    )
+    run = parser.add_argument_group("the run")
+    run.add_argument("--experiment", required=True, help="experiment name (labels the outputs)")
+    run.add_argument("--model", required=True, help="model name (config key)")
+    run.add_argument("--dataset", required=True, help="dataset name (config key)")
+    run.add_argument(
+        "--model-spec", required=True, type=json_argument, help="the model's config entry, as JSON"
+    )
+    run.add_argument("--dataset-dir", required=True, help="the prepared dataset folder")
+    run.add_argument(
+        "--configuration", required=True, help="full|emb|ln1|mha|ln2|fc1|fc2|head, or a+b"
+    )
+    run.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
+    run.add_argument("--lr", type=float, required=True, help="peak learning rate")
+    run.add_argument("--seed", type=int, required=True, help="head init, val split, data order")
+    run.add_argument("--out-dir", required=True, help="the run's output folder")
+    run.add_argument("--demo", action="store_true", help="label the outputs as a demo")
+
+    training = parser.add_argument_group("training (PROTOCOL.md defaults)")
+    training.add_argument("--steps", type=int, required=True, help="optimizer steps")
+    training.add_argument("--val-every", type=int, required=True, help="validation period")
+    training.add_argument("--batch-size", type=int, default=512, help="images per step")
+    training.add_argument(
+        "--micro-batch-size", type=int, default=512, help="images per forward pass"
+    )
+    training.add_argument("--warmup-steps", type=int, default=2000)
+    training.add_argument("--clip-grad-norm", type=float, default=1.0)
+    training.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    training.add_argument(
+        "--adam-betas", type=float, nargs=2, default=[0.9, 0.999], metavar=("B1", "B2")
+    )
+    training.add_argument("--val-fraction", type=float, default=0.2, help="pool share for val")
+    training.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    training.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    training.add_argument("--num-workers", type=int, default=0, help="data worker processes")
+    training.add_argument("--log-every", type=int, default=50, help="steps between train rows")
+    training.add_argument("--checkpoint-every", type=int, default=500)
+    parser.set_defaults(handler=run_finetune)
+
+
+def run_finetune(args: argparse.Namespace) -> int:
+    from vitplasticity.finetune import FinetuneSettings, Preempted, run
+
+    settings = FinetuneSettings(
+        experiment=args.experiment,
+        model=args.model,
+        dataset=args.dataset,
+        model_spec=args.model_spec,
+        configuration=args.configuration,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        seed=args.seed,
+        steps=args.steps,
+        val_every=args.val_every,
+        batch_size=args.batch_size,
+        micro_batch_size=args.micro_batch_size,
+        warmup_steps=args.warmup_steps,
+        clip_grad_norm=args.clip_grad_norm,
+        momentum=args.momentum,
+        adam_betas=tuple(args.adam_betas),
+        val_fraction=args.val_fraction,
+        precision=args.precision,
+        device=args.device,
+        num_workers=args.num_workers,
+        log_every=args.log_every,
+        checkpoint_every=args.checkpoint_every,
+        demo=args.demo,
+    )
+    try:
+        summary = run(settings, args.dataset_dir, args.out_dir)
+    except Preempted as stop:
+        log.warning("%s; rerun to resume", stop)
+        return PREEMPTED_EXIT
+    log.info(
+        "%s: %s at step %s, best val %s (step %s), test %s",
+        args.out_dir,
+        summary["status"],
+        summary["final_step"],
+        summary["best_val_accuracy"],
+        summary["best_step"],
+        summary["test_accuracy"],
+    )
+    return 0
