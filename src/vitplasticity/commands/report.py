@@ -1,0 +1,259 @@
+"""``aggregate``, ``concat``, ``stats``, ``table`` and ``figure``: from runs to the paper's
+tables and figures.
+
+Every output says whether it is a demo: ``--demo`` or any input marked demo (a summary's
+``demo`` key, a Parquet footer's ``demo`` metadata) makes it one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+TABLE_KINDS: tuple[str, ...] = ("accuracy", "wilcoxon", "plasticity")
+FIGURE_KINDS: tuple[str, ...] = (
+    "plasticity-boxplot",
+    "plasticity-depth",
+    "accuracy",
+    "robustness",
+    "curves",
+    "optimizers",
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the report stage's subcommands."""
+    aggregate = subparsers.add_parser(
+        "aggregate",
+        help="one experiment's run summaries into a runs table and a selected-LR table",
+        description="Collect summary.json files into one row per run, then pick per (model, "
+        "dataset, configuration) the LR with the best seed-mean accuracy.",
+    )
+    aggregate.add_argument("--experiment", required=True, help="experiment name (config key)")
+    aggregate.add_argument("--summaries", nargs="+", required=True, help="summary.json files")
+    aggregate.add_argument("--lr-selection", choices=["val", "test"], default="val")
+    aggregate.add_argument("--demo", action="store_true", help="mark the outputs as a demo")
+    aggregate.add_argument("--runs-out", required=True, help="runs table (Parquet)")
+    aggregate.add_argument("--selected-out", required=True, help="selected-LR table (Parquet)")
+    aggregate.set_defaults(handler=run_aggregate)
+
+    concat = subparsers.add_parser(
+        "concat", help="stack several runs tables into one", description="Stack runs tables."
+    )
+    concat.add_argument("--inputs", nargs="+", required=True, help="runs tables (Parquet)")
+    concat.add_argument("--out", required=True, help="output Parquet file")
+    concat.set_defaults(handler=run_concat)
+
+    stats = subparsers.add_parser(
+        "stats",
+        help="Wilcoxon signed-rank and paired t-test of one configuration against the others",
+        description="Pair the selected-LR test accuracies over datasets, per model.",
+    )
+    stats.add_argument("--selected", required=True, help="selected-LR table (Parquet)")
+    stats.add_argument("--reference", default="mha", help="configuration tested against others")
+    stats.add_argument("--alternative", choices=["greater", "two-sided", "less"], default="greater")
+    stats.add_argument("--alpha", type=float, default=0.05, help="significance level")
+    stats.add_argument("--demo", action="store_true", help="mark the output as a demo")
+    stats.add_argument("--out", required=True, help="output Parquet file")
+    stats.set_defaults(handler=run_stats)
+
+    table = subparsers.add_parser(
+        "table",
+        help="a LaTeX (booktabs) table",
+        description="accuracy: a selected-LR table; wilcoxon: a stats table; plasticity: "
+        "plasticity summary files.",
+    )
+    table.add_argument("--kind", choices=TABLE_KINDS, required=True)
+    table.add_argument("--inputs", nargs="+", required=True, help="input Parquet file(s)")
+    table.add_argument("--experiment", default="", help="experiment name (captions, labels)")
+    table.add_argument("--demo", action="store_true", help="mark the table as a demo")
+    table.add_argument("--out", required=True, help="output .tex file")
+    table.set_defaults(handler=run_table)
+
+    figure = subparsers.add_parser(
+        "figure",
+        help="a figure, in one file per format",
+        description="plasticity-boxplot/-depth: plasticity summaries; accuracy: a selected-LR "
+        "table; robustness: a runs table; curves: metrics.parquet files (summary.json beside "
+        "each); optimizers: two selected-LR tables.",
+    )
+    figure.add_argument("--kind", choices=FIGURE_KINDS, required=True)
+    figure.add_argument("--inputs", nargs="+", required=True, help="input files")
+    figure.add_argument("--title", default="", help="panel title prefix")
+    figure.add_argument("--width-in", type=float, default=3.4, help="figure width (inches)")
+    figure.add_argument("--dpi", type=int, default=200, help="raster resolution")
+    figure.add_argument("--context", default="paper", help="seaborn context")
+    figure.add_argument("--demo", action="store_true", help="mark the figure as a demo")
+    figure.add_argument("--out", nargs="+", required=True, help="output files (.pdf/.png/.svg)")
+    figure.set_defaults(handler=run_figure)
+
+
+def _check_inputs(paths: Sequence[str]) -> None:
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"input file(s) not found: {', '.join(missing)}")
+
+
+def _parquet_is_demo(paths: Sequence[str]) -> bool:
+    from vitplasticity.io import read_parquet_metadata
+
+    return any(bool(read_parquet_metadata(p).get("demo", False)) for p in paths)
+
+
+def _read(paths: Sequence[str]) -> Any:
+    import polars as pl
+
+    _check_inputs(paths)
+    return pl.concat([pl.read_parquet(p) for p in paths], how="diagonal_relaxed")
+
+
+def _record(settings: dict[str, Any], demo: bool) -> dict[str, Any]:
+    """Footer metadata of a report Parquet file (provenance without importing torch)."""
+    from vitplasticity.provenance import git_commit, versions
+
+    return {
+        "demo": demo,
+        "settings": settings,
+        "versions": versions(),
+        "git_commit": git_commit(),
+    }
+
+
+def run_aggregate(args: argparse.Namespace) -> int:
+    from vitplasticity.io import write_parquet
+    from vitplasticity.report.aggregate import collect_runs, select_learning_rates
+
+    runs = collect_runs(args.summaries)
+    other = sorted(set(runs["experiment"]) - {args.experiment})
+    if other:
+        raise ValueError(
+            f"summaries of experiment(s) {', '.join(other)} given to --experiment {args.experiment}"
+        )
+    selected = select_learning_rates(runs, args.lr_selection)
+    demo = args.demo or bool(runs["demo"].fill_null(False).any())
+    settings = {"experiment": args.experiment, "lr_selection": args.lr_selection}
+    write_parquet(args.runs_out, runs, _record(settings, demo))
+    write_parquet(args.selected_out, selected, _record(settings, demo))
+    log.info(
+        "%s: %d runs (%d diverged), %d cells, LR picked on %s accuracy",
+        args.experiment,
+        runs.height,
+        int(runs["diverged"].sum()),
+        selected.height,
+        args.lr_selection,
+    )
+    return 0
+
+
+def run_concat(args: argparse.Namespace) -> int:
+    import polars as pl
+
+    from vitplasticity.io import write_parquet
+    from vitplasticity.report.aggregate import concat_runs
+
+    _check_inputs(args.inputs)
+    runs = concat_runs([pl.read_parquet(p) for p in args.inputs])
+    write_parquet(args.out, runs, _record({"inputs": args.inputs}, _parquet_is_demo(args.inputs)))
+    log.info("%d runs from %d tables into %s", runs.height, len(args.inputs), args.out)
+    return 0
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    from vitplasticity.io import write_parquet
+    from vitplasticity.stats import compare_selected
+
+    selected = _read([args.selected])
+    result = compare_selected(selected, args.reference, args.alternative, args.alpha)
+    demo = args.demo or _parquet_is_demo([args.selected])
+    settings = {"reference": args.reference, "alternative": args.alternative, "alpha": args.alpha}
+    write_parquet(args.out, result, _record(settings, demo))
+    for row in result.iter_rows(named=True):
+        log.info(
+            "%s %s vs %s: n=%d W=%.1f p=%.4g t=%.3f p=%.4g",
+            row["model"],
+            args.reference,
+            row["component"],
+            row["n_datasets"],
+            row["wilcoxon_stat"],
+            row["wilcoxon_p"],
+            row["ttest_stat"],
+            row["ttest_p"],
+        )
+    return 0
+
+
+def run_table(args: argparse.Namespace) -> int:
+    from vitplasticity.io import atomic_path
+    from vitplasticity.report import tables
+
+    frame = _read(args.inputs)
+    demo = args.demo or _parquet_is_demo(args.inputs)
+    if args.kind == "accuracy":
+        text = tables.accuracy_table(frame, demo=demo)
+    elif args.kind == "wilcoxon":
+        text = tables.wilcoxon_table(frame, demo=demo, experiment=args.experiment)
+    else:
+        text = tables.plasticity_table(frame, demo=demo)
+    with atomic_path(args.out) as tmp:
+        tmp.write_text(text)
+    log.info("%s table (%s) written to %s", args.kind, "demo" if demo else "paper", args.out)
+    return 0
+
+
+def _read_curves(paths: Sequence[str]) -> Any:
+    """Stack metrics.parquet files with their run's configuration, LR and seed (from the
+    summary.json beside each)."""
+    import polars as pl
+
+    _check_inputs(paths)
+    frames, demo = [], False
+    for path in paths:
+        summary_path = Path(path).with_name("summary.json")
+        if not summary_path.is_file():
+            raise FileNotFoundError(f"summary.json missing beside {path}")
+        summary = json.loads(summary_path.read_text())
+        demo = demo or bool(summary.get("demo", False))
+        frames.append(
+            pl.read_parquet(path).with_columns(
+                configuration=pl.lit(summary["configuration"]),
+                run_lr=pl.lit(float(summary["lr"])),
+                seed=pl.lit(int(summary["seed"])),
+            )
+        )
+    return pl.concat(frames, how="diagonal_relaxed"), demo
+
+
+def run_figure(args: argparse.Namespace) -> int:
+    from vitplasticity.report import figures
+
+    settings = figures.FigureSettings(args.width_in, args.dpi, args.context)
+    if args.kind == "curves":
+        metrics, demo = _read_curves(args.inputs)
+        figures.training_curves(metrics, args.out, settings, args.demo or demo, args.title)
+    elif args.kind == "optimizers":
+        if len(args.inputs) != 2:
+            raise ValueError("--kind optimizers takes two selected-LR tables (--inputs A B)")
+        first, second = _read(args.inputs[:1]), _read(args.inputs[1:])
+        demo = args.demo or _parquet_is_demo(args.inputs)
+        figures.optimizer_scatter(first, second, args.out, settings, demo)
+    else:
+        frame = _read(args.inputs)
+        demo = args.demo or _parquet_is_demo(args.inputs)
+        draw = {
+            "plasticity-boxplot": figures.plasticity_boxplot,
+            "plasticity-depth": figures.plasticity_depth,
+        }.get(args.kind)
+        if draw is not None:
+            draw(frame, args.out, settings, demo, args.title)
+        elif args.kind == "accuracy":
+            figures.accuracy_bars(frame, args.out, settings, demo)
+        else:
+            figures.robustness_boxplot(frame, args.out, settings, demo)
+    log.info("%s figure written to %s", args.kind, ", ".join(args.out))
+    return 0

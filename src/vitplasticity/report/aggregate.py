@@ -1,0 +1,196 @@
+"""All finetuning runs in one table, and the learning rate each cell selects.
+
+A *cell* is one (model, dataset, configuration) of an experiment; its runs span the LR grid
+and the seeds. Conventions (PROTOCOL.md, "Aggregation"):
+
+- A diverged run (NaN loss) keeps its row in ``runs`` with ``diverged`` true and null
+  accuracies; it is excluded from every mean and std and counted in ``n_diverged``.
+- Seed statistics are the mean and the sample std (ddof 1); with one seed the std is null.
+- ``lr_selection="val"`` picks the LR with the best seed-mean ``best_val_accuracy`` (the sound
+  choice); ``"test"`` picks on seed-mean ``test_accuracy`` (what the reference code does).
+  Either way the reported accuracy is the seed-mean/std of ``test_accuracy`` at that LR.
+  Ties go to the smaller LR. An LR whose runs all diverged cannot be selected.
+- LR sensitivity: max minus min over LRs of the seed-mean test accuracy (LRs with at least one
+  finished run); it is null when fewer than two LRs finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+LR_SELECTIONS: tuple[str, ...] = ("val", "test")
+
+# summary.json key -> runs column. Every key must be present in every summary.
+_RUN_FIELDS: dict[str, pl.DataType] = {
+    "experiment": pl.String(),
+    "model": pl.String(),
+    "dataset": pl.String(),
+    "configuration": pl.String(),
+    "optimizer": pl.String(),
+    "lr": pl.Float64(),
+    "seed": pl.Int64(),
+    "status": pl.String(),
+    "diverged": pl.Boolean(),
+    "best_step": pl.Int64(),
+    "best_val_accuracy": pl.Float64(),
+    "test_accuracy": pl.Float64(),
+    "trainable_parameters": pl.Int64(),
+    "total_parameters": pl.Int64(),
+    "wall_seconds": pl.Float64(),
+}
+# Optional keys: absent ones become null.
+_OPTIONAL_FIELDS: dict[str, pl.DataType] = {
+    "steps_per_second": pl.Float64(),
+    "images_per_second": pl.Float64(),
+    "demo": pl.Boolean(),
+}
+RUN_SCHEMA: dict[str, pl.DataType] = {**_RUN_FIELDS, **_OPTIONAL_FIELDS, "summary": pl.String()}
+"""Columns of ``runs.parquet`` (``summary``: the path of the run's summary.json)."""
+
+CELL: tuple[str, ...] = ("experiment", "model", "dataset", "configuration")
+"""The columns that identify one selected-LR cell."""
+
+
+def _accuracy(value: Any, key: str, path: str | os.PathLike[str]) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    if value != value:  # NaN: same as missing
+        return None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{path}: {key}={value} is not a fraction in [0, 1]")
+    return value
+
+
+def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """One run's summary.json as a ``runs`` row.
+
+    Raises:
+        FileNotFoundError: if the file is missing.
+        ValueError: if it is not JSON, misses a key, or holds an accuracy outside [0, 1].
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"finetuning summary not found: {path}")
+    try:
+        summary = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from error
+    missing = [key for key in _RUN_FIELDS if key not in summary]
+    if missing:
+        raise ValueError(f"{path}: summary misses key(s) {', '.join(missing)}")
+    row = {key: summary.get(key) for key in (*_RUN_FIELDS, *_OPTIONAL_FIELDS)}
+    for key in ("best_val_accuracy", "test_accuracy"):
+        row[key] = _accuracy(row[key], key, path)
+    row["diverged"] = bool(row["diverged"]) or row["status"] == "diverged"
+    if row["diverged"]:
+        # Whatever the run reached before it blew up is not a result: excluded everywhere.
+        row["best_val_accuracy"] = row["test_accuracy"] = None
+    row["summary"] = str(path)
+    return row
+
+
+def collect_runs(summaries: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
+    """Every run's summary in one table (one row per run), sorted by cell, LR and seed.
+
+    Raises:
+        ValueError: if no summary is given, or two summaries describe the same run.
+    """
+    rows = [read_summary(path) for path in summaries]
+    if not rows:
+        raise ValueError("no finetuning summaries given")
+    runs = pl.DataFrame(rows, schema=RUN_SCHEMA, orient="row")
+    duplicated = runs.filter(pl.struct(*CELL, "lr", "seed").is_duplicated())
+    if duplicated.height:
+        raise ValueError(
+            "several summaries describe the same run: " + ", ".join(duplicated["summary"])
+        )
+    return runs.sort(*CELL, "lr", "seed")
+
+
+def concat_runs(tables: Sequence[pl.DataFrame]) -> pl.DataFrame:
+    """Stack per-experiment ``runs`` tables into one (columns aligned by name)."""
+    if not tables:
+        raise ValueError("no runs tables given")
+    return pl.concat(tables, how="diagonal_relaxed").sort(*CELL, "lr", "seed")
+
+
+def _seed_stats(runs: pl.DataFrame) -> pl.DataFrame:
+    """Per cell and LR: seed counts and the seed mean/std of both accuracies."""
+    return runs.group_by(*CELL, "optimizer", "lr").agg(
+        n_seeds=pl.len(),
+        n_finished=pl.col("diverged").not_().sum(),
+        n_diverged=pl.col("diverged").sum(),
+        val_accuracy_mean=pl.col("best_val_accuracy").mean(),
+        val_accuracy_std=pl.col("best_val_accuracy").std(ddof=1),
+        test_accuracy_mean=pl.col("test_accuracy").mean(),
+        test_accuracy_std=pl.col("test_accuracy").std(ddof=1),
+        trainable_parameters=pl.col("trainable_parameters").first(),
+    )
+
+
+def select_learning_rates(runs: pl.DataFrame, lr_selection: str = "val") -> pl.DataFrame:
+    """Per cell, the LR with the best seed-mean accuracy and the test accuracy there.
+
+    Args:
+        runs: the table of :func:`collect_runs`.
+        lr_selection: ``val`` (pick on validation accuracy) or ``test`` (the reference code).
+
+    Returns:
+        One row per (experiment, model, dataset, configuration): ``lr`` (null when every LR
+        diverged), ``n_seeds``/``n_diverged`` at that LR, ``n_runs``/``n_diverged_total`` over
+        the grid, ``val_accuracy_mean/std``, ``test_accuracy_mean/std``, ``lr_sensitivity``,
+        ``n_lrs``, ``trainable_parameters`` and ``lr_selection``.
+    """
+    if lr_selection not in LR_SELECTIONS:
+        raise ValueError(f"lr_selection must be one of {LR_SELECTIONS}, got {lr_selection!r}")
+    key = "val_accuracy_mean" if lr_selection == "val" else "test_accuracy_mean"
+    per_lr = _seed_stats(runs)
+    grid = per_lr.group_by(*CELL).agg(
+        n_lrs=pl.len(),
+        n_runs=pl.col("n_seeds").sum(),
+        n_diverged_total=pl.col("n_diverged").sum(),
+        lr_sensitivity=pl.when(pl.col("test_accuracy_mean").count() >= 2).then(
+            pl.col("test_accuracy_mean").max() - pl.col("test_accuracy_mean").min()
+        ),
+    )
+    # Best first; the smaller LR wins a tie; LRs without a finished run sort last.
+    best = (
+        per_lr.sort(
+            pl.col(key).is_null(), pl.col(key), pl.col("lr"), descending=[False, True, False]
+        )
+        .group_by(*CELL, maintain_order=True)
+        .first()
+    )
+    no_result = pl.col(key).is_null()
+    best = best.with_columns(
+        pl.when(no_result).then(None).otherwise(pl.col("lr")).alias("lr"),
+    )
+    return (
+        best.join(grid, on=list(CELL), how="left")
+        .with_columns(lr_selection=pl.lit(lr_selection))
+        .select(
+            *CELL,
+            "optimizer",
+            "lr_selection",
+            "lr",
+            "n_seeds",
+            "n_diverged",
+            "n_lrs",
+            "n_runs",
+            "n_diverged_total",
+            "val_accuracy_mean",
+            "val_accuracy_std",
+            "test_accuracy_mean",
+            "test_accuracy_std",
+            "lr_sensitivity",
+            "trainable_parameters",
+        )
+        .sort(*CELL)
+    )
