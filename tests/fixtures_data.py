@@ -8,6 +8,7 @@ return what they put in, so that tests compare the prepared store against it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import io
@@ -20,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pytest
 from PIL import Image
 
 from vitplasticity.data.sources.registry import FILES, RemoteFile
@@ -139,8 +139,8 @@ def _handler(server: FileServer) -> type[http.server.BaseHTTPRequestHandler]:
     return Handler
 
 
-@pytest.fixture
-def http_server() -> Iterator[FileServer]:
+@contextlib.contextmanager
+def running_server() -> Iterator[FileServer]:
     """A FileServer on 127.0.0.1 (ephemeral port) in a background thread."""
     state = FileServer()
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))

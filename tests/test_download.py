@@ -9,14 +9,20 @@ import subprocess
 import sys
 
 import pytest
-from tests.fixtures_data import http_server, md5_of  # noqa: F401 (fixture)
 
+from tests.fixtures_data import md5_of, running_server
 from vitplasticity.cli import main
 from vitplasticity.data.download import ChecksumError, DownloadError, download
 from vitplasticity.data.sources import registry
 
 PAYLOAD = os.urandom(3 * (1 << 20) + 12345)  # > 1 read chunk, so drops land mid-body
 MD5 = hashlib.md5(PAYLOAD).hexdigest()
+
+
+@pytest.fixture
+def http_server():
+    with running_server() as server:
+        yield server
 
 
 def fetch(server, tmp_path, **kwargs):
@@ -46,7 +52,7 @@ def test_http_500_is_retried(http_server, tmp_path):
 def test_dropped_connection_resumes_with_range(http_server, tmp_path):
     http_server.fault("data/archive.bin", "drop")
     assert fetch(http_server, tmp_path).read_bytes() == PAYLOAD
-    (first, first_range), (second, second_range) = http_server.requests
+    (_, first_range), (_, second_range) = http_server.requests
     assert first_range is None
     offset = int(second_range.removeprefix("bytes=").rstrip("-"))
     assert 0 < offset < len(PAYLOAD)
@@ -170,7 +176,7 @@ def test_download_inputs_and_overrides(tmp_path):
     assert registry.download_url(datasets, "CIFAR-10-C.tar") == "https://m.example/c.tar"
     assert registry.download_url(datasets, "setid.mat") == registry.FILES["setid.mat"].url
     datasets["c2"]["url"] = "https://other.example/c.tar"
-    with pytest.raises(ValueError, match="conflicting url overrides for CIFAR-10-C.tar"):
+    with pytest.raises(ValueError, match=r"conflicting url overrides for CIFAR-10-C\.tar"):
         registry.download_url(datasets, "CIFAR-10-C.tar")
     with pytest.raises(ValueError, match=r"datasets\.x\.archive"):
         registry.local_archives("x", {"source": "pet", "archive": {"setid.mat": "a"}})
