@@ -62,10 +62,15 @@ __all__ = [
     "TIMING_FIELDS",
     "FinetuneSettings",
     "Preempted",
+    "RunModel",
+    "StepResult",
+    "build_optimizer",
+    "build_run_model",
     "freeze",
     "group_grad_norms",
     "run",
     "trainable_parameter_names",
+    "training_step",
 ]
 
 log = logging.getLogger(__name__)
@@ -218,9 +223,38 @@ def group_grad_norms(named_parameters: list[tuple[str, nn.Parameter]]) -> dict[s
     return {group: math.sqrt(float(value)) for group, value in squares.items() if group in GROUPS}
 
 
-def _build_optimizer(
-    parameters: list[nn.Parameter], settings: FinetuneSettings
+@dataclass(frozen=True)
+class RunModel:
+    """The model of a run with its trained parameters (in ``named_parameters`` order)."""
+
+    model: nn.Module
+    trainable: list[tuple[str, nn.Parameter]]
+    preprocessing: Preprocessing
+
+
+def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.device) -> RunModel:
+    """Build the model seeded by the run seed (the new head's init), freeze, move to ``device``.
+
+    Rebuilding with the same settings gives bit-identical parameters, which is why a
+    checkpoint only needs the trained ones.
+    """
+    spec = ModelSpec.from_config(settings.model_spec)
+    torch.manual_seed(settings.seed)
+    model = build_model(spec, num_classes=num_classes)
+    trained = freeze(model, settings.configuration)
+    pre = preprocessing(model, spec)
+    model.to(device).train()
+    return RunModel(model, [(n, p) for n, p in model.named_parameters() if n in trained], pre)
+
+
+def build_optimizer(
+    trainable: list[tuple[str, nn.Parameter]], settings: FinetuneSettings
 ) -> torch.optim.Optimizer:
+    """SGD (momentum, no nesterov) or AdamW, both without weight decay (PROTOCOL.md).
+
+    Only the trained parameters are handed over, so frozen ones get no optimizer state.
+    """
+    parameters = [parameter for _, parameter in trainable]
     # The learning rate is set before every step from the schedule; lr here is a placeholder.
     if settings.optimizer == "sgd":
         return torch.optim.SGD(
@@ -269,32 +303,62 @@ def _evaluate(
     return loss_sum / len(data), correct / len(data)
 
 
-def _train_step(
-    model: nn.Module,
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step measured."""
+
+    loss: float  # mean cross-entropy over the batch
+    grad_norm: float  # total gradient norm before clipping
+    lr: float  # learning rate of this update
+    group_norms: dict[str, float]  # per component group, before clipping (when asked)
+
+    @property
+    def finite(self) -> bool:
+        """False when the loss or the gradient is NaN or infinite (the run diverged)."""
+        return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
+
+
+def training_step(
+    run_model: RunModel,
+    optimizer: torch.optim.Optimizer,
     images: torch.Tensor,
     labels: torch.Tensor,
-    pre: Preprocessing,
-    device: torch.device,
+    step_index: int,
     settings: FinetuneSettings,
-) -> float:
-    """Forward and backward over the micro-batches of one batch; return the batch's mean loss.
+    device: torch.device,
+    group_norms: bool = False,
+) -> StepResult:
+    """One optimizer update on one batch of uint8 images (B, 3, S, S).
 
-    Each micro-batch's mean loss is weighted by its share of the batch, so the accumulated
-    gradient is the gradient of the batch's mean loss.
+    Gradients are accumulated over micro-batches, each micro-batch's mean loss weighted by
+    its share of the batch (so the gradient is that of the batch's mean loss), clipped to
+    ``clip_grad_norm``, and applied at the scheduled learning rate. A non-finite loss or
+    gradient skips the update.
     """
+    model, pre = run_model.model, run_model.preprocessing
+    parameters = [parameter for _, parameter in run_model.trainable]
+    optimizer.zero_grad(set_to_none=True)
     images = normalize(images.to(device, non_blocking=True), pre)  # (B, 3, S, S)
     labels = labels.to(device, non_blocking=True)
     total = torch.zeros((), device=device)
     for start in range(0, settings.batch_size, settings.micro_batch_size):
         chunk = slice(start, start + settings.micro_batch_size)
         with _autocast(device, settings.precision):
-            logits = model(images[chunk]).float()
+            logits = model(images[chunk]).float()  # (m, classes)
         loss = functional.cross_entropy(logits, labels[chunk]) * (
             settings.micro_batch_size / settings.batch_size
         )
         loss.backward()
         total += loss.detach()
-    return float(total)
+    norms = group_grad_norms(run_model.trainable) if group_norms else {}
+    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, settings.clip_grad_norm)
+    lr = warmup_cosine_lr(step_index, settings.lr, settings.warmup_steps, settings.steps)
+    result = StepResult(float(total), float(grad_norm), lr, norms)
+    if result.finite:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+    return result
 
 
 def _metrics_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
@@ -324,14 +388,9 @@ def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
     device = pick_device(settings.device)
 
     splits = loader.load_finetune_splits(dataset_dir, settings.seed, settings.val_fraction)
-    spec = ModelSpec.from_config(settings.model_spec)
-    torch.manual_seed(settings.seed)  # the new head's initialisation
-    model = build_model(spec, num_classes=splits.num_classes)
-    trained = freeze(model, settings.configuration)
-    pre = preprocessing(model, spec)
-    model.to(device).train()
-    named_trainable = [(n, p) for n, p in model.named_parameters() if n in trained]
-    optimizer = _build_optimizer([p for _, p in named_trainable], settings)
+    run_model = build_run_model(settings, splits.num_classes, device)
+    model, pre, named_trainable = run_model.model, run_model.preprocessing, run_model.trainable
+    optimizer = build_optimizer(named_trainable, settings)
 
     checkpoint_path = out_dir / CHECKPOINT_NAME
     key = fingerprint(settings.fingerprint_fields())
@@ -383,7 +442,6 @@ def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
         )
 
     diverged, step, train_seconds = False, start_step, 0.0
-    trainable_parameters = [p for _, p in named_trainable]
     with _sigterm_flag() as sigterm:
         stream = loader.train_batches(
             batches, start_step, settings.steps, settings.num_workers, device.type == "cuda"
@@ -391,32 +449,26 @@ def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
         for step_index, (images, labels) in enumerate(stream, start=start_step):
             tick = time.perf_counter()
             step = step_index + 1
-            optimizer.zero_grad(set_to_none=True)
-            loss = _train_step(model, images, labels, pre, device, settings)
             logged = step == 1 or step % settings.log_every == 0 or step == settings.steps
-            norms = group_grad_norms(named_trainable) if logged else {}
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(trainable_parameters, settings.clip_grad_norm)
+            result = training_step(
+                run_model, optimizer, images, labels, step_index, settings, device, logged
             )
-            lr = warmup_cosine_lr(step_index, settings.lr, settings.warmup_steps, settings.steps)
-            diverged = not (math.isfinite(loss) and math.isfinite(grad_norm))
-            if not diverged:
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                optimizer.step()
             train_seconds += time.perf_counter() - tick
+            diverged, lr = not result.finite, result.lr
             if logged or diverged:
                 rows.append(
                     {
                         "step": step,
                         "kind": "train",
                         "lr": lr,
-                        "train_loss": loss,
-                        "grad_norm": grad_norm,
-                        **{f"grad_norm_{group}": value for group, value in norms.items()},
+                        "train_loss": result.loss,
+                        "grad_norm": result.grad_norm,
+                        **{f"grad_norm_{g}": value for g, value in result.group_norms.items()},
                     }
                 )
-                log.info("step %d loss %.4f grad_norm %.4f lr %.3g", step, loss, grad_norm, lr)
+                log.info(
+                    "step %d loss %.4f grad %.4f lr %.3g", step, result.loss, result.grad_norm, lr
+                )
             if diverged:
                 log.warning("step %d: non-finite loss or gradient; the run diverged", step)
                 break
@@ -465,7 +517,7 @@ def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
         "test_accuracy": best["test_accuracy"] if best else None,
         "final_step": step,
         "steps": settings.steps,
-        "trainable_parameters": sum(p.numel() for p in trainable_parameters),
+        "trainable_parameters": sum(p.numel() for _, p in named_trainable),
         "total_parameters": sum(p.numel() for p in model.parameters()),
         "steps_per_second": steps_per_second,
         "images_per_second": steps_per_second * settings.batch_size if steps_per_second else None,
