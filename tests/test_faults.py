@@ -1,0 +1,117 @@
+"""Fault tolerance of a Snakemake run, on a tiny workflow of trivial jobs (tests/slurm/Snakefile)
+run locally: injected failures with retries, keep-going, an interrupted (SIGINT) and a killed
+(SIGKILL) workflow. The same options are what slurm/profile.yaml sets for the cluster
+(retries, keep-going, rerun-incomplete); tests/test_slurm.py repeats the kill on the real
+finetune rule through SLURM.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurm_harness import REPO, run_snakemake, signal_group, start_snakemake
+
+TINY_SNAKEFILE = REPO / "tests" / "slurm" / "Snakefile"
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_workflow(tmp_path: Path) -> Path:
+    """A fresh directory holding the tiny workflow."""
+    shutil.copy(TINY_SNAKEFILE, tmp_path / "Snakefile")
+    (tmp_path / "markers").mkdir()
+    return tmp_path
+
+
+def ran(workdir: Path) -> list[int]:
+    """Job ids in the order their jobs started (each job appends its id to runs.log)."""
+    log = workdir / "runs.log"
+    return [int(x) for x in log.read_text().split()] if log.exists() else []
+
+
+def complete_outputs(workdir: Path, n: int) -> list[int]:
+    """Ids whose output holds both lines that a finished job writes."""
+    return [
+        i
+        for i in range(n)
+        if (workdir / f"out/{i}.txt").exists()
+        and (workdir / f"out/{i}.txt").read_text().split() == ["start", "done"]
+    ]
+
+
+def wait_until(condition, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
+def test_a_job_failing_once_is_retried_and_the_workflow_completes(tmp_path: Path) -> None:
+    wf = tiny_workflow(tmp_path)
+    (wf / "markers/fail_once_2").touch()
+    # Control: without retries the injected failure fails the run.
+    failed = run_snakemake(["--cores", "1", "--config", "count=4"], wf, check=False)
+    assert failed.returncode != 0
+    assert 2 not in complete_outputs(wf, 4)
+
+    shutil.rmtree(wf / "out", ignore_errors=True)
+    (wf / "runs.log").unlink()
+    (wf / "markers/fail_once_2").touch()
+    run_snakemake(["--cores", "1", "--config", "count=4", "--retries", "1"], wf)
+    assert complete_outputs(wf, 4) == [0, 1, 2, 3]
+    assert sorted(ran(wf)) == [0, 1, 2, 2, 3]  # job 2 ran twice, every other once
+    assert not (wf / "markers/fail_once_2").exists()
+
+
+def test_keep_going_leaves_the_others_completed_and_a_rerun_does_only_the_failed_one(
+    tmp_path: Path,
+) -> None:
+    wf = tiny_workflow(tmp_path)
+    (wf / "markers/fail_3").touch()
+    first = run_snakemake(["--cores", "2", "--config", "count=6", "--keep-going"], wf, check=False)
+    assert first.returncode != 0
+    assert complete_outputs(wf, 6) == [0, 1, 2, 4, 5]
+    assert sorted(ran(wf)) == [0, 1, 2, 3, 4, 5]
+
+    (wf / "markers/fail_3").unlink()  # the cause is fixed
+    before = len(ran(wf))
+    run_snakemake(["--cores", "2", "--config", "count=6", "--keep-going"], wf)
+    assert ran(wf)[before:] == [3]
+    assert complete_outputs(wf, 6) == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_an_interrupted_workflow_continues_cleanly_on_the_next_invocation(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """SIGINT (Ctrl-C) lets Snakemake clean up; SIGKILL (a lost login node) does not: after
+    `--unlock`, --rerun-incomplete (set in slurm/profile.yaml) redoes the job it left half-done."""
+    wf = tiny_workflow(tmp_path)
+    args = ["--cores", "1", "--config", "count=4", "seconds=1"]
+    proc = start_snakemake(args, wf, tmp_path / "first.log")
+
+    def second_job_mid_run() -> bool:
+        started = ran(wf)
+        return len(started) == 2 and (wf / f"out/{started[1]}.txt").exists()
+
+    # Interrupt while the second job is mid-run: the first is complete, its output half-written.
+    wait_until(second_job_mid_run)
+    signal_group(proc, sig)
+    assert proc.wait(timeout=60) != 0
+    first, second = ran(wf)
+    assert complete_outputs(wf, 4) == [first]
+    if sig == signal.SIGKILL:
+        assert (wf / f"out/{second}.txt").read_text().split() == ["start"]  # left half-written
+
+    if sig == signal.SIGKILL:  # a killed Snakemake leaves its lock: the README's resume step
+        run_snakemake([*args, "--unlock"], wf)
+    rerun = run_snakemake([*args, "--rerun-incomplete"], wf)
+    assert "Error" not in rerun.stdout
+    assert sorted(ran(wf)[2:]) == sorted({0, 1, 2, 3} - {first})  # the first is not redone
+    assert complete_outputs(wf, 4) == [0, 1, 2, 3]
