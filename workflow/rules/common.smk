@@ -107,6 +107,8 @@ def report_targets():
     return [
         f"{RESULTS}/aggregate/runs.parquet",
         *expand(f"{RESULTS}/aggregate/{{experiment}}_selected.parquet", experiment=experiments),
+        # stats, tables and figures: defined beside their rules in report.smk
+        *report_figure_and_table_targets(),
     ]
 
 
