@@ -27,6 +27,7 @@ CHUNK = 1 << 20  # 1 MiB reads: large enough to be fast, small enough for steady
 USER_AGENT = "vitplasticity-downloader/1"
 # HTTP statuses worth retrying: the server or a proxy may recover (others are permanent).
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+RETRY_BACKOFF_S = 2.0  # the first retry's delay; doubled per retry, capped at 60 s
 
 
 class ChecksumError(RuntimeError):
@@ -121,7 +122,7 @@ def download(
     *,
     md5: str | None,
     retries: int = 5,
-    backoff: float = 2.0,
+    backoff: float | None = None,
     timeout: float = 60.0,
 ) -> Path:
     """Download ``url`` to ``dest``: resumable, retried, md5-verified, atomic.
@@ -136,7 +137,8 @@ def download(
         dest: the final path.
         md5: the expected md5 (None: not checked, a warning names the actual one).
         retries: how many failed attempts are retried.
-        backoff: the first retry's delay in seconds (doubled each retry, capped at 60 s).
+        backoff: the first retry's delay in seconds (doubled each retry, capped at 60 s);
+            default ``RETRY_BACKOFF_S``.
         timeout: socket timeout of each request in seconds.
 
     Returns:
@@ -172,7 +174,8 @@ def download(
                     f"{url}: giving up after {failures} failed attempts (last: {error}); "
                     f"the partial file {part} is kept, rerun to resume"
                 ) from error
-            delay = min(backoff * 2 ** (failures - 1), 60.0)
+            first = RETRY_BACKOFF_S if backoff is None else backoff
+            delay = min(first * 2 ** (failures - 1), 60.0)
             log.warning("%s: %s; retry %d/%d in %.1f s", url, error, failures, retries, delay)
             time.sleep(delay)
     if md5 is not None and digest != md5.lower():

@@ -120,7 +120,9 @@ def index_val(path: str | os.PathLike[str]) -> tuple[str, list[ValImage]]:
 
 def _devkit_labels(val_tar: Path) -> dict[int, str]:
     """Map val image number (1-based) to wnid from the devkit beside the official val tar."""
-    devkit = next((val_tar.parent / n for n in DEVKIT_NAMES if (val_tar.parent / n).is_file()), None)
+    devkit = next(
+        (val_tar.parent / n for n in DEVKIT_NAMES if (val_tar.parent / n).is_file()), None
+    )
     if devkit is None:
         raise layout_error(val_tar, f"the official val tar needs {DEVKIT_NAMES[0]} beside it")
     from scipy.io import loadmat
@@ -212,7 +214,9 @@ def imagenet_reference(
     """
     layout, images = index_val(path)
     wnids = sorted({image.wnid for image in images})
-    log.info("ImageNet val at %s (%s): %d images, %d classes", path, layout, len(images), len(wnids))
+    log.info(
+        "ImageNet val at %s (%s): %d images, %d classes", path, layout, len(images), len(wnids)
+    )
     if expected is not None and (len(wnids), len(images)) != tuple(expected):
         raise ValueError(
             f"paths.imagenet = {str(path)!r} ({layout} layout) holds {len(images)} images of "
