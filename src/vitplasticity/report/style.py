@@ -84,6 +84,7 @@ def apply_theme(context: str = "paper") -> None:
     matplotlib.rcParams.update(
         {
             "pdf.fonttype": 42,  # embed TrueType: text stays text in the paper's PDF
+            "svg.fonttype": "none",  # SVG text stays searchable text
             "savefig.bbox": "tight",
             "axes.titlesize": "medium",
             "legend.frameon": False,
