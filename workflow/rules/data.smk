@@ -56,7 +56,7 @@ rule reference:
     conda:
         ENV
     shell:
-        "vitplasticity reference --source {params.source} --imagenet {params.imagenet:q}"
-        " --dataset-dir {params.dataset_dir:q} --split {params.split}"
+        "vitplasticity reference --source {params.source} --imagenet={params.imagenet:q}"
+        " --dataset-dir={params.dataset_dir:q} --split {params.split}"
         " --n-images {params.n_images} --selection {params.selection} --seed {params.seed}"
         " --out {output:q} > {log:q} 2>&1"
