@@ -189,3 +189,8 @@ def test_registry_imports_without_numpy_or_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_missing_local_url_fails_at_once(tmp_path):
+    with pytest.raises(DownloadError, match="No such file"):
+        download((tmp_path / "absent.tar").as_uri(), tmp_path / "x.tar", md5=None, backoff=5.0)

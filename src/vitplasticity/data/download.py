@@ -170,9 +170,9 @@ def download(
         except (_Incomplete, OSError, http.client.HTTPException) as error:
             failures += 1
             if failures > retries:
+                kept = f"; {part} is kept, rerun to resume" if part.is_file() else ""
                 raise DownloadError(
-                    f"{url}: giving up after {failures} failed attempts (last: {error}); "
-                    f"the partial file {part} is kept, rerun to resume"
+                    f"{url}: giving up after {failures} failed attempts (last: {error}){kept}"
                 ) from error
             first = RETRY_BACKOFF_S if backoff is None else backoff
             delay = min(first * 2 ** (failures - 1), 60.0)
@@ -217,6 +217,8 @@ def _fetch_into(url: str, part: Path, timeout: float) -> str:
             raise _Incomplete(f"HTTP {error.code} {error.reason}") from error
         raise DownloadError(f"{url}: HTTP {error.code} {error.reason}") from error
     except urllib.error.URLError as error:
+        if isinstance(error.reason, FileNotFoundError | PermissionError | IsADirectoryError):
+            raise DownloadError(f"{url}: {error.reason}") from error  # a local file: permanent
         if isinstance(error.reason, OSError | socket.timeout):
             raise OSError(f"cannot reach {url}: {error.reason}") from error
         raise DownloadError(f"{url}: {error.reason}") from error
