@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.fixtures_data import md5_of, running_server
 from vitplasticity.cli import main
@@ -194,3 +197,60 @@ def test_registry_imports_without_numpy_or_torch():
 def test_missing_local_url_fails_at_once(tmp_path):
     with pytest.raises(DownloadError, match="No such file"):
         download((tmp_path / "absent.tar").as_uri(), tmp_path / "x.tar", md5=None, backoff=5.0)
+
+
+@pytest.mark.slow
+def test_workflow_dry_run_wires_downloads(tmp_path):
+    """A dry run (no network) of every dataset: one local download job per registry file
+    needed, none for a dataset whose archive is on disk, mirror URLs reach the command."""
+    repo = Path(__file__).resolve().parents[1]
+    datasets = list(yaml.safe_load((repo / "config.yaml").read_text())["datasets"])
+    archive = tmp_path / "my-cifar10.tar.gz"
+    archive.write_bytes(b"")
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(
+        f"paths: {{resources: {tmp_path / 'res'}, results: {tmp_path / 'out'}}}\n"
+        f"datasets:\n  cifar10: {{archive: {archive}}}\n"
+        "  pet: {url: 'https://mirror.example/pets/'}\n"
+    )
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        [
+            str(bindir / "snakemake"),
+            "--snakefile",
+            str(repo / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--configfile",
+            str(repo / "config.yaml"),
+            str(overlay),
+            "-n",
+            "-p",
+            "--nolock",
+            *(str(tmp_path / "res" / "datasets" / name) for name in datasets),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    commands = re.findall(r"vitplasticity download --file (\S+) --url (\S+)", out)
+    downloaded = {name.strip("'") for name, _ in commands}
+    assert downloaded == {
+        "cifar-100-python.tar.gz",
+        "CIFAR-10-C.tar",  # one download shared by the five corruptions
+        "clipart.zip",
+        "sketch.zip",
+        "102flowers.tgz",
+        "imagelabels.mat",
+        "setid.mat",
+        "images.tar.gz",
+        "annotations.tar.gz",
+    }
+    urls = {name.strip("'"): url.strip("'") for name, url in commands}
+    assert urls["images.tar.gz"] == "https://mirror.example/pets/images.tar.gz"
+    assert urls["clipart.zip"] == registry.FILES["clipart.zip"].url
+    assert f"input: {archive}" in out
