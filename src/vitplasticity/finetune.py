@@ -94,6 +94,9 @@ METRICS_SCHEMA: dict[str, pl.DataType] = {
 TIMING_FIELDS: tuple[str, ...] = ("steps_per_second", "images_per_second", "wall_seconds")
 """Summary fields that depend on the machine's speed, not on the computation."""
 
+EVAL_BATCH_FACTOR = 4
+"""Eval batches hold this many micro-batches: without stored activations they fit."""
+
 # Settings that do not change a run's numbers: a checkpoint written under other values of
 # these is still resumed.
 _NOT_FINGERPRINTED = ("checkpoint_every", "num_workers")
@@ -294,7 +297,7 @@ def _evaluate(
     model.eval()
     loss_sum, correct = 0.0, 0
     with torch.inference_mode(), _autocast(device, settings.precision):
-        for images, labels in data.batches(settings.micro_batch_size):
+        for images, labels in data.batches(EVAL_BATCH_FACTOR * settings.micro_batch_size):
             logits = model(normalize(images.to(device), pre)).float()  # (B, classes)
             labels = labels.to(device)
             loss_sum += float(functional.cross_entropy(logits, labels, reduction="sum"))
