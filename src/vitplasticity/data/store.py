@@ -126,8 +126,14 @@ def split_pool(n: int, seed: int, val_fraction: float = 0.2) -> tuple[np.ndarray
 def fixed_split(
     n: int, seed: int = 42, test_fraction: float = 0.2
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The fixed (pool, test) split of datasets without an official test set (seed 42)."""
-    return split_pool(n, seed, test_fraction)
+    """The fixed (pool, test) split of datasets without an official test set.
+
+    The reference code's: legacy ``np.random.seed(42)`` then ``permutation(n)``; the first
+    ``int(0.8 n)`` indices are the pool. Both come back sorted (file order).
+    """
+    order = np.random.RandomState(seed).permutation(n)
+    n_pool = int((1.0 - test_fraction) * n)
+    return np.sort(order[:n_pool]), np.sort(order[n_pool:])
 
 
 class PreparedDatasetWriter:

@@ -20,7 +20,7 @@ from vitplasticity.data.sources.registry import (
     remote_file,
     source_files,
 )
-from vitplasticity.data.store import PreparedDatasetWriter, Split
+from vitplasticity.data.store import PreparedDatasetWriter, Split, fixed_split
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +73,9 @@ def resolve_files(
     return resolved
 
 
-def paper_fixed_split(n: int, train_fraction: float = 0.8) -> tuple[np.ndarray, np.ndarray]:
-    """The reference code's fixed (pool, test) split: legacy ``np.random.seed(42)``, then
-    ``permutation(n)``; the first ``int(0.8 n)`` indices are the pool. Both come back sorted
-    (file order), as the reference code sorts them."""
-    order = np.random.RandomState(PAPER_SPLIT_SEED).permutation(n)
-    n_pool = int(train_fraction * n)
-    return np.sort(order[:n_pool]), np.sort(order[n_pool:])
+def paper_fixed_split(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The reference code's fixed seed-42 80/20 (pool, test) split (see store.fixed_split)."""
+    return fixed_split(n, PAPER_SPLIT_SEED, 0.2)
 
 
 def expected_counts(source: str, expected: Mapping[str, int] | None) -> dict[str, int]:
