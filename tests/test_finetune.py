@@ -352,3 +352,11 @@ def test_cli_rejects_bad_input_with_exit_2(
     assert cli.main(cli_args(tiny_spec, demo_dataset, out, **{"micro-batch-size": "3"})) == 2
     assert cli.main(cli_args(tiny_spec, tmp_path / "missing", out)) == 2
     assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_cuda_without_gpu_is_named(
+    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=re.escape("--device (finetune.device)")):
+        run(settings_for(tiny_spec, device="cuda"), demo_dataset, tmp_path / "out")

@@ -389,6 +389,8 @@ def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
     store.read_meta(dataset_dir)  # names the folder when it is not a prepared dataset
     started = time.perf_counter()
     device = pick_device(settings.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device (finetune.device): {settings.device!r} but no GPU is visible")
 
     splits = loader.load_finetune_splits(dataset_dir, settings.seed, settings.val_fraction)
     run_model = build_run_model(settings, splits.num_classes, device)

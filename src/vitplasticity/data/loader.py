@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -235,8 +236,15 @@ def train_batches(
         num_workers=num_workers,
         pin_memory=pin_memory,
         prefetch_factor=2,
+        worker_init_fn=_ignore_sigterm,
     )
     yield from loader
+
+
+def _ignore_sigterm(worker_id: int) -> None:
+    # SLURM signals every process of the job; the main process checkpoints and then stops
+    # the workers itself. A worker dying of SIGTERM first would abort the loop instead.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)
