@@ -184,3 +184,76 @@ def test_cli_aggregate_and_concat(tmp_path: Path) -> None:
         )
         == 2
     )
+
+
+# --- the report stage in the workflow (slow: runs the mini preset end to end) ---------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _snakemake(results: Path, *args: str, extra_config: Path | None = None) -> str:
+    import os
+    import subprocess
+
+    configs = ["workflow/presets/demo.yaml", "tests/presets/mini.yaml"]
+    if extra_config is not None:
+        configs.append(str(extra_config))
+    paths = json.dumps({"resources": str(results / "resources"), "results": str(results / "out")})
+    env = {**os.environ, "PATH": f"{REPO / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(
+        [
+            "snakemake",
+            "--configfile",
+            *configs,
+            "--config",
+            f"paths={paths}",
+            "--cores",
+            "2",
+            *args,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+def _planned_rules(output: str) -> set[str]:
+    stats = output.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {line.split()[0] for line in stats.splitlines()[3:] if line.strip()}
+
+
+@pytest.mark.slow
+def test_workflow_targets_reruns_and_report(tmp_path: Path) -> None:
+    # One table needs only its own chain: no plasticity, no figures, no other experiment.
+    plan = _planned_rules(_snakemake(tmp_path, "-n", str(tmp_path / "out/tables/sgd_accuracy.tex")))
+    assert plan == {"prepare", "finetune", "aggregate_experiment", "table_accuracy"}
+    _snakemake(tmp_path, "all")
+    out = tmp_path / "out"
+    for name in (
+        "tables/sgd_accuracy.tex",
+        "tables/sgd_wilcoxon.tex",
+        "tables/plasticity.tex",
+        "stats/sgd_wilcoxon.parquet",
+        "aggregate/runs.parquet",
+        "figures/optimizers.png",
+        "figures/plasticity_depth/demo_vit.pdf",
+    ):
+        assert (out / name).is_file(), name
+    assert (out / "tables/sgd_accuracy.tex").read_text().startswith("% DEMO")
+    runs = pl.read_parquet(out / "aggregate/runs.parquet")
+    assert runs.height == 2 * 3 + 2  # mini preset: sgd 2 datasets x 3 configs, adam 1 x 2
+    # A figure setting reruns figure rules only.
+    figure_edit = tmp_path / "figure.yaml"
+    figure_edit.write_text("report:\n  figures:\n    dpi: 120\n")
+    plan = _planned_rules(_snakemake(tmp_path, "-n", "all", extra_config=figure_edit))
+    plan -= {"all", "bounds"}  # bounds: another stage, not touched by this edit
+    assert plan and all(rule.startswith("figure_") for rule in plan), plan
+    # The HTML report holds every figure and table.
+    _snakemake(tmp_path, "--report", str(tmp_path / "report.html"))
+    html = (tmp_path / "report.html").read_text(errors="replace")
+    for name in ("sgd_accuracy.tex", "plasticity.tex", "optimizers.png", "demo_vit.png"):
+        assert name in html, name
