@@ -21,6 +21,7 @@ include: "workflow/rules/report.smk"
 rule all:
     input:
         plasticity_targets(),
+        bounds_targets(),
         report_targets(),
     default_target: True
 

@@ -74,6 +74,24 @@ def plasticity_targets():
     ]
 
 
+def plasticity_pairs(model):
+    """The per-pair plasticity files of ``model``, one per config plasticity.datasets."""
+    return [f"{RESULTS}/plasticity/{model}/{dataset}.parquet" for dataset in config["plasticity"]["datasets"]]
+
+
+def bounds_targets():
+    """The bounds table and its figure (PDF + PNG) of every config plasticity.models."""
+    return [
+        path
+        for model in config["plasticity"]["models"]
+        for path in (
+            f"{RESULTS}/bounds/{model}.parquet",
+            f"{RESULTS}/figures/bounds_{model}.pdf",
+            f"{RESULTS}/figures/bounds_{model}.png",
+        )
+    ]
+
+
 def finetune_summary(run):
     return f"{RESULTS}/finetune/{run.directory}/summary.json"
 

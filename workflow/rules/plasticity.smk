@@ -32,3 +32,34 @@ rule plasticity:
         " --batch-size {params.batch_size} --device {params.device} --dtype {params.dtype}"
         " {params.demo_flag}"
         " --out {output.pairs:q} --summary {output.summary:q} > {log:q} 2>&1"
+
+
+# The paper's theoretical bounds per (block, component), from the model's weights and the
+# reference images' embedding outputs, plotted against the measured plasticity.
+rule bounds:
+    input:
+        reference=reference_file(),
+        plasticity=lambda w: plasticity_pairs(w.model),
+    output:
+        table=f"{RESULTS}/bounds/{{model}}.parquet",
+        pdf=f"{RESULTS}/figures/bounds_{{model}}.pdf",
+        png=f"{RESULTS}/figures/bounds_{{model}}.png",
+    log:
+        f"{RESULTS}/logs/bounds/{{model}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/bounds/{{model}}.tsv"
+    params:
+        model_spec=lambda w: as_json(config["models"][w.model]),
+        n_images=config["plasticity"]["n_pairs"],
+        batch_size=config["plasticity"].get("batch_size", 64),
+        device=config["plasticity"].get("device", "auto"),
+        demo_flag="--demo" if config.get("demo", False) else "",
+        figure_prefix=lambda w, output: output.pdf.removesuffix(".pdf"),
+    conda:
+        ENV
+    shell:
+        "vitplasticity bounds --model {wildcards.model} --model-spec {params.model_spec:q}"
+        " --reference {input.reference:q} --n-images {params.n_images}"
+        " --batch-size {params.batch_size} --device {params.device} {params.demo_flag}"
+        " --out {output.table:q} --plasticity {input.plasticity:q}"
+        " --figure-prefix {params.figure_prefix:q} > {log:q} 2>&1"

@@ -1,0 +1,209 @@
+"""Theoretical upper bounds on the plasticity of every component (paper, Section 4).
+
+For inputs x, y drawn from a set of token sequences (n tokens x d features):
+
+- LayerNorm: ||gamma||_inf / sigma, sigma the smallest per-token standard deviation
+  sqrt(var + eps) of the set. (Valid although {std >= sigma} is not convex: the normalised
+  token is a radial projection, and the Dunkl-Williams inequality bounds its change by
+  ||x - y|| / min(std(x), std(y)).)
+- Linear (fc1, fc2): ||W||_2, the largest singular value.
+- MHA: sum_h ||O^h||_2 ||V^h||_2 sqrt(3n + (12n + 3) r^4 ||A^h||_2^2), r the largest token
+  norm of the set and A^h = Q^h K^hT / sqrt(d_h) with the paper's Q^h, K^h in R^{d x d_h}.
+  In torch's (out, in) layout head h's query, key and value maps are the ROWS
+  h*d_h:(h+1)*d_h of the stacked qkv weight (q, k, v along rows), so the paper's Q^h is the
+  transpose of that row block and A^h = W_q^hT W_k^h / sqrt(d_h) (d x d: the bilinear form of
+  the attention logits x_i^T A^h x_j); O^h is columns h*d_h:(h+1)*d_h of proj.weight.
+- MHA under bounded total energy E = sum_i ||x_i||^2 of a sequence:
+  sum_h ||O^h||_2 ||V^h||_2 (sqrt(n) + alpha^2 E ||A^h||_2). The paper leaves alpha open to
+  us; we take alpha = 1, which makes it a valid bound: the softmax Jacobian has norm <= 1/2,
+  the logit change is <= 2 ||A|| ||X||_2 ||H||_F, and a row-stochastic P has ||P||_2 <= sqrt(n),
+  so one head changes by at most ||V|| (sqrt(n) + ||X||_F^2 ||A||) ||H||_F.
+
+The set is given by sample sequences (the embedding outputs of the reference images): sigma,
+r and E are their extreme values. The attention bounds ignore biases, as the paper does; the
+key and value biases cancel in every difference, the query bias does not (zero in random-init
+timm models, small in the paper's checkpoints). Everything is computed in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import polars as pl
+import torch
+from torch import nn
+
+from vitplasticity.components import block_modules
+
+ENERGY_ALPHA = 1.0
+"""alpha of the energy-based MHA bound (see the module docstring for why 1 is valid)."""
+
+BOUND_SCHEMA: dict[str, pl.DataType] = {
+    "block": pl.Int64(),
+    "component": pl.String(),
+    "bound": pl.Float64(),
+    "bound_energy": pl.Float64(),
+    "gamma_inf": pl.Float64(),
+    "sigma": pl.Float64(),
+    "spectral_norm": pl.Float64(),
+    "n_tokens": pl.Int64(),
+    "radius": pl.Float64(),
+    "energy": pl.Float64(),
+    "alpha": pl.Float64(),
+}
+"""Columns of :func:`upper_bounds`; a quantity a component's bound does not use is null."""
+
+
+@dataclass(frozen=True)
+class TokenStatistics:
+    """The extreme values of a set of token sequences that the bounds need."""
+
+    n_tokens: int
+    width: int
+    """Features per token d."""
+    min_variance: float
+    """Smallest per-token (biased) feature variance; sigma = sqrt(min_variance + eps)."""
+    radius: float
+    """Largest token norm r."""
+    energy: float
+    """Largest total energy sum_i ||x_i||^2 of one sequence."""
+    n_sequences: int
+
+    @classmethod
+    def from_tokens(cls, tokens: torch.Tensor | Iterable[torch.Tensor]) -> TokenStatistics:
+        """Reduce sequences (N, n, d), or an iterable of such batches, in float64.
+
+        Raises:
+            ValueError: when there are no sequences, a batch is not 3-D, or batches differ
+                in token count or width.
+        """
+        batches = (tokens,) if isinstance(tokens, torch.Tensor) else tokens
+        shape: tuple[int, int] | None = None
+        min_var, radius, energy, count = math.inf, 0.0, 0.0, 0
+        for batch in batches:
+            if batch.ndim != 3:
+                raise ValueError(f"tokens: expected (N, n, d) sequences, got {tuple(batch.shape)}")
+            if shape is not None and tuple(batch.shape[1:]) != shape:
+                raise ValueError(f"tokens: batches of shape {shape} and {tuple(batch.shape[1:])}")
+            shape = tuple(batch.shape[1:])
+            if not len(batch):
+                continue
+            x = batch.detach().to(torch.float64)
+            squared_norms = x.square().sum(dim=-1)  # (N, n)
+            min_var = min(min_var, x.var(dim=-1, correction=0).min().item())
+            radius = max(radius, squared_norms.max().sqrt().item())
+            energy = max(energy, squared_norms.sum(dim=-1).max().item())
+            count += len(x)
+        if count == 0 or shape is None:
+            raise ValueError("tokens: no sequences")
+        return cls(
+            n_tokens=shape[0],
+            width=shape[1],
+            min_variance=min_var,
+            radius=radius,
+            energy=energy,
+            n_sequences=count,
+        )
+
+
+def spectral_norm(matrix: torch.Tensor) -> float:
+    """Largest singular value, in float64."""
+    return torch.linalg.matrix_norm(matrix.detach().to(torch.float64), ord=2).item()
+
+
+def attention_head_norms(attention: nn.Module) -> list[tuple[float, float, float]]:
+    """(||O^h||_2, ||V^h||_2, ||A^h||_2) of every head of a timm Attention module."""
+    heads = attention.num_heads
+    qkv = attention.qkv.weight.detach().to(torch.float64)  # (3 h d_h, d): q, k, v along rows
+    proj = attention.proj.weight.detach().to(torch.float64)  # (d, h d_h)
+    d_h = qkv.shape[0] // (3 * heads)
+    query, key, value = qkv.split(heads * d_h)
+    norms = []
+    for h in range(heads):
+        rows = slice(h * d_h, (h + 1) * d_h)
+        logits_form = query[rows].T @ key[rows] / math.sqrt(d_h)  # (d, d): x_i^T A x_j
+        norms.append(
+            (spectral_norm(proj[:, rows]), spectral_norm(value[rows]), spectral_norm(logits_form))
+        )
+    return norms
+
+
+def _row(block: int, component: str, bound: float, **quantities: float | int | None) -> dict:
+    row = dict.fromkeys(BOUND_SCHEMA)
+    row.update(block=block, component=component, bound=bound, **quantities)
+    return row
+
+
+def bounds_from_statistics(model: nn.Module, stats: TokenStatistics) -> pl.DataFrame:
+    """The bounds of every (block, component) of ``model`` for sequences summarised by ``stats``.
+
+    Raises:
+        ValueError: when ``model`` has no ``blocks`` of timm ViT blocks.
+    """
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or not len(blocks):
+        raise ValueError(f"{type(model).__name__} is not a timm VisionTransformer (no blocks)")
+    n, r, energy = stats.n_tokens, stats.radius, stats.energy
+    rows = []
+    for index, block in enumerate(blocks):
+        try:
+            modules = block_modules(block)
+        except AttributeError as error:
+            raise ValueError(f"block {index} is not a timm ViT block: {error}") from error
+        width = modules["ln1"].weight.shape[0]
+        if width != stats.width:
+            raise ValueError(f"tokens have {stats.width} features, block {index} expects {width}")
+        for component, module in modules.items():
+            if component in ("ln1", "ln2"):
+                gamma_inf = module.weight.detach().to(torch.float64).abs().max().item()
+                sigma = math.sqrt(stats.min_variance + module.eps)
+                rows.append(
+                    _row(index, component, gamma_inf / sigma, gamma_inf=gamma_inf, sigma=sigma)
+                )
+            elif component in ("fc1", "fc2"):
+                norm = spectral_norm(module.weight)
+                rows.append(_row(index, component, norm, spectral_norm=norm))
+            else:
+                heads = attention_head_norms(module)
+                bound = sum(
+                    o * v * math.sqrt(3 * n + (12 * n + 3) * r**4 * a**2) for o, v, a in heads
+                )
+                bound_energy = sum(
+                    o * v * (math.sqrt(n) + ENERGY_ALPHA**2 * energy * a) for o, v, a in heads
+                )
+                rows.append(
+                    _row(
+                        index,
+                        component,
+                        bound,
+                        bound_energy=bound_energy,
+                        n_tokens=n,
+                        radius=r,
+                        energy=energy,
+                        alpha=ENERGY_ALPHA,
+                    )
+                )
+    return pl.DataFrame(rows, schema=BOUND_SCHEMA)
+
+
+def upper_bounds(model: nn.Module, tokens: torch.Tensor | Iterable[torch.Tensor]) -> pl.DataFrame:
+    """Upper bounds on the plasticity of every component of every block.
+
+    Args:
+        model: a timm VisionTransformer.
+        tokens: embedding-output sequences (N, n, d), or an iterable of such batches: the set
+            whose extreme values (smallest token std, largest token norm, largest sequence
+            energy) the bounds assume of both inputs of every pair.
+
+    Returns:
+        One row per (block, component), columns :data:`BOUND_SCHEMA`: ``bound``, the
+        energy-based MHA bound ``bound_energy`` (null for the other components), and the
+        quantities used (gamma_inf and sigma for LayerNorms; spectral_norm for fc1/fc2;
+        n_tokens, radius, energy and alpha for MHA).
+
+    Raises:
+        ValueError: for malformed tokens or a model that is not a timm ViT.
+    """
+    return bounds_from_statistics(model, TokenStatistics.from_tokens(tokens))
