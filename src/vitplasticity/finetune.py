@@ -399,7 +399,9 @@ def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
 
     checkpoint_path = out_dir / CHECKPOINT_NAME
     key = fingerprint(settings.fingerprint_fields())
-    state = load_checkpoint(checkpoint_path, key, map_location=device)
+    # Loaded on the CPU: RNG states must stay CPU tensors; copy_ and the optimizer's
+    # load_state_dict move the rest to the parameters' device.
+    state = load_checkpoint(checkpoint_path, key)
     rows: list[dict[str, Any]] = []
     best: dict[str, Any] | None = None
     start_step, wall_before = 0, 0.0
