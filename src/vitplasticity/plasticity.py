@@ -1,5 +1,7 @@
 """Plasticity: the average rate of change ||f(x) - f(y)||_F / ||x - y||_F of every component f
 (ln1, mha, ln2, fc1, fc2) of every block of a timm ViT, over pairs of images (PROTOCOL.md).
+Other architectures (timm DINOv3, transformers GPT2 on token ids) go through their adapter
+(:mod:`vitplasticity.adapters`), which says what their embedding and components are.
 
 Two protocols decide what each component is fed:
 
@@ -24,17 +26,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import polars as pl
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vitplasticity import COMPONENTS
-from vitplasticity.components import block_modules
+from vitplasticity.adapters import Adapter, Embedded, TimmViT, adapter_for
 
 PROTOCOLS: tuple[str, ...] = ("embedding", "in_situ")
 """What each component is fed: the embedding output (reference code) or the real forward pass."""
 
 Images = torch.Tensor | Iterable[torch.Tensor]
-"""Preprocessed images (N, 3, H, W), or an iterable of such batches."""
+"""Preprocessed images (N, 3, H, W), or an iterable of such batches (token ids (N, L) for GPT2)."""
 
 PAIR_SCHEMA: dict[str, pl.DataType] = {
     "protocol": pl.String(),
@@ -73,30 +74,7 @@ def vit_blocks(model: nn.Module) -> list[nn.Module]:
         ValueError: when ``model`` lacks the embedding or a block lacks a component module,
             naming what is missing.
     """
-    missing = [
-        name
-        for name in ("patch_embed", "_pos_embed", "patch_drop", "norm_pre", "blocks")
-        if not hasattr(model, name)
-    ]
-    if missing:
-        raise ValueError(
-            f"{type(model).__name__} is not a timm VisionTransformer: it lacks {missing}"
-        )
-    blocks = list(model.blocks)
-    if not blocks:
-        raise ValueError(f"{type(model).__name__} has no blocks")
-    for index, block in enumerate(blocks):
-        try:
-            modules = block_modules(block)
-        except AttributeError as error:
-            raise ValueError(
-                f"block {index} of {type(model).__name__} is not a timm ViT block: {error}"
-            ) from error
-        if not isinstance(modules["fc2"], nn.Linear):
-            raise ValueError(
-                f"block {index}: mlp.fc2 is {type(modules['fc2']).__name__}, not Linear"
-            )
-    return blocks
+    return TimmViT().blocks(model)
 
 
 def embedding_tokens(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -105,8 +83,7 @@ def embedding_tokens(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     Patch embedding, cls token and position embedding (timm's ``_pos_embed``), then
     ``patch_drop`` and ``norm_pre`` (identities in the paper's models): (B, n, d).
     """
-    tokens = model._pos_embed(model.patch_embed(images))
-    return model.norm_pre(model.patch_drop(tokens))
+    return TimmViT().embed(model, images).tokens
 
 
 def _pair_norms(activations: torch.Tensor, n_pairs: int) -> torch.Tensor:
@@ -122,27 +99,25 @@ def _pair_norms(activations: torch.Tensor, n_pairs: int) -> torch.Tensor:
     return token_norms.to(torch.float64).square().sum(dim=-1).sqrt()
 
 
+def _joint_pair_norms(parts: Sequence[torch.Tensor], n_pairs: int) -> torch.Tensor:
+    """Pair norms of the feature-wise concatenation of ``parts`` (a gated MLP's fc1):
+    ||[a, b]||_F^2 = ||a||_F^2 + ||b||_F^2, so no concatenated copy is made."""
+    if len(parts) == 1:
+        return _pair_norms(parts[0], n_pairs)
+    return torch.stack([_pair_norms(part, n_pairs) for part in parts]).square().sum(0).sqrt()
+
+
 def _embedding_protocol(
-    model: nn.Module, blocks: list[nn.Module], images: torch.Tensor, n_pairs: int
+    adapter: Adapter, model: nn.Module, blocks: list[nn.Module], inputs: torch.Tensor, n_pairs: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Numerators and denominators (n_blocks, 5, B) of the embedding protocol."""
-    tokens = embedding_tokens(model, images)  # (2B, n, d)
-    width = tokens.shape[-1]
-    denominator = _pair_norms(tokens, n_pairs)  # (B,): the same pair feeds every component
+    embedded = adapter.embed(model, inputs)  # tokens (2B, n, d)
+    denominator = _pair_norms(embedded.tokens, n_pairs)  # (B,): the same pair feeds every component
     numerators = []
-    for block in blocks:
-        modules = block_modules(block)
-        fc2 = modules["fc2"]
-        # fc2([x, 0, 0, 0]) only ever multiplies x by fc2's first `width` input columns:
-        # slicing the weight is the same map at a quarter of the work.
-        outputs = (
-            modules["ln1"](tokens),
-            modules["mha"](tokens),
-            modules["ln2"](tokens),
-            modules["fc1"](tokens),
-            F.linear(tokens, fc2.weight[:, :width], fc2.bias),
-        )
-        numerators.append(torch.stack([_pair_norms(out, n_pairs) for out in outputs]))
+    for index, block in enumerate(blocks):
+        # FC2 is fc2([x, 0, 0, 0]): the adapter multiplies x by fc2's first d input columns only.
+        outputs = adapter.embedding_outputs(block, index, embedded)
+        numerators.append(torch.stack([_joint_pair_norms(out, n_pairs) for out in outputs]))
     numerator = torch.stack(numerators)  # (n_blocks, 5, B)
     return numerator, denominator.expand_as(numerator)
 
@@ -156,29 +131,43 @@ class _InSituRecorder:
     output tensor (attn gets norm1's output, fc1 gets norm2's) reuses that norm.
     """
 
-    def __init__(self, blocks: list[nn.Module], n_pairs: int) -> None:
+    def __init__(self, adapter: Adapter, blocks: list[nn.Module], n_pairs: int) -> None:
         self.n_pairs = n_pairs
+        self._output_of = adapter.hook_output
         self.numerators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
         self.denominators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
+        # Per (block, component): the pair norms of each of its modules' outputs (a gated fc1
+        # has two, concatenated; see _joint_pair_norms).
+        self._parts: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._last_output: torch.Tensor | None = None
         self._last_norm: torch.Tensor | None = None
         self._handles = [
-            module.register_forward_hook(self._hook(b, c))
+            module.register_forward_hook(self._hook(b, c, len(modules)))
             for b, block in enumerate(blocks)
-            for c, module in enumerate(block_modules(block).values())
+            for c, modules in enumerate(adapter.in_situ_modules(block).values())
+            for module in modules
         ]
 
-    def _hook(self, block: int, component: int) -> Callable[..., None]:
-        def record(module: nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-            inputs = args[0]
+    def _hook(self, block: int, component: int, n_parts: int) -> Callable[..., None]:
+        def record(module: nn.Module, args: tuple[torch.Tensor, ...], output: object) -> None:
+            inputs, output = args[0], self._output_of(output)
             if inputs is self._last_output:
                 denominator = self._last_norm
             else:
                 denominator = _pair_norms(inputs, self.n_pairs)
             numerator = _pair_norms(output, self.n_pairs)
+            self._last_output, self._last_norm = output, numerator
+            if n_parts > 1:
+                parts = self._parts.setdefault((block, component), [])
+                parts.append(numerator)
+                if len(parts) < n_parts:
+                    self.denominators[block][component] = denominator  # the parts share it
+                    return
+                numerator = torch.stack(parts).square().sum(0).sqrt()
+                del self._parts[(block, component)]
+                denominator = self.denominators[block][component]
             self.numerators[block][component] = numerator
             self.denominators[block][component] = denominator
-            self._last_output, self._last_norm = output, numerator
 
         return record
 
@@ -196,14 +185,15 @@ class _InSituRecorder:
 
 
 def _in_situ_protocol(
-    model: nn.Module, blocks: list[nn.Module], images: torch.Tensor, n_pairs: int
+    adapter: Adapter, model: nn.Module, blocks: list[nn.Module], inputs: torch.Tensor, n_pairs: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Numerators and denominators (n_blocks, 5, B) of the in-situ protocol."""
-    recorder = _InSituRecorder(blocks, n_pairs)
+    recorder = _InSituRecorder(adapter, blocks, n_pairs)
     try:
-        tokens = embedding_tokens(model, images)
-        for block in blocks:
-            tokens = block(tokens)
+        embedded: Embedded = adapter.embed(model, inputs)
+        tokens = embedded.tokens
+        for index, block in enumerate(blocks):
+            tokens = adapter.run_block(block, index, tokens, embedded)
     finally:
         recorder.remove()
     return recorder.result()
@@ -212,21 +202,22 @@ def _in_situ_protocol(
 _PROTOCOL_FUNCTIONS = {"embedding": _embedding_protocol, "in_situ": _in_situ_protocol}
 
 
-def _image_chunks(source: Images, name: str, *, cycle: bool) -> Iterator[torch.Tensor]:
+def _image_chunks(
+    source: Images, name: str, *, cycle: bool, adapter: Adapter
+) -> Iterator[torch.Tensor]:
     """The non-empty batches of ``source``, started over at its end when ``cycle``.
 
     Raises:
-        ValueError: when ``source`` holds no image, a batch is not (N, 3, H, W), or a one-shot
-            iterator would have to be cycled.
+        ValueError: when ``source`` holds no image, a batch is not what ``adapter`` takes
+            ((N, 3, H, W) images, (N, L) token ids), or a one-shot iterator would have to be
+            cycled.
     """
     batches: Iterable[torch.Tensor] = (source,) if isinstance(source, torch.Tensor) else source
     one_shot = iter(batches) is batches
     while True:
         seen = 0
         for chunk in batches:
-            if not isinstance(chunk, torch.Tensor) or chunk.ndim != 4 or chunk.shape[1] != 3:
-                shape = tuple(chunk.shape) if isinstance(chunk, torch.Tensor) else type(chunk)
-                raise ValueError(f"{name}: expected image batches (N, 3, H, W), got {shape}")
+            adapter.check_batch(chunk, name)
             if len(chunk):
                 seen += len(chunk)
                 yield chunk
@@ -288,7 +279,8 @@ def measure_protocols(
         One row per (protocol, block, component, pair), columns :data:`PAIR_SCHEMA`.
     """
     protocols = check_protocols(protocols)
-    blocks = vit_blocks(model)
+    adapter = adapter_for(model)
+    blocks = adapter.blocks(model)
     if model.training:
         raise ValueError("model is in training mode (dropout would be random): call model.eval()")
     if batch_size < 1:
@@ -302,8 +294,8 @@ def measure_protocols(
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
 
-    references = _ImageQueue(_image_chunks(reference, "reference", cycle=False))
-    downstreams = _ImageQueue(_image_chunks(downstream, "downstream", cycle=True))
+    references = _ImageQueue(_image_chunks(reference, "reference", cycle=False, adapter=adapter))
+    downstreams = _ImageQueue(_image_chunks(downstream, "downstream", cycle=True, adapter=adapter))
     # Per protocol: a list of per-batch (numerator, denominator) tensors, left on the device
     # until the end so that no batch waits on a host copy.
     found: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {p: [] for p in protocols}
@@ -321,10 +313,10 @@ def measure_protocols(
                     f"reference images {tuple(ref_batch.shape[1:])} and downstream images "
                     f"{tuple(down_batch.shape[1:])} differ in shape"
                 )
-            images = torch.cat([ref_batch, down_batch]).to(device=device, dtype=dtype)
+            inputs = adapter.to_device(torch.cat([ref_batch, down_batch]), device, dtype)
             for protocol in protocols:
                 found[protocol].append(
-                    _PROTOCOL_FUNCTIONS[protocol](model, blocks, images, len(ref_batch))
+                    _PROTOCOL_FUNCTIONS[protocol](adapter, model, blocks, inputs, len(ref_batch))
                 )
             done += len(ref_batch)
             if progress is not None:
@@ -359,6 +351,8 @@ def measure(
 
     Args:
         model: a timm VisionTransformer in eval mode; it runs on its own device and dtype.
+            Also a timm DINOv3 (Eva) model, or a transformers GPT2Model fed token ids (N, L)
+            as ``reference`` and ``downstream`` (see :mod:`vitplasticity.adapters`).
         reference: preprocessed reference images (N, 3, H, W), or an iterable of batches.
         downstream: preprocessed downstream images, the same way; pair i is reference image
             i with downstream image i, and the downstream set is cycled when shorter (an
@@ -375,8 +369,8 @@ def measure(
         ||x - y||_F of that component's inputs, all float64. Identical inputs give ratio NaN.
 
     Raises:
-        ValueError: for an unknown protocol (listing the valid ones), a model that is not a
-            timm ViT, fewer reference images than ``n_pairs``, or malformed image batches.
+        ValueError: for an unknown protocol (listing the valid ones), a model no adapter
+            knows, fewer reference images than ``n_pairs``, or malformed input batches.
     """
     return measure_protocols(
         model,
