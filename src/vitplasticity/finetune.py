@@ -108,7 +108,7 @@ class Preempted(Exception):
 
 @dataclass(frozen=True)
 class FinetuneSettings:
-    """The resolved settings of one finetuning run (CLI flag names in brackets)."""
+    """The resolved settings of one run; each field is the CLI flag of that name (--snake-case)."""
 
     experiment: str
     model: str
@@ -369,6 +369,30 @@ def _metrics_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
     return pl.DataFrame(columns, schema=METRICS_SCHEMA)
 
 
+def _outcome(
+    settings: FinetuneSettings, best: dict[str, Any] | None, diverged: bool, final_step: int
+) -> dict[str, Any]:
+    """The run's identity and result: the summary fields the report aggregates."""
+    return {
+        "experiment": settings.experiment,
+        "model": settings.model,
+        "dataset": settings.dataset,
+        "configuration": settings.configuration,
+        "optimizer": settings.optimizer,
+        "lr": float(settings.lr),
+        "seed": int(settings.seed),
+        "status": "diverged" if diverged else "completed",
+        "diverged": diverged,
+        "best_step": best["step"] if best else None,
+        "best_val_accuracy": best["val_accuracy"] if best else None,
+        "best_val_loss": best["val_loss"] if best else None,
+        "test_accuracy": best["test_accuracy"] if best else None,
+        "final_step": final_step,
+        "steps": settings.steps,
+        "demo": settings.demo,
+    }
+
+
 def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """Finetune one configuration; write metrics.parquet and summary.json into ``out_dir``.
 
@@ -506,31 +530,15 @@ def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
             if step < settings.steps and step % settings.checkpoint_every == 0:
                 checkpoint(step)
 
-    steps_run = step - start_step
-    steps_per_second = steps_run / train_seconds if train_seconds > 0 else None
+    steps_per_second = (step - start_step) / train_seconds if train_seconds > 0 else None
     summary = {
-        "experiment": settings.experiment,
-        "model": settings.model,
-        "dataset": settings.dataset,
-        "configuration": settings.configuration,
-        "optimizer": settings.optimizer,
-        "lr": float(settings.lr),
-        "seed": int(settings.seed),
-        "status": "diverged" if diverged else "completed",
-        "diverged": diverged,
-        "best_step": best["step"] if best else None,
-        "best_val_accuracy": best["val_accuracy"] if best else None,
-        "best_val_loss": best["val_loss"] if best else None,
-        "test_accuracy": best["test_accuracy"] if best else None,
-        "final_step": step,
-        "steps": settings.steps,
+        **_outcome(settings, best, diverged, step),
         "trainable_parameters": sum(p.numel() for _, p in named_trainable),
         "total_parameters": sum(p.numel() for p in model.parameters()),
         "steps_per_second": steps_per_second,
         "images_per_second": steps_per_second * settings.batch_size if steps_per_second else None,
         "wall_seconds": wall_before + time.perf_counter() - started,
         "resumed": state is not None,
-        "demo": settings.demo,
         **provenance({**dataclasses.asdict(settings), "resolved": resolved}, device),
     }
     write_parquet(out_dir / "metrics.parquet", _metrics_frame(rows), metadata={"summary": summary})
