@@ -94,7 +94,11 @@ def measured_plasticity(files: list[str]) -> pl.DataFrame:
 
 
 def plot_bounds(table: pl.DataFrame, prefix: str | Path, *, model: str, demo: bool) -> None:
-    """Bound (solid) and measured mean plasticity (dashed) per block, log y, PDF + PNG."""
+    """Bound (solid) and measured mean plasticity (dashed) per block, one panel per component.
+
+    One panel each, because bounds of different components coincide (ln1 and ln2 of a
+    random-init model); log y axes; colour-blind-safe colours; PDF + PNG at ``prefix``.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,12 +109,13 @@ def plot_bounds(table: pl.DataFrame, prefix: str | Path, *, model: str, demo: bo
     from vitplasticity.io import atomic_path
 
     palette = dict(zip(COMPONENTS, sns.color_palette("colorblind", len(COMPONENTS)), strict=True))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, axes = plt.subplots(1, len(COMPONENTS), figsize=(13, 3.4), sharex=True)
     data = table.sort("block")
-    for component in COMPONENTS:
+    blocks = sorted(set(data["block"].to_list()))
+    for ax, component in zip(axes, COMPONENTS, strict=True):
         rows = data.filter(data["component"] == component)
         colour = palette[component]
-        ax.plot(rows["block"], rows["bound"], "-o", color=colour, label=f"{component} bound")
+        ax.plot(rows["block"], rows["bound"], "-o", color=colour, label="bound")
         if "measured_mean" in rows.columns and rows["measured_mean"].is_not_null().any():
             ax.plot(
                 rows["block"],
@@ -118,15 +123,18 @@ def plot_bounds(table: pl.DataFrame, prefix: str | Path, *, model: str, demo: bo
                 "--s",
                 color=colour,
                 markerfacecolor="white",
-                label=f"{component} measured",
+                label="measured (mean)",
             )
-    ax.set_yscale("log")
-    ax.set_xlabel("block")
-    ax.set_ylabel("plasticity (log scale)")
-    ax.set_xticks(sorted(set(data["block"].to_list())))
-    title = f"{model}: upper bound (solid) vs measured mean plasticity (dashed, embedding protocol)"
-    ax.set_title(("DEMO (not the paper's result) - " if demo else "") + title, fontsize=9)
-    ax.legend(ncol=2, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        ax.set_yscale("log")
+        ax.set_title(component.upper(), color=colour, fontweight="bold")
+        ax.set_xlabel("block")
+        ax.set_xticks(blocks if len(blocks) <= 12 else blocks[:: max(1, len(blocks) // 8)])
+        ax.legend(fontsize=7, loc="best")
+    axes[0].set_ylabel("plasticity (log scale)")
+    title = f"{model}: plasticity upper bound vs measured (embedding protocol)"
+    if demo:
+        title = f"DEMO - not the paper's result\n{title}"
+    fig.suptitle(title, fontsize=11)
     sns.despine(fig)
     fig.tight_layout()
     for suffix in ("pdf", "png"):
@@ -217,7 +225,7 @@ def run_bounds(args: argparse.Namespace) -> int:
     write_parquet(args.out, table, metadata)
     plot_bounds(table, args.figure_prefix, model=args.model, demo=args.demo)
     log.info(
-        "wrote %s and %s.{pdf,png} (sigma=%.3g, r=%.3g, E=%.3g over %d sequences)",
+        "wrote %s and %s.{pdf,png} (min token std %.3g, r=%.3g, E=%.3g over %d sequences)",
         args.out,
         args.figure_prefix,
         math.sqrt(stats.min_variance),
