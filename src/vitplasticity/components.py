@@ -36,8 +36,12 @@ EMBEDDING_PREFIXES: tuple[str, ...] = ("patch_embed.", "cls_token", "pos_embed",
 ALWAYS_TRAINED_PREFIXES: tuple[str, ...] = ("head.", "norm.", "fc_norm.")
 """The new classifier head and the final norm: trained in every configuration."""
 
-CONFIGURATIONS: tuple[str, ...] = ("full", "emb", *COMPONENTS, "head")
-"""Single-component finetuning configurations; "head" is linear probing (head + final norm)."""
+CONFIGURATIONS: tuple[str, ...] = ("full", "emb", *COMPONENTS, "head", "lora")
+"""Single-component finetuning configurations; "head" is linear probing (head + final norm);
+"lora" the LoRA baseline (adapters on the attention linears, see vitplasticity.lora)."""
+
+LORA_MARKER = ".lora_"
+"""In the name of every LoRA adapter parameter (peft's lora_A / lora_B); vitplasticity.lora."""
 
 
 def block_modules(block: nn.Module) -> dict[str, nn.Module]:
@@ -66,6 +70,8 @@ def _is_trained(name: str, parts: tuple[str, ...]) -> bool:
         return True
     if "emb" in parts and name.startswith(EMBEDDING_PREFIXES):
         return True
+    if "lora" in parts and LORA_MARKER in name:
+        return True
     if name.startswith("blocks."):
         # blocks.<index>.<rest>
         rest = name.split(".", 2)[2]
@@ -83,13 +89,21 @@ def trainable_parameter_names(model: nn.Module, configuration: str) -> set[str]:
     Every configuration trains the classifier head and the final norm; "full" trains all;
     "emb" adds patch_embed, cls_token and pos_embed; "ln1"/"ln2" every block's norm1/norm2;
     "mha" every block's attn.qkv and attn.proj; "fc1"/"fc2" every block's mlp.fc1/mlp.fc2;
-    "head" nothing more (linear probing). Combinations join with "+".
+    "head" nothing more (linear probing); "lora" the LoRA adapters (which
+    ``vitplasticity.lora.apply_lora`` must have injected). Combinations join with "+".
 
     Raises:
-        ValueError: for an unknown configuration, listing the valid ones.
+        ValueError: for an unknown configuration, listing the valid ones, or "lora" on a
+            model without LoRA adapters.
     """
     parts = parse_configuration(configuration)
-    return {name for name, _ in model.named_parameters() if _is_trained(name, parts)}
+    names = {name for name, _ in model.named_parameters() if _is_trained(name, parts)}
+    if "lora" in parts and not any(LORA_MARKER in name for name in names):
+        raise ValueError(
+            f"configuration {configuration!r} trains LoRA adapters, but the model has none: "
+            "inject them first (vitplasticity.lora.apply_lora)"
+        )
+    return names
 
 
 def parameter_group(name: str) -> str:

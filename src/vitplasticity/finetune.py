@@ -52,6 +52,7 @@ from vitplasticity.components import (
 from vitplasticity.data import loader, store
 from vitplasticity.data.transforms import normalize
 from vitplasticity.io import write_json, write_parquet
+from vitplasticity.lora import apply_lora
 from vitplasticity.models import ModelSpec, Preprocessing, build_model, pick_device, preprocessing
 from vitplasticity.provenance import provenance
 from vitplasticity.schedule import warmup_cosine_lr
@@ -133,6 +134,8 @@ class FinetuneSettings:
     log_every: int = 50
     checkpoint_every: int = 500
     demo: bool = False
+    lora_rank: int = 8  # the "lora" configuration only (paper: r 8, alpha 16)
+    lora_alpha: float = 16.0
 
     def validate(self) -> None:
         """Check every value before any compute.
@@ -193,6 +196,10 @@ class FinetuneSettings:
             raise bad("--precision", "finetune.precision", f"{self.precision!r} not fp32|bf16")
         if self.num_workers < 0:
             raise bad("--num-workers", "finetune.num_workers", "must be >= 0")
+        if self.lora_rank < 1:
+            raise bad("--lora-rank", "finetune.lora.rank", f"must be >= 1, got {self.lora_rank}")
+        if not self.lora_alpha > 0:
+            raise bad("--lora-alpha", "finetune.lora.alpha", f"must be > 0, got {self.lora_alpha}")
         try:
             ModelSpec.from_config(self.model_spec)
         except (TypeError, ValueError) as error:
@@ -203,6 +210,10 @@ class FinetuneSettings:
         fields = dataclasses.asdict(self)
         for name in _NOT_FINGERPRINTED:
             fields.pop(name)
+        if "lora" not in parse_configuration(self.configuration):
+            # LoRA settings shape only LoRA runs: other runs' checkpoints stay resumable.
+            fields.pop("lora_rank")
+            fields.pop("lora_alpha")
         return fields
 
 
@@ -244,6 +255,9 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
     spec = ModelSpec.from_config(settings.model_spec)
     torch.manual_seed(settings.seed)
     model = build_model(spec, num_classes=num_classes)
+    if "lora" in parse_configuration(settings.configuration):
+        # After the head, so the head's init is that of every other configuration.
+        apply_lora(model, settings.lora_rank, settings.lora_alpha)
     trained = freeze(model, settings.configuration)
     pre = preprocessing(model, spec)
     model.to(device).train()

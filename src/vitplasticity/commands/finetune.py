@@ -32,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--dataset-dir", required=True, help="the prepared dataset folder")
     run.add_argument(
-        "--configuration", required=True, help="full|emb|ln1|mha|ln2|fc1|fc2|head, or a+b"
+        "--configuration",
+        required=True,
+        help="full|emb|ln1|mha|ln2|fc1|fc2|head|lora, or a combination a+b (e.g. mha+fc1)",
     )
     run.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     run.add_argument("--lr", type=float, required=True, help="peak learning rate")
@@ -59,6 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     training.add_argument("--num-workers", type=int, default=0, help="data worker processes")
     training.add_argument("--log-every", type=int, default=50, help="steps between train rows")
     training.add_argument("--checkpoint-every", type=int, default=500)
+    training.add_argument(
+        "--lora-rank", type=int, default=8, help="LoRA rank r (configuration lora; paper: 8)"
+    )
+    training.add_argument(
+        "--lora-alpha", type=float, default=16.0, help="LoRA alpha (configuration lora; paper: 16)"
+    )
     parser.set_defaults(handler=run_finetune)
 
 
@@ -89,6 +97,8 @@ def run_finetune(args: argparse.Namespace) -> int:
         log_every=args.log_every,
         checkpoint_every=args.checkpoint_every,
         demo=args.demo,
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
     )
     try:
         summary = run(settings, args.dataset_dir, args.out_dir)
