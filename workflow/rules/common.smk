@@ -116,6 +116,14 @@ def finetune_value(key, default):
     return config["finetune"].get(key, default)
 
 
+def lora_flags(wildcards):
+    """--lora-rank/--lora-alpha for a configuration with "lora" (finetune.lora), else ""."""
+    if "lora" not in wildcards.configuration.split("+"):
+        return ""
+    lora = config["finetune"].get("lora") or {}
+    return f"--lora-rank {lora.get('rank', 8)} --lora-alpha {lora.get('alpha', 16)}"
+
+
 def experiment_summaries(wildcards):
     return [finetune_summary(run) for run in experiment_runs(config, wildcards.experiment)]
 

@@ -30,6 +30,8 @@ rule finetune:
         checkpoint_every=finetune_value("checkpoint_every", 500),
         out_dir=lambda w, output: os.path.dirname(output.summary),
         demo_flag="--demo" if config.get("demo", False) else "",
+        # Empty for every configuration without "lora": editing finetune.lora reruns LoRA runs only.
+        lora_flags=lora_flags,
     resources:
         runtime=finetune_runtime,
     conda:
@@ -46,5 +48,5 @@ rule finetune:
         " --adam-betas {params.adam_betas} --val-fraction {params.val_fraction}"
         " --precision {params.precision} --device {params.device}"
         " --num-workers {params.num_workers} --log-every {params.log_every}"
-        " --checkpoint-every {params.checkpoint_every} {params.demo_flag}"
+        " --checkpoint-every {params.checkpoint_every} {params.demo_flag} {params.lora_flags}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
