@@ -48,9 +48,11 @@ MEM=$(awk '/MemTotal/{print int($2/1024) - 1024}' /proc/meminfo)
 CPUS=$(nproc)
 
 if [ "$WITH_ACCOUNTING" = 1 ]; then
+  # job_comment: keep each job's --comment (the plugin's rule_<rule>_wildcards_...) in sacct.
   ACCT="AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=6819
+AccountingStoreFlags=job_comment
 JobAcctGatherType=jobacct_gather/linux"
 else
   ACCT="AccountingStorageType=accounting_storage/none
