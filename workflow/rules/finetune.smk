@@ -26,6 +26,8 @@ rule finetune:
         precision=finetune_value("precision", "fp32"),
         device=finetune_value("device", "auto"),
         num_workers=finetune_value("num_workers", 4),
+        augment=finetune_value("augment", "auto"),
+        compile=str(finetune_value("compile", False)).lower(),
         log_every=finetune_value("log_every", 50),
         checkpoint_every=finetune_value("checkpoint_every", 500),
         out_dir=lambda w, output: os.path.dirname(output.summary),
@@ -47,6 +49,7 @@ rule finetune:
         " --clip-grad-norm {params.clip_grad_norm} --momentum {params.momentum}"
         " --adam-betas {params.adam_betas} --val-fraction {params.val_fraction}"
         " --precision {params.precision} --device {params.device}"
-        " --num-workers {params.num_workers} --log-every {params.log_every}"
+        " --num-workers {params.num_workers} --augment {params.augment} --compile {params.compile}"
+        " --log-every {params.log_every}"
         " --checkpoint-every {params.checkpoint_every} {params.demo_flag} {params.lora_flags}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -59,6 +59,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     training.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     training.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     training.add_argument("--num-workers", type=int, default=0, help="data worker processes")
+    training.add_argument(
+        "--augment",
+        choices=["auto", "cpu", "device"],
+        default="auto",
+        help="where train crops/flips run: auto (on the GPU when the run is on one) | cpu | device",
+    )
+    training.add_argument(
+        "--compile",
+        type=_boolean,
+        default=False,
+        metavar="{true,false}",
+        help="torch.compile the model (GPU throughput)",
+    )
     training.add_argument("--log-every", type=int, default=50, help="steps between train rows")
     training.add_argument("--checkpoint-every", type=int, default=500)
     training.add_argument(
@@ -68,6 +81,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--lora-alpha", type=float, default=16.0, help="LoRA alpha (configuration lora; paper: 16)"
     )
     parser.set_defaults(handler=run_finetune)
+
+
+def _boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return lowered == "true"
 
 
 def run_finetune(args: argparse.Namespace) -> int:
@@ -94,6 +114,8 @@ def run_finetune(args: argparse.Namespace) -> int:
         precision=args.precision,
         device=args.device,
         num_workers=args.num_workers,
+        augment=args.augment,
+        compile=args.compile,
         log_every=args.log_every,
         checkpoint_every=args.checkpoint_every,
         demo=args.demo,

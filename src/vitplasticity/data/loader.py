@@ -267,3 +267,117 @@ def eval_set(split: store.Split, pre: Preprocessing) -> EvalSet:
     """Resize + CenterCrop every image of ``split`` once (deterministic, so done once)."""
     images = torch.stack([eval_image(image, pre) for image in split.images])
     return EvalSet(images, torch.as_tensor(split.labels, dtype=torch.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Augmentation on the device (the GPU path): workers only gather decoded uint8 images and draw
+# the boxes; the crops, resizes and flips of a whole batch run on the accelerator.
+
+
+def crop_and_flip_draws(
+    rng: np.random.Generator, sizes: list[tuple[int, int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per image of sizes (H, W): its RandomResizedCrop box and whether it is flipped.
+
+    The draws are those :func:`augment` makes, in its order (box, then flip, image after
+    image), so the device path crops exactly the boxes the CPU path would.
+
+    Returns:
+        boxes (B, 4) float32 as (x1, y1, x2, y2) pixel-edge coordinates; flips (B,) bool.
+    """
+    boxes = np.empty((len(sizes), 4), dtype=np.float32)
+    flips = np.empty(len(sizes), dtype=bool)
+    for index, (height, width) in enumerate(sizes):
+        top, left, h, w = random_resized_crop_box(rng, height, width)
+        boxes[index] = (left, top, left + w, top + h)
+        flips[index] = rng.random() < 0.5
+    return boxes, flips
+
+
+def pad_to_canvas(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack uint8 (3, H_i, W_i) images into one (B, 3, H_max, W_max) canvas (zero padded).
+
+    Returns:
+        The canvas and the (B, 2) int64 sizes (H_i, W_i) of the images in it.
+    """
+    sizes = torch.tensor([image.shape[-2:] for image in images], dtype=torch.int64)
+    if bool((sizes == sizes[0]).all()):
+        return torch.stack(images), sizes
+    height, width = (int(v) for v in sizes.max(dim=0).values)
+    canvas = torch.zeros((len(images), 3, height, width), dtype=torch.uint8)
+    for index, image in enumerate(images):
+        canvas[index, :, : image.shape[-2], : image.shape[-1]] = image
+    return canvas, sizes
+
+
+def augment_on_device(
+    canvas: torch.Tensor,
+    sizes: torch.Tensor,
+    boxes: torch.Tensor,
+    flips: torch.Tensor,
+    size: int,
+) -> torch.Tensor:
+    """RandomResizedCrop + flip of a batch where the batch lives (one call, no host loop).
+
+    Each box is resampled to ``size`` x ``size`` by ``torchvision.ops.roi_align`` (bilinear
+    samples averaged over each output pixel's footprint: plain bilinear when enlarging, an
+    area-style antialiased filter when shrinking), so the result differs from the CPU path's
+    antialiased bicubic resize by interpolation only; the boxes and flips are the same.
+
+    Args:
+        canvas: uint8 (B, 3, H, W) images, each in the top-left (H_i, W_i) of its slot.
+        sizes: (B, 2) image sizes (H_i, W_i); images of another size than the canvas are
+            resampled one size group at a time so that no padding is ever interpolated in.
+        boxes: (B, 4) float (x1, y1, x2, y2) crop boxes in pixel-edge coordinates.
+        flips: (B,) bool, which crops to mirror horizontally.
+        size: the output resolution.
+
+    Returns:
+        uint8 (B, 3, size, size) crops on the canvas's device.
+    """
+    from torchvision.ops import roi_align
+
+    device = canvas.device
+    boxes = boxes.to(device=device, dtype=torch.float32)
+    flips = flips.to(device)
+    out = torch.empty((len(canvas), 3, size, size), dtype=torch.float32, device=device)
+    full = (sizes[:, 0] == canvas.shape[-2]) & (sizes[:, 1] == canvas.shape[-1])
+    # Groups of images with one size: the whole batch when every image fills the canvas
+    # (CIFAR, CIFAR-10-C), otherwise one group per distinct size.
+    groups = [full.nonzero().flatten()] if bool(full.all()) else []
+    if not groups:
+        for height, width in sizes.unique(dim=0).tolist():
+            members = ((sizes[:, 0] == height) & (sizes[:, 1] == width)).nonzero().flatten()
+            groups.append(members)
+    for members in groups:
+        height, width = (int(v) for v in sizes[members[0]])
+        images = canvas[members.to(device), :, :height, :width].float()  # (g, 3, h, w)
+        rois = torch.cat(
+            [
+                torch.arange(len(members), device=device, dtype=torch.float32)[:, None],
+                boxes[members.to(device)],
+            ],
+            dim=1,
+        )  # (g, 5): batch index, x1, y1, x2, y2
+        out[members.to(device)] = roi_align(
+            images, rois, output_size=size, spatial_scale=1.0, sampling_ratio=-1, aligned=True
+        )
+    out = torch.where(flips[:, None, None, None], out.flip(-1), out)
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+class DeviceTrainBatches(TrainBatches):
+    """Like :class:`TrainBatches`, but item ``s`` leaves the augmentation to the device.
+
+    Items: uint8 canvas (B, 3, H, W), sizes (B, 2), boxes (B, 4), flips (B,) and int64 labels
+    (B,); :func:`augment_on_device` turns the first four into the batch's uint8 crops.
+    """
+
+    def __getitem__(self, step: int) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        indices = batch_indices(step, self.batch_size, len(self.bank), self.seed)
+        rng = _rng(self.seed, _AUGMENT_STREAM, step)
+        images = [self.bank[int(i)] for i in indices]
+        canvas, sizes = pad_to_canvas(images)
+        boxes, flips = crop_and_flip_draws(rng, [tuple(image.shape[-2:]) for image in images])
+        labels = self.labels[torch.from_numpy(indices)]
+        return canvas, sizes, torch.from_numpy(boxes), torch.from_numpy(flips), labels
