@@ -96,10 +96,10 @@ def sigterm_guard() -> Iterator[None]:
     signal.signal(signal.SIGTERM, previous)
 
 
-def wait_for(path: Path, process: subprocess.Popen | None = None, timeout: float = 300) -> None:
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
-        if process is not None and process.poll() is not None:
+        if process.poll() is not None:
             raise AssertionError(f"the run exited ({process.returncode}) before {path} appeared")
         if time.monotonic() > deadline:
             raise AssertionError(f"{path} did not appear within {timeout} s")
@@ -127,14 +127,22 @@ def test_sigterm_writes_a_checkpoint_and_the_run_resumes_bitwise(
     out = tmp_path / "run"
     checkpoint = out / "checkpoint.pt"
 
+    returned = threading.Event()
+
     def preempt() -> None:  # what SLURM does before preemption
-        wait_for(checkpoint)
+        while not checkpoint.exists():
+            if returned.is_set():  # the run ended (or failed) first: the assertions say so
+                return
+            time.sleep(0.002)
         os.kill(os.getpid(), signal.SIGTERM)
 
     killer = threading.Thread(target=preempt)
     killer.start()
-    code = cli.main(cli_args(settings, demo_dataset, out))
-    killer.join()
+    try:
+        code = cli.main(cli_args(settings, demo_dataset, out))
+    finally:
+        returned.set()
+        killer.join()
     assert code == 143
     assert checkpoint.exists() and not (out / "summary.json").exists()
     state = torch.load(checkpoint, weights_only=True)
