@@ -1,0 +1,441 @@
+"""The project's speed against naive references, measured side by side in one run.
+
+    python -m benchmarks.run --device cpu|cuda [--quick] --json OUT
+
+Four ratios, each from interleaved repetitions (medians), printed as a table and written to
+OUT with the raw figures and the machine:
+
+- ``finetune_vs_naive``: images/s of a full training step including its data (the project's
+  loader + ``finetune.training_step``) over a naive loop (fp32, explicit softmax attention,
+  per-sample PIL transforms, main-process loading): same model init, batch and images.
+- ``plasticity_vs_floor``: seconds of ``plasticity.measure`` over the floor, plain forward
+  passes of the same images through the same modules (embedding and the five component
+  calls per block) without any norm bookkeeping. At most 1.3 on a CPU.
+- ``loader_vs_naive``: images/s of the project's train batches (decoded once; crops and
+  flips on the device on a GPU) over per-sample PIL decoding and transforms.
+- ``dag_seconds``: wall time of ``snakemake -n all`` on config.yaml (the paper's full DAG).
+
+Plus the memory of one training step per finetuning configuration (benchmarks/memory.py)
+and, for the finetuning path, model FLOPs utilisation against the measured matmul peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as functional
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks.memory import CONFIGURATIONS, memory_table
+from benchmarks.naive import (
+    explicit_attention_copy,
+    naive_train_step,
+    pil_batch,
+    pil_train_transform,
+)
+from benchmarks.timing import interleaved_medians
+from vitplasticity import plasticity
+from vitplasticity.data import loader, store
+from vitplasticity.data.synthetic import prepare_synthetic
+from vitplasticity.data.transforms import eval_image, normalize
+from vitplasticity.finetune import (
+    FinetuneSettings,
+    build_optimizer,
+    build_run_model,
+    training_step,
+)
+from vitplasticity.io import write_json
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 3, "num_heads": 3}
+VIT_B16 = {"timm_id": "vit_base_patch16_224", "weights": "random", "normalize": "imagenet"}
+KEYS = ("finetune_vs_naive", "plasticity_vs_floor", "loader_vs_naive", "dag_seconds")
+
+
+def model_spec(timm_id: str, quick: bool) -> dict[str, Any]:
+    """A random-init model entry (weights cannot be downloaded here); tiny in --quick."""
+    spec: dict[str, Any] = {"timm_id": timm_id, "weights": "random", "normalize": "imagenet"}
+    if quick:
+        spec = {**spec, "timm_id": "vit_tiny_patch16_224", "kwargs": TINY_KWARGS}
+    return spec
+
+
+def settings_for(spec: dict[str, Any], args: argparse.Namespace) -> FinetuneSettings:
+    settings = FinetuneSettings(
+        experiment="bench",
+        model="bench",
+        dataset="bench",
+        model_spec=spec,
+        configuration="full",
+        lr=0.01,
+        seed=0,
+        steps=10**6,
+        val_every=10**6,
+        batch_size=args.batch_size,
+        micro_batch_size=args.batch_size,
+        warmup_steps=0,
+        precision=args.precision,
+        device=args.device,
+        num_workers=args.workers,
+        augment=args.augment,
+        compile=args.compile,
+    )
+    settings.validate()
+    return settings
+
+
+def make_store(root: Path, args: argparse.Namespace) -> Path:
+    """A synthetic prepared dataset (PNG bytes in the store format, CIFAR-like 32 px)."""
+    out = root / "bench"
+    n_pool = max(4 * args.batch_size, 2 * args.pairs)
+    spec = {"style": "blobs", "num_classes": 10, "n_pool": n_pool, "n_test": args.pairs}
+    prepare_synthetic(out, "bench", {**spec, "image_size": args.image_size, "seed": 0})
+    return out
+
+
+def bench_finetune(split: store.Split, spec: dict[str, Any], args, device) -> dict[str, Any]:
+    """Project training path against the naive loop; images/s including data."""
+    settings = settings_for(spec, args)
+    run_model = build_run_model(settings, num_classes=10, device=device)
+    naive_model = explicit_attention_copy(run_model.model)
+    naive_model.train()
+    pre = run_model.preprocessing
+    optimizer = build_optimizer(run_model.trainable, settings)
+    naive_optimizer = torch.optim.SGD(naive_model.parameters(), lr=0.01, momentum=0.9)
+    if args.compile:
+        import dataclasses
+
+        run_model = dataclasses.replace(run_model, model=torch.compile(run_model.model))
+
+    started = time.perf_counter()
+    bank = loader.ImageBank(split.images)
+    decode_seconds = time.perf_counter() - started
+    on_device = device.type == "cuda" if args.augment == "auto" else args.augment == "device"
+    batch_class = loader.DeviceTrainBatches if on_device else loader.TrainBatches
+    batches = batch_class(bank, split.labels, pre, args.batch_size, seed=0)
+    stream = loader.train_batches(batches, 0, 10**9, args.workers, device.type == "cuda")
+    transform = pil_train_transform(pre)
+    labels_all = torch.as_tensor(split.labels, dtype=torch.int64)
+    counter = {"project": 0, "naive": 0}
+
+    def project() -> None:
+        for _ in range(args.steps):
+            item = next(stream)
+            if on_device:
+                canvas, sizes, boxes, flips, labels = item
+                canvas = canvas.to(device, non_blocking=True)
+                images = loader.augment_on_device(canvas, sizes, boxes, flips, pre.input_size)
+            else:
+                images, labels = item
+            training_step(
+                run_model, optimizer, images, labels, counter["project"], settings, device
+            )
+            counter["project"] += 1
+
+    def naive() -> None:
+        for _ in range(args.steps):
+            indices = loader.batch_indices(counter["naive"], args.batch_size, len(split), 0)
+            images = pil_batch(split.images, indices, transform)
+            labels = labels_all[torch.from_numpy(indices)]
+            naive_train_step(naive_model, naive_optimizer, images, labels, 1.0, device)
+            counter["naive"] += 1
+
+    times = interleaved_medians({"project": project, "naive": naive}, args.repeats, device)
+    images_per_step = args.steps * args.batch_size
+    result = {
+        name: {**value, "images_per_second": images_per_step / value["median_s"]}
+        for name, value in times.items()
+    }
+    result["ratio"] = result["project"]["images_per_second"] / result["naive"]["images_per_second"]
+    result["decode_once_seconds"] = decode_seconds
+    result["augment_on"] = str(device) if on_device else "cpu"
+    result["train_flops_per_image"] = train_flops_per_image(spec, device)
+    return result
+
+
+def train_flops_per_image(spec: dict[str, Any], device: torch.device) -> float:
+    """FLOPs of one image's forward + backward of the full model (torch's FLOP counter).
+
+    Counted on the explicit-attention copy: the counter does not see inside every fused
+    attention kernel (the CPU's flash kernel counts 0), while the FLOPs are the same.
+    """
+    settings = FinetuneSettings(
+        experiment="bench", model="bench", dataset="bench", model_spec=spec,
+        configuration="full", lr=0.01, seed=0, steps=1, val_every=1, device=str(device),
+    )  # fmt: skip
+    run_model = build_run_model(settings, num_classes=10, device=device)
+    model = explicit_attention_copy(run_model.model)
+    size = run_model.preprocessing.input_size
+    images = torch.zeros((2, 3, size, size), device=device)
+    with FlopCounterMode(display=False) as counter:
+        functional.cross_entropy(model(images), torch.zeros(2, dtype=torch.int64,
+                                 device=device)).backward()  # fmt: skip
+    return counter.get_total_flops() / 2
+
+
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int) -> float:
+    """Measured FLOP/s of a square matmul (the peak MFU is measured against)."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    times = interleaved_medians({"matmul": lambda: a @ b}, 5, device)
+    return 2 * size**3 / times["matmul"]["median_s"]
+
+
+def eval_images(split: store.Split, pre, count: int) -> torch.Tensor:
+    return normalize(torch.stack([eval_image(image, pre) for image in split.images[:count]]), pre)
+
+
+@torch.inference_mode()
+def plasticity_floor(model, reference: torch.Tensor, downstream: torch.Tensor, batch_size: int):
+    """The same modules on the same pairs as the embedding protocol, nothing kept."""
+    parameter = next(model.parameters())
+    for start in range(0, len(reference), batch_size):
+        pair = slice(start, start + batch_size)
+        inputs = torch.cat([reference[pair], downstream[pair]]).to(
+            parameter.device, parameter.dtype
+        )
+        tokens = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(inputs))))
+        width = tokens.shape[-1]
+        for block in model.blocks:
+            block.norm1(tokens)
+            block.attn(tokens)
+            block.norm2(tokens)
+            block.mlp.fc1(tokens)
+            functional.linear(tokens, block.mlp.fc2.weight[:, :width], block.mlp.fc2.bias)
+
+
+def bench_plasticity(reference, downstream, model, args, device) -> dict[str, Any]:
+    """``plasticity.measure`` against :func:`plasticity_floor`: seconds per pass."""
+    reference, downstream = reference.to(device), downstream.to(device)
+
+    def measured() -> None:
+        plasticity.measure(model, reference, downstream, batch_size=args.pairs_batch)
+
+    def floor() -> None:
+        plasticity_floor(model, reference, downstream, args.pairs_batch)
+
+    times = interleaved_medians({"measure": measured, "floor": floor}, args.repeats, device)
+    times["ratio"] = times["measure"]["median_s"] / times["floor"]["median_s"]
+    times["pairs"] = len(reference)
+    return times
+
+
+def bench_loader(split: store.Split, pre, args, device) -> dict[str, Any]:
+    """Project train batches (normalised, on the device) against per-sample PIL transforms."""
+    bank = loader.ImageBank(split.images)
+    on_device = device.type == "cuda" if args.augment == "auto" else args.augment == "device"
+    batch_class = loader.DeviceTrainBatches if on_device else loader.TrainBatches
+    batches = batch_class(bank, split.labels, pre, args.batch_size, seed=0)
+    transform = pil_train_transform(pre)
+    counter = {"project": 0, "naive": 0}
+
+    def project() -> None:
+        for _ in range(args.steps):
+            item = batches[counter["project"]]
+            if on_device:
+                canvas, sizes, boxes, flips, _ = item
+                canvas = canvas.pin_memory().to(device, non_blocking=True)
+                images = loader.augment_on_device(canvas, sizes, boxes, flips, pre.input_size)
+            else:
+                images = item[0].to(device)
+            normalize(images, pre)
+            counter["project"] += 1
+
+    def naive() -> None:
+        for _ in range(args.steps):
+            indices = loader.batch_indices(counter["naive"], args.batch_size, len(split), 0)
+            pil_batch(split.images, indices, transform).to(device)
+            counter["naive"] += 1
+
+    times = interleaved_medians({"project": project, "naive": naive}, args.repeats, device)
+    images = args.steps * args.batch_size
+    result = {
+        name: {**value, "images_per_second": images / value["median_s"]}
+        for name, value in times.items()
+    }
+    result["ratio"] = result["project"]["images_per_second"] / result["naive"]["images_per_second"]
+    result["augment_on"] = str(device) if on_device else "cpu"
+    return result
+
+
+def bench_dag(configfile: str | None) -> dict[str, Any]:
+    """Wall time of ``snakemake -n all`` (config.yaml, plus ``configfile`` merged over it)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    command = [str(Path(sys.executable).parent / "snakemake"), "-n", "all"]
+    if configfile:
+        command += ["--configfile", configfile]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    jobs = [line for line in done.stdout.splitlines() if line.startswith("total")]
+    return {
+        "seconds": seconds,
+        "command": " ".join(command[1:]),
+        "jobs": int(jobs[-1].split()[1]) if jobs else None,
+    }
+
+
+def machine(device: torch.device, threads: int) -> dict[str, Any]:
+    info = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "load_average": os.getloadavg(),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def print_table(result: dict[str, Any]) -> None:
+    raw = result["raw"]
+    rows = [
+        ("finetune_vs_naive", result["finetune_vs_naive"],
+         f"{raw['finetune']['project']['images_per_second']:.1f} vs "
+         f"{raw['finetune']['naive']['images_per_second']:.1f} images/s"),
+        ("plasticity_vs_floor", result["plasticity_vs_floor"],
+         f"{raw['plasticity']['measure']['median_s']:.3f} vs "
+         f"{raw['plasticity']['floor']['median_s']:.3f} s"),
+        ("loader_vs_naive", result["loader_vs_naive"],
+         f"{raw['loader']['project']['images_per_second']:.0f} vs "
+         f"{raw['loader']['naive']['images_per_second']:.0f} images/s"),
+        ("dag_seconds", result["dag_seconds"], f"{raw['dag']['jobs']} jobs"),
+    ]  # fmt: skip
+    print(f"{'measure':<22}{'value':>10}  raw")
+    for name, value, detail in rows:
+        print(f"{name:<22}{value:>10.3f}  {detail}")
+    if raw.get("mfu") is not None:
+        print(f"{'mfu':<22}{raw['mfu']:>10.3f}  of {raw['matmul_peak_flops'] / 1e12:.2f} TFLOP/s")
+    if raw.get("memory"):
+        print(f"\n{'configuration':<14}{'trainable':>11}{'grad MB':>9}{'optim MB':>9}"
+              f"{'peak MB':>9}{'step delta MB':>15}{'frozen w/ grad|state':>22}")  # fmt: skip
+        for row in raw["memory"]:
+            print(
+                f"{row['configuration']:<14}{row['trainable_parameters']:>11}"
+                f"{row['gradient_bytes'] / 2**20:>9.1f}{row['optimizer_state_bytes'] / 2**20:>9.1f}"
+                f"{row['peak_bytes'] / 2**20:>9.0f}{row['step_peak_delta_bytes'] / 2**20:>15.0f}"
+                f"{row['frozen_with_gradient']:>11}|{row['frozen_with_optimizer_state']}"
+            )
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny model, few repetitions")
+    parser.add_argument("--json", required=True, help="where to write the results")
+    parser.add_argument("--model", default=None, help="timm id (random init); default by device")
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=1, help="train steps per repetition")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved repetitions")
+    parser.add_argument("--pairs", type=int, default=None, help="plasticity pairs")
+    parser.add_argument("--pairs-batch", type=int, default=None, help="plasticity batch")
+    parser.add_argument("--image-size", type=int, default=32, help="stored image size (px)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default=None)
+    parser.add_argument("--augment", choices=["auto", "cpu", "device"], default="auto")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the project model")
+    parser.add_argument("--workers", type=int, default=None, help="project loader workers")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--memory-batch", type=int, default=None, help="ViT-B/16 memory batch")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory table")
+    parser.add_argument(
+        "--dag-configfile", default=None, help="merged over config.yaml for dag_seconds (tests)"
+    )
+    args = parser.parse_args(argv)
+    gpu = args.device == "cuda"
+    defaults = {
+        "model": "vit_base_patch16_224" if gpu else "vit_small_patch16_224",
+        "batch_size": (8 if args.quick else 512) if gpu else (8 if args.quick else 16),
+        "repeats": 3 if args.quick else 5,
+        "pairs": 16 if args.quick else (1024 if gpu else 64),
+        "pairs_batch": 8 if args.quick else (256 if gpu else 16),
+        "precision": "bf16" if gpu else "fp32",
+        "workers": 8 if gpu else 0,
+        "threads": os.cpu_count() or 1,
+        "memory_batch": 512 if gpu else (2 if args.quick else 8),
+    }
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no GPU is visible")
+    torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 for the naive loop too
+    spec = model_spec(args.model, args.quick)
+    with tempfile.TemporaryDirectory(prefix="vitplasticity-bench-") as tmp:
+        dataset = make_store(Path(tmp), args)
+        pool, test = store.read_split(dataset, "pool"), store.read_split(dataset, "test")
+        finetune = bench_finetune(pool, spec, args, device)
+        settings = settings_for(spec, args)
+        run_model = build_run_model(settings, num_classes=10, device=device)
+        model, pre = run_model.model.eval(), run_model.preprocessing
+        reference = eval_images(pool, pre, args.pairs)
+        downstream = eval_images(test, pre, args.pairs)
+        plast = bench_plasticity(reference, downstream, model, args, device)
+        loading = bench_loader(pool, pre, args, device)
+    dag = bench_dag(args.dag_configfile)
+    peak_dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    peak = matmul_peak_flops(device, peak_dtype, 8192 if device.type == "cuda" else 1024)
+    memory = None
+    if not args.no_memory:
+        memory_spec = model_spec("vit_base_patch16_224", args.quick) if args.quick else VIT_B16
+        configurations = ("full", "ln1") if args.quick else CONFIGURATIONS
+        memory = memory_table(
+            memory_spec, configurations, args.memory_batch, args.device, args.precision,
+            args.threads,
+        )  # fmt: skip
+    mfu = finetune["project"]["images_per_second"] * finetune["train_flops_per_image"] / peak
+    result = {
+        "finetune_vs_naive": finetune["ratio"],
+        "plasticity_vs_floor": plast["ratio"],
+        "loader_vs_naive": loading["ratio"],
+        "dag_seconds": dag["seconds"],
+        "raw": {
+            "finetune": finetune,
+            "plasticity": plast,
+            "loader": loading,
+            "dag": dag,
+            "matmul_peak_flops": peak,
+            "matmul_peak_dtype": str(peak_dtype),
+            "mfu": mfu,
+            "memory": memory,
+            "memory_model": (memory_spec if memory else None),
+        },
+        "settings": {k: v for k, v in vars(args).items()} | {"model_spec": spec},
+        "machine": machine(device, args.threads),
+    }
+    for key in KEYS:
+        if not (isinstance(result[key], float) and math.isfinite(result[key])):
+            raise RuntimeError(f"{key} is not a finite number: {result[key]}")
+    print_table(result)
+    write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()

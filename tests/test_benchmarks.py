@@ -1,0 +1,109 @@
+"""The benchmark entry point (keys and sane values, never wall time), its naive reference
+model, and the memory property it reports: frozen parameters get no gradient and no
+optimizer state."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from benchmarks import run as bench
+from benchmarks.memory import state_accounting
+from benchmarks.naive import explicit_attention_copy
+
+from vitplasticity.finetune import (
+    FinetuneSettings,
+    build_optimizer,
+    build_run_model,
+    training_step,
+)
+from vitplasticity.models import ModelSpec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_quick_benchmark_writes_every_key(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    bench.main(
+        ["--quick", "--device", "cpu", "--json", str(out), "--repeats", "2", "--pairs", "8",
+         "--threads", "1", "--dag-configfile", str(REPO / "workflow/presets/demo.yaml")]
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    for key in bench.KEYS:
+        assert isinstance(result[key], float) and math.isfinite(result[key]) and result[key] > 0
+    raw = result["raw"]
+    for part in ("finetune", "loader"):
+        for side in ("project", "naive"):
+            assert raw[part][side]["images_per_second"] > 0
+            assert len(raw[part][side]["seconds"]) == 2
+        assert raw[part]["ratio"] == pytest.approx(
+            raw[part]["project"]["images_per_second"] / raw[part]["naive"]["images_per_second"]
+        )
+    assert raw["plasticity"]["ratio"] == pytest.approx(
+        raw["plasticity"]["measure"]["median_s"] / raw["plasticity"]["floor"]["median_s"]
+    )
+    assert raw["dag"]["jobs"] > 0
+    assert raw["finetune"]["train_flops_per_image"] > 0 and raw["mfu"] > 0
+    assert {row["configuration"] for row in raw["memory"]} == {"full", "ln1"}
+    for row in raw["memory"]:
+        assert row["frozen_with_gradient"] == 0 and row["frozen_with_optimizer_state"] == 0
+        assert row["peak_bytes"] > 0
+    assert result["machine"]["torch_threads"] == 1 and result["machine"]["cpu_count"] >= 1
+
+
+def test_flop_count_of_a_tiny_vit_matches_the_formula() -> None:
+    # Forward matmul FLOPs of a ViT, counted by hand: per block qkv 3nd^2, scores and
+    # weighted sum 2n^2d, proj nd^2, MLP 8nd^2 (x2 per multiply-add); patch embedding
+    # (n-1)*d*3*p^2; head d*classes on the cls token. Training = forward + 2x backward.
+    spec = bench.model_spec("unused", quick=True)
+    kwargs = spec["kwargs"]
+    d, depth, p = kwargs["embed_dim"], kwargs["depth"], kwargs["patch_size"]
+    n = (kwargs["img_size"] // p) ** 2 + 1
+    forward = 2 * (depth * (12 * n * d * d + 2 * n * n * d) + (n - 1) * d * 3 * p * p + d * 10)
+    counted = bench.train_flops_per_image(spec, torch.device("cpu"))
+    # The first layer's input gradient is never needed (images do not require grad).
+    assert counted == pytest.approx(3 * forward - 2 * (n - 1) * d * 3 * p * p, rel=1e-9)
+
+
+def test_naive_model_is_the_same_function(tiny_vit: torch.nn.Module) -> None:
+    naive = explicit_attention_copy(tiny_vit)
+    attention = [m for m in naive.modules() if hasattr(m, "fused_attn")]
+    assert attention and not any(m.fused_attn for m in attention)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(naive(images), tiny_vit(images), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("configuration", "optimizer"), [("ln1", "sgd"), ("mha", "adamw")])
+def test_frozen_parameters_get_no_gradient_and_no_state(
+    tiny_spec: ModelSpec, configuration: str, optimizer: str
+) -> None:
+    settings = FinetuneSettings(
+        experiment="bench", model="tiny", dataset="synthetic",
+        model_spec=dataclasses.asdict(tiny_spec), configuration=configuration, lr=0.01,
+        seed=0, steps=2, val_every=2, optimizer=optimizer, batch_size=4, micro_batch_size=4,
+        warmup_steps=0, device="cpu",
+    )  # fmt: skip
+    run_model = build_run_model(settings, num_classes=5, device=torch.device("cpu"))
+    opt = build_optimizer(run_model.trainable, settings)
+    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    for step in range(2):
+        training_step(run_model, opt, images, torch.arange(4), step, settings, torch.device("cpu"))
+    trained = {id(p) for _, p in run_model.trainable}
+    frozen = [p for p in run_model.model.parameters() if id(p) not in trained]
+    assert frozen and all(p.grad is None and not p.requires_grad for p in frozen)
+    assert all(p.grad is not None for _, p in run_model.trainable)
+    assert {id(p) for p in opt.state} == trained
+    accounting = state_accounting(run_model.model, opt)
+    trained_bytes = sum(4 * p.numel() for _, p in run_model.trainable)
+    assert accounting["gradient_bytes"] == trained_bytes
+    # SGD keeps one momentum buffer per trained parameter; AdamW two moments (+ step counts).
+    states = 1 if optimizer == "sgd" else 2
+    assert states * trained_bytes <= accounting["optimizer_state_bytes"]
+    assert accounting["optimizer_state_bytes"] <= states * trained_bytes + 8 * len(trained)
+    assert accounting["frozen_with_gradient"] == accounting["frozen_with_optimizer_state"] == 0
+    assert accounting["trainable_parameters"] < sum(p.numel() for p in run_model.model.parameters())
