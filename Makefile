@@ -5,7 +5,7 @@ BIN := $(abspath $(VENV))/bin
 CORES ?= 2
 export PATH := $(BIN):$(PATH)
 
-.PHONY: demo test lint dryrun clean-demo venv
+.PHONY: demo test lint dryrun bench clean-demo venv
 
 venv: $(VENV)/.installed
 
@@ -32,6 +32,11 @@ lint: venv
 ## dryrun: list every job of the paper (no network, no compute)
 dryrun: venv
 	$(BIN)/snakemake -n all
+
+## bench: the project's speed against naive references, side by side (docs/benchmarks.md)
+BENCH_DEVICE ?= cpu
+bench: venv
+	$(BIN)/python -m benchmarks.run --device $(BENCH_DEVICE) --json results/benchmarks/bench_$(BENCH_DEVICE).json
 
 clean-demo:
 	rm -rf results/demo resources/demo
