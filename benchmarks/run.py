@@ -22,6 +22,7 @@ and, for the finetuning path, model FLOPs utilisation against the measured matmu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import math
 import os
@@ -115,8 +116,6 @@ def bench_finetune(split: store.Split, spec: dict[str, Any], args, device) -> di
     optimizer = build_optimizer(run_model.trainable, settings)
     naive_optimizer = torch.optim.SGD(naive_model.parameters(), lr=0.01, momentum=0.9)
     if args.compile:
-        import dataclasses
-
         run_model = dataclasses.replace(run_model, model=torch.compile(run_model.model))
 
     started = time.perf_counter()
