@@ -175,7 +175,9 @@ def test_cancelled_finetune_job_resumes_from_its_checkpoint(
     longer = {
         "datasets": {"demo-stripes": {"steps": 400, "val_every": 100}},
         "finetune": {"checkpoint_every": 10},
-        "experiments": {"sgd": {"configurations": ["head"], "lrs": [0.05]}},
+        "experiments": {
+            "sgd": {"configurations": ["head"], "lrs_by_dataset": {"demo-stripes": [0.05]}}
+        },
     }
     # squeue, not sacct: plugin 2.8.0 reads sacct's "CANCELLED by <uid>" as still running and
     # would wait forever (README, "Resume").
