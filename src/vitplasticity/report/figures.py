@@ -246,9 +246,13 @@ def _cell_title(model: str, dataset: str, several_models: bool) -> str:
 
 
 def _data_limits(low: np.ndarray, high: np.ndarray) -> tuple[float, float]:
-    """Y limits from the data alone: its span plus a margin (accuracies differ by little)."""
+    """Y limits from the data alone: its span plus a margin (accuracies differ by little).
+
+    Values in accuracy points; a span under one point (all configurations equal) is widened to
+    one point so that the axis still reads as accuracy, not as rounding noise.
+    """
     lo, hi = float(np.nanmin(low)), float(np.nanmax(high))
-    margin = max(hi - lo, 1e-3 * max(abs(hi), 1.0)) * 0.15
+    margin = max(hi - lo, 1.0) * 0.15
     return lo - margin, hi + margin
 
 

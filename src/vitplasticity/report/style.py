@@ -88,6 +88,8 @@ def apply_theme(context: str = "paper") -> None:
             "savefig.bbox": "tight",
             "axes.titlesize": "medium",
             "legend.frameon": False,
+            # Tick labels say the value itself: no "+1e2" offset on a narrow accuracy axis.
+            "axes.formatter.useoffset": False,
         }
     )
 
