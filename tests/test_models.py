@@ -51,3 +51,29 @@ def test_bad_weights_are_named(tmp_path: Path) -> None:
         build_model(ModelSpec("vit_tiny_patch16_224", "imagenet21k"))
     with pytest.raises(ValueError, match="unknown model keys"):
         ModelSpec.from_config({"timm_id": "x", "pretrained": True})
+
+
+def test_random_backbone_is_the_same_in_every_job(tiny_spec: ModelSpec) -> None:
+    """Plasticity, bounds and every finetuning run must see one backbone; heads follow the run seed."""
+    torch.manual_seed(1)
+    first = build_model(tiny_spec, num_classes=5)
+    after_first = torch.rand(1)
+    torch.manual_seed(2)
+    second = build_model(tiny_spec, num_classes=5)
+    without_head = build_model(tiny_spec, num_classes=0)
+    for name, tensor in first.state_dict().items():
+        if name.startswith("head."):
+            continue
+        assert torch.equal(tensor, second.state_dict()[name]), name
+        assert torch.equal(tensor, without_head.state_dict()[name]), name
+    assert not torch.equal(first.head.weight, second.head.weight)
+    assert torch.equal(first.head.bias, torch.zeros(5))
+    assert abs(float(first.head.weight.std()) - 0.02) < 0.01
+    # The head is drawn from the caller's RNG, which the backbone did not consume.
+    torch.manual_seed(1)
+    head = torch.nn.Linear(48, 5)  # reset_classifier's layer, then its timm init
+    torch.nn.init.trunc_normal_(head.weight, std=0.02)
+    assert torch.equal(head.weight, first.head.weight)
+    assert torch.equal(torch.rand(1), after_first)
+    other = build_model(ModelSpec(tiny_spec.timm_id, "random", init_seed=7, kwargs=TINY_VIT_KWARGS))
+    assert not torch.equal(other.blocks[0].attn.qkv.weight, without_head.blocks[0].attn.qkv.weight)

@@ -166,10 +166,6 @@ def test_demo_through_slurm_completes_and_matches_a_local_run(
     assert sorted(ours) == sorted(theirs) and ours
     print(f"\nSLURM demo: {n_jobs} jobs, all COMPLETED, {wall:.0f} s wall")
     differ = [name for name, frame in ours.items() if not frame.equals(theirs[name])]
-    if differ and all(name.startswith("plasticity/") for name in differ):
-        # Known, not SLURM's doing: two local runs differ too, because a `weights: random`
-        # model is built unseeded (models.build_model) for the plasticity job.
-        pytest.xfail(f"random-init plasticity weights are unseeded: {differ} differ")
     assert not differ
 
 

@@ -5,7 +5,8 @@ or a path to a local .safetensors / .pth / .bin file), ``normalize`` ("pretraine
 checkpoint's pretrained_cfg; "imagenet": ImageNet mean/std as the reference code did; or an
 explicit ``{mean: [...], std: [...]}``), and ``kwargs`` passed on to ``timm.create_model``
 (a tiny architecture for tests and the demo). ``crop_pct`` overrides the checkpoint's eval
-crop fraction: 1.0 is the reference code's Resize(224) + CenterCrop(224).
+crop fraction: 1.0 is the reference code's Resize(224) + CenterCrop(224). ``init_seed`` fixes a
+random-init backbone.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ class ModelSpec:
     weights: str = "hub"
     normalize: str | dict[str, list[float]] = "pretrained"
     crop_pct: float | None = None
+    init_seed: int = 0
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, entry: dict[str, Any]) -> ModelSpec:
         """Build from a config mapping, rejecting unknown keys by name."""
-        known = {"timm_id", "weights", "normalize", "crop_pct", "kwargs"}
+        known = {"timm_id", "weights", "normalize", "crop_pct", "init_seed", "kwargs"}
         unknown = set(entry) - known
         if unknown:
             raise ValueError(f"unknown model keys {sorted(unknown)}; known: {sorted(known)}")
@@ -71,7 +73,7 @@ def build_model(spec: ModelSpec, num_classes: int = 0) -> nn.Module:
     if spec.weights == "hub":
         return timm.create_model(spec.timm_id, pretrained=True, **kwargs)
     if spec.weights == "random":
-        return timm.create_model(spec.timm_id, pretrained=False, **kwargs)
+        return _random_init(spec, num_classes)
     path = Path(spec.weights)
     if not path.suffix:
         raise ValueError(
@@ -82,6 +84,29 @@ def build_model(spec: ModelSpec, num_classes: int = 0) -> nn.Module:
     return timm.create_model(
         spec.timm_id, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **kwargs
     )
+
+
+def _random_init(spec: ModelSpec, num_classes: int) -> nn.Module:
+    """A random-init model whose backbone depends on ``spec.init_seed`` alone.
+
+    It stands in for pretrained weights, so every job (plasticity, bounds, each finetuning run)
+    must see the same backbone: it is drawn from its own seed, leaving the caller's RNG as it
+    was. The new head is then drawn from the caller's RNG (the run seed), with timm's ViT head
+    init (truncated normal, std 0.02, zero bias), as it would be on top of pretrained weights.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.init_seed)
+        # Without a head: the backbone must not depend on how many classes follow.
+        model = timm.create_model(
+            spec.timm_id, pretrained=False, **{**spec.kwargs, "num_classes": 0}
+        )
+    if num_classes:
+        model.reset_classifier(num_classes)
+        head = model.get_classifier()
+        if isinstance(head, nn.Linear):
+            nn.init.trunc_normal_(head.weight, std=0.02)
+            nn.init.zeros_(head.bias)
+    return model
 
 
 def preprocessing(model: nn.Module, spec: ModelSpec) -> Preprocessing:
