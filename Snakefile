@@ -14,6 +14,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/plasticity.smk"
+include: "workflow/rules/text.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/report.smk"
 
@@ -23,12 +24,18 @@ rule all:
         plasticity_targets(),
         bounds_targets(),
         report_targets(),
+        text_plasticity_targets(),
     default_target: True
 
 
 rule plasticity_all:
     input:
         plasticity_targets(),
+
+
+rule text_plasticity_all:
+    input:
+        text_plasticity_targets(),
 
 
 rule finetune_all:

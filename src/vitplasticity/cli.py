@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "download",
     "data",
     "plasticity",
+    "text",
     "bounds",
     "finetune",
     "report",

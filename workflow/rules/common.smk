@@ -79,6 +79,56 @@ def plasticity_pairs(model):
     return [f"{RESULTS}/plasticity/{model}/{dataset}.parquet" for dataset in config["plasticity"]["datasets"]]
 
 
+def text_plasticity_settings():
+    """The text_plasticity block (empty when absent); with enabled true, checks that the
+    reference file and at least one model and dataset are named."""
+    text = config.get("text_plasticity") or {}
+    if text.get("enabled", False):
+        problems = [
+            f"text_plasticity.{key}: {what} (text_plasticity.enabled is true)"
+            for key, what in (
+                ("reference", "no reference text file"),
+                ("models", "no model"),
+                ("datasets", "no dataset"),
+            )
+            if not text.get(key)
+        ]
+        models = text.get("models") or {}
+        problems += [
+            f"text_plasticity.run_models: unknown model {name!r} (defined: {', '.join(sorted(models))})"
+            for name in text.get("run_models", list(models))
+            if name not in models
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+    return text
+
+
+def text_plasticity_setting(key, default):
+    return text_plasticity_settings().get(key, default)
+
+
+def text_plasticity_targets():
+    """Per-pair and summary tables of every text_plasticity (model, dataset); none unless enabled."""
+    text = text_plasticity_settings()
+    if not text.get("enabled", False):
+        return []
+    return [
+        f"{RESULTS}/plasticity_text/{model}/{dataset}{suffix}.parquet"
+        for model in text.get("run_models", list(text["models"]))
+        for dataset in text["datasets"]
+        for suffix in ("", "_summary")
+    ]
+
+
+def text_dataset_file(wildcards):
+    return text_plasticity_settings()["datasets"][wildcards.dataset]
+
+
+def text_model_spec(wildcards):
+    return as_json(text_plasticity_settings()["models"][wildcards.model])
+
+
 def bounds_targets():
     """The bounds table and its figure (PDF + PNG) of every config plasticity.models."""
     return [

@@ -1,0 +1,126 @@
+"""Text for GPT2 plasticity: read a text file, tokenize it, cut it into fixed-length sequences.
+
+A text file holds one document per line (e.g. a WikiText dump). Its non-empty lines are
+tokenized in file order, each followed by the tokens of a newline, and the token stream is cut
+into consecutive sequences of ``sequence_length`` tokens (the remainder is dropped). Pairing
+follows the image plasticity (the reference code's rule): pair i is reference sequence i with
+downstream sequence i, the downstream sequences cycled when there are fewer.
+
+Tokenizers: ``bytes`` is a built-in byte-level fallback for random-init models (no download):
+token id = UTF-8 byte value mod ``vocab_size``. Anything else is a transformers tokenizer, by
+hub id or local folder (``AutoTokenizer.from_pretrained``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+BYTE_TOKENIZER = "bytes"
+"""The built-in byte-level tokenizer's name."""
+
+Tokenize = Callable[[str], list[int]]
+"""A tokenizer: text to token ids."""
+
+
+def byte_tokenizer(vocab_size: int) -> Tokenize:
+    """The byte-level fallback: each UTF-8 byte of the text is one token, id = byte mod vocab.
+
+    Raises:
+        ValueError: when ``vocab_size`` < 1.
+    """
+    if vocab_size < 1:
+        raise ValueError(f"byte tokenizer: vocab_size must be >= 1, got {vocab_size}")
+
+    def tokenize(text: str) -> list[int]:
+        return [byte % vocab_size for byte in text.encode("utf-8")]
+
+    return tokenize
+
+
+def load_tokenizer(name: str, vocab_size: int) -> Tokenize:
+    """The tokenizer ``name``: ``bytes`` (built-in, mod ``vocab_size``), else a transformers
+    tokenizer by hub id or local folder.
+
+    Raises:
+        ImportError: naming the optional extra when transformers is missing.
+        ValueError: when a transformers tokenizer yields ids the model has no embedding for.
+    """
+    if name == BYTE_TOKENIZER:
+        return byte_tokenizer(vocab_size)
+    from vitplasticity.adapters import require_transformers
+
+    tokenizer = require_transformers().AutoTokenizer.from_pretrained(name)
+    if len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"tokenizer {name!r} has {len(tokenizer)} tokens, more than the model's vocab_size "
+            f"{vocab_size}"
+        )
+
+    def tokenize(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return tokenize
+
+
+def _documents(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            document = line.rstrip("\r\n")
+            if document.strip():
+                yield document
+
+
+def read_sequences(
+    path: str | Path,
+    tokenize: Tokenize,
+    sequence_length: int,
+    max_sequences: int | None = None,
+) -> np.ndarray:
+    """The token sequences (N, sequence_length) of a text file, in file order (int64).
+
+    Reading stops once ``max_sequences`` sequences are complete, so a large dump costs only
+    the tokens used.
+
+    Raises:
+        FileNotFoundError: naming ``path`` when it is not a file.
+        ValueError: when ``sequence_length`` < 1, or the file holds fewer tokens than one
+            sequence, naming the file and its token count.
+    """
+    path = Path(path)
+    if sequence_length < 1:
+        raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
+    if not path.is_file():
+        raise FileNotFoundError(f"text file not found: {path}")
+    newline = tokenize("\n")
+    needed = None if max_sequences is None else max_sequences * sequence_length
+    tokens: list[int] = []
+    for document in _documents(path):
+        tokens.extend(tokenize(document))
+        tokens.extend(newline)
+        if needed is not None and len(tokens) >= needed:
+            break
+    n_sequences = len(tokens) // sequence_length
+    if max_sequences is not None:
+        n_sequences = min(n_sequences, max_sequences)
+    if n_sequences == 0:
+        raise ValueError(
+            f"{path}: {len(tokens)} tokens, fewer than one sequence of {sequence_length}"
+        )
+    kept = np.asarray(tokens[: n_sequences * sequence_length], dtype=np.int64)
+    return kept.reshape(n_sequences, sequence_length)
+
+
+def cycled(sequences: np.ndarray, n: int) -> np.ndarray:
+    """``n`` sequences: sequence i is ``sequences[i mod len(sequences)]`` (the pairing rule).
+
+    Raises:
+        ValueError: when ``sequences`` is empty or ``n`` < 1.
+    """
+    if len(sequences) == 0:
+        raise ValueError("no sequences to cycle")
+    if n < 1:
+        raise ValueError(f"number of sequences must be >= 1, got {n}")
+    return sequences[np.arange(n) % len(sequences)]

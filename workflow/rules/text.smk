@@ -1,0 +1,35 @@
+# GPT2 plasticity on token sequences cut from text files (config text_plasticity; off by
+# default): the text counterpart of the plasticity rule, same table schema.
+
+
+rule text_plasticity:
+    input:
+        reference=lambda w: text_plasticity_settings()["reference"],
+        text=text_dataset_file,
+    output:
+        pairs=f"{RESULTS}/plasticity_text/{{model}}/{{dataset}}.parquet",
+        summary=f"{RESULTS}/plasticity_text/{{model}}/{{dataset}}_summary.parquet",
+    log:
+        f"{RESULTS}/logs/plasticity_text/{{model}}/{{dataset}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/plasticity_text/{{model}}/{{dataset}}.tsv"
+    params:
+        model_spec=text_model_spec,
+        tokenizer=text_plasticity_setting("tokenizer", "auto"),
+        sequence_length=text_plasticity_setting("sequence_length", 128),
+        n_pairs=text_plasticity_setting("n_pairs", 12800),
+        batch_size=text_plasticity_setting("batch_size", 64),
+        protocols=text_plasticity_setting("protocols", ["embedding"]),
+        device=text_plasticity_setting("device", "auto"),
+        dtype=text_plasticity_setting("dtype", "float32"),
+        demo_flag="--demo" if config.get("demo", False) else "",
+    conda:
+        ENV
+    shell:
+        "vitplasticity text-plasticity --model {wildcards.model} --model-spec {params.model_spec:q}"
+        " --reference {input.reference:q} --text {input.text:q} --dataset {wildcards.dataset}"
+        " --tokenizer {params.tokenizer:q} --sequence-length {params.sequence_length}"
+        " --n-pairs {params.n_pairs} --batch-size {params.batch_size}"
+        " --protocols {params.protocols} --device {params.device} --dtype {params.dtype}"
+        " {params.demo_flag}"
+        " --out {output.pairs:q} --summary {output.summary:q} > {log:q} 2>&1"
