@@ -3,6 +3,7 @@ plasticity.measure called directly, and the workflow's text_plasticity jobs (dry
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -184,6 +185,34 @@ def test_cli_matches_measure_called_directly(tmp_path: Path, tiny_gpt2_folder: P
     metadata = read_parquet_metadata(tmp_path / "pairs.parquet")
     assert metadata["demo"] is True and metadata["dataset"] == "downstream"
     assert metadata["provenance"]["settings"]["downstream_sequences"] == n_down
+
+
+def test_random_init_depends_on_init_seed_alone(tmp_path: Path) -> None:
+    """source: random builds GPT2Config(**config) seeded by init_seed, whatever the global RNG."""
+    transformers = pytest.importorskip("transformers")
+    reference = write(tmp_path / "wiki.txt", REFERENCE_TEXT)
+    text = write(tmp_path / "downstream.txt", DOWNSTREAM_TEXT)
+
+    def cli_ratios(seed: int) -> pl.DataFrame:
+        torch.manual_seed(1000 + seed)  # the global state must not matter
+        spec = {"source": "random", "config": TINY_GPT2, "init_seed": seed}
+        argv = ["text-plasticity", "--model", "tiny", "--model-spec", json.dumps(spec)]
+        argv += ["--reference", str(reference), "--text", str(text), "--sequence-length", "8"]
+        argv += ["--n-pairs", "3", "--device", "cpu", "--out", str(tmp_path / "p.parquet")]
+        assert main([*argv, "--summary", str(tmp_path / "s.parquet")]) == 0
+        return pl.read_parquet(tmp_path / "p.parquet")
+
+    first, again, other = cli_ratios(3), cli_ratios(3), cli_ratios(4)
+    assert first.equals(again)
+    assert not np.allclose(first["ratio"], other["ratio"])
+
+    torch.manual_seed(3)
+    config = transformers.GPT2Config(**TINY_GPT2, attn_implementation="eager")
+    model = transformers.GPT2Model(config).eval()
+    ref_ids = expected_ids(REFERENCE_TEXT, 256)[:24].reshape(3, 8)
+    down_ids = expected_ids(DOWNSTREAM_TEXT, 256)[:24].reshape(3, 8)
+    direct = measure(model, torch.from_numpy(ref_ids), torch.from_numpy(down_ids))
+    np.testing.assert_allclose(first["ratio"], direct["ratio"], rtol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from vitplasticity.commands.plasticity import DTYPES, ProgressReporter
 
 log = logging.getLogger(__name__)
 
-TEXT_MODEL_KEYS = frozenset({"source", "hf_id", "config"})
+TEXT_MODEL_KEYS = frozenset({"source", "hf_id", "config", "init_seed"})
 """Keys of a ``text_plasticity.models`` entry."""
 
 AUTO_TOKENIZER = "auto"
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         required=True,
         type=json_argument,
         help='its config entry, as JSON: {"source": hub|random|<folder>, "hf_id": ..., '
-        '"config": {GPT2Config overrides}}',
+        '"config": {GPT2Config overrides}, "init_seed": seed of a random init (default 0)}',
     )
     parser.add_argument("--reference", required=True, help="reference text file")
     parser.add_argument("--text", required=True, help="downstream text file")
@@ -128,7 +128,10 @@ def run_text_plasticity(args: argparse.Namespace) -> int:
         if not Path(path).is_file():
             raise FileNotFoundError(f"{flag}: text file not found: {path}")
     device = pick_device(args.device)
-    model = build_gpt2(entry)
+    # A random init depends on init_seed alone: every job of the model measures the same weights.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(args.model_spec.get("init_seed", 0)))
+        model = build_gpt2(entry)
     positions = model.config.n_positions
     if args.sequence_length > positions:
         raise ValueError(
