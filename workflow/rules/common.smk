@@ -1,6 +1,7 @@
 # Helpers shared by the rules: paths, wildcard constraints and the run grid.
 # Keep this file free of torch imports: the SLURM plugin re-parses it on every node.
 import json
+import re
 import os
 
 from vitplasticity.config import (
@@ -168,7 +169,12 @@ def finetune_value(key, default):
 
 def lora_flags(wildcards):
     """--lora-rank/--lora-alpha for a configuration with "lora" (finetune.lora), else ""."""
-    if "lora" not in wildcards.configuration.split("+"):
+    return lora_flags_for([wildcards.configuration])
+
+
+def lora_flags_for(configurations):
+    """--lora-rank/--lora-alpha when one of ``configurations`` has "lora", else ""."""
+    if not any("lora" in configuration.split("+") for configuration in configurations):
         return ""
     lora = config["finetune"].get("lora") or {}
     return f"--lora-rank {lora.get('rank', 8)} --lora-alpha {lora.get('alpha', 16)}"
@@ -219,3 +225,86 @@ def plasticity_runtime(wildcards, attempt):
     images = 2 * p["n_pairs"] * len(p["protocols"])
     seconds = 10 * images * step_seconds(wildcards.model) / (3 * 512)
     return int(attempt * (20 + seconds / 60))
+
+
+# The finetune settings every run of the grid gets, each its own params entry (shared by the
+# one-run rule and the packed rules of workflow/rules/finetune.smk).
+FINETUNE_PARAMS = dict(
+    model_spec=lambda w: as_json(config["models"][w.model]),
+    optimizer=experiment_value("optimizer"),
+    steps=lambda w: config["datasets"][w.dataset]["steps"],
+    val_every=lambda w: config["datasets"][w.dataset]["val_every"],
+    batch_size=finetune_value("batch_size", 512),
+    micro_batch_size=finetune_value("micro_batch_size", 512),
+    warmup_steps=finetune_value("warmup_steps", 2000),
+    clip_grad_norm=finetune_value("clip_grad_norm", 1.0),
+    momentum=finetune_value("momentum", 0.9),
+    adam_betas=finetune_value("adam_betas", [0.9, 0.999]),
+    val_fraction=finetune_value("val_fraction", 0.2),
+    precision=finetune_value("precision", "fp32"),
+    device=finetune_value("device", "auto"),
+    num_workers=finetune_value("num_workers", 4),
+    augment=finetune_value("augment", "auto"),
+    compile=str(finetune_value("compile", False)).lower(),
+    log_every=finetune_value("log_every", 50),
+    checkpoint_every=finetune_value("checkpoint_every", 500),
+    demo_flag="--demo" if config.get("demo", False) else "",
+)
+
+FINETUNE_COMMAND = (
+    "vitplasticity finetune --experiment {wildcards.experiment} --model {wildcards.model}"
+    " --dataset {wildcards.dataset} --model-spec {params.model_spec:q}"
+    " --dataset-dir {input.dataset:q} --optimizer {params.optimizer} --steps {params.steps}"
+    " --val-every {params.val_every} --batch-size {params.batch_size}"
+    " --micro-batch-size {params.micro_batch_size} --warmup-steps {params.warmup_steps}"
+    " --clip-grad-norm {params.clip_grad_norm} --momentum {params.momentum}"
+    " --adam-betas {params.adam_betas} --val-fraction {params.val_fraction}"
+    " --precision {params.precision} --device {params.device}"
+    " --num-workers {params.num_workers} --augment {params.augment} --compile {params.compile}"
+    " --log-every {params.log_every} --checkpoint-every {params.checkpoint_every}"
+    " {params.demo_flag}"
+)
+
+
+class FinetunePack:
+    """finetune.pack_runs: the runs one packed job does for each of its (model, dataset)."""
+
+    def __init__(self, index, experiment, models, datasets, runs):
+        self.rule_name = f"finetune_pack_{experiment}_{index}"
+        self.experiment = experiment
+        self.models_pattern = "|".join(re.escape(m) for m in models)
+        self.datasets_pattern = "|".join(re.escape(d) for d in datasets)
+        self.runs = [f"{c}/lr{lr_label(lr)}_seed{seed}" for c, lr, seed in runs]
+        self._cells = runs
+
+    def runs_argument(self, wildcards):
+        """The --runs JSON: each run's configuration, lr, seed and output folder."""
+        cell = f"{RESULTS}/finetune/{wildcards.experiment}/{wildcards.model}/{wildcards.dataset}"
+        return as_json(
+            [
+                {"configuration": c, "lr": lr, "seed": seed, "out_dir": f"{cell}/{run}"}
+                for (c, lr, seed), run in zip(self._cells, self.runs)
+            ]
+        )
+
+    def lora_flags(self, wildcards):
+        return lora_flags_for([configuration for configuration, _, _ in self._cells])
+
+    def runtime(self, wildcards, attempt):
+        return len(self.runs) * finetune_runtime(wildcards, attempt)
+
+
+def finetune_packs():
+    """One pack per experiment and distinct run list; its datasets share that list."""
+    packs = []
+    for name in enabled_experiments(config):
+        by_runs = {}
+        for run in experiment_runs(config, name):
+            by_runs.setdefault(run.dataset, []).append((run.configuration, run.lr, run.seed))
+        groups = {}
+        for dataset, runs in by_runs.items():
+            groups.setdefault(tuple(dict.fromkeys(runs)), []).append(dataset)
+        models = config["experiments"][name]["models"]
+        for index, (runs, datasets) in enumerate(groups.items()):
+            packs.append(FinetunePack(index, name, models, datasets, list(runs)))
+    return packs

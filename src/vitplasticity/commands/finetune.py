@@ -33,13 +33,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--dataset-dir", required=True, help="the prepared dataset folder")
     run.add_argument(
         "--configuration",
-        required=True,
         help="full|emb|ln1|mha|ln2|fc1|fc2|head|lora, or a combination a+b (e.g. mha+fc1)",
     )
     run.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
-    run.add_argument("--lr", type=float, required=True, help="peak learning rate")
-    run.add_argument("--seed", type=int, required=True, help="head init, val split, data order")
-    run.add_argument("--out-dir", required=True, help="the run's output folder")
+    run.add_argument("--lr", type=float, help="peak learning rate")
+    run.add_argument("--seed", type=int, help="head init, val split, data order")
+    run.add_argument("--out-dir", help="the run's output folder")
+    run.add_argument(
+        "--runs",
+        type=json_argument,
+        help="instead of --configuration/--lr/--seed/--out-dir: a JSON list of such runs "
+        '([{"configuration": .., "lr": .., "seed": .., "out_dir": ..}]), done one after '
+        "another in this process (saves the start-up of one process per run)",
+    )
     run.add_argument("--demo", action="store_true", help="label the outputs as a demo")
 
     training = parser.add_argument_group("training (PROTOCOL.md defaults)")
@@ -90,18 +96,41 @@ def _boolean(text: str) -> bool:
     return lowered == "true"
 
 
+_RUN_KEYS = ("configuration", "lr", "seed", "out_dir")
+
+
+def _requested_runs(args: argparse.Namespace) -> list[dict]:
+    """The runs asked for: one from the single-run flags, or the --runs list."""
+    single = {key: getattr(args, key) for key in _RUN_KEYS}
+    if args.runs is None:
+        missing = [f"--{key.replace('_', '-')}" for key, value in single.items() if value is None]
+        if missing:
+            raise ValueError(f"finetune: {', '.join(missing)} required (or --runs)")
+        return [single]
+    if any(value is not None for value in single.values()):
+        raise ValueError("finetune: give either --runs or --configuration/--lr/--seed/--out-dir")
+    if not isinstance(args.runs, list) or not args.runs:
+        raise ValueError("--runs: expected a non-empty JSON list of runs")
+    for index, entry in enumerate(args.runs):
+        if not isinstance(entry, dict) or set(entry) != set(_RUN_KEYS):
+            raise ValueError(f"--runs[{index}]: expected exactly the keys {list(_RUN_KEYS)}")
+    return args.runs
+
+
 def run_finetune(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from vitplasticity.finetune import FinetuneSettings, Preempted, run
 
-    settings = FinetuneSettings(
+    base = FinetuneSettings(
         experiment=args.experiment,
         model=args.model,
         dataset=args.dataset,
         model_spec=args.model_spec,
-        configuration=args.configuration,
+        configuration="head",  # each run below sets its own
         optimizer=args.optimizer,
-        lr=args.lr,
-        seed=args.seed,
+        lr=1.0,
+        seed=0,
         steps=args.steps,
         val_every=args.val_every,
         batch_size=args.batch_size,
@@ -122,18 +151,28 @@ def run_finetune(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha,
     )
-    try:
-        summary = run(settings, args.dataset_dir, args.out_dir)
-    except Preempted as stop:
-        log.warning("%s; rerun to resume", stop)
-        return PREEMPTED_EXIT
-    log.info(
-        "%s: %s at step %s, best val %s (step %s), test %s",
-        args.out_dir,
-        summary["status"],
-        summary["final_step"],
-        summary["best_val_accuracy"],
-        summary["best_step"],
-        summary["test_accuracy"],
-    )
+    runs = [
+        (
+            replace(base, configuration=r["configuration"], lr=float(r["lr"]), seed=int(r["seed"])),
+            r["out_dir"],
+        )
+        for r in _requested_runs(args)
+    ]
+    for settings, _ in runs:  # every run's settings are checked before the first one starts
+        settings.validate()
+    for settings, out_dir in runs:
+        try:
+            summary = run(settings, args.dataset_dir, out_dir)
+        except Preempted as stop:
+            log.warning("%s; rerun to resume", stop)
+            return PREEMPTED_EXIT
+        log.info(
+            "%s: %s at step %s, best val %s (step %s), test %s",
+            out_dir,
+            summary["status"],
+            summary["final_step"],
+            summary["best_val_accuracy"],
+            summary["best_step"],
+            summary["test_accuracy"],
+        )
     return 0
