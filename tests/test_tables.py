@@ -17,6 +17,7 @@ from vitplasticity.report.style import DEMO_NOTE
 from vitplasticity.report.tables import (
     accuracy_table,
     escape,
+    parameter_count,
     plasticity_table,
     wilcoxon_table,
 )
@@ -106,6 +107,15 @@ def test_accuracy_table_prints_the_parquet_values(selected: pl.DataFrame) -> Non
         else:
             expected = 100 * (means[name] - means["head"]) / means["head"]
             assert _number(gain_cell) == round(expected, 1)
+    params = next(r for r in rows if r[0] == "Trainable params")
+    for name, cell in zip(columns, params[1:], strict=True):
+        counts = selected.filter(pl.col("configuration") == name)["trainable_parameters"]
+        expected = {parameter_count(counts.min()), parameter_count(counts.max())}
+        assert set(cell.split("--")) == expected, (name, cell)
+
+
+def test_parameter_counts_read_as_in_the_paper() -> None:
+    assert [parameter_count(n) for n in (292, 28_436, 85_800_000)] == ["292", "28.4K", "85.8M"]
 
 
 def test_wilcoxon_table_prints_the_parquet_values(selected: pl.DataFrame) -> None:

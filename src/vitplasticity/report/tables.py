@@ -78,6 +78,26 @@ def signed(value: float, decimals: int) -> str:
     return f"${value:+.{decimals}f}$"
 
 
+def parameter_count(n: int) -> str:
+    """A parameter count as the paper writes it: 292, 28.5K, 85.8M."""
+    if n < 1_000:
+        return str(n)
+    if n < 1_000_000:
+        return f"{n / 1e3:.1f}K"
+    return f"{n / 1e6:.1f}M"
+
+
+def _parameters_cell(counts: list[int]) -> str:
+    """The trainable parameters of one configuration: one count, or its range over datasets
+    (the new head's size follows each dataset's number of classes)."""
+    if not counts:
+        return MISSING
+    low, high = min(counts), max(counts)
+    return (
+        parameter_count(low) if low == high else f"{parameter_count(low)}--{parameter_count(high)}"
+    )
+
+
 def _accuracy_cell(mean: float | None, std: float | None, bold: bool) -> str:
     if not _present(mean):
         return MISSING
@@ -101,7 +121,8 @@ def accuracy_table(selected: pl.DataFrame, demo: bool = False) -> str:
     The best finetuning configuration of each row is bold (linear probing, ``head``, is the
     baseline and never bold). Below the datasets: the mean over datasets of each column
     (``--`` when a dataset lacks it) and, when the experiment has ``head``, the relative gain
-    of each configuration's mean over linear probing's, in percent. One block per model.
+    of each configuration's mean over linear probing's, in percent; last, each configuration's
+    trainable parameter count (its range over datasets). One block per model.
 
     Args:
         selected: one experiment's selected-LR table (:func:`..aggregate.select_learning_rates`).
@@ -160,6 +181,16 @@ def accuracy_table(selected: pl.DataFrame, demo: bool = False) -> str:
                 for c in columns
             ]
             lines.append(" & ".join([r"Gain over LP (\%)", *gains]) + r" \\")
+        if "trainable_parameters" in rows.columns:
+            counts = [
+                _parameters_cell(
+                    rows.filter(pl.col("configuration") == c)["trainable_parameters"]
+                    .drop_nulls()
+                    .to_list()
+                )
+                for c in columns
+            ]
+            lines.append(" & ".join(["Trainable params", *counts]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     selection = "validation" if lr_selection == "val" else "test"
     caption = (
