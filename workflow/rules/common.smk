@@ -1,8 +1,8 @@
 # Helpers shared by the rules: paths, wildcard constraints and the run grid.
 # Keep this file free of torch imports: the SLURM plugin re-parses it on every node.
 import json
-import re
 import os
+import re
 
 from vitplasticity.config import (
     check_config,
