@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from vitplasticity.commands import json_argument
 
 if TYPE_CHECKING:
+    import polars as pl
     import torch
 
     from vitplasticity.models import Preprocessing
@@ -137,14 +138,11 @@ class ProgressReporter:
 
 
 def run_plasticity(args: argparse.Namespace) -> int:
-    import polars as pl
     import torch
 
     from vitplasticity.data.store import read_split
-    from vitplasticity.io import write_parquet
     from vitplasticity.models import ModelSpec, build_model, pick_device, preprocessing
-    from vitplasticity.plasticity import check_protocols, measure_protocols, summarize
-    from vitplasticity.provenance import provenance
+    from vitplasticity.plasticity import check_protocols, measure_protocols
 
     # Every input is checked before the model is built or an image decoded.
     protocols = check_protocols(args.protocols)
@@ -209,6 +207,26 @@ def run_plasticity(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "preprocessing": asdict(pre),
     }
+    write_outputs(args, pairs, dataset=dataset, settings=settings, device=device)
+    return 0
+
+
+def write_outputs(
+    args: argparse.Namespace,
+    pairs: pl.DataFrame,
+    *,
+    dataset: str,
+    settings: dict[str, Any],
+    device: Any,
+) -> None:
+    """Write the per-pair table (--out) and its summary (--summary), both carrying the
+    provenance, model, dataset and demo flag in their Parquet metadata."""
+    import polars as pl
+
+    from vitplasticity.io import write_parquet
+    from vitplasticity.plasticity import summarize
+    from vitplasticity.provenance import provenance
+
     metadata = {
         "provenance": provenance(settings, device),
         "model": args.model,
@@ -221,4 +239,3 @@ def run_plasticity(args: argparse.Namespace) -> int:
     write_parquet(args.out, pairs, metadata)
     write_parquet(args.summary, summary, metadata)
     log.info("wrote %s (%d rows) and %s", args.out, pairs.height, args.summary)
-    return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vitplasticity.commands import json_argument
-from vitplasticity.commands.plasticity import DTYPES, ProgressReporter
+from vitplasticity.commands.plasticity import DTYPES, ProgressReporter, write_outputs
 
 log = logging.getLogger(__name__)
 
@@ -104,15 +104,12 @@ def tokenizer_name(requested: str, entry: dict[str, Any]) -> str:
 
 
 def run_text_plasticity(args: argparse.Namespace) -> int:
-    import polars as pl
     import torch
 
     from vitplasticity.adapters import build_gpt2
     from vitplasticity.data.text import cycled, load_tokenizer, read_sequences
-    from vitplasticity.io import write_parquet
     from vitplasticity.models import pick_device
-    from vitplasticity.plasticity import check_protocols, measure_protocols, summarize
-    from vitplasticity.provenance import provenance
+    from vitplasticity.plasticity import check_protocols, measure_protocols
 
     # Every argument and file is checked before the model runs.
     protocols = check_protocols(args.protocols)
@@ -189,16 +186,5 @@ def run_text_plasticity(args: argparse.Namespace) -> int:
         "device": args.device,
         "dtype": args.dtype,
     }
-    metadata = {
-        "provenance": provenance(settings, device),
-        "model": args.model,
-        "dataset": dataset,
-        "demo": bool(args.demo),
-    }
-    summary = summarize(pairs).select(
-        pl.lit(args.model).alias("model"), pl.lit(dataset).alias("dataset"), pl.all()
-    )
-    write_parquet(args.out, pairs, metadata)
-    write_parquet(args.summary, summary, metadata)
-    log.info("wrote %s (%d rows) and %s", args.out, pairs.height, args.summary)
+    write_outputs(args, pairs, dataset=dataset, settings=settings, device=device)
     return 0
