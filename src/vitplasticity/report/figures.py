@@ -99,6 +99,28 @@ def _finish(figure: Any, demo: bool, outputs: Sequence[str | os.PathLike[str]], 
     save(figure, outputs, s)
 
 
+def _coloured_boxplot(
+    ax: Any, data: Any, x: str, y: str, order: list[str], *, linewidth: float, fliersize: float
+) -> None:
+    """One box per ``x`` category in ``order``, each in its component's fixed colour."""
+    import seaborn as sns
+
+    sns.boxplot(
+        data=data,
+        x=x,
+        y=y,
+        hue=x,
+        order=order,
+        hue_order=order,
+        palette=palette(order),
+        legend=False,
+        saturation=1.0,  # the fixed colours, not a faded version
+        ax=ax,
+        linewidth=linewidth,
+        fliersize=fliersize,
+    )
+
+
 def _components_present(names: Sequence[str]) -> list[str]:
     present = set(names)
     return [c for c in COMPONENTS if c in present] + sorted(present - set(COMPONENTS))
@@ -157,20 +179,7 @@ def plasticity_boxplot(
     figure, axes = _panels(len(protocols), settings, ncols=1, aspect=0.5)
     for ax, protocol in zip(axes, protocols, strict=True):
         data = pooled.filter(pl.col("protocol") == protocol).to_pandas()
-        sns.boxplot(
-            data=data,
-            x="component",
-            y="mean",
-            hue="component",
-            order=order,
-            hue_order=order,
-            palette=palette(order),
-            legend=False,
-            saturation=1.0,  # the fixed colours, not a faded version
-            ax=ax,
-            linewidth=0.8,
-            fliersize=2,
-        )
+        _coloured_boxplot(ax, data, "component", "mean", order, linewidth=0.8, fliersize=2)
         sns.stripplot(
             data=data,
             x="component",
@@ -314,7 +323,6 @@ def robustness_boxplot(
 
     Diverged runs have no accuracy: they are left out and counted under the tick label.
     """
-    import seaborn as sns
 
     cells = _cells(runs)
     several = runs["model"].n_unique() > 1
@@ -327,19 +335,8 @@ def robustness_boxplot(
         data = rows.filter(pl.col("test_accuracy").is_not_null()).with_columns(
             accuracy=100 * pl.col("test_accuracy")
         )
-        sns.boxplot(
-            data=data.to_pandas(),
-            x="configuration",
-            y="accuracy",
-            hue="configuration",
-            order=names,
-            hue_order=names,
-            palette=palette(names),
-            legend=False,
-            saturation=1.0,  # the fixed colours, not a faded version
-            ax=ax,
-            linewidth=0.7,
-            fliersize=1.5,
+        _coloured_boxplot(
+            ax, data.to_pandas(), "configuration", "accuracy", names, linewidth=0.7, fliersize=1.5
         )
         ticks = [label(c) + (f"\n({diverged[c]} div.)" if diverged.get(c) else "") for c in names]
         ax.set_xticks(range(len(names)), ticks, rotation=90)
