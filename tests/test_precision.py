@@ -1,5 +1,6 @@
-"""The fast paths keep the numbers: bf16 autocast within its documented tolerance of fp32,
-and the device augmentation crops exactly the CPU path's boxes (docs/benchmarks.md)."""
+"""The fast paths keep the numbers: bf16 autocast (on the CPU here, as on a GPU) within its
+documented tolerance of fp32, and the device augmentation crops exactly the CPU path's boxes
+(docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ from vitplasticity.finetune import (
     augment_on_device,
     build_optimizer,
     build_run_model,
+    cpu_bf16_native,
     run,
     training_step,
 )
@@ -77,6 +80,42 @@ def test_bf16_step_within_tolerance_of_fp32(tiny_spec: ModelSpec, demo_dataset: 
     assert fp32[0].loss != bf16[0].loss  # bf16 really ran in bf16
     drift = torch.linalg.vector_norm(bf16_update - fp32_update).double()
     assert drift / torch.linalg.vector_norm(fp32_update).double() < BF16_UPDATE_RTOL
+
+
+def test_bf16_cpu_run_within_tolerance_of_fp32(
+    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
+) -> None:
+    # The whole run on the CPU (loader, autocast steps, evaluation under inference_mode):
+    # every logged loss and gradient norm, and every validation loss, within the tolerances.
+    metrics = {}
+    for precision in ("fp32", "bf16"):
+        settings = settings_for(tiny_spec, precision=precision, steps=6, val_every=3)
+        summary = run(settings, demo_dataset, tmp_path / precision)
+        assert summary["status"] == "completed"
+        assert summary["settings"]["precision"] == precision
+        metrics[precision] = pl.read_parquet(tmp_path / precision / "metrics.parquet")
+    fp32, bf16 = metrics["fp32"], metrics["bf16"]
+    assert fp32.select("step", "kind").equals(bf16.select("step", "kind"))
+    train = pl.col("kind") == "train"
+    for column, rtol in (("train_loss", BF16_LOSS_RTOL), ("grad_norm", BF16_GRAD_NORM_RTOL)):
+        exact, fast = fp32.filter(train)[column], bf16.filter(train)[column]
+        assert len(exact) == 6
+        np.testing.assert_allclose(fast.to_numpy(), exact.to_numpy(), rtol=rtol)
+    exact, fast = fp32.filter(~train)["val_loss"], bf16.filter(~train)["val_loss"]
+    assert len(exact) == 2
+    np.testing.assert_allclose(fast.to_numpy(), exact.to_numpy(), rtol=BF16_LOSS_RTOL)
+    assert not fp32["train_loss"].equals(bf16["train_loss"])  # bf16 really ran in bf16
+
+
+def test_cpu_bf16_native_reads_the_cpu_flags() -> None:
+    # Independently: the kernel's CPU flags (Linux x86), AVX512-BF16 or an AMX tile unit.
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists() or "flags" not in cpuinfo.read_text():
+        pytest.skip("no x86 /proc/cpuinfo flags on this machine")
+    flags = set(
+        next(ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags")).split()
+    )
+    assert cpu_bf16_native() == bool({"avx512_bf16", "amx_tile"} & flags)
 
 
 def _bilinear_reference(image: np.ndarray, box: tuple[float, ...], size: int) -> np.ndarray:
