@@ -8,6 +8,13 @@
 # snakemake SLURM plugin polls job states with sacct, and the tests read them from it).
 # Every daemon's PID is written to BASE_DIR/pids/*.pid; .ci/stop_local_slurm.sh kills exactly
 # those. Adapted from the team's shared recipe (tools/start_local_slurm.sh).
+#
+# The node advertises the shape of a GPU node, not the machine's: LOCAL_SLURM_GPUS (default 2)
+# stand-in GPUs (a GRES on dummy device nodes), LOCAL_SLURM_CPUS (default 24) CPUs and
+# LOCAL_SLURM_MEM_MB (default 131072) MB, never less than the machine has. So jobs asking for
+# the shipped workflow profile's real requests (--gpus=1 --cpus-per-gpu=8 --mem 48000) are
+# scheduled, and sacct records what they got. Nothing enforces the numbers (task/none, no
+# cgroups, no OverMemoryKill), and no job sees a GPU device: the tests' models run on the CPU.
 set -euo pipefail
 BASE=$(mkdir -p "${1:-$PWD/.slurm-local}" && cd "${1:-$PWD/.slurm-local}" && pwd)
 WITH_ACCOUNTING=${WITH_ACCOUNTING:-1}
@@ -21,7 +28,9 @@ daemons="munged slurmctld slurmd"
 [ "$WITH_ACCOUNTING" = 1 ] && daemons="munged mariadbd slurmdbd slurmctld slurmd"
 all_alive=1
 for d in $daemons; do alive "$d" || all_alive=0; done
-if [ "$all_alive" = 1 ] && sinfo -h -o '%T' 2>/dev/null | grep -qE 'idle|mix|alloc'; then
+# A cluster started by an older version of this script (no GPU GRES) is restarted.
+if [ "$all_alive" = 1 ] && sinfo -h -o '%T' 2>/dev/null | grep -qE 'idle|mix|alloc' \
+  && sinfo -h -o '%G' 2>/dev/null | grep -q 'gpu:'; then
   log "already running (pids in $BASE/pids)"
   sinfo
   exit 0
@@ -44,8 +53,10 @@ log "packages installed: $pkgs"
 "$(dirname "$0")/stop_local_slurm.sh" "$BASE" >/dev/null 2>&1 || true
 
 mkdir -p "$BASE"/{state,spool,log,pids}
-MEM=$(awk '/MemTotal/{print int($2/1024) - 1024}' /proc/meminfo)
-CPUS=$(nproc)
+GPUS=${LOCAL_SLURM_GPUS:-2}
+CPUS=$(( $(nproc) > ${LOCAL_SLURM_CPUS:-24} ? $(nproc) : ${LOCAL_SLURM_CPUS:-24} ))
+MEM=$(awk -v want="${LOCAL_SLURM_MEM_MB:-131072}" \
+  '/MemTotal/{have = int($2/1024) - 1024; print (have > want ? have : want)}' /proc/meminfo)
 
 if [ "$WITH_ACCOUNTING" = 1 ]; then
   # job_comment: keep each job's --comment (the plugin's rule_<rule>_wildcards_...) in sacct.
@@ -53,6 +64,7 @@ if [ "$WITH_ACCOUNTING" = 1 ]; then
 AccountingStorageHost=localhost
 AccountingStoragePort=6819
 AccountingStoreFlags=job_comment
+AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux"
 else
   ACCT="AccountingStorageType=accounting_storage/none
@@ -84,8 +96,23 @@ SlurmctldPidFile=$BASE/slurmctld.pid
 SlurmdPidFile=$BASE/slurmd.pid
 SlurmctldLogFile=$BASE/log/slurmctld.log
 SlurmdLogFile=$BASE/log/slurmd.log
-NodeName=localhost CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
+# config_overrides: slurmd reports the CPUs/memory/GRES below instead of the hardware's
+# (without it the node is drained for having fewer CPUs than configured).
+SlurmdParameters=config_overrides
+GresTypes=gpu
+NodeName=localhost CPUs=$CPUS RealMemory=$MEM Gres=gpu:$GPUS State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+CONF
+# Stand-in GPUs: SLURM schedules and accounts them as on a real GPU node. Slurm 22.05's gres/gpu
+# drops a GPU without File= ("Removing file-less GPU"), and a File= must be a character or
+# block device, so each GPU is a device node with /dev/null's numbers (1:3), which nothing
+# opens (no cgroup device constraint). slurmctld serves gres.conf to the configless slurmd.
+mkdir -p "$BASE/dev"
+for i in $(seq 0 $((GPUS - 1))); do
+  [ -c "$BASE/dev/gpu$i" ] || mknod -m 666 "$BASE/dev/gpu$i" c 1 3
+done
+cat >"$BASE/gres.conf" <<CONF
+NodeName=localhost Name=gpu File=$BASE/dev/gpu[0-$((GPUS - 1))]
 CONF
 
 # munge (the Debian package generated /etc/munge/munge.key on install)
@@ -131,6 +158,9 @@ CONF
   log "slurmdbd up"
 fi
 
+# The node's state comes from slurm.conf alone: a drain saved by an earlier start (another
+# node shape, a GRES the slurmd did not find) would otherwise outlive the fix.
+rm -f "$BASE/state/node_state" "$BASE/state/node_state.old"
 SLURM_CONF="$BASE/slurm.conf" nohup slurmctld -D -i >"$BASE/log/slurmctld.out" 2>&1 &
 echo $! >"$BASE/pids/slurmctld.pid"
 sleep 0.5
@@ -142,5 +172,6 @@ env -u SLURM_CONF nohup slurmd -D -N localhost --conf-server localhost:6817 >"$B
 echo $! >"$BASE/pids/slurmd.pid"
 for _ in $(seq 1 120); do sinfo -h -o '%T' 2>/dev/null | grep -q idle && break; sleep 0.5; done
 sinfo -h -o '%T' 2>/dev/null | grep -q idle || { echo "start_local_slurm: node never became idle; see $BASE/log" >&2; exit 1; }
-sinfo
+sinfo -h -o '%G' | grep -q "gpu:$GPUS" || { echo "start_local_slurm: node has no gpu:$GPUS GRES; see $BASE/log/slurmd.log" >&2; exit 1; }
+sinfo -o '%P %N %T %c %m %G'
 log "slurm ready"
