@@ -2,12 +2,15 @@
 
     python -m benchmarks.run --device cpu|cuda [--quick] --json OUT
 
-Four ratios, each from interleaved repetitions (medians), printed as a table and written to
-OUT with the raw figures and the machine:
+Ratios from interleaved repetitions (medians), printed as a table and written to OUT with
+the raw figures and the machine:
 
-- ``finetune_vs_naive``: images/s of a full training step including its data (the project's
-  loader + ``finetune.training_step``) over a naive loop (fp32, explicit softmax attention,
-  per-sample PIL transforms, main-process loading): same model init, batch and images.
+- ``finetune_fp32_vs_naive``, ``finetune_bf16_vs_naive``: images/s of a full training step
+  including its data (the project's loader + ``finetune.training_step``, in fp32 and in bf16
+  autocast) over a naive loop (fp32, explicit softmax attention, per-sample PIL transforms,
+  main-process loading): same model init, batch and images; the three take turns.
+- ``finetune_bf16_vs_fp32``: the bf16 step's images/s over the fp32 step's (on a CPU above 1
+  only with native bf16 matmuls, AVX512-BF16 or AMX, and a model large enough).
 - ``plasticity_vs_floor``: seconds of ``plasticity.measure`` over the floor, plain forward
   passes of the same images through the same modules (embedding and the five component
   calls per block) without any norm bookkeeping. At most 1.3 on a CPU.
@@ -15,8 +18,9 @@ OUT with the raw figures and the machine:
   flips on the device on a GPU) over per-sample PIL decoding and transforms.
 - ``dag_seconds``: wall time of ``snakemake -n all`` on config.yaml (the paper's full DAG).
 
-Plus the memory of one training step per finetuning configuration (benchmarks/memory.py)
-and, for the finetuning path, model FLOPs utilisation against the measured matmul peak.
+Plus the memory of one training step per finetuning configuration (benchmarks/memory.py,
+in ``--precision``) and, per precision, the finetuning path's model FLOPs utilisation against
+the measured matmul peak in that precision.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from vitplasticity.finetune import (
     FinetuneSettings,
     build_optimizer,
     build_run_model,
+    cpu_bf16_native,
     training_step,
 )
 from vitplasticity.io import write_json
@@ -62,7 +67,15 @@ from vitplasticity.io import write_json
 REPO = Path(__file__).resolve().parents[1]
 TINY_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 3, "num_heads": 3}
 VIT_B16 = {"timm_id": "vit_base_patch16_224", "weights": "random", "normalize": "imagenet"}
-KEYS = ("finetune_vs_naive", "plasticity_vs_floor", "loader_vs_naive", "dag_seconds")
+PRECISIONS = ("fp32", "bf16")
+KEYS = (
+    "finetune_fp32_vs_naive",
+    "finetune_bf16_vs_naive",
+    "finetune_bf16_vs_fp32",
+    "plasticity_vs_floor",
+    "loader_vs_naive",
+    "dag_seconds",
+)
 
 
 def model_spec(timm_id: str, quick: bool) -> dict[str, Any]:
@@ -73,7 +86,9 @@ def model_spec(timm_id: str, quick: bool) -> dict[str, Any]:
     return spec
 
 
-def settings_for(spec: dict[str, Any], args: argparse.Namespace) -> FinetuneSettings:
+def settings_for(
+    spec: dict[str, Any], args: argparse.Namespace, precision: str
+) -> FinetuneSettings:
     settings = FinetuneSettings(
         experiment="bench",
         model="bench",
@@ -87,7 +102,7 @@ def settings_for(spec: dict[str, Any], args: argparse.Namespace) -> FinetuneSett
         batch_size=args.batch_size,
         micro_batch_size=args.batch_size,
         warmup_steps=0,
-        precision=args.precision,
+        precision=precision,
         device=args.device,
         num_workers=args.workers,
         augment=args.augment,
@@ -107,16 +122,24 @@ def make_store(root: Path, args: argparse.Namespace) -> Path:
 
 
 def bench_finetune(split: store.Split, spec: dict[str, Any], args, device) -> dict[str, Any]:
-    """Project training path against the naive loop; images/s including data."""
-    settings = settings_for(spec, args)
-    run_model = build_run_model(settings, num_classes=10, device=device)
-    naive_model = explicit_attention_copy(run_model.model)
+    """The project's training path in fp32 and in bf16 autocast against the naive loop.
+
+    Each precision has its own model (the same init), optimizer and loader stream; the three
+    contenders take turns, and each step's images/s includes its data.
+    """
+    steppers: dict[str, Any] = {}
+    for precision in PRECISIONS:
+        settings = settings_for(spec, args, precision)
+        run_model = build_run_model(settings, num_classes=10, device=device)
+        if precision == PRECISIONS[0]:  # the naive loop starts from the same weights
+            naive_model = explicit_attention_copy(run_model.model)
+        optimizer = build_optimizer(run_model.trainable, settings)
+        if args.compile:
+            run_model = dataclasses.replace(run_model, model=torch.compile(run_model.model))
+        steppers[precision] = (settings, run_model, optimizer)
     naive_model.train()
-    pre = run_model.preprocessing
-    optimizer = build_optimizer(run_model.trainable, settings)
     naive_optimizer = torch.optim.SGD(naive_model.parameters(), lr=0.01, momentum=0.9)
-    if args.compile:
-        run_model = dataclasses.replace(run_model, model=torch.compile(run_model.model))
+    pre = run_model.preprocessing
 
     started = time.perf_counter()
     bank = loader.ImageBank(split.images)
@@ -124,24 +147,29 @@ def bench_finetune(split: store.Split, spec: dict[str, Any], args, device) -> di
     on_device = device.type == "cuda" if args.augment == "auto" else args.augment == "device"
     batch_class = loader.DeviceTrainBatches if on_device else loader.TrainBatches
     batches = batch_class(bank, split.labels, pre, args.batch_size, seed=0)
-    stream = loader.train_batches(batches, 0, 10**9, args.workers, device.type == "cuda")
     transform = pil_train_transform(pre)
     labels_all = torch.as_tensor(split.labels, dtype=torch.int64)
-    counter = {"project": 0, "naive": 0}
+    counter = dict.fromkeys((*PRECISIONS, "naive"), 0)
 
-    def project() -> None:
-        for _ in range(args.steps):
-            item = next(stream)
-            if on_device:
-                canvas, sizes, boxes, flips, labels = item
-                canvas = canvas.to(device, non_blocking=True)
-                images = loader.augment_on_device(canvas, sizes, boxes, flips, pre.input_size)
-            else:
-                images, labels = item
-            training_step(
-                run_model, optimizer, images, labels, counter["project"], settings, device
-            )
-            counter["project"] += 1
+    def project(precision: str) -> Any:
+        settings, run_model, optimizer = steppers[precision]
+        stream = loader.train_batches(batches, 0, 10**9, args.workers, device.type == "cuda")
+
+        def steps() -> None:
+            for _ in range(args.steps):
+                item = next(stream)
+                if on_device:
+                    canvas, sizes, boxes, flips, labels = item
+                    canvas = canvas.to(device, non_blocking=True)
+                    images = loader.augment_on_device(canvas, sizes, boxes, flips, pre.input_size)
+                else:
+                    images, labels = item
+                training_step(
+                    run_model, optimizer, images, labels, counter[precision], settings, device
+                )
+                counter[precision] += 1
+
+        return steps
 
     def naive() -> None:
         for _ in range(args.steps):
@@ -151,13 +179,16 @@ def bench_finetune(split: store.Split, spec: dict[str, Any], args, device) -> di
             naive_train_step(naive_model, naive_optimizer, images, labels, 1.0, device)
             counter["naive"] += 1
 
-    times = interleaved_medians({"project": project, "naive": naive}, args.repeats, device)
+    contenders = {precision: project(precision) for precision in PRECISIONS} | {"naive": naive}
+    times = interleaved_medians(contenders, args.repeats, device)
     images_per_step = args.steps * args.batch_size
-    result = {
+    result: dict[str, Any] = {
         name: {**value, "images_per_second": images_per_step / value["median_s"]}
         for name, value in times.items()
     }
-    result["ratio"] = result["project"]["images_per_second"] / result["naive"]["images_per_second"]
+    speed = {name: value["images_per_second"] for name, value in result.items()}
+    result["vs_naive"] = {precision: speed[precision] / speed["naive"] for precision in PRECISIONS}
+    result["bf16_vs_fp32"] = speed["bf16"] / speed["fp32"]
     result["decode_once_seconds"] = decode_seconds
     result["augment_on"] = str(device) if on_device else "cpu"
     result["train_flops_per_image"] = train_flops_per_image(spec, device)
@@ -184,12 +215,15 @@ def train_flops_per_image(spec: dict[str, Any], device: torch.device) -> float:
     return counter.get_total_flops() / 2
 
 
-def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int) -> float:
-    """Measured FLOP/s of a square matmul (the peak MFU is measured against)."""
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
-    times = interleaved_medians({"matmul": lambda: a @ b}, 5, device)
-    return 2 * size**3 / times["matmul"]["median_s"]
+def matmul_peak_flops(device: torch.device, size: int) -> dict[str, float]:
+    """Measured FLOP/s of a square matmul per precision (the peaks MFU is measured against),
+    fp32 and bf16 taking turns."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    operands = {"fp32": (a, b), "bf16": (a.bfloat16(), b.bfloat16())}
+    contenders = {name: (lambda x=x, y=y: x @ y) for name, (x, y) in operands.items()}
+    times = interleaved_medians(contenders, 5, device)
+    return {name: 2 * size**3 / times[name]["median_s"] for name in operands}
 
 
 def eval_images(split: store.Split, pre, count: int) -> torch.Tensor:
@@ -299,6 +333,9 @@ def machine(device: torch.device, threads: int) -> dict[str, Any]:
         "python": platform.python_version(),
         "device": str(device),
         "load_average": os.getloadavg(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_bf16_native": cpu_bf16_native(),  # AVX512-BF16 or AMX (oneDNN's bf16 matmuls)
+        "onednn": torch.backends.mkldnn.is_available(),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -307,10 +344,16 @@ def machine(device: torch.device, threads: int) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     raw = result["raw"]
+    speed = {name: raw["finetune"][name]["images_per_second"] for name in (*PRECISIONS, "naive")}
+    peaks = raw["matmul_peak_flops"]
     rows = [
-        ("finetune_vs_naive", result["finetune_vs_naive"],
-         f"{raw['finetune']['project']['images_per_second']:.1f} vs "
-         f"{raw['finetune']['naive']['images_per_second']:.1f} images/s"),
+        *((f"finetune_{name}_vs_naive", result[f"finetune_{name}_vs_naive"],
+           f"{speed[name]:.2f} vs {speed['naive']:.2f} images/s") for name in PRECISIONS),
+        ("finetune_bf16_vs_fp32", result["finetune_bf16_vs_fp32"],
+         f"{speed['bf16']:.2f} vs {speed['fp32']:.2f} images/s"),
+        ("matmul_bf16_vs_fp32", peaks["bf16"] / peaks["fp32"],
+         f"{peaks['bf16'] / 1e12:.3f} vs {peaks['fp32'] / 1e12:.3f} TFLOP/s "
+         f"({raw['matmul_size']}^2)"),
         ("plasticity_vs_floor", result["plasticity_vs_floor"],
          f"{raw['plasticity']['measure']['median_s']:.3f} vs "
          f"{raw['plasticity']['floor']['median_s']:.3f} s"),
@@ -322,8 +365,12 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"{'measure':<22}{'value':>10}  raw")
     for name, value, detail in rows:
         print(f"{name:<22}{value:>10.3f}  {detail}")
-    if raw.get("mfu") is not None:
-        print(f"{'mfu':<22}{raw['mfu']:>10.3f}  of {raw['matmul_peak_flops'] / 1e12:.2f} TFLOP/s")
+    for name in PRECISIONS:
+        print(f"{'mfu_' + name:<22}{raw['mfu'][name]:>10.3f}  of the {name} matmul peak")
+    if result["machine"]["device"] == "cpu":
+        native = result["machine"]["cpu_bf16_native"]
+        print("CPU bf16 matmuls: " + ("native (AVX512-BF16 or AMX)" if native else
+              "emulated (no AVX512-BF16, no AMX): expect bf16 slower than fp32"))  # fmt: skip
     if raw.get("memory"):
         print(f"\n{'configuration':<14}{'trainable':>11}{'grad MB':>9}{'optim MB':>9}"
               f"{'peak MB':>9}{'step delta MB':>15}{'frozen w/ grad|state':>22}")  # fmt: skip
@@ -348,7 +395,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pairs", type=int, default=None, help="plasticity pairs")
     parser.add_argument("--pairs-batch", type=int, default=None, help="plasticity batch")
     parser.add_argument("--image-size", type=int, default=32, help="stored image size (px)")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default=None)
+    parser.add_argument("--precision", choices=PRECISIONS, default=None, help="of the memory table")
     parser.add_argument("--augment", choices=["auto", "cpu", "device"], default="auto")
     parser.add_argument("--compile", action="store_true", help="torch.compile the project model")
     parser.add_argument("--workers", type=int, default=None, help="project loader workers")
@@ -389,7 +436,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         dataset = make_store(Path(tmp), args)
         pool, test = store.read_split(dataset, "pool"), store.read_split(dataset, "test")
         finetune = bench_finetune(pool, spec, args, device)
-        settings = settings_for(spec, args)
+        settings = settings_for(spec, args, args.precision)
         run_model = build_run_model(settings, num_classes=10, device=device)
         model, pre = run_model.model.eval(), run_model.preprocessing
         reference = eval_images(pool, pre, args.pairs)
@@ -397,8 +444,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plast = bench_plasticity(reference, downstream, model, args, device)
         loading = bench_loader(pool, pre, args, device)
     dag = bench_dag(args.dag_configfile)
-    peak_dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    peak = matmul_peak_flops(device, peak_dtype, 8192 if device.type == "cuda" else 1024)
+    matmul_size = 8192 if device.type == "cuda" else (1024 if args.quick else 2048)
+    peaks = matmul_peak_flops(device, matmul_size)
     memory = None
     if not args.no_memory:
         memory_spec = model_spec("vit_base_patch16_224", args.quick) if args.quick else VIT_B16
@@ -407,9 +454,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             memory_spec, configurations, args.memory_batch, args.device, args.precision,
             args.threads,
         )  # fmt: skip
-    mfu = finetune["project"]["images_per_second"] * finetune["train_flops_per_image"] / peak
+    flops = finetune["train_flops_per_image"]
+    mfu = {name: finetune[name]["images_per_second"] * flops / peaks[name] for name in PRECISIONS}
     result = {
-        "finetune_vs_naive": finetune["ratio"],
+        **{f"finetune_{name}_vs_naive": finetune["vs_naive"][name] for name in PRECISIONS},
+        "finetune_bf16_vs_fp32": finetune["bf16_vs_fp32"],
         "plasticity_vs_floor": plast["ratio"],
         "loader_vs_naive": loading["ratio"],
         "dag_seconds": dag["seconds"],
@@ -418,8 +467,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "plasticity": plast,
             "loader": loading,
             "dag": dag,
-            "matmul_peak_flops": peak,
-            "matmul_peak_dtype": str(peak_dtype),
+            "matmul_peak_flops": peaks,
+            "matmul_size": matmul_size,
             "mfu": mfu,
             "memory": memory,
             "memory_model": (memory_spec if memory else None),

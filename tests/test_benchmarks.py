@@ -26,7 +26,9 @@ from vitplasticity.models import ModelSpec
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_quick_benchmark_writes_every_key(tmp_path: Path) -> None:
+def test_quick_benchmark_writes_every_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "bench.json"
     bench.main(
         ["--quick", "--device", "cpu", "--json", str(out), "--repeats", "2", "--pairs", "8",
@@ -36,23 +38,33 @@ def test_quick_benchmark_writes_every_key(tmp_path: Path) -> None:
     for key in bench.KEYS:
         assert isinstance(result[key], float) and math.isfinite(result[key]) and result[key] > 0
     raw = result["raw"]
-    for part in ("finetune", "loader"):
-        for side in ("project", "naive"):
+    for part, sides in (("finetune", ("fp32", "bf16", "naive")), ("loader", ("project", "naive"))):
+        for side in sides:
             assert raw[part][side]["images_per_second"] > 0
             assert len(raw[part][side]["seconds"]) == 2
-        assert raw[part]["ratio"] == pytest.approx(
-            raw[part]["project"]["images_per_second"] / raw[part]["naive"]["images_per_second"]
-        )
+    speed = {side: raw["finetune"][side]["images_per_second"] for side in ("fp32", "bf16", "naive")}
+    assert result["finetune_fp32_vs_naive"] == pytest.approx(speed["fp32"] / speed["naive"])
+    assert result["finetune_bf16_vs_naive"] == pytest.approx(speed["bf16"] / speed["naive"])
+    assert result["finetune_bf16_vs_fp32"] == pytest.approx(speed["bf16"] / speed["fp32"])
+    assert raw["loader"]["ratio"] == pytest.approx(
+        raw["loader"]["project"]["images_per_second"] / raw["loader"]["naive"]["images_per_second"]
+    )
     assert raw["plasticity"]["ratio"] == pytest.approx(
         raw["plasticity"]["measure"]["median_s"] / raw["plasticity"]["floor"]["median_s"]
     )
     assert raw["dag"]["jobs"] > 0
-    assert raw["finetune"]["train_flops_per_image"] > 0 and raw["mfu"] > 0
+    assert raw["finetune"]["train_flops_per_image"] > 0
+    assert raw["mfu"].keys() == raw["matmul_peak_flops"].keys() == {"fp32", "bf16"}
+    assert all(value > 0 for value in (*raw["mfu"].values(), *raw["matmul_peak_flops"].values()))
     assert {row["configuration"] for row in raw["memory"]} == {"full", "ln1"}
     for row in raw["memory"]:
         assert row["frozen_with_gradient"] == 0 and row["frozen_with_optimizer_state"] == 0
         assert row["peak_bytes"] > 0
     assert result["machine"]["torch_threads"] == 1 and result["machine"]["cpu_count"] >= 1
+    assert isinstance(result["machine"]["cpu_bf16_native"], bool)
+    printed = capsys.readouterr().out
+    for key in (*bench.KEYS, "matmul_bf16_vs_fp32", "mfu_fp32", "mfu_bf16", "CPU bf16 matmuls"):
+        assert key in printed
 
 
 def test_flop_count_of_a_tiny_vit_matches_the_formula() -> None:
