@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bounds",
     "finetune",
     "report",
+    "criteria",
 )
 
 

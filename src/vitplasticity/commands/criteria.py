@@ -1,0 +1,194 @@
+"""``criteria``, ``criteria-table`` and ``criteria-figure``: which per-component criterion
+predicts the measured finetuning accuracy (:mod:`vitplasticity.report.criteria`).
+
+Every output is a demo when ``--demo`` is given or any input is marked demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from vitplasticity import COMPONENTS
+from vitplasticity.commands.report import _check_inputs, _parquet_is_demo, _read, _record
+
+log = logging.getLogger(__name__)
+
+# The summary table's columns (TSV), in order.
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "experiment",
+    "model",
+    "criterion",
+    "source",
+    "n",
+    "spearman_rho",
+    "kendall_tau",
+    "top1_hit",
+    "wilcoxon_stat",
+    "wilcoxon_p",
+    "min_p",
+    "best",
+    "note",
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the criteria subcommands."""
+    analyse = subparsers.add_parser(
+        "criteria",
+        help="rank correlation of each criterion with the finetuning accuracy, per dataset, "
+        "and tests across datasets",
+        description="Score every criterion (recommend tables, measured plasticity, trainable "
+        "parameters) against one experiment's selected-LR test accuracy: Spearman and Kendall "
+        "per dataset, top-1 hit, and one-sided Wilcoxon tests across datasets.",
+    )
+    analyse.add_argument("--selected", required=True, help="selected-LR table (Parquet)")
+    analyse.add_argument(
+        "--recommend", nargs="*", default=[], help="recommend tables (Parquet), any number"
+    )
+    analyse.add_argument(
+        "--plasticity",
+        nargs="*",
+        default=[],
+        help="plasticity summaries (<dataset>_summary.parquet), any number",
+    )
+    analyse.add_argument(
+        "--no-parameters",
+        action="store_true",
+        help="leave out the trainable-parameter baseline criterion",
+    )
+    analyse.add_argument(
+        "--configurations",
+        nargs="+",
+        default=list(COMPONENTS),
+        help="configurations compared (default: the five components); 'all' for every "
+        "configuration that has both a score and an accuracy",
+    )
+    analyse.add_argument(
+        "--min-configurations",
+        type=int,
+        default=3,
+        help="fewest configurations a correlation is computed on",
+    )
+    analyse.add_argument("--demo", action="store_true", help="mark the outputs as a demo")
+    analyse.add_argument("--out", required=True, help="result table (Parquet)")
+    analyse.add_argument("--summary-out", required=True, help="summary rows (TSV)")
+    analyse.set_defaults(handler=run_criteria)
+
+    table = subparsers.add_parser(
+        "criteria-table",
+        help="the criteria correlation table (LaTeX booktabs)",
+        description="Datasets x criteria (Spearman rho), with the tests across datasets.",
+    )
+    table.add_argument("--input", required=True, help="result of `vitplasticity criteria`")
+    table.add_argument("--demo", action="store_true", help="mark the table as a demo")
+    table.add_argument("--out", required=True, help="output .tex file")
+    table.set_defaults(handler=run_criteria_table)
+
+    figure = subparsers.add_parser(
+        "criteria-figure",
+        help="per criterion, each dataset's rho and their mean",
+        description="One panel per model; one file per output path (.pdf/.png/.svg).",
+    )
+    figure.add_argument("--input", required=True, help="result of `vitplasticity criteria`")
+    figure.add_argument("--width-in", type=float, default=3.4, help="figure width (inches)")
+    figure.add_argument("--dpi", type=int, default=200, help="raster resolution")
+    figure.add_argument("--context", default="paper", help="seaborn context")
+    figure.add_argument("--demo", action="store_true", help="mark the figure as a demo")
+    figure.add_argument("--out", nargs="+", required=True, help="output files")
+    figure.set_defaults(handler=run_criteria_figure)
+
+
+def _configurations(names: Sequence[str]) -> list[str] | None:
+    if list(names) == ["all"]:
+        return None
+    if "all" in names:
+        raise ValueError("--configurations all stands alone")
+    return list(names)
+
+
+def _criteria(args: argparse.Namespace, selected: Any) -> Any:
+    """The criteria frame of every given source."""
+    from vitplasticity.report import criteria
+
+    frames = []
+    if args.recommend:
+        frames.append(criteria.recommend_criteria(_read(args.recommend)))
+    if args.plasticity:
+        frames.append(criteria.plasticity_criteria(_read(args.plasticity)))
+    if not args.no_parameters:
+        frames.append(criteria.parameter_criterion(selected))
+    combined = criteria.combine_criteria(frames)
+    if combined.is_empty():
+        raise ValueError(
+            "no criterion to score: give --recommend or --plasticity files, or drop --no-parameters"
+        )
+    return combined
+
+
+def run_criteria(args: argparse.Namespace) -> int:
+    import polars as pl
+
+    from vitplasticity.io import atomic_path, write_parquet
+    from vitplasticity.report.criteria import analyse, best_criterion_lines
+
+    if args.min_configurations < 2:
+        raise ValueError(f"--min-configurations must be at least 2, got {args.min_configurations}")
+    configurations = _configurations(args.configurations)
+    _check_inputs([args.selected, *args.recommend, *args.plasticity])
+    selected = _read([args.selected])
+    result = analyse(_criteria(args, selected), selected, configurations, args.min_configurations)
+    lines = best_criterion_lines(result)
+    inputs = [args.selected, *args.recommend, *args.plasticity]
+    demo = args.demo or _parquet_is_demo(inputs)
+    settings = {
+        "selected": args.selected,
+        "recommend": args.recommend,
+        "plasticity": args.plasticity,
+        "parameters": not args.no_parameters,
+        "configurations": configurations,
+        "min_configurations": args.min_configurations,
+    }
+    write_parquet(args.out, result, {**_record(settings, demo), "best": lines})
+    summary = result.filter(pl.col("level") == "summary").select(SUMMARY_COLUMNS)
+    with atomic_path(args.summary_out) as tmp:
+        summary.write_csv(tmp, separator="\t", null_value="", float_precision=6)
+    per_dataset = result.filter(pl.col("level") == "dataset")
+    log.info(
+        "%d criteria on %d (model, dataset) cells: %s, %s",
+        per_dataset["criterion"].n_unique(),
+        per_dataset.select("model", "dataset").n_unique(),
+        args.out,
+        args.summary_out,
+    )
+    for line in lines:
+        log.info("%s", line)
+    return 0
+
+
+def run_criteria_table(args: argparse.Namespace) -> int:
+    from vitplasticity.io import atomic_path
+    from vitplasticity.report.criteria import criteria_table
+
+    frame = _read([args.input])
+    demo = args.demo or _parquet_is_demo([args.input])
+    text = criteria_table(frame, demo=demo)
+    with atomic_path(args.out) as tmp:
+        tmp.write_text(text)
+    log.info("criteria table (%s) written to %s", "demo" if demo else "paper", args.out)
+    return 0
+
+
+def run_criteria_figure(args: argparse.Namespace) -> int:
+    from vitplasticity.report.criteria import criteria_figure
+    from vitplasticity.report.figures import FigureSettings
+
+    # matplotlib's PDF backend has fontTools log every subset font at INFO.
+    logging.getLogger("fontTools").setLevel(logging.WARNING)
+    frame = _read([args.input])
+    demo = args.demo or _parquet_is_demo([args.input])
+    criteria_figure(frame, args.out, FigureSettings(args.width_in, args.dpi, args.context), demo)
+    log.info("criteria figure written to %s", ", ".join(args.out))
+    return 0
