@@ -43,12 +43,12 @@ TEXT_SUFFIXES: frozenset[str] = frozenset({".tex", ".csv", ".tsv", ".txt"})
 FIGURE_SUFFIXES: frozenset[str] = frozenset({".pdf", ".png", ".svg"})
 
 
-def strip_volatile(value: Any) -> Any:
-    """``value`` with every :data:`VOLATILE` key removed from its dicts, at any depth."""
+def strip_volatile(value: Any, volatile: frozenset[str] = VOLATILE) -> Any:
+    """``value`` with every ``volatile`` key removed from its dicts, at any depth."""
     if isinstance(value, dict):
-        return {k: strip_volatile(v) for k, v in value.items() if k not in VOLATILE}
+        return {k: strip_volatile(v, volatile) for k, v in value.items() if k not in volatile}
     if isinstance(value, list):
-        return [strip_volatile(v) for v in value]
+        return [strip_volatile(v, volatile) for v in value]
     return value
 
 
@@ -62,13 +62,13 @@ def result_files(root: Path) -> set[str]:
     return found
 
 
-def _parquet_difference(before: Path, after: Path) -> str | None:
+def _parquet_difference(before: Path, after: Path, volatile: frozenset[str]) -> str | None:
     from vitplasticity.io import read_parquet_metadata
 
     frames = []
     for path in (before, after):
         frame = pl.read_parquet(path)
-        frames.append(frame.drop([c for c in frame.columns if c in VOLATILE]))
+        frames.append(frame.drop([c for c in frame.columns if c in volatile]))
     if frames[0].schema != frames[1].schema:
         return f"schema {frames[0].schema} != {frames[1].schema}"
     if frames[0].height != frames[1].height:
@@ -76,7 +76,7 @@ def _parquet_difference(before: Path, after: Path) -> str | None:
     differing = [c for c in frames[0].columns if not frames[0][c].equals(frames[1][c])]
     if differing:
         return f"data differ in column(s) {', '.join(differing)}"
-    meta = [strip_volatile(read_parquet_metadata(p)) for p in (before, after)]
+    meta = [strip_volatile(read_parquet_metadata(p), volatile) for p in (before, after)]
     if meta[0] != meta[1]:
         return f"footer metadata differs: {_first_difference(meta[0], meta[1])}"
     return None
@@ -93,13 +93,14 @@ def _first_difference(a: Any, b: Any, where: str = "") -> str:
     return f"{where or '.'}: {a!r:.120} != {b!r:.120}"
 
 
-def compare_file(before: Path, after: Path) -> str | None:
-    """None when the two files count as identical, else what differs."""
+def compare_file(before: Path, after: Path, volatile: frozenset[str] = VOLATILE) -> str | None:
+    """None when the two files count as identical (``volatile`` keys and columns aside),
+    else what differs."""
     suffix = before.suffix.lower()
     if suffix == ".parquet":
-        return _parquet_difference(before, after)
+        return _parquet_difference(before, after, volatile)
     if suffix == ".json":
-        a, b = (strip_volatile(json.loads(p.read_text())) for p in (before, after))
+        a, b = (strip_volatile(json.loads(p.read_text()), volatile) for p in (before, after))
         return None if a == b else _first_difference(a, b)
     if suffix in FIGURE_SUFFIXES:
         return None
@@ -108,7 +109,9 @@ def compare_file(before: Path, after: Path) -> str | None:
     return None if before.read_bytes() == after.read_bytes() else "bytes differ"
 
 
-def compare_trees(before: Path, after: Path) -> Iterator[tuple[str, str]]:
+def compare_trees(
+    before: Path, after: Path, volatile: frozenset[str] = VOLATILE
+) -> Iterator[tuple[str, str]]:
     """(relative path, verdict) for every file of either tree; verdict ``same``, ``added`` or
     a difference (``missing``, or what :func:`compare_file` found)."""
     old, new = result_files(before), result_files(after)
@@ -118,7 +121,7 @@ def compare_trees(before: Path, after: Path) -> Iterator[tuple[str, str]]:
         elif name not in old:
             yield name, "added"
         else:
-            yield name, compare_file(before / name, after / name) or "same"
+            yield name, compare_file(before / name, after / name, volatile) or "same"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,12 +129,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("before", type=Path, help="the reference results tree")
     parser.add_argument("after", type=Path, help="the results tree to check")
+    parser.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="also ignore this JSON key / Parquet column (repeatable), e.g. a provenance "
+        "field that another change added",
+    )
     args = parser.parse_args(argv)
+    volatile = VOLATILE | set(args.ignore)
     for root in (args.before, args.after):
         if not root.is_dir():
             parser.error(f"not a folder: {root}")
     counts = {"same": 0, "added": 0, "different": 0}
-    for name, verdict in compare_trees(args.before, args.after):
+    for name, verdict in compare_trees(args.before, args.after, volatile):
         if verdict == "same":
             counts["same"] += 1
             continue

@@ -82,3 +82,12 @@ def test_parquet_data_difference_names_the_column(tmp_path: Path) -> None:
     assert _verdicts(before, after) == {
         "finetune/run/metrics.parquet": "data differ in column(s) loss"
     }
+
+
+def test_ignored_keys_are_left_out(tmp_path: Path) -> None:
+    before = _tree(tmp_path / "a")
+    after = tmp_path / "b"
+    shutil.copytree(before, after)
+    write_json(after / "finetune/run/summary.json", {"lr": 0.1, "weights": {"source": "x"}})
+    assert main([str(before), str(after)]) == 1
+    assert main([str(before), str(after), "--ignore", "weights"]) == 0

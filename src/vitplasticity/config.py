@@ -60,6 +60,44 @@ def learning_rates(experiment: dict[str, Any], dataset: str) -> list[float]:
     return [float(lr) for lr in by_dataset.get(dataset, experiment["lrs"])]
 
 
+def grid_lr(config: dict[str, Any], experiment: str, dataset: str, label: str) -> float:
+    """The learning rate of ``experiment``'s grid on ``dataset`` whose path label is ``label``.
+
+    A run folder names its LR by :func:`lr_label` (6 significant digits); the run itself must
+    train with the grid's exact value, which this gives back.
+
+    Raises:
+        ConfigError: when no LR of the grid, or more than one, has that label.
+    """
+    key = f"experiments.{experiment}"
+    found = set(learning_rates(config["experiments"][experiment], dataset))
+    matches = sorted(lr for lr in found if lr_label(lr) == label)
+    if len(matches) != 1:
+        raise ConfigError(
+            f"{key}: {len(matches)} learning rates of dataset {dataset!r} have the path label "
+            f"lr{label} ({', '.join(map(repr, matches)) or 'none'}; grid: {sorted(found)})"
+        )
+    return matches[0]
+
+
+def lr_label_problems(config: dict[str, Any], name: str) -> list[str]:
+    """One message per pair of LRs of experiment ``name`` that share a path label (their runs
+    would write one folder)."""
+    exp = config["experiments"][name]
+    problems = []
+    for dataset in exp.get("datasets", []):
+        labels: dict[str, float] = {}
+        for lr in learning_rates(exp, dataset):
+            other = labels.setdefault(lr_label(lr), lr)
+            if other != lr:
+                problems.append(
+                    f"experiments.{name}: learning rates {other!r} and {lr!r} of dataset "
+                    f"{dataset!r} share the path label lr{lr_label(lr)} (differ within 6 "
+                    "significant digits)"
+                )
+    return problems
+
+
 def experiment_runs(config: dict[str, Any], name: str) -> list[Run]:
     """Every run of experiment ``name``: models x datasets x configurations x LRs x seeds."""
     exp = config["experiments"][name]
@@ -121,5 +159,7 @@ def check_config(config: dict[str, Any]) -> None:
         unknown("model", exp.get("models", []), models, f"{key}.models")
         unknown("dataset", exp.get("datasets", []), datasets, f"{key}.datasets")
         unknown("dataset", list(exp.get("lrs_by_dataset") or {}), datasets, f"{key}.lrs_by_dataset")
+        if "lrs" in exp:
+            problems += lr_label_problems(config, name)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))

@@ -14,6 +14,12 @@ A run checkpoints every ``checkpoint_every`` steps and on SIGTERM (what SLURM se
 preemption), resumes from its checkpoint when started again, and ends bit-identical (on CPU)
 to an uninterrupted run; the checkpoint is deleted when the run completes. A run whose loss
 or gradient norm becomes non-finite stops and is recorded as diverged.
+
+:func:`train` takes a run's identity (a :class:`vitplasticity.config.Run`) and the
+:class:`TrainingSettings` it shares with the other runs of its job, and goes through five
+pieces: :func:`setup_run` (checks, model, optimizer, data), :meth:`ResumableState.resume`,
+:func:`train_steps` (each validation point is :func:`evaluation_point`), :func:`summary`
+and :func:`write_outputs`.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from vitplasticity.components import (
     parse_configuration,
     trainable_parameter_names,
 )
+from vitplasticity.config import Run
 from vitplasticity.data import loader, store
 from vitplasticity.data.transforms import normalize
 from vitplasticity.io import write_json, write_parquet
@@ -64,17 +71,29 @@ __all__ = [
     "TIMING_FIELDS",
     "FinetuneSettings",
     "Preempted",
+    "ResumableState",
+    "RunContext",
     "RunModel",
     "StepResult",
+    "TrainingOutcome",
+    "TrainingSettings",
     "augment_on_device",
     "build_optimizer",
     "build_run_model",
+    "check_identity",
     "cpu_bf16_native",
+    "evaluation_point",
     "freeze",
     "group_grad_norms",
     "run",
+    "setup_run",
+    "summary",
+    "train",
+    "train_row",
+    "train_steps",
     "trainable_parameter_names",
     "training_step",
+    "write_outputs",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,16 +130,16 @@ class Preempted(Exception):
 
 
 @dataclass(frozen=True)
-class FinetuneSettings:
-    """The resolved settings of one run; each field is the CLI flag of that name (--snake-case)."""
+class TrainingSettings:
+    """The training settings that every run of one (experiment, model, dataset) shares.
 
-    experiment: str
-    model: str
-    dataset: str
+    A run's identity (experiment, model, dataset, configuration, lr, seed) is not here: it
+    is a :class:`vitplasticity.config.Run`, handed to :func:`train` beside these settings,
+    so that a packed job builds one ``TrainingSettings`` for all its runs. Each field is the
+    ``vitplasticity finetune`` flag of that name (--snake-case).
+    """
+
     model_spec: dict[str, Any]  # the model's config entry (--model-spec)
-    configuration: str
-    lr: float
-    seed: int
     steps: int
     val_every: int
     optimizer: str = "sgd"
@@ -142,30 +161,19 @@ class FinetuneSettings:
     lora_rank: int = 8  # the "lora" configuration only (paper: r 8, alpha 16)
     lora_alpha: float = 16.0
 
-    def validate(self) -> None:
+    def validate(self, model: str = "<name>") -> None:
         """Check every value before any compute.
+
+        Args:
+            model: the model's config key, named in a bad ``--model-spec``'s message.
 
         Raises:
             ValueError: naming the CLI flag and config key of the first bad value.
         """
-
-        def bad(flag: str, key: str, message: str) -> ValueError:
-            return ValueError(f"{flag} ({key}): {message}")
-
-        try:
-            parse_configuration(self.configuration)
-        except ValueError as error:
-            raise bad("--configuration", "experiments.<name>.configurations", str(error)) from None
         if self.optimizer not in ("sgd", "adamw"):
-            raise bad(
+            raise _bad_setting(
                 "--optimizer", "experiments.<name>.optimizer", f"{self.optimizer!r} not sgd|adamw"
             )
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise bad(
-                "--lr", "experiments.<name>.lrs", f"must be a finite number > 0, got {self.lr}"
-            )
-        if self.seed < 0:
-            raise bad("--seed", "experiments.<name>.seeds", f"must be >= 0, got {self.seed}")
         positive = {
             ("--steps", "datasets.<name>.steps"): self.steps,
             ("--val-every", "datasets.<name>.val_every"): self.val_every,
@@ -176,41 +184,121 @@ class FinetuneSettings:
         }
         for (flag, key), value in positive.items():
             if value < 1:
-                raise bad(flag, key, f"must be >= 1, got {value}")
+                raise _bad_setting(flag, key, f"must be >= 1, got {value}")
         if self.batch_size % self.micro_batch_size:
-            raise bad(
+            raise _bad_setting(
                 "--micro-batch-size",
                 "finetune.micro_batch_size",
                 f"{self.micro_batch_size} does not divide the batch size {self.batch_size}",
             )
         if self.warmup_steps < 0:
-            raise bad(
+            raise _bad_setting(
                 "--warmup-steps", "finetune.warmup_steps", f"must be >= 0, got {self.warmup_steps}"
             )
         if not self.clip_grad_norm > 0:
-            raise bad("--clip-grad-norm", "finetune.clip_grad_norm", "must be > 0")
+            raise _bad_setting("--clip-grad-norm", "finetune.clip_grad_norm", "must be > 0")
         if not 0 <= self.momentum <= 1:
-            raise bad("--momentum", "finetune.momentum", f"must lie in [0, 1], got {self.momentum}")
+            raise _bad_setting(
+                "--momentum", "finetune.momentum", f"must lie in [0, 1], got {self.momentum}"
+            )
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
-            raise bad(
+            raise _bad_setting(
                 "--adam-betas", "finetune.adam_betas", f"two values in [0, 1): {self.adam_betas}"
             )
         if not 0 < self.val_fraction < 1:
-            raise bad("--val-fraction", "finetune.val_fraction", "must lie in (0, 1)")
+            raise _bad_setting("--val-fraction", "finetune.val_fraction", "must lie in (0, 1)")
         if self.precision not in ("fp32", "bf16"):
-            raise bad("--precision", "finetune.precision", f"{self.precision!r} not fp32|bf16")
+            raise _bad_setting(
+                "--precision", "finetune.precision", f"{self.precision!r} not fp32|bf16"
+            )
         if self.num_workers < 0:
-            raise bad("--num-workers", "finetune.num_workers", "must be >= 0")
+            raise _bad_setting("--num-workers", "finetune.num_workers", "must be >= 0")
         if self.augment not in ("auto", "cpu", "device"):
-            raise bad("--augment", "finetune.augment", f"{self.augment!r} not auto|cpu|device")
+            raise _bad_setting(
+                "--augment", "finetune.augment", f"{self.augment!r} not auto|cpu|device"
+            )
         if self.lora_rank < 1:
-            raise bad("--lora-rank", "finetune.lora.rank", f"must be >= 1, got {self.lora_rank}")
+            raise _bad_setting(
+                "--lora-rank", "finetune.lora.rank", f"must be >= 1, got {self.lora_rank}"
+            )
         if not self.lora_alpha > 0:
-            raise bad("--lora-alpha", "finetune.lora.alpha", f"must be > 0, got {self.lora_alpha}")
+            raise _bad_setting(
+                "--lora-alpha", "finetune.lora.alpha", f"must be > 0, got {self.lora_alpha}"
+            )
         try:
             ModelSpec.from_config(self.model_spec)
         except (TypeError, ValueError) as error:
-            raise bad("--model-spec", f"models.{self.model}", str(error)) from error
+            raise _bad_setting("--model-spec", f"models.{model}", str(error)) from error
+
+
+def _bad_setting(flag: str, key: str, message: str) -> ValueError:
+    return ValueError(f"{flag} ({key}): {message}")
+
+
+def check_identity(run: Run) -> None:
+    """Check a run's configuration, learning rate and seed before any compute.
+
+    Raises:
+        ValueError: naming the CLI flag and config key of the first bad value.
+    """
+    try:
+        parse_configuration(run.configuration)
+    except ValueError as error:
+        raise _bad_setting(
+            "--configuration", "experiments.<name>.configurations", str(error)
+        ) from None
+    if not (run.lr > 0 and math.isfinite(run.lr)):
+        raise _bad_setting(
+            "--lr", "experiments.<name>.lrs", f"must be a finite number > 0, got {run.lr}"
+        )
+    if run.seed < 0:
+        raise _bad_setting("--seed", "experiments.<name>.seeds", f"must be >= 0, got {run.seed}")
+
+
+_IDENTITY_FIELDS = tuple(field.name for field in dataclasses.fields(Run))
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinetuneSettings(TrainingSettings):
+    """One run: its identity (the fields of :class:`vitplasticity.config.Run`) and its
+    :class:`TrainingSettings`, flat, so that each field is the CLI flag of that name.
+
+    What :func:`run` and the pieces of a run take. Build one from its two parts with
+    :meth:`of`; :attr:`identity` and :attr:`training` give them back.
+    """
+
+    experiment: str
+    model: str
+    dataset: str
+    configuration: str
+    lr: float
+    seed: int
+
+    @classmethod
+    def of(cls, run: Run, training: TrainingSettings) -> FinetuneSettings:
+        """The settings of ``run`` trained with ``training``."""
+        shared = {f.name: getattr(training, f.name) for f in dataclasses.fields(TrainingSettings)}
+        return cls(**shared, **{name: getattr(run, name) for name in _IDENTITY_FIELDS})
+
+    @property
+    def identity(self) -> Run:
+        """Which run this is (experiment, model, dataset, configuration, lr, seed)."""
+        return Run(**{name: getattr(self, name) for name in _IDENTITY_FIELDS})
+
+    @property
+    def training(self) -> TrainingSettings:
+        """The training settings alone (what the runs of one packed job share)."""
+        fields = dataclasses.fields(TrainingSettings)
+        return TrainingSettings(**{f.name: getattr(self, f.name) for f in fields})
+
+    def validate(self, model: str | None = None) -> None:
+        """Check the identity, then the training settings, before any compute.
+
+        Raises:
+            ValueError: naming the CLI flag and config key of the first bad value.
+        """
+        check_identity(self.identity)
+        super().validate(self.model if model is None else model)
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """The settings that shape the numbers (what a resumable checkpoint must match)."""
@@ -224,7 +312,7 @@ class FinetuneSettings:
         return fields
 
 
-def augment_on_device(settings: FinetuneSettings, device: torch.device) -> bool:
+def augment_on_device(settings: TrainingSettings, device: torch.device) -> bool:
     """Whether the run crops and flips on ``device`` (``augment``: auto means on a GPU)."""
     if settings.augment == "auto":
         return device.type == "cuda"
@@ -424,42 +512,37 @@ def _metrics_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
     return pl.DataFrame(columns, schema=METRICS_SCHEMA)
 
 
-def _outcome(
-    settings: FinetuneSettings, best: dict[str, Any] | None, diverged: bool, final_step: int
-) -> dict[str, Any]:
-    """The run's identity and result: the summary fields the report aggregates."""
-    return {
-        "experiment": settings.experiment,
-        "model": settings.model,
-        "dataset": settings.dataset,
-        "configuration": settings.configuration,
-        "optimizer": settings.optimizer,
-        "lr": float(settings.lr),
-        "seed": int(settings.seed),
-        "status": "diverged" if diverged else "completed",
-        "diverged": diverged,
-        "best_step": best["step"] if best else None,
-        "best_val_accuracy": best["val_accuracy"] if best else None,
-        "best_val_loss": best["val_loss"] if best else None,
-        "test_accuracy": best["test_accuracy"] if best else None,
-        "final_step": final_step,
-        "steps": settings.steps,
-        "demo": settings.demo,
-    }
+@dataclass
+class RunContext:
+    """What :func:`setup_run` prepares before the first step: model, optimizer, data, device."""
+
+    settings: FinetuneSettings
+    out_dir: Path
+    device: torch.device
+    run_model: RunModel  # its model is the compiled one under ``compile``
+    optimizer: torch.optim.Optimizer
+    batches: loader.TrainBatches  # DeviceTrainBatches when augmenting on the device
+    on_device: bool  # crops and flips on the device
+    train_size: int  # training images (the data position a checkpoint records)
+    val_set: loader.EvalSet
+    test_set: loader.EvalSet
+    resolved: dict[str, Any]  # what the settings resolved to on this machine (provenance)
+    started: float  # time.perf_counter() when the run started
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out_dir / CHECKPOINT_NAME
 
 
-def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
-    """Finetune one configuration; write metrics.parquet and summary.json into ``out_dir``.
-
-    Resumes from ``out_dir/checkpoint.pt`` when one written with the same settings exists.
-
-    Returns:
-        The summary (what summary.json holds).
+def setup_run(
+    settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
+) -> RunContext:
+    """Check the settings and the dataset, then build the run's model, optimizer and data.
 
     Raises:
-        ValueError: for a bad setting, naming its flag and config key.
+        ValueError: for a bad setting, naming its flag and config key, or a GPU device
+            asked for where none is visible.
         FileNotFoundError: when ``dataset_dir`` is not a prepared dataset.
-        Preempted: when SIGTERM arrived; the checkpoint is written first.
     """
     settings.validate()
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
@@ -473,35 +556,15 @@ def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
 
     splits = loader.load_finetune_splits(dataset_dir, settings.seed, settings.val_fraction)
     run_model = build_run_model(settings, splits.num_classes, device)
-    model, pre, named_trainable = run_model.model, run_model.preprocessing, run_model.trainable
-    optimizer = build_optimizer(named_trainable, settings)
-
-    checkpoint_path = out_dir / CHECKPOINT_NAME
-    key = fingerprint(settings.fingerprint_fields())
-    # Loaded on the CPU: RNG states must stay CPU tensors; copy_ and the optimizer's
-    # load_state_dict move the rest to the parameters' device.
-    state = load_checkpoint(checkpoint_path, key)
-    rows: list[dict[str, Any]] = []
-    best: dict[str, Any] | None = None
-    start_step, wall_before = 0, 0.0
-    if state is not None:
-        with torch.no_grad():
-            for name, parameter in named_trainable:
-                parameter.copy_(state["trainable"][name])
-        optimizer.load_state_dict(state["optimizer"])
-        restore_rng_states(state["rng"])
-        rows, best = state["rows"], state["best"]
-        start_step, wall_before = state["step"], state["wall_seconds"]
-        log.info("resuming %s from step %d", checkpoint_path, start_step)
-
+    optimizer = build_optimizer(run_model.trainable, settings)
+    pre = run_model.preprocessing
     bank = loader.ImageBank(splits.train.images)
     on_device = augment_on_device(settings, device)
     batch_class = loader.DeviceTrainBatches if on_device else loader.TrainBatches
     batches = batch_class(bank, splits.train.labels, pre, settings.batch_size, settings.seed)
     if settings.compile:
         # The compiled module shares the parameters: optimizer and checkpoints are unchanged.
-        run_model = dataclasses.replace(run_model, model=torch.compile(model))
-        model = run_model.model
+        run_model = dataclasses.replace(run_model, model=torch.compile(run_model.model))
     val_set, test_set = loader.eval_set(splits.val, pre), loader.eval_set(splits.test, pre)
     resolved = {
         "device": str(device),
@@ -515,99 +578,274 @@ def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
         "model_selection": "test accuracy at the step of best validation accuracy (earliest)",
     }
     log.info("run %s: %s", out_dir, resolved)
+    return RunContext(
+        settings=settings,
+        out_dir=out_dir,
+        device=device,
+        run_model=run_model,
+        optimizer=optimizer,
+        batches=batches,
+        on_device=on_device,
+        train_size=len(bank),
+        val_set=val_set,
+        test_set=test_set,
+        resolved=resolved,
+        started=started,
+    )
 
-    def checkpoint(step: int) -> None:
+
+@dataclass
+class ResumableState:
+    """What a run has done so far and what its checkpoint carries to the next process:
+    the metric rows, the best validation point, the step it starts from and the wall time
+    of the processes before."""
+
+    key: str  # fingerprint of the settings the checkpoint must match
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    best: dict[str, Any] | None = None
+    start_step: int = 0
+    wall_before: float = 0.0
+    resumed: bool = False
+
+    @classmethod
+    def resume(cls, context: RunContext) -> ResumableState:
+        """The state of a fresh run, or that of the checkpoint in the run's folder when one
+        written with the same settings is there: its trained parameters, optimizer state and
+        RNG states are restored into ``context``."""
+        state = cls(fingerprint(context.settings.fingerprint_fields()))
+        # Loaded on the CPU: RNG states must stay CPU tensors; copy_ and the optimizer's
+        # load_state_dict move the rest to the parameters' device.
+        saved = load_checkpoint(context.checkpoint_path, state.key)
+        if saved is None:
+            return state
+        with torch.no_grad():
+            for name, parameter in context.run_model.trainable:
+                parameter.copy_(saved["trainable"][name])
+        context.optimizer.load_state_dict(saved["optimizer"])
+        restore_rng_states(saved["rng"])
+        state.rows, state.best = saved["rows"], saved["best"]
+        state.start_step, state.wall_before = saved["step"], saved["wall_seconds"]
+        state.resumed = True
+        log.info("resuming %s from step %d", context.checkpoint_path, state.start_step)
+        return state
+
+    def record(self, row: dict[str, Any]) -> None:
+        """Add a metrics row; a validation row with a higher accuracy than every earlier one
+        becomes the best (so ties keep the earliest)."""
+        self.rows.append(row)
+        if row["kind"] == "val" and (
+            self.best is None or row["val_accuracy"] > self.best["val_accuracy"]
+        ):
+            self.best = {
+                "step": row["step"],
+                "val_accuracy": row["val_accuracy"],
+                "val_loss": row["val_loss"],
+                "test_accuracy": row["test_accuracy"],
+            }
+
+    def save(self, context: RunContext, step: int) -> None:
+        """Write the checkpoint of the run after ``step`` steps (atomically)."""
         save_checkpoint(
-            checkpoint_path,
+            context.checkpoint_path,
             {
                 "step": step,
-                "trainable": {name: p.detach() for name, p in named_trainable},
-                "optimizer": optimizer.state_dict(),
+                "trainable": {name: p.detach() for name, p in context.run_model.trainable},
+                "optimizer": context.optimizer.state_dict(),
                 "rng": rng_states(),
-                "rows": rows,
-                "best": best,
-                "wall_seconds": wall_before + time.perf_counter() - started,
-                "data_position": loader.loader_position(step, settings.batch_size, len(bank)),
+                "rows": self.rows,
+                "best": self.best,
+                "wall_seconds": self.wall_seconds(context),
+                "data_position": loader.loader_position(
+                    step, context.settings.batch_size, context.train_size
+                ),
             },
-            key,
+            self.key,
         )
 
-    diverged, step, train_seconds = False, start_step, 0.0
+    def wall_seconds(self, context: RunContext) -> float:
+        """Wall time of the run so far, over every process that worked on it."""
+        return self.wall_before + time.perf_counter() - context.started
+
+
+def train_row(step: int, result: StepResult) -> dict[str, Any]:
+    """The metrics row of a logged training step."""
+    return {
+        "step": step,
+        "kind": "train",
+        "lr": result.lr,
+        "train_loss": result.loss,
+        "grad_norm": result.grad_norm,
+        **{f"grad_norm_{group}": value for group, value in result.group_norms.items()},
+    }
+
+
+def evaluation_point(context: RunContext, step: int, lr: float) -> dict[str, Any]:
+    """The metrics row of a validation point: loss and accuracy on val, accuracy on test."""
+    model, pre = context.run_model.model, context.run_model.preprocessing
+    val_loss, val_accuracy = _evaluate(
+        model, context.val_set, pre, context.device, context.settings
+    )
+    _, test_accuracy = _evaluate(model, context.test_set, pre, context.device, context.settings)
+    log.info("step %d val %.4f test %.4f", step, val_accuracy, test_accuracy)
+    return {
+        "step": step,
+        "kind": "val",
+        "lr": lr,
+        "val_loss": val_loss,
+        "val_accuracy": val_accuracy,
+        "test_accuracy": test_accuracy,
+    }
+
+
+@dataclass(frozen=True)
+class TrainingOutcome:
+    """How the steps of one process ended."""
+
+    diverged: bool
+    final_step: int  # the last step taken (the start step when none was)
+    train_seconds: float  # time spent in this process's steps (data included)
+
+
+def _step_images(context: RunContext, item: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uint8 images and labels of one batch from the loader (cropped on the device when
+    the run augments there)."""
+    if not context.on_device:
+        return item
+    canvas, sizes, boxes, flips, labels = item
+    canvas = canvas.to(context.device, non_blocking=True)
+    input_size = context.run_model.preprocessing.input_size
+    return loader.augment_on_device(canvas, sizes, boxes, flips, input_size), labels
+
+
+def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
+    """The steps from ``state.start_step`` to the last: train, log, validate, checkpoint.
+
+    Stops early when the loss or gradient becomes non-finite (the run diverged).
+
+    Raises:
+        Preempted: when SIGTERM arrived; the checkpoint is written first.
+    """
+    settings, device = context.settings, context.device
+    diverged, step, train_seconds = False, state.start_step, 0.0
     with _sigterm_flag() as sigterm:
         stream = loader.train_batches(
-            batches, start_step, settings.steps, settings.num_workers, device.type == "cuda"
+            context.batches,
+            state.start_step,
+            settings.steps,
+            settings.num_workers,
+            device.type == "cuda",
         )
-        for step_index, item in enumerate(stream, start=start_step):
+        for step_index, item in enumerate(stream, start=state.start_step):
             tick = time.perf_counter()
-            if on_device:
-                canvas, sizes, boxes, flips, labels = item
-                canvas = canvas.to(device, non_blocking=True)
-                images = loader.augment_on_device(canvas, sizes, boxes, flips, pre.input_size)
-            else:
-                images, labels = item
+            images, labels = _step_images(context, item)
             step = step_index + 1
             logged = step == 1 or step % settings.log_every == 0 or step == settings.steps
             result = training_step(
-                run_model, optimizer, images, labels, step_index, settings, device, logged
+                context.run_model,
+                context.optimizer,
+                images,
+                labels,
+                step_index,
+                settings,
+                device,
+                logged,
             )
             train_seconds += time.perf_counter() - tick
-            diverged, lr = not result.finite, result.lr
+            diverged = not result.finite
             if logged or diverged:
-                rows.append(
-                    {
-                        "step": step,
-                        "kind": "train",
-                        "lr": lr,
-                        "train_loss": result.loss,
-                        "grad_norm": result.grad_norm,
-                        **{f"grad_norm_{g}": value for g, value in result.group_norms.items()},
-                    }
-                )
+                state.record(train_row(step, result))
                 log.info(
-                    "step %d loss %.4f grad %.4f lr %.3g", step, result.loss, result.grad_norm, lr
+                    "step %d loss %.4f grad %.4f lr %.3g",
+                    step,
+                    result.loss,
+                    result.grad_norm,
+                    result.lr,
                 )
             if diverged:
                 log.warning("step %d: non-finite loss or gradient; the run diverged", step)
                 break
             if step % settings.val_every == 0 or step == settings.steps:
-                val_loss, val_accuracy = _evaluate(model, val_set, pre, device, settings)
-                _, test_accuracy = _evaluate(model, test_set, pre, device, settings)
-                rows.append(
-                    {
-                        "step": step,
-                        "kind": "val",
-                        "lr": lr,
-                        "val_loss": val_loss,
-                        "val_accuracy": val_accuracy,
-                        "test_accuracy": test_accuracy,
-                    }
-                )
-                if best is None or val_accuracy > best["val_accuracy"]:
-                    best = {
-                        "step": step,
-                        "val_accuracy": val_accuracy,
-                        "val_loss": val_loss,
-                        "test_accuracy": test_accuracy,
-                    }
-                log.info("step %d val %.4f test %.4f", step, val_accuracy, test_accuracy)
+                state.record(evaluation_point(context, step, result.lr))
             if step < settings.steps and sigterm.is_set():
-                checkpoint(step)
-                raise Preempted(f"SIGTERM after step {step}: checkpoint {checkpoint_path} written")
+                state.save(context, step)
+                raise Preempted(
+                    f"SIGTERM after step {step}: checkpoint {context.checkpoint_path} written"
+                )
             if step < settings.steps and step % settings.checkpoint_every == 0:
-                checkpoint(step)
+                state.save(context, step)
+    return TrainingOutcome(diverged, step, train_seconds)
 
-    steps_per_second = (step - start_step) / train_seconds if train_seconds > 0 else None
-    summary = {
-        **_outcome(settings, best, diverged, step),
-        "trainable_parameters": sum(p.numel() for _, p in named_trainable),
-        "total_parameters": sum(p.numel() for p in model.parameters()),
+
+def summary(context: RunContext, state: ResumableState, outcome: TrainingOutcome) -> dict[str, Any]:
+    """What summary.json holds: the run's identity and result (the fields the report
+    aggregates), its parameter counts and speed, and the provenance."""
+    settings, best = context.settings, state.best
+    done = outcome.final_step - state.start_step
+    steps_per_second = done / outcome.train_seconds if outcome.train_seconds > 0 else None
+    return {
+        "experiment": settings.experiment,
+        "model": settings.model,
+        "dataset": settings.dataset,
+        "configuration": settings.configuration,
+        "optimizer": settings.optimizer,
+        "lr": float(settings.lr),
+        "seed": int(settings.seed),
+        "status": "diverged" if outcome.diverged else "completed",
+        "diverged": outcome.diverged,
+        "best_step": best["step"] if best else None,
+        "best_val_accuracy": best["val_accuracy"] if best else None,
+        "best_val_loss": best["val_loss"] if best else None,
+        "test_accuracy": best["test_accuracy"] if best else None,
+        "final_step": outcome.final_step,
+        "steps": settings.steps,
+        "demo": settings.demo,
+        "trainable_parameters": sum(p.numel() for _, p in context.run_model.trainable),
+        "total_parameters": sum(p.numel() for p in context.run_model.model.parameters()),
         "steps_per_second": steps_per_second,
         "images_per_second": steps_per_second * settings.batch_size if steps_per_second else None,
-        "wall_seconds": wall_before + time.perf_counter() - started,
-        "resumed": state is not None,
-        **provenance({**dataclasses.asdict(settings), "resolved": resolved}, device),
+        "wall_seconds": state.wall_seconds(context),
+        "resumed": state.resumed,
+        **provenance(
+            {**dataclasses.asdict(settings), "resolved": context.resolved}, context.device
+        ),
     }
-    write_parquet(out_dir / "metrics.parquet", _metrics_frame(rows), metadata={"summary": summary})
-    write_json(out_dir / "summary.json", summary)
-    remove_checkpoint(checkpoint_path)
-    return summary
+
+
+def write_outputs(context: RunContext, state: ResumableState, run_summary: dict[str, Any]) -> None:
+    """Write metrics.parquet (the summary in its footer) and summary.json, then delete the
+    checkpoint: a finished run leaves its two files only."""
+    write_parquet(
+        context.out_dir / "metrics.parquet",
+        _metrics_frame(state.rows),
+        metadata={"summary": run_summary},
+    )
+    write_json(context.out_dir / "summary.json", run_summary)
+    remove_checkpoint(context.checkpoint_path)
+
+
+def train(
+    run: Run, settings: TrainingSettings, dataset_dir: str | Path, out_dir: str | Path
+) -> dict[str, Any]:
+    """Finetune ``run`` with ``settings``; write metrics.parquet and summary.json into ``out_dir``.
+
+    Resumes from ``out_dir/checkpoint.pt`` when one written with the same settings exists.
+
+    Returns:
+        The summary (what summary.json holds).
+
+    Raises:
+        ValueError: for a bad setting, naming its flag and config key.
+        FileNotFoundError: when ``dataset_dir`` is not a prepared dataset.
+        Preempted: when SIGTERM arrived; the checkpoint is written first.
+    """
+    context = setup_run(FinetuneSettings.of(run, settings), dataset_dir, out_dir)
+    state = ResumableState.resume(context)
+    outcome = train_steps(context, state)
+    run_summary = summary(context, state, outcome)
+    write_outputs(context, state, run_summary)
+    return run_summary
+
+
+def run(settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """:func:`train` for a run given as one :class:`FinetuneSettings` (identity + settings)."""
+    return train(settings.identity, settings.training, dataset_dir, out_dir)

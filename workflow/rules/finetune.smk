@@ -1,6 +1,7 @@
 # Single-component finetuning: one job per (experiment, model, dataset, configuration, lr, seed),
 # or, with finetune.pack_runs, one job per (experiment, model, dataset) running its runs in one
 # process (each run still has its own folder, summary and metrics).
+from vitplasticity.config import grid_lr
 
 if not config["finetune"].get("pack_runs", False):
 
@@ -17,6 +18,9 @@ if not config["finetune"].get("pack_runs", False):
         params:
             **FINETUNE_PARAMS,
             out_dir=lambda w, output: os.path.dirname(output.summary),
+            # The grid's exact LR (the {lr} wildcard is its 6-digit path label), passed as its
+            # repr like the packed runs' JSON: both ways train with the same float.
+            lr=lambda w: grid_lr(config, w.experiment, w.dataset, w.lr),
             # Empty for every configuration without "lora": editing finetune.lora reruns LoRA runs only.
             lora_flags=lora_flags,
         resources:
@@ -25,7 +29,7 @@ if not config["finetune"].get("pack_runs", False):
             ENV
         shell:
             f"{FINETUNE_COMMAND} --configuration {{wildcards.configuration:q}}"
-            " --lr {wildcards.lr} --seed {wildcards.seed} --out-dir {params.out_dir:q}"
+            " --lr {params.lr} --seed {wildcards.seed} --out-dir {params.out_dir:q}"
             " {params.lora_flags} > {log:q} 2>&1"
 
 else:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 from vitplasticity.commands import json_argument
+
+if TYPE_CHECKING:
+    from vitplasticity.finetune import TrainingSettings
 
 log = logging.getLogger(__name__)
 
@@ -117,52 +122,37 @@ def _requested_runs(args: argparse.Namespace) -> list[dict]:
     return args.runs
 
 
+def _training_settings(args: argparse.Namespace) -> TrainingSettings:
+    """The settings every requested run shares (every training flag)."""
+    from vitplasticity.finetune import TrainingSettings
+
+    names = [field.name for field in dataclasses.fields(TrainingSettings)]
+    values = {name: getattr(args, name) for name in names}
+    return TrainingSettings(**{**values, "adam_betas": tuple(args.adam_betas)})
+
+
 def run_finetune(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+    """Train each requested run in turn (``--runs``, or the single-run flags)."""
+    from vitplasticity.config import Run
+    from vitplasticity.finetune import Preempted, check_identity, train
 
-    from vitplasticity.finetune import FinetuneSettings, Preempted, run
-
-    base = FinetuneSettings(
-        experiment=args.experiment,
-        model=args.model,
-        dataset=args.dataset,
-        model_spec=args.model_spec,
-        configuration="head",  # each run below sets its own
-        optimizer=args.optimizer,
-        lr=1.0,
-        seed=0,
-        steps=args.steps,
-        val_every=args.val_every,
-        batch_size=args.batch_size,
-        micro_batch_size=args.micro_batch_size,
-        warmup_steps=args.warmup_steps,
-        clip_grad_norm=args.clip_grad_norm,
-        momentum=args.momentum,
-        adam_betas=tuple(args.adam_betas),
-        val_fraction=args.val_fraction,
-        precision=args.precision,
-        device=args.device,
-        num_workers=args.num_workers,
-        augment=args.augment,
-        compile=args.compile,
-        log_every=args.log_every,
-        checkpoint_every=args.checkpoint_every,
-        demo=args.demo,
-        lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha,
-    )
+    settings = _training_settings(args)
+    # Both ways give the LR as a float parsed from its shortest repr (--lr, or a JSON number):
+    # a packed run and a run of its own train with the same LR, to the last bit.
     runs = [
         (
-            replace(base, configuration=r["configuration"], lr=float(r["lr"]), seed=int(r["seed"])),
+            Run(args.experiment, args.model, args.dataset, r["configuration"], float(r["lr"]),
+                int(r["seed"])),
             r["out_dir"],
         )
         for r in _requested_runs(args)
-    ]
-    for settings, _ in runs:  # every run's settings are checked before the first one starts
-        settings.validate()
-    for settings, out_dir in runs:
+    ]  # fmt: skip
+    for run, _ in runs:  # every run is checked before the first one starts
+        check_identity(run)
+    settings.validate(args.model)
+    for run, out_dir in runs:
         try:
-            summary = run(settings, args.dataset_dir, out_dir)
+            summary = train(run, settings, args.dataset_dir, out_dir)
         except Preempted as stop:
             log.warning("%s; rerun to resume", stop)
             return PREEMPTED_EXIT
