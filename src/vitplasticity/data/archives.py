@@ -1,20 +1,31 @@
-"""Reading members out of tar and zip archives without extracting them to disk.
+"""Reading members out of tar and zip archives without extracting them to disk, and one clear
+error for an input file that cannot be parsed.
 
 The sources parse what they need straight from the downloaded archive (a 2.9 GB
-CIFAR-10-C tar holds 19 corruptions; one dataset needs one ``.npy``). A damaged archive
-raises :class:`ArchiveError` naming the file, never a bare ``tarfile``/``zlib`` traceback.
+CIFAR-10-C tar holds 19 corruptions; one dataset needs one ``.npy``). Every file a dataset is
+read from is an :class:`InputFile`: its path and the remedy that fits where it came from (a
+download is deleted and fetched again; the user's own file is never downloaded, so it must be
+replaced). Parsing inside ``InputFile.reading`` turns whatever a damaged file raises (a
+truncated archive, an HTML page saved under the expected name, a missing member, an image the
+decoder rejects) into one :class:`DamagedFileError` naming the file, the member and the remedy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import lzma
 import os
+import pickle
+import re
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from vitplasticity.data.download import Progress
 
@@ -23,16 +34,134 @@ class ArchiveError(RuntimeError):
     """An archive that cannot be read (truncated, corrupted, or not the expected format)."""
 
 
+class DamagedFileError(ArchiveError):
+    """An input file that cannot be parsed; the message names it, the member and the remedy."""
+
+
+class FormatError(ValueError):
+    """Bytes that are not in the expected format, found by a parser of this package; the
+    message says what is wrong, ``InputFile.reading`` adds where and the remedy."""
+
+
+# What parsing bytes that are not what they should be raises: truncated or corrupted streams
+# and foreign formats (tarfile, zipfile, zlib, lzma, pickle, numpy, PIL), and the lookups into
+# a parsed structure that lacks an entry. Programming errors (TypeError, AttributeError,
+# NameError) are deliberately not among them.
+PARSE_ERRORS: tuple[type[Exception], ...] = (
+    EOFError,
+    OSError,
+    ValueError,
+    LookupError,
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    zlib.error,
+    lzma.LZMAError,
+    pickle.UnpicklingError,
+)
+
+
+def download_remedy(path: str | os.PathLike[str]) -> str:
+    """What to do about a damaged file of the downloads folder."""
+    return f"delete {path} and rerun: it will be downloaded again"
+
+
+def local_remedy(key: str) -> str:
+    """What to do about a damaged file that the config key ``key`` points at."""
+    return f"this is your local file from config {key}: replace it; it is never downloaded"
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """A file a dataset is read from, and what to do when it turns out to be damaged."""
+
+    path: Path
+    remedy: str
+
+    @classmethod
+    def downloaded(cls, path: str | os.PathLike[str]) -> InputFile:
+        """A file of the downloads folder: deleting it makes the next run fetch it again."""
+        return cls(Path(path), download_remedy(path))
+
+    @classmethod
+    def local(cls, path: str | os.PathLike[str], key: str) -> InputFile:
+        """The user's own file, named by config key ``key`` (never downloaded)."""
+        return cls(Path(path), local_remedy(key))
+
+    def damaged(self, problem: str, member: str | None = None) -> DamagedFileError:
+        """The error for this file (or its ``member``): where, what is wrong, the remedy."""
+        where = str(self.path) if member is None else f"{self.path}, member {member}"
+        return DamagedFileError(f"{where}: {problem}; {self.remedy}")
+
+    @contextlib.contextmanager
+    def reading(self, kind: str, member: str | None = None) -> Iterator[None]:
+        """Parse this file (or its ``member``) as a ``kind``; failures become one clear error.
+
+        An :class:`ArchiveError` raised inside (a missing member, a wrong shape) gets the
+        remedy appended; a low-level parse error (:data:`PARSE_ERRORS`) becomes "not a
+        readable <kind>" with its cause, and a hint when the file is empty or an HTML page.
+        A :class:`DamagedFileError` from a nested ``reading`` passes unchanged.
+
+        Raises:
+            DamagedFileError: naming the file, the member and the remedy.
+        """
+        try:
+            yield
+        except DamagedFileError:
+            raise
+        except ArchiveError as error:
+            raise DamagedFileError(f"{error}; {self.remedy}") from error
+        except PARSE_ERRORS as error:
+            hint = content_hint(self.path) if member is None else None
+            problem = f"not a readable {kind}" + (f": it is {hint}" if hint else "")
+            raise self.damaged(f"{problem} ({_cause(error)})", member) from error
+
+
+def content_hint(path: str | os.PathLike[str]) -> str | None:
+    """What a file that is not in its expected format holds, when that is recognisable: empty,
+    or an HTML page (what web servers send for errors and logins); None otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    with path.open("rb") as handle:
+        head = handle.read(512)
+    if not head:
+        return "an empty file"
+    if head.lstrip().lower().startswith((b"<!doctype html", b"<html", b"<head", b"<body")):
+        return "an HTML page (e.g. an error or login page saved under this name)"
+    return None
+
+
+def _cause(error: BaseException) -> str:
+    """What a parse error says: our own FormatError's message, else ``Type: message``."""
+    return str(error) if isinstance(error, FormatError) else f"{type(error).__name__}: {error}"
+
+
 @contextlib.contextmanager
-def archive_errors(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Turn the many ways a damaged archive fails into one ArchiveError naming it."""
+def archive_errors(path: str | os.PathLike[str], member: str | None = None) -> Iterator[None]:
+    """Turn the many ways a damaged archive fails into one ArchiveError naming it (and the
+    member being read); the caller's ``InputFile.reading`` adds the remedy."""
     try:
         yield
-    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError) as error:
-        raise ArchiveError(
-            f"{path}: corrupted or truncated archive ({type(error).__name__}: {error}); "
-            "delete it and rerun to fetch it again"
-        ) from error
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError) as error:
+        where = str(path) if member is None else f"{path}, member {member}"
+        hint = content_hint(path)
+        problem = f"not an archive: it is {hint}" if hint else "corrupted or truncated archive"
+        raise ArchiveError(f"{where}: {problem} ({_cause(error)})") from error
+
+
+def read_mat(data: bytes) -> dict[str, Any]:
+    """The variables of a MATLAB ``.mat`` file (``scipy.io.loadmat``, squeezed).
+
+    Raises:
+        FormatError: the bytes are not a readable ``.mat`` file (scipy raises MatReadError,
+            IndexError and others on foreign bytes; one type for ``InputFile.reading``).
+    """
+    from scipy.io import loadmat
+
+    try:
+        return loadmat(io.BytesIO(data), squeeze_me=True)
+    except Exception as error:  # scipy has no one error type for bytes it cannot parse
+        raise FormatError(f"{type(error).__name__}: {error}") from error
 
 
 def _is_compressed_tar(path: Path) -> bool:
@@ -76,7 +205,9 @@ def iter_tar(
                 if member.isfile() and (want is None or want(member.name)):
                     handle = tar.extractfile(member)
                     assert handle is not None
-                    yield member.name, handle.read()
+                    with archive_errors(path, member.name):
+                        data = handle.read()
+                    yield member.name, data
     finally:
         progress.close()
 
@@ -121,7 +252,8 @@ def read_tar_members(path: str | os.PathLike[str], names: set[str]) -> dict[str,
                     if member.name in names and member.isfile():
                         handle = tar.extractfile(member)
                         assert handle is not None
-                        found[member.name] = handle.read()
+                        with archive_errors(path, member.name):
+                            found[member.name] = handle.read()
         else:
             found = dict(iter_tar(path, lambda name: name in names))
     missing = sorted(names - found.keys())
@@ -153,3 +285,38 @@ def open_zip(path: str | os.PathLike[str]) -> Iterator[zipfile.ZipFile]:
     """Open a zip archive; damage (also while reading members) raises ArchiveError."""
     with archive_errors(path), zipfile.ZipFile(path) as archive:
         yield archive
+
+
+_DECODE_CHUNK = 256  # images per task of the decode check
+# torchvision prefixes its decode errors with the C++ function and source line.
+_TORCHVISION_PREFIX = re.compile(r"^\w+, \S+:\d+, ")
+
+
+def first_undecodable(images: Sequence[bytes]) -> tuple[int, str] | None:
+    """The first image that the training decoder rejects: its index and the reason.
+
+    Images are stored as they are (no re-encoding), so this is the one chance to name the
+    file a bad image came from; later stages only see a row of the prepared store. The
+    decoder is the one training uses (:func:`vitplasticity.data.transforms.decode`, which
+    also rejects formats it cannot read, such as BMP and TIFF). Threads, since torchvision's
+    decoder releases the GIL.
+    """
+    from vitplasticity.data.transforms import decode
+
+    def first_bad(start: int) -> tuple[int, str] | None:
+        for index in range(start, min(start + _DECODE_CHUNK, len(images))):
+            if not images[index]:
+                return index, "the image is empty (0 bytes)"
+            try:
+                decode(images[index])
+            except (RuntimeError, ValueError) as error:  # torchvision's failures on bad bytes
+                return index, _TORCHVISION_PREFIX.sub("", str(error).strip())
+        return None
+
+    workers = min(8, len(os.sched_getaffinity(0)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for result in pool.map(first_bad, range(0, len(images), _DECODE_CHUNK)):
+            if result is not None:
+                pool.shutdown(cancel_futures=True)  # the rest cannot change the answer
+                return result
+    return None

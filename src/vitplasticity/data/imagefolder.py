@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from vitplasticity.data.archives import InputFile, first_undecodable
 from vitplasticity.data.store import PreparedDatasetWriter, fixed_split
 
 IMAGE_SUFFIXES: frozenset[str] = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif"})
@@ -49,6 +50,26 @@ def scan_image_folder(
     return paths, labels, names
 
 
+def read_images(paths: list[Path], key: str) -> list[bytes]:
+    """The encoded bytes of every image, each checked to decode as training will decode it.
+
+    Args:
+        paths: the image files.
+        key: the config key the folder comes from (named in the remedy).
+
+    Raises:
+        DamagedFileError: an unreadable or undecodable image, naming it and the remedy.
+    """
+    images = []
+    for path in paths:
+        with InputFile.local(path, key).reading("image file"):
+            images.append(path.read_bytes())
+    bad = first_undecodable(images)
+    if bad is not None:
+        raise InputFile.local(paths[bad[0]], key).damaged(f"not a decodable image ({bad[1]})")
+    return images
+
+
 def prepare_image_folder(
     root: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -57,9 +78,27 @@ def prepare_image_folder(
     split_seed: int = 42,
     test_fraction: float = 0.2,
     extra_meta: dict[str, Any] | None = None,
+    key: str | None = None,
 ) -> dict[str, int]:
-    """Prepare an ImageFolder tree; return the split sizes."""
+    """Prepare an ImageFolder tree; return the split sizes.
+
+    Every image must decode (see :func:`read_images`); on any failure nothing is written.
+
+    Args:
+        root: the folder.
+        out_dir: the prepared dataset's folder.
+        name: the dataset's name.
+        split_seed: seed of the fixed pool/test split (no ``train``/``test`` subfolders).
+        test_fraction: the share of that split's test part.
+        extra_meta: more meta.json entries.
+        key: where ``root`` comes from, named in errors (default ``datasets.<name>.root``).
+
+    Raises:
+        FileNotFoundError: ``root`` is missing or holds no class folder with images.
+        DamagedFileError: an image cannot be read or decoded, naming it and the remedy.
+    """
     root = Path(root)
+    key = key or f"datasets.{name}.root"
     with PreparedDatasetWriter(out_dir) as writer:
         if (root / "train").is_dir() and (root / "test").is_dir():
             _, _, classes = scan_image_folder(root / "train")
@@ -68,7 +107,7 @@ def prepare_image_folder(
                     paths, labels, _ = scan_image_folder(root / folder, classes)
                     writer.add_split(
                         split,
-                        (p.read_bytes() for p in paths),
+                        read_images(paths, key),
                         labels,
                         [str(p.relative_to(root)) for p in paths],
                     )
@@ -79,7 +118,7 @@ def prepare_image_folder(
                 chosen = [paths[i] for i in idx]
                 writer.add_split(
                     split,
-                    (p.read_bytes() for p in chosen),
+                    read_images(chosen, key),
                     np.asarray(labels)[idx].tolist(),
                     [str(p.relative_to(root)) for p in chosen],
                 )

@@ -15,7 +15,6 @@ file name) and takes the first ``n_images`` (12,800 = all 50 images of the first
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import re
@@ -28,7 +27,12 @@ import numpy as np
 from vitplasticity.config import IMAGENET_ENV, IMAGENET_LAYOUTS
 from vitplasticity.data.archives import (
     ArchiveError,
+    FormatError,
+    InputFile,
     find_member,
+    first_undecodable,
+    local_remedy,
+    read_mat,
     read_tar_members,
     tar_names,
 )
@@ -45,6 +49,9 @@ _WNID = re.compile(r"^n\d{8}$")
 _OFFICIAL = re.compile(r"(?:^|/)(ILSVRC2012_val_(\d{8}))\.JPEG$", re.IGNORECASE)
 _HF = re.compile(r"(?:^|/)(ILSVRC2012_val_\d{8})_(n\d{8})\.JPEG$", re.IGNORECASE)
 _IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+# Where the files come from, named in the remedy of a damaged one (never downloaded).
+IMAGENET_KEY = f"paths.imagenet (or {IMAGENET_ENV})"
+_SYNSET_FIELDS = frozenset({"ILSVRC2012_ID", "WNID", "num_children"})  # of the devkit's meta.mat
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,8 @@ def index_val(path: str | os.PathLike[str]) -> tuple[str, list[ValImage]]:
     try:
         names = tar_names(path)
     except (ArchiveError, OSError) as error:
-        raise layout_error(path, f"not a readable tar archive ({error})") from error
+        problem = f"not a readable tar archive ({error}); {local_remedy(IMAGENET_KEY)}"
+        raise layout_error(path, problem) from error
     hf = [(m, _HF.search(m)) for m in names]
     if any(match for _, match in hf):
         return "hf", [
@@ -106,40 +114,51 @@ def index_val(path: str | os.PathLike[str]) -> tuple[str, list[ValImage]]:
         ]
     official = [(m, _OFFICIAL.search(m)) for m in names]
     if any(match for _, match in official):
-        wnid_of = _devkit_labels(path)
+        devkit, wnid_of = _devkit_labels(path)
         images = []
         for member, match in official:
             if match:
                 number = int(match.group(2))
                 if number not in wnid_of:
-                    raise ArchiveError(f"{path}: {member} has no label in the devkit ground truth")
+                    raise devkit.damaged(
+                        f"its ground truth has {len(wnid_of)} labels, none for {member} of {path}"
+                    )
                 images.append(ValImage(wnid_of[number], f"{match.group(1)}.JPEG", member))
         return "official", images
     raise layout_error(path, "a tar without ILSVRC2012_val_* images")
 
 
-def _devkit_labels(val_tar: Path) -> dict[int, str]:
-    """Map val image number (1-based) to wnid from the devkit beside the official val tar."""
-    devkit = next(
-        (val_tar.parent / n for n in DEVKIT_NAMES if (val_tar.parent / n).is_file()), None
-    )
-    if devkit is None:
-        raise layout_error(val_tar, f"the official val tar needs {DEVKIT_NAMES[0]} beside it")
-    from scipy.io import loadmat
+def _devkit_labels(val_tar: Path) -> tuple[InputFile, dict[int, str]]:
+    """The devkit beside the official val tar, and its map from val image number (1-based)
+    to wnid.
 
-    names = tar_names(devkit)
-    meta_name = find_member(names, "data/meta.mat", devkit)
-    truth_name = find_member(names, "data/ILSVRC2012_validation_ground_truth.txt", devkit)
-    members = read_tar_members(devkit, {meta_name, truth_name})
-    synsets = loadmat(io.BytesIO(members[meta_name]), squeeze_me=True)["synsets"]
-    # The 1,000 leaf synsets (no children) are the classes; ILSVRC2012_ID numbers them.
-    id_to_wnid = {
-        int(s["ILSVRC2012_ID"]): str(s["WNID"])
-        for s in np.atleast_1d(synsets)
-        if int(s["num_children"]) == 0
-    }
-    truth = [int(v) for v in members[truth_name].decode().split()]
-    return {number: id_to_wnid[class_id] for number, class_id in enumerate(truth, start=1)}
+    Raises:
+        ValueError: no devkit beside the tar (naming the key and the layouts).
+        DamagedFileError: the devkit (or its meta.mat or ground truth) cannot be parsed.
+    """
+    path = next((val_tar.parent / n for n in DEVKIT_NAMES if (val_tar.parent / n).is_file()), None)
+    if path is None:
+        raise layout_error(val_tar, f"the official val tar needs {DEVKIT_NAMES[0]} beside it")
+    devkit = InputFile.local(path, IMAGENET_KEY)
+    with devkit.reading("devkit tar archive"):
+        names = tar_names(path)
+        meta_name = find_member(names, "data/meta.mat", path)
+        truth_name = find_member(names, "data/ILSVRC2012_validation_ground_truth.txt", path)
+        members = read_tar_members(path, {meta_name, truth_name})
+    with devkit.reading("MATLAB .mat file", meta_name):
+        synsets = np.atleast_1d(read_mat(members[meta_name])["synsets"])
+        if not set(synsets.dtype.names or ()) >= _SYNSET_FIELDS:
+            raise FormatError(f"'synsets' lacks the fields {sorted(_SYNSET_FIELDS)}")
+        # The 1,000 leaf synsets (no children) are the classes; ILSVRC2012_ID numbers them.
+        id_to_wnid = {
+            int(s["ILSVRC2012_ID"]): str(s["WNID"]) for s in synsets if int(s["num_children"]) == 0
+        }
+    with devkit.reading("ground truth list (text)", truth_name):
+        truth = [int(v) for v in members[truth_name].decode().split()]
+        unknown = sorted(set(truth) - id_to_wnid.keys())
+        if unknown:
+            raise FormatError(f"class ids {unknown[:3]} are not among the classes of {meta_name}")
+    return devkit, {number: id_to_wnid[class_id] for number, class_id in enumerate(truth, start=1)}
 
 
 def select_images(
@@ -211,6 +230,8 @@ def imagenet_reference(
     Raises:
         ValueError: a path that is not an accepted layout, or counts that differ from
             ``expected``.
+        DamagedFileError: an archive, devkit file or chosen image that cannot be parsed or
+            decoded, naming the file, the member and the remedy (replace it).
     """
     layout, images = index_val(path)
     wnids = sorted({image.wnid for image in images})
@@ -227,12 +248,22 @@ def imagenet_reference(
         progress = Progress(f"read {path}", len(chosen), unit="img")
         data = []
         for image in chosen:
-            data.append(Path(image.locator).read_bytes())
+            with InputFile.local(image.locator, IMAGENET_KEY).reading("image file"):
+                data.append(Path(image.locator).read_bytes())
             progress.update(1)
         progress.close()
     else:
-        members = read_tar_members(path_of_archive(path, layout), {im.locator for im in chosen})
+        archive = InputFile.local(path_of_archive(path, layout), IMAGENET_KEY)
+        with archive.reading("tar archive"):
+            members = read_tar_members(archive.path, {im.locator for im in chosen})
         data = [members[image.locator] for image in chosen]
+    bad = first_undecodable(data)
+    if bad is not None:
+        index, reason = bad
+        problem = f"not a decodable image ({reason})"
+        if layout == "folder":
+            raise InputFile.local(chosen[index].locator, IMAGENET_KEY).damaged(problem)
+        raise archive.damaged(problem, chosen[index].locator)
     label_of = {wnid: k for k, wnid in enumerate(wnids)}
     return data, [label_of[im.wnid] for im in chosen], [im.manifest_name for im in chosen]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from vitplasticity.data.archives import ArchiveError, find_member, read_tar_members, tar_names
+from vitplasticity.data.archives import FormatError, find_member, read_tar_members, tar_names
 from vitplasticity.data.sources.common import (
     PreparedSplits,
     make_split,
@@ -41,20 +41,40 @@ _LAYOUT: dict[str, dict[str, Any]] = {
 }
 
 
-def decode_batch(
-    payload: bytes, label_key: bytes, origin: str
-) -> tuple[np.ndarray, list[int], list[str]]:
+def unpickle(payload: bytes) -> Any:
+    """A pickled object of a CIFAR archive (byte-string keys, as the archives were written).
+
+    The archive's checksum was verified before it is unpickled (pickle runs code by design).
+
+    Raises:
+        FormatError: the bytes are not a pickle (the unpickler raises a dozen different
+            types on foreign or truncated bytes; one type for ``InputFile.reading``).
+    """
+    try:
+        return pickle.loads(payload, encoding="bytes")
+    except Exception as error:  # the unpickler has no one error type for bad bytes
+        raise FormatError(f"{type(error).__name__}: {error}") from error
+
+
+def decode_batch(payload: bytes, label_key: bytes) -> tuple[np.ndarray, list[int], list[str]]:
     """One pickled CIFAR batch: (N, 32, 32, 3) uint8 images, labels and file names.
 
-    The archive's md5 was verified before it is unpickled (pickle runs code by design).
+    Raises:
+        FormatError: not a pickle, or a batch without the expected keys or sizes.
     """
-    batch = pickle.loads(payload, encoding="bytes")
-    try:
-        flat = np.asarray(batch[b"data"], dtype=np.uint8)
-        labels = [int(v) for v in batch[label_key]]
-        names = [n.decode() if isinstance(n, bytes) else str(n) for n in batch[b"filenames"]]
-    except KeyError as error:
-        raise ArchiveError(f"{origin}: CIFAR batch without key {error}") from error
+    batch = unpickle(payload)
+    if not isinstance(batch, dict):
+        raise FormatError(f"a pickled {type(batch).__name__}, not a dict")
+    missing = [key for key in (b"data", label_key, b"filenames") if key not in batch]
+    if missing:
+        raise FormatError(f"no key {missing} (has {list(batch)[:5]})")
+    flat = np.asarray(batch[b"data"], dtype=np.uint8)
+    labels = [int(v) for v in batch[label_key]]
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in batch[b"filenames"]]
+    if flat.size != len(labels) * 3 * 32 * 32 or len(names) != len(labels):
+        raise FormatError(
+            f"{flat.size} pixel values, {len(labels)} labels and {len(names)} file names"
+        )
     images = flat.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # (N, H, W, C)
     return images, labels, names
 
@@ -68,28 +88,38 @@ def prepare(
     files: dict | None = None,
     expected: dict[str, int] | None = None,
 ) -> dict[str, int]:
-    """Prepare CIFAR-10 or CIFAR-100 (``spec['source']``) into ``out_dir``; return split sizes."""
+    """Prepare CIFAR-10 or CIFAR-100 (``spec['source']``) into ``out_dir``; return split sizes.
+
+    Raises:
+        DamagedFileError: the archive (or one of its members) cannot be parsed, naming the
+            file, the member and the remedy.
+    """
     source = spec["source"]
     layout = _LAYOUT[source]
     paths = resolve_files(name, spec, Path(downloads), files)
     archive = next(iter(paths.values()))
-    names = tar_names(archive)
-    wanted = {
-        part: find_member(names, part, archive)
-        for part in [*layout["train"], *layout["test"], layout["meta"]]
-    }
-    members = read_tar_members(archive, set(wanted.values()))
-    meta = pickle.loads(members[wanted[layout["meta"]]], encoding="bytes")
-    class_names = [
-        n.decode() if isinstance(n, bytes) else str(n) for n in meta[layout["names_key"]]
-    ]
+    with archive.reading("CIFAR python archive (tar.gz)"):
+        names = tar_names(archive.path)
+        wanted = {
+            part: find_member(names, part, archive.path)
+            for part in [*layout["train"], *layout["test"], layout["meta"]]
+        }
+        members = read_tar_members(archive.path, set(wanted.values()))
+    with archive.reading("CIFAR meta pickle", wanted[layout["meta"]]):
+        meta = unpickle(members[wanted[layout["meta"]]])
+        if not isinstance(meta, dict) or layout["names_key"] not in meta:
+            raise FormatError(f"no key {layout['names_key']!r}")
+        class_names = [
+            n.decode() if isinstance(n, bytes) else str(n) for n in meta[layout["names_key"]]
+        ]
 
     def split_of(batches: list[str]) -> Split:
         images, labels, files_ = [], [], []
         for batch in batches:
-            arrays, batch_labels, batch_files = decode_batch(
-                members[wanted[batch]], layout["label_key"], f"{archive}:{batch}"
-            )
+            with archive.reading("CIFAR batch pickle", wanted[batch]):
+                arrays, batch_labels, batch_files = decode_batch(
+                    members[wanted[batch]], layout["label_key"]
+                )
             images.extend(encode_png(image) for image in arrays)
             labels.extend(batch_labels)
             files_.extend(f"{batch}/{f}" for f in batch_files)

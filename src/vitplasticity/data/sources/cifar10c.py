@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vitplasticity.data.archives import ArchiveError, find_member, read_tar_members, tar_names
+from vitplasticity.data.archives import FormatError, find_member, read_tar_members, tar_names
 from vitplasticity.data.sources.common import (
     PreparedSplits,
     make_split,
@@ -38,6 +38,7 @@ CIFAR10_CLASSES: tuple[str, ...] = (
     "truck",
 )
 SEVERITIES = 5
+NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
 
 
 def severity_rows(n_rows: int, severity: int) -> slice:
@@ -59,6 +60,8 @@ def prepare(
 
     Raises:
         ValueError: an unknown corruption or a severity outside 1..5, naming the key.
+        DamagedFileError: the archive or a member cannot be parsed, or the arrays have the
+            wrong shapes; naming the file, the member and the remedy.
     """
     corruption = spec.get("corruption")
     if corruption not in CIFAR10C_CORRUPTIONS:
@@ -70,20 +73,27 @@ def prepare(
         raise ValueError(f"datasets.{name}.severity: {severity} is not in 1..{SEVERITIES}")
     paths = resolve_files(name, spec, Path(downloads), files)
     archive = paths["CIFAR-10-C.tar"]
-    names = tar_names(archive)
-    image_member = find_member(names, f"{corruption}.npy", archive)
-    label_member = find_member(names, "labels.npy", archive)
-    members = read_tar_members(archive, {image_member, label_member})
-    images = np.load(io.BytesIO(members[image_member]), allow_pickle=False)
-    labels = np.load(io.BytesIO(members[label_member]), allow_pickle=False)
-    if images.ndim != 4 or images.shape[1:] != (32, 32, 3) or len(images) != len(labels):
-        raise ArchiveError(
-            f"{archive}: {image_member} has shape {images.shape} and {label_member} "
-            f"{labels.shape}; expected (N, 32, 32, 3) and (N,)"
+    with archive.reading("CIFAR-10-C tar archive"):
+        names = tar_names(archive.path)
+        image_member = find_member(names, f"{corruption}.npy", archive.path)
+        label_member = find_member(names, "labels.npy", archive.path)
+        members = read_tar_members(archive.path, {image_member, label_member})
+    arrays = {}
+    for member in (image_member, label_member):
+        with archive.reading(".npy array", member):
+            data = members[member]
+            if not data.startswith(NPY_MAGIC):  # else numpy blames pickles (not allowed here)
+                raise FormatError(f"no .npy header; it starts with {data[:16]!r}")
+            arrays[member] = np.load(io.BytesIO(data), allow_pickle=False)
+    images, labels = arrays[image_member], arrays[label_member]
+    if images.ndim != 4 or images.shape[1:] != (32, 32, 3) or images.shape[:1] != labels.shape:
+        raise archive.damaged(
+            f"{image_member} has shape {images.shape} and {label_member} {labels.shape}; "
+            "expected (N, 32, 32, 3) and (N,)"
         )
     if len(images) % SEVERITIES:
-        raise ArchiveError(
-            f"{archive}: {len(images)} rows do not split into {SEVERITIES} severities"
+        raise archive.damaged(
+            f"{len(images)} rows do not split into {SEVERITIES} severities", image_member
         )
     rows = severity_rows(len(images), severity)
     images, labels = images[rows], labels[rows].astype(np.int64)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from vitplasticity.data.archives import InputFile
 from vitplasticity.data.download import ChecksumError, download, md5sum
 from vitplasticity.data.sources.registry import (
     FILES,
@@ -32,8 +33,9 @@ def resolve_files(
     spec: Mapping[str, Any],
     downloads: Path,
     files: Mapping[str, RemoteFile] | None = None,
-) -> dict[str, Path]:
-    """The verified local path of every file the dataset needs, by registry file name.
+) -> dict[str, InputFile]:
+    """Every file the dataset needs, verified, by registry file name: its local path, and
+    the remedy should it turn out damaged (delete a download; replace a local file).
 
     A file under the entry's ``archive`` key is used in place (verified, never downloaded);
     every other file is taken from ``downloads`` (verified) or downloaded there.
@@ -50,7 +52,7 @@ def resolve_files(
     """
     registry = {**FILES, **(files or {})}
     local = local_archives(name, spec)
-    resolved: dict[str, Path] = {}
+    resolved: dict[str, InputFile] = {}
     for filename in source_files(spec["source"], spec):
         entry = registry[filename]
         if filename in local:
@@ -65,11 +67,12 @@ def resolve_files(
                     f"datasets.{name}.archive: checksum mismatch for {path}: "
                     f"expected md5 {entry.md5} ({filename}), got {actual}"
                 )
-            resolved[filename] = path
+            resolved[filename] = InputFile.local(path, f"datasets.{name}.archive")
         else:
             override = remote_file(name, spec, filename) if spec.get("url") else entry
             remote = RemoteFile(filename, override.url, entry.md5, entry.size)
-            resolved[filename] = download(remote.url, downloads / filename, md5=remote.md5)
+            path = download(remote.url, downloads / filename, md5=remote.md5)
+            resolved[filename] = InputFile.downloaded(path)
     return resolved
 
 
@@ -118,7 +121,7 @@ def write_prepared(
     spec: Mapping[str, Any],
     out_dir: Path,
     prepared: PreparedSplits,
-    paths: Mapping[str, Path],
+    paths: Mapping[str, InputFile],
     expected: Mapping[str, int] | None,
 ) -> dict[str, int]:
     """Check the counts, then write the splits and meta.json atomically; return split sizes."""
@@ -136,7 +139,7 @@ def write_prepared(
                 "num_classes": len(prepared.class_names),
                 "class_names": prepared.class_names,
                 "expected_counts": wanted,
-                "files": {filename: str(path) for filename, path in paths.items()},
+                "files": {filename: str(file.path) for filename, file in paths.items()},
                 "spec": dict(spec),
                 **prepared.details,
             }

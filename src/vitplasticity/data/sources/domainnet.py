@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vitplasticity.data.archives import ArchiveError, open_zip
+from vitplasticity.data.archives import FormatError, InputFile, first_undecodable, open_zip
 from vitplasticity.data.download import Progress
 from vitplasticity.data.sources.common import (
     PreparedSplits,
@@ -41,15 +41,21 @@ def scan_domain(names: list[str], domain: str) -> tuple[list[str], list[str]]:
     return images, classes
 
 
-def read_list(path: Path) -> list[str]:
-    """The image paths of an official split list (lines ``<path> <label>``)."""
+def read_list(file: InputFile) -> list[str]:
+    """The image paths of an official split list (lines ``<path> <label>``).
+
+    Raises:
+        DamagedFileError: a line of another shape (or bytes that are not text), naming the
+            file, the line and the remedy.
+    """
     entries = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            parts = line.split()
-            if len(parts) != 2:
-                raise ValueError(f"{path}:{number}: expected '<path> <label>', got {line!r}")
-            entries.append(parts[0])
+    with file.reading("split list (text)"):
+        for number, line in enumerate(file.path.read_text().splitlines(), start=1):
+            if line.strip():
+                parts = line.split()
+                if len(parts) != 2 or not parts[1].isdigit():
+                    raise FormatError(f"line {number}: expected '<path> <label>', got {line!r}")
+                entries.append(parts[0])
     return entries
 
 
@@ -66,17 +72,19 @@ def prepare(
 
     Raises:
         ValueError: an unknown ``split``, naming the key.
-        ArchiveError: the zip lacks the domain folder, or a listed image is missing.
+        DamagedFileError: the zip or a split list cannot be parsed, the zip lacks the domain
+            folder or a listed image, or an image does not decode; naming the file, the
+            member and the remedy.
     """
     domain, split_mode = spec.get("domain"), spec.get("split", "random")
     if split_mode not in ("random", "official"):
         raise ValueError(f"datasets.{name}.split: {split_mode!r} is not 'random' or 'official'")
     paths = resolve_files(name, spec, Path(downloads), files)
     archive = paths[f"{domain}.zip"]
-    with open_zip(archive) as zipped:
+    with archive.reading("zip archive"), open_zip(archive.path) as zipped:
         images, classes = scan_domain(zipped.namelist(), domain)
         if not images:
-            raise ArchiveError(f"{archive}: no images under '{domain}/<class>/'; wrong domain?")
+            raise archive.damaged(f"no images under '{domain}/<class>/'; wrong domain?")
         label_of = {c: k for k, c in enumerate(classes)}
         if split_mode == "random":
             pool_idx, test_idx = paper_fixed_split(len(images))
@@ -93,17 +101,22 @@ def prepare(
             for split, listed in parts.items():
                 missing = [p for p in listed if p not in present]
                 if missing:
-                    raise ArchiveError(
-                        f"{archive}: {len(missing)} image(s) of the official {split} list "
-                        f"missing, e.g. {missing[:3]}"
+                    raise archive.damaged(
+                        f"{len(missing)} image(s) of the official {split} list missing, "
+                        f"e.g. {missing[:3]}"
                     )
-        progress = Progress(f"read {archive.name}", sum(len(v) for v in parts.values()), unit="img")
+        total = sum(len(v) for v in parts.values())
+        progress = Progress(f"read {archive.path.name}", total, unit="img")
         splits: dict[str, Split] = {}
         for split, chosen in parts.items():
             data = []
             for path in chosen:
-                data.append(zipped.read(path))
+                with archive.reading("zip member", path):
+                    data.append(zipped.read(path))
                 progress.update(1)
+            bad = first_undecodable(data)
+            if bad is not None:
+                raise archive.damaged(f"not a decodable image ({bad[1]})", chosen[bad[0]])
             labels = np.array([label_of[p.split("/")[1]] for p in chosen], dtype=np.int64)
             splits[split] = make_split(data, labels.tolist(), chosen)
         progress.close()

@@ -7,13 +7,19 @@ split is that of ``setid.mat`` (as torchvision reads it); images keep their JPEG
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vitplasticity.data.archives import ArchiveError, read_tar_members, tar_names
+from vitplasticity.data.archives import (
+    FormatError,
+    InputFile,
+    first_undecodable,
+    read_mat,
+    read_tar_members,
+    tar_names,
+)
 from vitplasticity.data.sources.common import (
     PreparedSplits,
     make_split,
@@ -131,21 +137,20 @@ FLOWERS102_CLASSES: tuple[str, ...] = (
 )
 
 
-def load_mat(path: Path, key: str) -> np.ndarray:
-    """One 1-D integer array of a MATLAB file (scipy.io.loadmat).
+def load_mat(file: InputFile, key: str) -> np.ndarray:
+    """One non-empty 1-D integer array of a MATLAB file.
 
     Raises:
-        ArchiveError: the file is unreadable or lacks ``key``, naming both.
+        DamagedFileError: the file is unreadable or lacks ``key``, naming both and the remedy.
     """
-    from scipy.io import loadmat
-
-    try:
-        content = loadmat(io.BytesIO(path.read_bytes()), squeeze_me=True)
-    except (ValueError, OSError, TypeError) as error:
-        raise ArchiveError(f"{path}: not a readable .mat file ({error})") from error
-    if key not in content:
-        raise ArchiveError(f"{path}: no variable {key!r} (has {sorted(content)})")
-    return np.atleast_1d(np.asarray(content[key])).astype(np.int64)
+    with file.reading("MATLAB .mat file"):
+        content = read_mat(file.path.read_bytes())
+        if key not in content:
+            raise FormatError(f"no variable {key!r} (has {sorted(content)})")
+        values = np.atleast_1d(np.asarray(content[key])).astype(np.int64)
+        if values.size == 0:
+            raise FormatError(f"variable {key!r} is empty")
+        return values
 
 
 def image_member(image_id: int) -> str:
@@ -162,26 +167,37 @@ def prepare(
     files: dict | None = None,
     expected: dict[str, int] | None = None,
 ) -> dict[str, int]:
-    """Prepare Flowers-102 into ``out_dir`` (pool = train, val, test); return split sizes."""
+    """Prepare Flowers-102 into ``out_dir`` (pool = train, val, test); return split sizes.
+
+    Raises:
+        DamagedFileError: a file (or a member of the tgz) cannot be parsed, an image is
+            missing or does not decode, naming the file, the member and the remedy.
+    """
     paths = resolve_files(name, spec, Path(downloads), files)
-    archive = paths["102flowers.tgz"]
-    labels = load_mat(paths["imagelabels.mat"], "labels") - 1  # 1-based in the .mat
-    ids = {split: load_mat(paths["setid.mat"], key) for split, key in SPLIT_KEYS.items()}
+    archive, label_file, setid_file = (
+        paths[n] for n in ("102flowers.tgz", "imagelabels.mat", "setid.mat")
+    )
+    labels = load_mat(label_file, "labels") - 1  # 1-based in the .mat
+    ids = {split: load_mat(setid_file, key) for split, key in SPLIT_KEYS.items()}
     everything = np.concatenate(list(ids.values()))
     if everything.min() < 1 or everything.max() > len(labels):
-        raise ArchiveError(
-            f"{paths['setid.mat']}: image ids {everything.min()}..{everything.max()} do not fit "
-            f"the {len(labels)} labels of {paths['imagelabels.mat']}"
+        raise setid_file.damaged(
+            f"image ids {everything.min()}..{everything.max()} do not fit the {len(labels)} "
+            f"labels of {label_file.path}"
         )
-    by_name = {n.rsplit("/", 1)[-1]: n for n in tar_names(archive) if n.endswith(".jpg")}
-    wanted = {int(i): by_name.get(image_member(int(i))) for i in everything}
-    missing = [image_member(i) for i, member in wanted.items() if member is None]
-    if missing:
-        raise ArchiveError(f"{archive}: {len(missing)} image(s) missing, e.g. {missing[:3]}")
-    members = read_tar_members(archive, {m for m in wanted.values() if m is not None})
     num_classes = int(labels.max()) + 1
     if num_classes > len(FLOWERS102_CLASSES):
-        raise ArchiveError(f"{paths['imagelabels.mat']}: {num_classes} classes, more than 102")
+        raise label_file.damaged(f"{num_classes} classes, more than 102")
+    with archive.reading("tar.gz archive"):
+        by_name = {n.rsplit("/", 1)[-1]: n for n in tar_names(archive.path) if n.endswith(".jpg")}
+        wanted = {int(i): by_name.get(image_member(int(i))) for i in everything}
+        missing = [image_member(i) for i, member in wanted.items() if member is None]
+        if missing:
+            raise archive.damaged(f"{len(missing)} image(s) missing, e.g. {missing[:3]}")
+        members = read_tar_members(archive.path, {m for m in wanted.values() if m is not None})
+    bad = first_undecodable(list(members.values()))
+    if bad is not None:
+        raise archive.damaged(f"not a decodable image ({bad[1]})", list(members)[bad[0]])
     splits = {
         split: make_split(
             [members[wanted[int(i)]] for i in split_ids],

@@ -11,7 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitplasticity.data.archives import ArchiveError, find_member, read_tar_members, tar_names
+from vitplasticity.data.archives import (
+    FormatError,
+    find_member,
+    first_undecodable,
+    read_tar_members,
+    tar_names,
+)
 from vitplasticity.data.sources.common import (
     PreparedSplits,
     make_split,
@@ -22,15 +28,20 @@ from vitplasticity.data.sources.common import (
 LISTS: dict[str, str] = {"pool": "trainval.txt", "test": "test.txt"}
 
 
-def parse_list(text: str, origin: str) -> list[tuple[str, int]]:
-    """``(image id, 0-based label)`` per line of an annotation list (``#`` lines skipped)."""
+def parse_list(data: bytes) -> list[tuple[str, int]]:
+    """``(image id, 0-based label)`` per line of an annotation list (``#`` lines skipped).
+
+    Raises:
+        FormatError: a line of another shape, naming the line.
+        UnicodeDecodeError: bytes that are not text.
+    """
     entries = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(data.decode().splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
             continue
         parts = line.split()
-        if len(parts) < 2 or not parts[1].isdigit():
-            raise ArchiveError(f"{origin}:{number}: expected '<image id> <class id> ...'")
+        if len(parts) < 2 or not parts[1].isdigit() or int(parts[1]) < 1:
+            raise FormatError(f"line {number}: expected '<image id> <class id> ...', got {line!r}")
         entries.append((parts[0], int(parts[1]) - 1))
     return entries
 
@@ -49,33 +60,43 @@ def prepare(
     files: dict | None = None,
     expected: dict[str, int] | None = None,
 ) -> dict[str, int]:
-    """Prepare Oxford-IIIT Pet into ``out_dir`` (pool = trainval, test); return split sizes."""
+    """Prepare Oxford-IIIT Pet into ``out_dir`` (pool = trainval, test); return split sizes.
+
+    Raises:
+        DamagedFileError: an archive or a list cannot be parsed, a listed image is missing or
+            does not decode; naming the file, the member and the remedy.
+    """
     paths = resolve_files(name, spec, Path(downloads), files)
     images_tar, annotations_tar = paths["images.tar.gz"], paths["annotations.tar.gz"]
-    annotation_names = tar_names(annotations_tar)
-    list_members = {
-        split: find_member(annotation_names, f"annotations/{f}", annotations_tar)
-        for split, f in LISTS.items()
-    }
-    texts = read_tar_members(annotations_tar, set(list_members.values()))
-    entries = {
-        split: parse_list(texts[member].decode(), f"{annotations_tar}:{member}")
-        for split, member in list_members.items()
-    }
+    with annotations_tar.reading("tar.gz archive"):
+        annotation_names = tar_names(annotations_tar.path)
+        list_members = {
+            split: find_member(annotation_names, f"annotations/{f}", annotations_tar.path)
+            for split, f in LISTS.items()
+        }
+        texts = read_tar_members(annotations_tar.path, set(list_members.values()))
+    entries = {}
+    for split, member in list_members.items():
+        with annotations_tar.reading("annotation list (text)", member):
+            entries[split] = parse_list(texts[member])
     names: dict[int, str] = {}
     for split_entries in entries.values():
         for image_id, label in split_entries:
             names.setdefault(label, class_name(image_id))
     if sorted(names) != list(range(len(names))):
-        raise ArchiveError(f"{annotations_tar}: class ids are not 1..{len(names)}")
-    by_name = {n.rsplit("/", 1)[-1]: n for n in tar_names(images_tar) if n.endswith(".jpg")}
+        raise annotations_tar.damaged(f"class ids are not 1..{len(names)}")
     needed = {image_id for split_entries in entries.values() for image_id, _ in split_entries}
-    missing = sorted(i for i in needed if f"{i}.jpg" not in by_name)
-    if missing:
-        raise ArchiveError(
-            f"{images_tar}: {len(missing)} listed image(s) missing, e.g. {missing[:3]}"
-        )
-    members = read_tar_members(images_tar, {by_name[f"{i}.jpg"] for i in needed})
+    with images_tar.reading("tar.gz archive"):
+        by_name = {
+            n.rsplit("/", 1)[-1]: n for n in tar_names(images_tar.path) if n.endswith(".jpg")
+        }
+        missing = sorted(i for i in needed if f"{i}.jpg" not in by_name)
+        if missing:
+            raise images_tar.damaged(f"{len(missing)} listed image(s) missing, e.g. {missing[:3]}")
+        members = read_tar_members(images_tar.path, {by_name[f"{i}.jpg"] for i in needed})
+    bad = first_undecodable(list(members.values()))
+    if bad is not None:
+        raise images_tar.damaged(f"not a decodable image ({bad[1]})", list(members)[bad[0]])
     splits = {
         split: make_split(
             [members[by_name[f"{image_id}.jpg"]] for image_id, _ in split_entries],

@@ -1,0 +1,676 @@
+"""Damaged input files end in one clear error: the file, the member inside an archive, what is
+wrong, and the remedy that fits where the file came from (a download is deleted and fetched
+again; a local ``archive:``/``root:`` file or the ImageNet copy must be replaced). Every case
+builds the real format and then damages it: truncated, an HTML page saved under the expected
+name, a missing member, a member of the wrong format, an image the training decoder rejects.
+Nothing may be left half-written."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.fixtures_data import (
+    Built,
+    cifar10c_archive,
+    cifar_archive,
+    domainnet_archive,
+    flowers_archive,
+    imagenet_val,
+    jpeg,
+    md5_of,
+    pet_archive,
+    registry_override,
+    running_server,
+    tar_bytes,
+    write_hf,
+    write_official,
+    write_val_folder,
+)
+from vitplasticity.data.archives import DamagedFileError
+from vitplasticity.data.imagenet import imagenet_reference, index_val
+from vitplasticity.data.prepare import prepare_dataset
+from vitplasticity.data.sources import SOURCES
+from vitplasticity.data.sources.registry import RemoteFile
+
+HTML = (
+    b"<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head>"
+    b"<body><h1>Not Found</h1></body></html>\n"
+)
+HTML_HINT = "it is an HTML page"
+IMAGENET_REMEDY = (
+    "this is your local file from config paths.imagenet (or VITPLASTICITY_IMAGENET): "
+    "replace it; it is never downloaded"
+)
+
+
+def local_remedy(key: str) -> str:
+    return f"this is your local file from config {key}: replace it; it is never downloaded"
+
+
+def download_remedy(path: Path) -> str:
+    return f"delete {path} and rerun: it will be downloaded again"
+
+
+# --- building damaged files ---------------------------------------------------------------
+
+
+def half(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def tar_members(data: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def retar(data: bytes, mode: str = "w:gz", drop: str = "", **replace: bytes) -> bytes:
+    """The tar ``data`` again, without members ending in ``drop`` and with some replaced
+    (keyword: the member's last path part, dots as underscores)."""
+    members = {}
+    for name, content in tar_members(data).items():
+        if drop and name.endswith(drop):
+            continue
+        key = name.rsplit("/", 1)[-1].replace(".", "_").replace("-", "_")
+        members[name] = replace.get(key, content)
+    return tar_bytes(members, mode)
+
+
+def encoded(fmt: str, size: int = 12) -> bytes:
+    buffer = io.BytesIO()
+    rgb = np.random.default_rng(7).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+TRUNCATED_JPEG = half(jpeg(3, size=32))
+
+
+# --- running a source on damaged files ----------------------------------------------------
+
+
+def prepare_local(source: str, tmp_path: Path, blobs: dict[str, bytes], **spec) -> str:
+    """Prepare ``source`` from local files (config ``archive:`` = a folder holding them, their
+    checksums accepted); return the error message and check that nothing was written."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for name, data in blobs.items():
+        (folder / name).write_bytes(data)
+    files = {n: RemoteFile(n, "http://127.0.0.1:9/never", md5_of(d)) for n, d in blobs.items()}
+    store = tmp_path / "store"
+    with pytest.raises(DamagedFileError) as error:
+        SOURCES[source].prepare(
+            "mine",
+            {"source": source, "archive": str(folder), **spec},
+            store / "mine",
+            tmp_path / "downloads",
+            files=files,
+        )
+    assert not store.exists() or not any(store.iterdir()), "a failed prepare left files behind"
+    assert not (tmp_path / "downloads").exists(), "a local file must never be downloaded"
+    return str(error.value)
+
+
+def prepare_downloaded(source: str, tmp_path: Path, blobs: dict[str, bytes], **spec) -> str:
+    """Prepare ``source`` from files served over HTTP (their checksums accepted); return the
+    error message and check that nothing was written and the download was kept."""
+    store = tmp_path / "store"
+    with running_server() as server, pytest.raises(DamagedFileError) as error:
+        SOURCES[source].prepare(
+            "fetched",
+            {"source": source, **spec},
+            store / "fetched",
+            tmp_path / "downloads",
+            files=registry_override(server, Built(blobs, {})),
+        )
+    assert not store.exists() or not any(store.iterdir()), "a failed prepare left files behind"
+    return str(error.value)
+
+
+def assert_message(
+    message: str, path: Path, remedy: str, *, member: str | None = None, says: str = ""
+) -> None:
+    """One line naming the file (and member), what is wrong, and exactly one remedy."""
+    assert "\n" not in message, message
+    where = f"{path}, member {member}:" if member else f"{path}:"
+    assert where in message, message
+    assert message.endswith(remedy), message
+    assert message.count("rerun") + message.count("replace it") == 1, message
+    assert says in message, message
+
+
+# --- CIFAR --------------------------------------------------------------------------------
+
+CIFAR = "cifar-10-python.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def cifar() -> bytes:
+    return cifar_archive("cifar10", n_per_batch=2).blobs[CIFAR]
+
+
+def test_cifar_truncated_archive_local(cifar, tmp_path):
+    message = prepare_local("cifar10", tmp_path, {CIFAR: half(cifar)})
+    path = tmp_path / "mine" / CIFAR
+    assert_message(
+        message, path, local_remedy("datasets.mine.archive"), says="corrupted or truncated"
+    )
+
+
+def test_cifar_truncated_archive_downloaded(cifar, tmp_path):
+    message = prepare_downloaded("cifar10", tmp_path, {CIFAR: half(cifar)})
+    path = tmp_path / "downloads" / CIFAR
+    assert_message(message, path, download_remedy(path), says="corrupted or truncated")
+    assert path.is_file()  # the user is told to delete it; it is not deleted behind their back
+
+
+def test_cifar_html_page_instead_of_archive(tmp_path):
+    message = prepare_local("cifar10", tmp_path, {CIFAR: HTML})
+    assert_message(
+        message, tmp_path / "mine" / CIFAR, local_remedy("datasets.mine.archive"), says=HTML_HINT
+    )
+
+
+def test_cifar_missing_member(cifar, tmp_path):
+    message = prepare_downloaded("cifar10", tmp_path, {CIFAR: retar(cifar, drop="test_batch")})
+    path = tmp_path / "downloads" / CIFAR
+    assert_message(message, path, download_remedy(path), says="expected one member 'test_batch'")
+
+
+def test_cifar_truncated_pickle(cifar, tmp_path):
+    batch = tar_members(cifar)["cifar-10-batches-py/data_batch_2"]
+    damaged = retar(cifar, data_batch_2=half(batch))
+    message = prepare_local("cifar10", tmp_path, {CIFAR: damaged})
+    assert_message(
+        message,
+        tmp_path / "mine" / CIFAR,
+        local_remedy("datasets.mine.archive"),
+        member="cifar-10-batches-py/data_batch_2",
+        says="not a readable CIFAR batch pickle (UnpicklingError: pickle data was truncated)",
+    )
+
+
+def test_cifar_pickle_of_the_wrong_structure(cifar, tmp_path):
+    import pickle
+
+    damaged = retar(cifar, batches_meta=pickle.dumps([1, 2, 3]))
+    message = prepare_local("cifar10", tmp_path, {CIFAR: damaged})
+    assert_message(
+        message,
+        tmp_path / "mine" / CIFAR,
+        local_remedy("datasets.mine.archive"),
+        member="cifar-10-batches-py/batches.meta",
+        says="not a readable CIFAR meta pickle (no key b'label_names')",
+    )
+
+
+# --- CIFAR-10-C ---------------------------------------------------------------------------
+
+C10C = "CIFAR-10-C.tar"
+
+
+@pytest.fixture(scope="module")
+def cifar10c() -> bytes:
+    return cifar10c_archive(n_per_severity=5).blobs[C10C]
+
+
+def prepare_c10c(tmp_path: Path, data: bytes) -> str:
+    return prepare_local("cifar10c", tmp_path, {C10C: data}, corruption="snow", severity=2)
+
+
+def test_cifar10c_truncated_tar(cifar10c, tmp_path):
+    assert_message(
+        prepare_c10c(tmp_path, half(cifar10c)),
+        tmp_path / "mine" / C10C,
+        local_remedy("datasets.mine.archive"),
+        says="corrupted or truncated archive (ReadError: unexpected end of data)",
+    )
+
+
+def test_cifar10c_html_page(tmp_path):
+    assert_message(
+        prepare_c10c(tmp_path, HTML),
+        tmp_path / "mine" / C10C,
+        local_remedy("datasets.mine.archive"),
+        says=HTML_HINT,
+    )
+
+
+def test_cifar10c_missing_member(cifar10c, tmp_path):
+    assert_message(
+        prepare_c10c(tmp_path, retar(cifar10c, "w", drop="snow.npy")),
+        tmp_path / "mine" / C10C,
+        local_remedy("datasets.mine.archive"),
+        says="expected one member 'snow.npy', found 0",
+    )
+
+
+def test_cifar10c_member_not_an_npy(cifar10c, tmp_path):
+    assert_message(
+        prepare_c10c(tmp_path, retar(cifar10c, "w", labels_npy=HTML)),
+        tmp_path / "mine" / C10C,
+        local_remedy("datasets.mine.archive"),
+        member="CIFAR-10-C/labels.npy",
+        says="not a readable .npy array (no .npy header; it starts with b'<!DOCTYPE",
+    )
+
+
+def test_cifar10c_arrays_of_the_wrong_shape(cifar10c, tmp_path):
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros((25, 32, 32), dtype=np.uint8))
+    assert_message(
+        prepare_c10c(tmp_path, retar(cifar10c, "w", snow_npy=buffer.getvalue())),
+        tmp_path / "mine" / C10C,
+        local_remedy("datasets.mine.archive"),
+        says="CIFAR-10-C/snow.npy has shape (25, 32, 32)",
+    )
+
+
+# --- DomainNet ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def domainnet() -> dict[str, bytes]:
+    return domainnet_archive("clipart", per_class=(3, 2, 2)).blobs
+
+
+def rezip(data: bytes, **replace: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(buffer, "w") as target:
+        for name in source.namelist():
+            target.writestr(name, replace.get(name.rsplit("/", 1)[-1], source.read(name)))
+    return buffer.getvalue()
+
+
+def test_domainnet_truncated_zip(domainnet, tmp_path):
+    message = prepare_downloaded(
+        "domainnet", tmp_path, {"clipart.zip": half(domainnet["clipart.zip"])}, domain="clipart"
+    )
+    path = tmp_path / "downloads" / "clipart.zip"
+    assert_message(message, path, download_remedy(path), says="BadZipFile")
+
+
+def test_domainnet_html_page(tmp_path):
+    message = prepare_local("domainnet", tmp_path, {"clipart.zip": HTML}, domain="clipart")
+    assert_message(
+        message,
+        tmp_path / "mine" / "clipart.zip",
+        local_remedy("datasets.mine.archive"),
+        says=HTML_HINT,
+    )
+
+
+def test_domainnet_corrupted_member(domainnet, tmp_path):
+    data = bytearray(domainnet["clipart.zip"])
+    member = "clipart/cls_a/clipart_002_000001.jpg"
+    with zipfile.ZipFile(io.BytesIO(bytes(data))) as archive:
+        info = archive.getinfo(member)
+    # The member's bytes start after its 30-byte local header, name and extra field.
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start + 20] ^= 0xFF
+    message = prepare_local("domainnet", tmp_path, {"clipart.zip": bytes(data)}, domain="clipart")
+    assert_message(
+        message,
+        tmp_path / "mine" / "clipart.zip",
+        local_remedy("datasets.mine.archive"),
+        member=member,
+        says="Bad CRC-32",
+    )
+
+
+def test_domainnet_undecodable_image(domainnet, tmp_path):
+    damaged = rezip(domainnet["clipart.zip"], **{"clipart_001_000000.jpg": TRUNCATED_JPEG})
+    message = prepare_local("domainnet", tmp_path, {"clipart.zip": damaged}, domain="clipart")
+    assert_message(
+        message,
+        tmp_path / "mine" / "clipart.zip",
+        local_remedy("datasets.mine.archive"),
+        member="clipart/cls_b/clipart_001_000000.jpg",
+        says="not a decodable image (Image is incomplete or truncated)",
+    )
+
+
+def test_domainnet_html_page_as_split_list(domainnet, tmp_path):
+    blobs = {**domainnet, "clipart_train.txt": HTML}
+    message = prepare_downloaded("domainnet", tmp_path, blobs, domain="clipart", split="official")
+    path = tmp_path / "downloads" / "clipart_train.txt"
+    assert_message(message, path, download_remedy(path), says=HTML_HINT)
+    assert "line 1: expected '<path> <label>'" in message
+
+
+def test_domainnet_listed_image_missing(domainnet, tmp_path):
+    listing = domainnet["clipart_test.txt"] + b"clipart/cls_a/clipart_009_000009.jpg 0\n"
+    blobs = {**domainnet, "clipart_test.txt": listing}
+    message = prepare_local("domainnet", tmp_path, blobs, domain="clipart", split="official")
+    assert_message(
+        message,
+        tmp_path / "mine" / "clipart.zip",
+        local_remedy("datasets.mine.archive"),
+        says="1 image(s) of the official test list missing",
+    )
+
+
+# --- Flowers-102 --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def flowers() -> dict[str, bytes]:
+    return flowers_archive(n_images=12).blobs
+
+
+def test_flowers_html_page_as_setid(flowers, tmp_path):
+    message = prepare_local("flowers102", tmp_path, {**flowers, "setid.mat": HTML})
+    assert_message(
+        message,
+        tmp_path / "mine" / "setid.mat",
+        local_remedy("datasets.mine.archive"),
+        says=f"not a readable MATLAB .mat file: {HTML_HINT}",
+    )
+
+
+def test_flowers_truncated_mat_downloaded(flowers, tmp_path):
+    blobs = {**flowers, "imagelabels.mat": half(flowers["imagelabels.mat"])}
+    message = prepare_downloaded("flowers102", tmp_path, blobs)
+    path = tmp_path / "downloads" / "imagelabels.mat"
+    assert_message(message, path, download_remedy(path), says="not a readable MATLAB .mat file")
+
+
+def test_flowers_mat_without_the_variable(flowers, tmp_path):
+    from scipy.io import savemat
+
+    buffer = io.BytesIO()
+    savemat(buffer, {"trnid": np.arange(1, 4)})
+    message = prepare_local("flowers102", tmp_path, {**flowers, "setid.mat": buffer.getvalue()})
+    assert_message(
+        message,
+        tmp_path / "mine" / "setid.mat",
+        local_remedy("datasets.mine.archive"),
+        says="no variable 'valid'",
+    )
+
+
+def test_flowers_truncated_tgz(flowers, tmp_path):
+    blobs = {**flowers, "102flowers.tgz": half(flowers["102flowers.tgz"])}
+    message = prepare_downloaded("flowers102", tmp_path, blobs)
+    path = tmp_path / "downloads" / "102flowers.tgz"
+    assert_message(message, path, download_remedy(path), says="corrupted or truncated archive")
+
+
+def test_flowers_missing_image(flowers, tmp_path):
+    blobs = {**flowers, "102flowers.tgz": retar(flowers["102flowers.tgz"], drop="00007.jpg")}
+    message = prepare_local("flowers102", tmp_path, blobs)
+    assert_message(
+        message,
+        tmp_path / "mine" / "102flowers.tgz",
+        local_remedy("datasets.mine.archive"),
+        says="1 image(s) missing, e.g. ['image_00007.jpg']",
+    )
+
+
+def test_flowers_undecodable_image(flowers, tmp_path):
+    damaged = retar(flowers["102flowers.tgz"], image_00004_jpg=TRUNCATED_JPEG)
+    message = prepare_local("flowers102", tmp_path, {**flowers, "102flowers.tgz": damaged})
+    assert_message(
+        message,
+        tmp_path / "mine" / "102flowers.tgz",
+        local_remedy("datasets.mine.archive"),
+        member="jpg/image_00004.jpg",
+        says="not a decodable image",
+    )
+
+
+# --- Oxford-IIIT Pet ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pet() -> dict[str, bytes]:
+    return pet_archive().blobs
+
+
+def test_pet_truncated_images(pet, tmp_path):
+    blobs = {**pet, "images.tar.gz": half(pet["images.tar.gz"])}
+    message = prepare_local("pet", tmp_path, blobs)
+    assert_message(
+        message,
+        tmp_path / "mine" / "images.tar.gz",
+        local_remedy("datasets.mine.archive"),
+        says="corrupted or truncated archive",
+    )
+
+
+def test_pet_html_page_as_annotations(pet, tmp_path):
+    message = prepare_downloaded("pet", tmp_path, {**pet, "annotations.tar.gz": HTML})
+    path = tmp_path / "downloads" / "annotations.tar.gz"
+    assert_message(message, path, download_remedy(path), says=HTML_HINT)
+
+
+def test_pet_missing_list(pet, tmp_path):
+    blobs = {**pet, "annotations.tar.gz": retar(pet["annotations.tar.gz"], drop="test.txt")}
+    message = prepare_local("pet", tmp_path, blobs)
+    assert_message(
+        message,
+        tmp_path / "mine" / "annotations.tar.gz",
+        local_remedy("datasets.mine.archive"),
+        says="expected one member 'annotations/test.txt', found 0",
+    )
+
+
+def test_pet_list_with_a_bad_line(pet, tmp_path):
+    damaged = retar(pet["annotations.tar.gz"], trainval_txt=b"Abyssinian_1 one 1 1\n")
+    message = prepare_local("pet", tmp_path, {**pet, "annotations.tar.gz": damaged})
+    assert_message(
+        message,
+        tmp_path / "mine" / "annotations.tar.gz",
+        local_remedy("datasets.mine.archive"),
+        member="annotations/trainval.txt",
+        says="line 1: expected '<image id> <class id> ...'",
+    )
+
+
+def test_pet_listed_image_missing(pet, tmp_path):
+    damaged = retar(pet["images.tar.gz"], drop="great_pyrenees_5.jpg")
+    message = prepare_downloaded("pet", tmp_path, {**pet, "images.tar.gz": damaged})
+    path = tmp_path / "downloads" / "images.tar.gz"
+    assert_message(
+        message, path, download_remedy(path), says="1 listed image(s) missing, e.g. ['great"
+    )
+
+
+def test_pet_image_in_a_format_training_cannot_decode(pet, tmp_path):
+    damaged = retar(pet["images.tar.gz"], american_bulldog_2_jpg=encoded("BMP"))
+    message = prepare_local("pet", tmp_path, {**pet, "images.tar.gz": damaged})
+    assert_message(
+        message,
+        tmp_path / "mine" / "images.tar.gz",
+        local_remedy("datasets.mine.archive"),
+        member="images/american_bulldog_2.jpg",
+        says="not a decodable image (Unsupported image file",
+    )
+
+
+# --- ImageFolder --------------------------------------------------------------------------
+
+
+def image_tree(root: Path, damaged: dict[str, bytes]) -> Path:
+    for k, name in enumerate(["cat", "dog"]):
+        (root / name).mkdir(parents=True)
+        for i in range(4):
+            (root / name / f"{i:03d}.jpg").write_bytes(jpeg(10 * k + i))
+    for rel, data in damaged.items():
+        (root / rel).write_bytes(data)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (HTML, "Unsupported image file"),
+        (TRUNCATED_JPEG, "Image is incomplete or truncated"),
+        (b"", "the image is empty (0 bytes)"),
+        (encoded("TIFF"), "Unsupported image file"),
+    ],
+    ids=["html", "truncated", "empty", "tiff"],
+)
+def test_image_folder_undecodable_image(data, says, tmp_path):
+    root = image_tree(tmp_path / "tree", {"dog/002.jpg": data})
+    out = tmp_path / "store" / "pets"
+    with pytest.raises(DamagedFileError) as error:
+        prepare_dataset("pets", {"source": "image_folder", "root": str(root)}, out)
+    assert_message(
+        str(error.value),
+        root / "dog" / "002.jpg",
+        local_remedy("datasets.pets.root"),
+        says=f"not a decodable image ({says}",
+    )
+    assert list((tmp_path / "store").iterdir()) == []  # no output, no temporary folder
+
+
+def test_cli_prepare_prints_one_line_and_exits_2(tmp_path):
+    root = image_tree(tmp_path / "tree", {"cat/001.jpg": HTML})
+    out = tmp_path / "store" / "pets"
+    spec = json.dumps({"source": "image_folder", "root": str(root)})
+    command = ["prepare", "--dataset", "pets", "--spec", spec, "--out", str(out)]
+    run = subprocess.run(
+        [sys.executable, "-m", "vitplasticity.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    errors = [line for line in run.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, run.stderr
+    assert str(root / "cat" / "001.jpg") in errors[0]
+    assert errors[0].endswith(local_remedy("datasets.pets.root"))
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+# --- ImageNet val -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def val():
+    return imagenet_val(n_classes=3, per_class=2)
+
+
+def reference(path: Path, n: int = 6):
+    return imagenet_reference(path, n_images=n, expected=None)
+
+
+def test_imagenet_truncated_hf_tar(val, tmp_path):
+    path = write_hf(val, tmp_path)
+    path.write_bytes(half(path.read_bytes()))
+    with pytest.raises(ValueError) as error:
+        reference(path)
+    message = str(error.value)
+    assert f"{path}: corrupted or truncated archive" in message
+    assert IMAGENET_REMEDY in message
+
+
+def test_imagenet_html_page_as_hf_tar(tmp_path):
+    path = tmp_path / "val_images.tar.gz"
+    path.write_bytes(HTML)
+    with pytest.raises(ValueError) as error:
+        index_val(tmp_path)
+    assert HTML_HINT in str(error.value) and IMAGENET_REMEDY in str(error.value)
+
+
+def test_imagenet_truncated_official_tar(val, tmp_path):
+    path = write_official(val, tmp_path)
+    path.write_bytes(half(path.read_bytes()))
+    with pytest.raises(ValueError) as error:
+        reference(path)
+    assert f"{path}: corrupted or truncated archive" in str(error.value)
+    assert IMAGENET_REMEDY in str(error.value)
+
+
+def test_imagenet_html_page_as_devkit(val, tmp_path):
+    path = write_official(val, tmp_path)
+    devkit = tmp_path / "ILSVRC2012_devkit_t12.tar.gz"
+    devkit.write_bytes(HTML)
+    with pytest.raises(DamagedFileError) as error:
+        reference(path)
+    assert_message(str(error.value), devkit, IMAGENET_REMEDY, says=HTML_HINT)
+
+
+def test_imagenet_devkit_without_ground_truth(val, tmp_path):
+    path = write_official(val, tmp_path)
+    devkit = tmp_path / "ILSVRC2012_devkit_t12.tar.gz"
+    devkit.write_bytes(retar(devkit.read_bytes(), drop="ground_truth.txt"))
+    with pytest.raises(DamagedFileError) as error:
+        reference(path)
+    assert_message(
+        str(error.value),
+        devkit,
+        IMAGENET_REMEDY,
+        says="expected one member 'data/ILSVRC2012_validation_ground_truth.txt', found 0",
+    )
+
+
+def test_imagenet_devkit_meta_not_a_mat_file(val, tmp_path):
+    path = write_official(val, tmp_path)
+    devkit = tmp_path / "ILSVRC2012_devkit_t12.tar.gz"
+    devkit.write_bytes(retar(devkit.read_bytes(), meta_mat=b"MATLAB 5.0" + bytes(40)))
+    with pytest.raises(DamagedFileError) as error:
+        reference(path)
+    assert_message(
+        str(error.value),
+        devkit,
+        IMAGENET_REMEDY,
+        member="ILSVRC2012_devkit_t12/data/meta.mat",
+        says="not a readable MATLAB .mat file",
+    )
+
+
+def test_imagenet_devkit_ground_truth_too_short(val, tmp_path):
+    path = write_official(val, tmp_path)
+    devkit = tmp_path / "ILSVRC2012_devkit_t12.tar.gz"
+    members = tar_members(devkit.read_bytes())
+    truth = "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt"
+    short = b"\n".join(members[truth].split()[:-1])
+    devkit.write_bytes(retar(devkit.read_bytes(), ILSVRC2012_validation_ground_truth_txt=short))
+    with pytest.raises(DamagedFileError) as error:
+        reference(path)
+    assert_message(
+        str(error.value),
+        devkit,
+        IMAGENET_REMEDY,
+        says=f"its ground truth has 5 labels, none for ILSVRC2012_val_00000006.JPEG of {path}",
+    )
+
+
+def test_imagenet_undecodable_image_in_a_folder(val, tmp_path):
+    root = write_val_folder(val, tmp_path)
+    name = sorted(val.images)[0]
+    bad = root / "val" / val.labels[name] / name
+    bad.write_bytes(HTML)
+    with pytest.raises(DamagedFileError) as error:
+        reference(root)
+    assert_message(
+        str(error.value), bad, IMAGENET_REMEDY, says="not a decodable image (Unsupported"
+    )
+
+
+def test_imagenet_undecodable_image_in_the_hf_tar(val, tmp_path):
+    path = write_hf(val, tmp_path)
+    member = next(n for n in tar_members(path.read_bytes()) if "_00000004_" in n)
+    key = member.replace(".", "_")
+    path.write_bytes(retar(path.read_bytes(), **{key: TRUNCATED_JPEG}))
+    with pytest.raises(DamagedFileError) as error:
+        reference(path)
+    assert_message(
+        str(error.value),
+        path,
+        IMAGENET_REMEDY,
+        member=member,
+        says="not a decodable image (Image is incomplete or truncated)",
+    )
