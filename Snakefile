@@ -17,6 +17,7 @@ include: "workflow/rules/plasticity.smk"
 include: "workflow/rules/text.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/criteria.smk"
 
 
 rule all:
@@ -25,6 +26,7 @@ rule all:
         bounds_targets(),
         report_targets(),
         text_plasticity_targets(),
+        criteria_targets(),
     default_target: True
 
 

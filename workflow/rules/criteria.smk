@@ -1,0 +1,82 @@
+# Which per-component criterion predicts the finetuning accuracy: rank correlations per
+# dataset, Wilcoxon tests across datasets (vitplasticity.report.criteria), a table and a figure.
+
+
+include: "criteria_common.smk"
+
+
+rule criteria_stats:
+    input:
+        selected=f"{RESULTS}/aggregate/{{experiment}}_selected.parquet",
+        plasticity=lambda w: criteria_plasticity(w.experiment),
+        recommend=lambda w: criteria_recommend(w.experiment),
+    output:
+        table=f"{RESULTS}/stats/{{experiment}}_criteria.parquet",
+        summary=report(
+            f"{RESULTS}/stats/{{experiment}}_criteria.tsv",
+            caption=f"{CAPTIONS}/criteria_summary.rst",
+            category="Tables",
+            subcategory="{experiment}",
+        ),
+    log:
+        f"{RESULTS}/logs/stats/{{experiment}}_criteria.log",
+    params:
+        configurations=CRITERIA.get("configurations", ["ln1", "mha", "ln2", "fc1", "fc2"]),
+        min_configurations=CRITERIA.get("min_configurations", 3),
+        parameters_flag="" if CRITERIA.get("parameters", True) else "--no-parameters",
+        demo_flag=DEMO_FLAG,
+    conda:
+        ENV
+    shell:
+        "vitplasticity criteria --selected {input.selected:q}"
+        " --plasticity {input.plasticity:q} --recommend {input.recommend:q}"
+        " --configurations {params.configurations:q}"
+        " --min-configurations {params.min_configurations} {params.parameters_flag}"
+        " {params.demo_flag} --out {output.table:q} --summary-out {output.summary:q}"
+        " > {log:q} 2>&1"
+
+
+rule criteria_table:
+    input:
+        f"{RESULTS}/stats/{{experiment}}_criteria.parquet",
+    output:
+        report(
+            f"{RESULTS}/tables/{{experiment}}_criteria.tex",
+            caption=f"{CAPTIONS}/criteria_table.rst",
+            category="Tables",
+            subcategory="{experiment}",
+        ),
+    log:
+        f"{RESULTS}/logs/tables/{{experiment}}_criteria.log",
+    params:
+        demo_flag=DEMO_FLAG,
+    conda:
+        ENV
+    shell:
+        "vitplasticity criteria-table --input {input:q} {params.demo_flag}"
+        " --out {output:q} > {log:q} 2>&1"
+
+
+rule criteria_figure:
+    input:
+        f"{RESULTS}/stats/{{experiment}}_criteria.parquet",
+    output:
+        figure_outputs("criteria/{experiment}", "criteria_figure", "{experiment}"),
+    log:
+        f"{RESULTS}/logs/figures/criteria/{{experiment}}.log",
+    params:
+        width_in=FIGURES.get("width_in", 3.4),
+        dpi=FIGURES.get("dpi", 200),
+        context=FIGURES.get("context", "paper"),
+        demo_flag=DEMO_FLAG,
+    conda:
+        ENV
+    shell:
+        "vitplasticity criteria-figure --input {input:q}"
+        " --width-in {params.width_in} --dpi {params.dpi} --context {params.context}"
+        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+
+
+rule criteria_all:
+    input:
+        criteria_targets(),
