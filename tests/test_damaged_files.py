@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -674,3 +676,24 @@ def test_imagenet_undecodable_image_in_the_hf_tar(val, tmp_path):
         member=member,
         says="not a decodable image (Image is incomplete or truncated)",
     )
+
+
+def test_cli_prepare_killed_by_sigterm_leaves_nothing(tmp_path):
+    # SLURM's scancel and a killed Snakemake send SIGTERM: the prepared-store writer's
+    # temporary folder must go too, not only on exceptions.
+    root = image_tree(tmp_path / "tree", {})
+    store = tmp_path / "store"
+    spec = json.dumps({"source": "image_folder", "root": str(root)})
+    command = ["prepare", "--dataset", "pets", "--spec", spec, "--out", str(store / "pets")]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vitplasticity.cli", *command], stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    # The writer's temporary folder appears before the images are decoded (torch loads then).
+    while not list(store.glob(".pets.*")) and process.poll() is None:
+        assert time.monotonic() < deadline, "the writer never started"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert list(store.iterdir()) == [], "a killed prepare left files behind"
+    assert process.returncode == 128 + signal.SIGTERM, stderr

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
+from collections.abc import Iterator
 
 from vitplasticity.commands import json_argument
 
@@ -45,10 +48,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     reference.set_defaults(handler=run_reference)
 
 
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM (scancel, a killed Snakemake) into SystemExit while the block runs.
+
+    Python's default SIGTERM ends the process at once, skipping every ``finally``: the
+    prepared-store writer's and ``atomic_path``'s temporary files would stay behind. As an
+    exception, the writers remove them on the way out.
+    """
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_prepare(args: argparse.Namespace) -> int:
     from vitplasticity.data.prepare import prepare_dataset
 
-    counts = prepare_dataset(args.dataset, args.spec, args.out, downloads=args.downloads)
+    with exit_on_sigterm():
+        counts = prepare_dataset(args.dataset, args.spec, args.out, downloads=args.downloads)
     log.info("prepared %s into %s: %s", args.dataset, args.out, counts)
     return 0
 
@@ -56,15 +79,16 @@ def run_prepare(args: argparse.Namespace) -> int:
 def run_reference(args: argparse.Namespace) -> int:
     from vitplasticity.data.reference import build_reference
 
-    n = build_reference(
-        args.out,
-        source=args.source,
-        imagenet=args.imagenet or None,
-        dataset_dir=args.dataset_dir or None,
-        split=args.split,
-        n_images=args.n_images,
-        selection=args.selection,
-        seed=args.seed,
-    )
+    with exit_on_sigterm():
+        n = build_reference(
+            args.out,
+            source=args.source,
+            imagenet=args.imagenet or None,
+            dataset_dir=args.dataset_dir or None,
+            split=args.split,
+            n_images=args.n_images,
+            selection=args.selection,
+            seed=args.seed,
+        )
     log.info("reference set %s: %d images", args.out, n)
     return 0
