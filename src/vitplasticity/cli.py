@@ -17,6 +17,7 @@ from vitplasticity import __version__
 # Modules that register subcommands, in the order --help lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "download",
+    "weights",
     "data",
     "plasticity",
     "text",

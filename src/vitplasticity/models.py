@@ -6,7 +6,8 @@ checkpoint's pretrained_cfg; "imagenet": ImageNet mean/std as the reference code
 explicit ``{mean: [...], std: [...]}``), and ``kwargs`` passed on to ``timm.create_model``
 (a tiny architecture for tests and the demo). ``crop_pct`` overrides the checkpoint's eval
 crop fraction: 1.0 is the reference code's Resize(224) + CenterCrop(224). ``init_seed`` fixes a
-random-init backbone.
+random-init backbone. ``revision`` (default "main") is the hub revision of ``weights: hub``
+(branch, tag or commit; the weights stage, vitplasticity.weights, fetches it for the workflow).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 import timm
 import torch
 from torch import nn
+
+from vitplasticity.weights import hub_file
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -33,11 +36,12 @@ class ModelSpec:
     crop_pct: float | None = None
     init_seed: int = 0
     kwargs: dict[str, Any] = field(default_factory=dict)
+    revision: str = "main"
 
     @classmethod
     def from_config(cls, entry: dict[str, Any]) -> ModelSpec:
         """Build from a config mapping, rejecting unknown keys by name."""
-        known = {"timm_id", "weights", "normalize", "crop_pct", "init_seed", "kwargs"}
+        known = {"timm_id", "weights", "normalize", "crop_pct", "init_seed", "kwargs", "revision"}
         unknown = set(entry) - known
         if unknown:
             raise ValueError(f"unknown model keys {sorted(unknown)}; known: {sorted(known)}")
@@ -67,11 +71,19 @@ def build_model(spec: ModelSpec, num_classes: int = 0) -> nn.Module:
 
     Raises:
         FileNotFoundError: when ``weights`` is a path that does not exist.
-        ValueError: when ``weights`` is neither "hub", "random" nor a path.
+        ValueError: when ``weights`` is neither "hub", "random" nor a path, or a ``revision``
+            is asked of a timm id without hub weights.
     """
     kwargs = {**spec.kwargs, "num_classes": num_classes}
+    # Merged into the caller's own overlay (kwargs may carry one, e.g. another hf_hub_id).
+    overlay = dict(kwargs.pop("pretrained_cfg_overlay", None) or {})
     if spec.weights == "hub":
-        return timm.create_model(spec.timm_id, pretrained=True, **kwargs)
+        if spec.revision != "main":
+            source = hub_file(spec.timm_id, spec.revision, spec.kwargs)
+            overlay["hf_hub_id"] = f"{source.repo_id}@{source.revision}"
+        return timm.create_model(
+            spec.timm_id, pretrained=True, pretrained_cfg_overlay=overlay or None, **kwargs
+        )
     if spec.weights == "random":
         return _random_init(spec, num_classes)
     path = Path(spec.weights)
@@ -82,7 +94,10 @@ def build_model(spec: ModelSpec, num_classes: int = 0) -> nn.Module:
     if not path.is_file():
         raise FileNotFoundError(f"model weights file not found: {path}")
     return timm.create_model(
-        spec.timm_id, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **kwargs
+        spec.timm_id,
+        pretrained=True,
+        pretrained_cfg_overlay={**overlay, "file": str(path)},
+        **kwargs,
     )
 
 

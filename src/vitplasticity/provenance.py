@@ -1,14 +1,20 @@
-"""What made a file: settings, package versions, device and git commit."""
+"""What made a file: settings, package versions, device, git commit and model weights."""
 
 from __future__ import annotations
 
 import functools
+import logging
 import platform
 import subprocess
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from vitplasticity.weights import hub_file, read_record, sha256_file
+
+log = logging.getLogger(__name__)
 
 _PACKAGES = ("vitplasticity", "torch", "torchvision", "timm", "polars", "pyarrow", "numpy")
 
@@ -58,9 +64,71 @@ def device_description(device: Any = None) -> str:
     return f"{dev.type}:{platform.processor() or platform.machine()}"
 
 
+@functools.cache
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of ``path``, once per process and file version (a packed job's runs share it)."""
+    return sha256_file(path)
+
+
+def _file_record(path: Path) -> dict[str, Any]:
+    stat = path.stat()
+    sha256 = _file_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    return {"path": str(path), "size": stat.st_size, "sha256": sha256}
+
+
+def weights_record(model_spec: Any) -> dict[str, Any] | None:
+    """What a result's model weights were, from its model spec (config ``models.<name>``).
+
+    A weights file: its path, size and sha256, with the weights stage's hub record (repo,
+    revision, commit, URL) when ``weights.json`` beside it has the same sha256. ``random``:
+    the init seed. ``hub``: the file timm loaded from the huggingface_hub cache, where it is
+    found there. None for a spec without ``weights`` (GPT2's).
+    """
+    if not isinstance(model_spec, Mapping) or "weights" not in model_spec:
+        return None
+    weights = str(model_spec["weights"])
+    if weights == "random":
+        return {"source": "random", "init_seed": model_spec.get("init_seed", 0)}
+    if weights == "hub":
+        return {"source": "hub", **_hub_cache_record(model_spec)}
+    path = Path(weights)
+    if not path.is_file():
+        return {"source": "file", "path": weights, "sha256": None}
+    record: dict[str, Any] = {"source": "file", **_file_record(path)}
+    fetched = read_record(path)
+    if fetched is None:
+        return record
+    if fetched.get("sha256") != record["sha256"]:
+        # The file was replaced after the weights stage wrote it: its hub record is stale.
+        log.warning("%s: sha256 differs from %s's; hub record left out", path, "weights.json")
+        return record
+    keys = ("repo_id", "filename", "revision", "commit", "url", "fetched")
+    return {**record, "hub": {key: fetched.get(key) for key in keys}}
+
+
+def _hub_cache_record(model_spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The repo, revision and cached file (with sha256) of a ``weights: hub`` model."""
+    revision = str(model_spec.get("revision", "main"))
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        source = hub_file(str(model_spec["timm_id"]), revision, model_spec.get("kwargs"))
+    except (ImportError, KeyError, ValueError) as error:
+        return {"revision": revision, "sha256": None, "note": str(error)}
+    found: dict[str, Any] = {"repo_id": source.repo_id, "revision": source.revision}
+    cached = try_to_load_from_cache(source.repo_id, source.filename, revision=source.revision)
+    if isinstance(cached, str):
+        found.update(_file_record(Path(cached)))
+        found["commit"] = Path(cached).parents[source.filename.count("/")].name
+    else:
+        found["sha256"] = None
+    return found
+
+
 def provenance(settings: dict[str, Any], device: Any = None) -> dict[str, Any]:
-    """The record stored beside every result: resolved settings, versions, device, commit."""
-    return {
+    """The record stored beside every result: resolved settings, versions, device, commit,
+    and the model's weights (see :func:`weights_record`)."""
+    record = {
         "settings": settings,
         "versions": versions(),
         "device": device_description(device),
@@ -68,3 +136,7 @@ def provenance(settings: dict[str, Any], device: Any = None) -> dict[str, Any]:
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
     }
+    weights = weights_record(settings.get("model_spec"))
+    if weights is not None:
+        record["weights"] = weights
+    return record
