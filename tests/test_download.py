@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fixtures_data import md5_of, running_server
+from tests.fixtures_data import cifar10c_archive, cifar_archive, md5_of, running_server
 from vitplasticity.cli import main
 from vitplasticity.data.download import ChecksumError, DownloadError, download
-from vitplasticity.data.sources import registry
+from vitplasticity.data.sources import SOURCES, registry
 
 PAYLOAD = os.urandom(3 * (1 << 20) + 12345)  # > 1 read chunk, so drops land mid-body
 MD5 = hashlib.md5(PAYLOAD).hexdigest()
@@ -254,3 +254,125 @@ def test_workflow_dry_run_wires_downloads(tmp_path):
     assert urls["images.tar.gz"] == "https://mirror.example/pets/images.tar.gz"
     assert urls["clipart.zip"] == registry.FILES["clipart.zip"].url
     assert f"input: {archive}" in out
+
+
+# --- per-file checksum overrides (datasets.<name>.checksums) -----------------------------------
+
+SHA256 = hashlib.sha256(PAYLOAD).hexdigest()
+
+
+def test_download_verifies_a_sha256_and_resumes_with_it(http_server, tmp_path):
+    (tmp_path / "archive.bin.part").write_bytes(PAYLOAD[:1000])
+    path = fetch(http_server, tmp_path, md5=None, checksum=f"sha256:{SHA256}")
+    assert path.read_bytes() == PAYLOAD
+    assert http_server.requests == [("/data/archive.bin", "bytes=1000-")]
+    fetch(http_server, tmp_path, md5=None, checksum=f"sha256:{SHA256.upper()}")
+    assert len(http_server.requests) == 1  # the kept file verifies: no second request
+
+
+def test_wrong_sha256_names_both_digests_and_deletes(http_server, tmp_path):
+    wrong = "0" * 64
+    with pytest.raises(ChecksumError) as error:
+        fetch(http_server, tmp_path, checksum=f"sha256:{wrong}")  # replaces the right md5
+    assert f"expected sha256 {wrong}, got {SHA256}" in str(error.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_checksum_override_reaches_the_download_job(http_server, tmp_path):
+    """A mirror with other bytes than the registry's: the registry's md5 rejects them, the
+    dataset's checksums entry (resolved as the download rule resolves it) accepts them."""
+    http_server.add("mirror/setid.mat", PAYLOAD)
+    datasets = {
+        "flowers": {
+            "source": "flowers102",
+            "url": http_server.url("mirror/"),
+            "checksums": {"setid.mat": f"sha256:{SHA256}"},
+        },
+        "flowers-again": {"source": "flowers102"},  # shares the download, no override
+    }
+    checksum = registry.download_checksum(datasets, "setid.mat")
+    assert checksum == registry.Checksum("sha256", SHA256)
+    assert registry.download_checksum(datasets, "imagelabels.mat") == registry.Checksum(
+        "md5", registry.FILES["imagelabels.mat"].md5
+    )
+    url = registry.download_url(datasets, "setid.mat")
+    assert url == http_server.url("mirror/setid.mat")
+    out = tmp_path / "downloads" / "setid.mat"
+    args = ["download", "--file", "setid.mat", "--url", url, "--out", str(out)]
+    assert main(args) == 2 and not out.exists()  # the registry's md5
+    assert main([*args, "--checksum", str(checksum)]) == 0
+    assert out.read_bytes() == PAYLOAD
+    # The prepare job of the dataset sharing the file verifies what the download job did.
+    shared = registry.with_download_checksums(datasets, "flowers-again")
+    assert shared["checksums"] == {"setid.mat": f"sha256:{SHA256}"}
+    assert "checksums" not in registry.with_download_checksums({"f": {"source": "pet"}}, "f")
+
+
+def test_shared_download_prepares_every_dataset_from_the_mirror(http_server, tmp_path):
+    """Two CIFAR-10-C corruptions share one download; the mirror's bytes differ from the
+    registry's and only one entry gives their checksum: both prepare from the one download."""
+    data = cifar10c_archive(n_per_severity=20).blobs["CIFAR-10-C.tar"]
+    http_server.add("m/CIFAR-10-C.tar", data)
+    sha = hashlib.sha256(data).hexdigest()
+    datasets = {
+        "snow": {
+            "source": "cifar10c",
+            "corruption": "snow",
+            "url": http_server.url("m/CIFAR-10-C.tar"),
+            "checksums": {"CIFAR-10-C.tar": f"sha256:{sha}"},
+        },
+        "blur": {"source": "cifar10c", "corruption": "motion_blur"},
+    }
+    downloads = tmp_path / "downloads"
+    download(
+        registry.download_url(datasets, "CIFAR-10-C.tar"),
+        downloads / "CIFAR-10-C.tar",
+        checksum=registry.download_checksum(datasets, "CIFAR-10-C.tar"),
+    )
+    for name in datasets:
+        spec = registry.with_download_checksums(datasets, name)
+        counts = SOURCES["cifar10c"].prepare(
+            name, spec, tmp_path / name, downloads, expected={"pool": 16, "test": 4}
+        )
+        assert counts == {"pool": 16, "test": 4}
+    assert len(http_server.requests) == 1
+
+
+def test_checksum_override_accepts_a_local_archive(tmp_path):
+    data = cifar_archive("cifar10").blobs["cifar-10-python.tar.gz"]
+    path = tmp_path / "my-cifar10.tar.gz"
+    path.write_bytes(data)  # not the registry's bytes (a re-packed copy)
+    spec = {"source": "cifar10", "archive": str(path)}
+
+    def prepare(out: str) -> dict:
+        return SOURCES["cifar10"].prepare(
+            "c10", spec, tmp_path / out, tmp_path / "dl", expected={"pool": 30, "test": 6}
+        )
+
+    with pytest.raises(ChecksumError, match=registry.FILES["cifar-10-python.tar.gz"].md5):
+        prepare("a")
+    spec["checksums"] = {"cifar-10-python.tar.gz": "sha256:" + "0" * 64}
+    with pytest.raises(ChecksumError) as error:
+        prepare("b")
+    sha = hashlib.sha256(data).hexdigest()
+    assert f"datasets.c10.archive: checksum mismatch for {path}" in str(error.value)
+    assert f"expected sha256 {'0' * 64} (cifar-10-python.tar.gz), got {sha}" in str(error.value)
+    spec["checksums"] = {"cifar-10-python.tar.gz": f"sha256:{sha}"}
+    assert prepare("c") == {"pool": 30, "test": 6}
+    assert path.read_bytes() == data and not (tmp_path / "dl").exists()
+
+
+def test_overrides_are_checked_where_the_registry_reads_them():
+    spec = {"source": "pet", "url": "https://mirror.example/pets"}
+    with pytest.raises(ValueError, match=r"datasets\.p\.url: .* needs 2 files .* end it with '/'"):
+        registry.remote_file("p", spec, "images.tar.gz")
+    single = {"source": "cifar10", "url": "https://mirror.example/c10.tgz"}
+    assert registry.remote_file("c", single, "cifar-10-python.tar.gz").url == single["url"]
+    bad = {"source": "pet", "checksums": {"images.tar.gz": "md5:123"}}
+    with pytest.raises(ValueError, match=r"datasets\.p\.checksums\.images\.tar\.gz: .*32 hex"):
+        registry.file_checksum("p", bad, "images.tar.gz")
+    with pytest.raises(ValueError, match=r"'setid\.mat' is not a file of this pet entry"):
+        registry.file_checksum(
+            "p", {"source": "pet", "checksums": {"setid.mat": "md5:" + "0" * 32}}, "images.tar.gz"
+        )
+    assert registry.Checksum.parse(" SHA256:" + "AB" * 32) == registry.Checksum("sha256", "ab" * 32)

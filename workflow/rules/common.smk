@@ -40,8 +40,9 @@ TRAINING_KEYS = ("steps", "val_every")
 
 
 def source_spec(dataset):
-    """The dataset's config entry without its training keys, as JSON."""
-    entry = config["datasets"][dataset]
+    """The dataset's config entry without its training keys, as JSON; a file it downloads
+    carries the checksum its download job verified (another dataset may override it)."""
+    entry = source_registry.with_download_checksums(config["datasets"], dataset)
     return as_json({k: v for k, v in entry.items() if k not in TRAINING_KEYS})
 
 

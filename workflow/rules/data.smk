@@ -10,7 +10,7 @@ rule download:
         f"{RESOURCES}/logs/download/{{file}}.log",
     params:
         url=download_url,
-        md5=lambda w: source_registry.FILES[w.file].md5 or "",
+        checksum=lambda w: str(source_registry.download_checksum(config["datasets"], w.file) or ""),
     localrule: True
     wildcard_constraints:
         file="|".join(re.escape(name) for name in source_registry.FILES),
@@ -18,7 +18,7 @@ rule download:
         ENV
     shell:
         "vitplasticity download --file {wildcards.file:q} --url {params.url:q}"
-        " --md5 {params.md5:q} --out {output:q} > {log:q} 2>&1"
+        " --checksum {params.checksum:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule prepare:

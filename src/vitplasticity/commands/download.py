@@ -12,14 +12,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``download`` subcommand."""
     parser = subparsers.add_parser(
         "download",
-        help="download one file of the source registry (md5-verified, resumable)",
+        help="download one file of the source registry (checksum-verified, resumable)",
         description="Download one file named in the source registry into the downloads "
         "folder: resumed from a partial .part file, retried with backoff, renamed into "
-        "place only when its md5 matches.",
+        "place only when its checksum matches.",
     )
     parser.add_argument("--file", required=True, help="registry file name, e.g. clipart.zip")
     parser.add_argument("--url", default="", help="URL to fetch (default: the registry's)")
     parser.add_argument("--md5", default="", help="expected md5 (default: the registry's)")
+    parser.add_argument(
+        "--checksum",
+        default="",
+        help="expected digest, md5:<hex> or sha256:<hex> (replaces --md5 and the registry's)",
+    )
     parser.add_argument("--retries", type=int, default=5, help="retries of failed attempts")
     parser.add_argument("--out", required=True, help="destination path")
     parser.set_defaults(handler=run_download)
@@ -32,5 +37,11 @@ def run_download(args: argparse.Namespace) -> int:
     if args.file not in FILES:
         raise ValueError(f"--file: {args.file!r} is not in the registry; known: {sorted(FILES)}")
     entry = FILES[args.file]
-    download(args.url or entry.url, args.out, md5=args.md5 or entry.md5, retries=args.retries)
+    download(
+        args.url or entry.url,
+        args.out,
+        md5=args.md5 or entry.md5,
+        checksum=args.checksum or None,
+        retries=args.retries,
+    )
     return 0

@@ -2,8 +2,9 @@
 
 A download streams into ``<dest>.part``; an interrupted transfer resumes from the bytes it
 has with an HTTP range request, transient failures (connection drops, 5xx, timeouts) are
-retried with exponential backoff, and only a file whose md5 matches is renamed into place.
-So a file at ``dest`` is always complete and verified.
+retried with exponential backoff, and only a file whose checksum matches (the registry's
+md5, or a dataset's ``checksums`` override: md5 or sha256) is renamed into place. So a file
+at ``dest`` is always complete and verified.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from vitplasticity.data.sources.registry import Checksum
+
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20  # 1 MiB reads: large enough to be fast, small enough for steady progress
@@ -31,7 +34,7 @@ RETRY_BACKOFF_S = 2.0  # the first retry's delay; doubled per retry, capped at 6
 
 
 class ChecksumError(RuntimeError):
-    """A file whose md5 is not the expected one."""
+    """A file whose digest is not the expected one."""
 
 
 class DownloadError(RuntimeError):
@@ -80,11 +83,14 @@ class Progress:
             self._bar.close()
 
 
-def md5sum(path: str | os.PathLike[str], *, label: str | None = None) -> str:
-    """The md5 hex digest of a file, streamed in chunks (with progress for large files)."""
+def file_digest(
+    path: str | os.PathLike[str], algorithm: str = "md5", *, label: str | None = None
+) -> str:
+    """The ``algorithm`` (md5, sha256) hex digest of a file, streamed in chunks (with progress
+    for large files)."""
     path = Path(path)
-    digest = hashlib.md5(usedforsecurity=False)
-    progress = Progress(label or f"md5 {path.name}", path.stat().st_size)
+    digest = hashlib.new(algorithm, usedforsecurity=False)
+    progress = Progress(label or f"{algorithm} {path.name}", path.stat().st_size)
     try:
         with path.open("rb") as handle:
             while chunk := handle.read(CHUNK):
@@ -95,23 +101,43 @@ def md5sum(path: str | os.PathLike[str], *, label: str | None = None) -> str:
     return digest.hexdigest()
 
 
-def verify_md5(path: str | os.PathLike[str], md5: str | None, *, origin: str) -> str:
-    """Check ``path`` against ``md5``; return the actual digest.
+def md5sum(path: str | os.PathLike[str], *, label: str | None = None) -> str:
+    """The md5 hex digest of a file (``file_digest`` with md5)."""
+    return file_digest(path, "md5", label=label)
+
+
+def expected_checksum(md5: str | None, checksum: str | Checksum | None) -> Checksum | None:
+    """The digest to verify: ``checksum`` (``"md5:<hex>"`` or ``"sha256:<hex>"``) when given,
+    else ``md5`` (bare hex), else None (not verified).
+
+    Raises:
+        ValueError: a malformed ``checksum`` or ``md5``.
+    """
+    if isinstance(checksum, Checksum):
+        return checksum
+    if checksum:
+        return Checksum.parse(checksum)
+    return Checksum.parse(f"md5:{md5}") if md5 else None
+
+
+def verify_checksum(path: str | os.PathLike[str], expected: Checksum | None, *, origin: str) -> str:
+    """Check ``path`` against ``expected``; return the actual digest (of its algorithm).
 
     Args:
         path: the file.
-        md5: the expected digest; None skips the comparison (logged).
+        expected: the expected digest; None skips the comparison (the md5 is logged).
         origin: where the file came from (a URL or a config key), named in the error.
 
     Raises:
         ChecksumError: naming ``origin``, the file, the expected and the actual digest.
     """
-    actual = md5sum(path)
-    if md5 is None:
-        log.warning("%s: no known md5 for %s; its md5 is %s", origin, path, actual)
-    elif actual != md5.lower():
+    actual = file_digest(path, expected.algorithm if expected else "md5")
+    if expected is None:
+        log.warning("%s: no known checksum for %s; its md5 is %s", origin, path, actual)
+    elif actual != expected.hexdigest:
         raise ChecksumError(
-            f"checksum mismatch for {origin} ({path}): expected md5 {md5}, got {actual}"
+            f"checksum mismatch for {origin} ({path}): expected {expected.algorithm} "
+            f"{expected.hexdigest}, got {actual}"
         )
     return actual
 
@@ -120,14 +146,15 @@ def download(
     url: str,
     dest: str | os.PathLike[str],
     *,
-    md5: str | None,
+    md5: str | None = None,
+    checksum: str | Checksum | None = None,
     retries: int = 5,
     backoff: float | None = None,
     timeout: float = 60.0,
 ) -> Path:
-    """Download ``url`` to ``dest``: resumable, retried, md5-verified, atomic.
+    """Download ``url`` to ``dest``: resumable, retried, checksum-verified, atomic.
 
-    An existing ``dest`` with the right md5 is kept (no network). Otherwise the body streams
+    An existing ``dest`` with the right digest is kept (no network). Otherwise the body streams
     into ``<dest>.part``; a dropped or truncated transfer resumes from the bytes already
     there (HTTP ``Range``), transient failures are retried up to ``retries`` times with
     backoff ``backoff * 2**k`` seconds, and the verified file is renamed into place.
@@ -136,6 +163,8 @@ def download(
         url: the file's URL (``http(s)://`` or ``file://``).
         dest: the final path.
         md5: the expected md5 (None: not checked, a warning names the actual one).
+        checksum: the expected digest as ``"md5:<hex>"`` or ``"sha256:<hex>"``; replaces
+            ``md5`` when given (a mirror whose bytes differ from the registry's).
         retries: how many failed attempts are retried.
         backoff: the first retry's delay in seconds (doubled each retry, capped at 60 s);
             default ``RETRY_BACKOFF_S``.
@@ -145,14 +174,17 @@ def download(
         ``dest``.
 
     Raises:
-        ChecksumError: the finished file's md5 differs; the file is deleted and the error
-            names the URL, the expected and the actual md5.
+        ChecksumError: the finished file's digest differs; the file is deleted and the
+            error names the URL, the expected and the actual digest.
         DownloadError: a permanent HTTP error, or the retries ran out.
+        ValueError: a malformed ``checksum`` or ``md5``.
     """
     dest = Path(dest)
+    expected = expected_checksum(md5, checksum)
+    algorithm = expected.algorithm if expected else "md5"
     if dest.is_file():
         try:
-            verify_md5(dest, md5, origin=url)
+            verify_checksum(dest, expected, origin=url)
             log.info("%s: already downloaded and verified", dest)
             return dest
         except ChecksumError as error:
@@ -163,7 +195,7 @@ def download(
     failures = 0
     while True:
         try:
-            digest = _fetch_into(url, part, timeout)
+            digest = _fetch_into(url, part, timeout, algorithm)
             break
         except DownloadError:
             raise
@@ -178,21 +210,22 @@ def download(
             delay = min(first * 2 ** (failures - 1), 60.0)
             log.warning("%s: %s; retry %d/%d in %.1f s", url, error, failures, retries, delay)
             time.sleep(delay)
-    if md5 is not None and digest != md5.lower():
+    if expected is not None and digest != expected.hexdigest:
         part.unlink(missing_ok=True)
         raise ChecksumError(
-            f"checksum mismatch for {url}: expected md5 {md5}, got {digest}; "
-            "the downloaded file was deleted"
+            f"checksum mismatch for {url}: expected {algorithm} {expected.hexdigest}, "
+            f"got {digest}; the downloaded file was deleted"
         )
-    if md5 is None:
-        log.warning("%s: no known md5; downloaded file has md5 %s", url, digest)
+    if expected is None:
+        log.warning("%s: no known checksum; downloaded file has md5 %s", url, digest)
     os.replace(part, dest)
-    log.info("%s: downloaded to %s (md5 %s)", url, dest, digest)
+    log.info("%s: downloaded to %s (%s %s)", url, dest, algorithm, digest)
     return dest
 
 
-def _fetch_into(url: str, part: Path, timeout: float) -> str:
-    """One attempt: append the rest of ``url`` to ``part``; return the md5 of the whole file.
+def _fetch_into(url: str, part: Path, timeout: float, algorithm: str) -> str:
+    """One attempt: append the rest of ``url`` to ``part``; return the ``algorithm`` digest of
+    the whole file.
 
     Raises:
         _Incomplete: the body ended early (retry resumes).
@@ -210,7 +243,7 @@ def _fetch_into(url: str, part: Path, timeout: float) -> str:
             # Nothing left to send: the part may be complete already, or longer than the file.
             total = _content_range_total(error.headers.get("Content-Range"))
             if total == offset:
-                return _md5_of(part)
+                return _hash_existing(part, algorithm).hexdigest()
             part.unlink()
             raise _Incomplete(f"range {offset}- not satisfiable; restarting") from error
         if error.code in RETRY_STATUSES:
@@ -226,13 +259,13 @@ def _fetch_into(url: str, part: Path, timeout: float) -> str:
         status = getattr(response, "status", 200)
         length = response.headers.get("Content-Length")
         if offset and status == 206:
-            digest = _hash_existing(part)
+            digest = _hash_existing(part, algorithm)
             mode = "ab"
             total = _content_range_total(response.headers.get("Content-Range"))
         else:
             if offset:
                 log.info("%s: server ignored the range request; starting over", url)
-            offset, digest, mode = 0, hashlib.md5(usedforsecurity=False), "wb"
+            offset, digest, mode = 0, hashlib.new(algorithm, usedforsecurity=False), "wb"
             total = int(length) if length is not None else None
         expected_body = int(length) if length is not None else None
         received = 0
@@ -267,16 +300,12 @@ def _read_chunks(response: http.client.HTTPResponse) -> Iterator[bytes]:
         yield chunk
 
 
-def _hash_existing(path: Path) -> hashlib._Hash:
-    digest = hashlib.md5(usedforsecurity=False)
+def _hash_existing(path: Path, algorithm: str) -> hashlib._Hash:
+    digest = hashlib.new(algorithm, usedforsecurity=False)
     with path.open("rb") as handle:
         while chunk := handle.read(CHUNK):
             digest.update(chunk)
     return digest
-
-
-def _md5_of(path: Path) -> str:
-    return _hash_existing(path).hexdigest()
 
 
 def _content_range_total(header: str | None) -> int | None:

@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 
 from vitplasticity.data.archives import InputFile
-from vitplasticity.data.download import ChecksumError, download, md5sum
+from vitplasticity.data.download import ChecksumError, download, file_digest
 from vitplasticity.data.sources.registry import (
     FILES,
     KNOWN_COUNTS,
     RemoteFile,
+    file_checksum,
     local_archives,
     remote_file,
     source_files,
@@ -38,7 +39,8 @@ def resolve_files(
     the remedy should it turn out damaged (delete a download; replace a local file).
 
     A file under the entry's ``archive`` key is used in place (verified, never downloaded);
-    every other file is taken from ``downloads`` (verified) or downloaded there.
+    every other file is taken from ``downloads`` (verified) or downloaded there. A file is
+    verified against the entry's ``checksums`` item when it has one, else the registry's md5.
 
     Args:
         name: the dataset's config key (named in errors).
@@ -48,30 +50,31 @@ def resolve_files(
 
     Raises:
         FileNotFoundError: an ``archive`` path that does not exist, naming the key.
-        ChecksumError: a file with the wrong md5, naming the key or URL.
+        ChecksumError: a file with the wrong digest, naming the key or URL.
     """
     registry = {**FILES, **(files or {})}
     local = local_archives(name, spec)
     resolved: dict[str, InputFile] = {}
     for filename in source_files(spec["source"], spec):
         entry = registry[filename]
+        expected = file_checksum(name, spec, filename, entry)
         if filename in local:
             path = local[filename]
             if not path.is_file():
                 raise FileNotFoundError(
                     f"datasets.{name}.archive: {path} does not exist (expected {filename})"
                 )
-            actual = md5sum(path)
-            if entry.md5 is not None and actual != entry.md5:
+            actual = file_digest(path, expected.algorithm if expected else "md5")
+            if expected is not None and actual != expected.hexdigest:
                 raise ChecksumError(
                     f"datasets.{name}.archive: checksum mismatch for {path}: "
-                    f"expected md5 {entry.md5} ({filename}), got {actual}"
+                    f"expected {expected.algorithm} {expected.hexdigest} ({filename}), "
+                    f"got {actual}"
                 )
             resolved[filename] = InputFile.local(path, f"datasets.{name}.archive")
         else:
-            override = remote_file(name, spec, filename) if spec.get("url") else entry
-            remote = RemoteFile(filename, override.url, entry.md5, entry.size)
-            path = download(remote.url, downloads / filename, md5=remote.md5)
+            url = remote_file(name, spec, filename).url if spec.get("url") else entry.url
+            path = download(url, downloads / filename, checksum=expected)
             resolved[filename] = InputFile.downloaded(path)
     return resolved
 

@@ -1,5 +1,6 @@
 """The one registry of remote files: URL, md5 and size per file, and which files each source
-needs. Plain Python (no numpy, no torch): the Snakefile imports it on every node to wire the
+needs; and how a dataset entry's ``url``, ``archive`` and ``checksums`` keys override them.
+Plain Python (no numpy, no torch): the Snakefile imports it on every node to wire the
 download jobs.
 
 md5s and sizes are from PROTOCOL.md and torchvision's dataset classes; the DomainNet and
@@ -8,11 +9,44 @@ CIFAR-10-C ones are third-party records (no official checksum is published).
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# The digests a ``checksums`` entry may name, with their hex lengths.
+CHECKSUM_HEX_LENGTHS: dict[str, int] = {"md5": 32, "sha256": 64}
+
+
+@dataclass(frozen=True)
+class Checksum:
+    """An expected digest: ``algorithm`` (a key of CHECKSUM_HEX_LENGTHS) and lower-case hex."""
+
+    algorithm: str
+    hexdigest: str
+
+    @classmethod
+    def parse(cls, text: str) -> Checksum:
+        """Read ``"md5:<hex>"`` or ``"sha256:<hex>"``.
+
+        Raises:
+            ValueError: saying what is wrong (no prefix, another algorithm, bad hex).
+        """
+        algorithm, sep, digest = str(text).partition(":")
+        algorithm, digest = algorithm.strip().lower(), digest.strip().lower()
+        if not sep or algorithm not in CHECKSUM_HEX_LENGTHS:
+            forms = " or ".join(f"'{a}:<hex>'" for a in CHECKSUM_HEX_LENGTHS)
+            raise ValueError(f"{text!r} is not {forms}")
+        length = CHECKSUM_HEX_LENGTHS[algorithm]
+        if not re.fullmatch(f"[0-9a-f]{{{length}}}", digest):
+            raise ValueError(f"{text!r}: {algorithm} digests have {length} hex digits")
+        return cls(algorithm, digest)
+
+    def __str__(self) -> str:
+        return f"{self.algorithm}:{self.hexdigest}"
 
 
 @dataclass(frozen=True)
@@ -23,6 +57,11 @@ class RemoteFile:
     url: str
     md5: str | None
     size: int | None = None
+
+    @property
+    def checksum(self) -> Checksum | None:
+        """The registry's md5 as a Checksum (None where none is recorded)."""
+        return Checksum("md5", self.md5.lower()) if self.md5 else None
 
 
 def _files(*entries: RemoteFile) -> dict[str, RemoteFile]:
@@ -164,23 +203,90 @@ def has_files(source: str) -> bool:
     return source in KNOWN_COUNTS
 
 
+def _files_problems(
+    name: str, key: str, given: Mapping[str, Any], files: list[str], source: str
+) -> list[str]:
+    """One problem per key of the mapping ``datasets.<name>.<key>`` that is not in ``files``."""
+    problems = []
+    for filename in given:
+        if filename not in files:
+            close = difflib.get_close_matches(str(filename), files, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problems.append(
+                f"datasets.{name}.{key}: {filename!r} is not a file of this {source} entry; "
+                f"{hint}(its files: {', '.join(files)})"
+            )
+    return problems
+
+
+def entry_problems(name: str, spec: Mapping[str, Any]) -> list[str]:
+    """Everything wrong with the ``url``, ``archive`` and ``checksums`` keys of dataset ``name``.
+
+    A mapping may only name the files this entry uses; a checksum must parse; a single URL
+    without a trailing ``/`` is only allowed for a source with one file (for several files it
+    would silently fetch the others from the registry's URL).
+
+    Returns:
+        One message per problem, each starting with the key (``datasets.<name>.<key>``).
+    """
+    source = spec.get("source", "")
+    if not has_files(source):
+        return []
+    try:
+        files = source_files(source, spec)
+    except ValueError as error:
+        return [f"datasets.{name}.{error}"]
+    problems: list[str] = []
+    for key in ("url", "archive", "checksums"):
+        value = spec.get(key)
+        if isinstance(value, Mapping):
+            problems += _files_problems(name, key, value, files, source)
+        elif key == "checksums" and value is not None:
+            problems.append(
+                f"datasets.{name}.checksums: expected {{file name: 'md5:<hex>' or "
+                f"'sha256:<hex>'}}, got {value!r}"
+            )
+    url = spec.get("url")
+    if isinstance(url, str) and url and not url.endswith("/") and len(files) > 1:
+        problems.append(
+            f"datasets.{name}.url: {url!r} is one URL but this {source} entry needs "
+            f"{len(files)} files ({', '.join(files)}): end it with '/' if it is a folder "
+            f"holding them under these names, or map each file to its URL "
+            f"(url: {{{files[0]}: {url}, ...}})"
+        )
+    checksums = spec.get("checksums")
+    if isinstance(checksums, Mapping):
+        for filename, text in checksums.items():
+            try:
+                Checksum.parse(text)
+            except ValueError as error:
+                problems.append(f"datasets.{name}.checksums.{filename}: {error}")
+    return problems
+
+
+def _check_entry(name: str, spec: Mapping[str, Any]) -> list[str]:
+    """The entry's files, after raising ValueError listing every problem of its overrides."""
+    problems = entry_problems(name, spec)
+    if problems:
+        raise ValueError("\n".join(problems))
+    return source_files(spec["source"], spec)
+
+
 def local_archives(name: str, spec: Mapping[str, Any]) -> dict[str, Path]:
     """The files a dataset entry's ``archive`` key points at, by registry file name.
 
     ``archive`` is a path (the main file; for a multi-file source a folder holding the files
     under their registry names) or a mapping from registry file name to path. Files it does
     not cover are downloaded as usual.
+
+    Raises:
+        ValueError: the entry's ``url``, ``archive`` or ``checksums`` is invalid (named).
     """
     archive = spec.get("archive")
     if not archive:
         return {}
-    files = source_files(spec["source"], spec)
+    files = _check_entry(name, spec)
     if isinstance(archive, Mapping):
-        unknown = sorted(set(archive) - set(files))
-        if unknown:
-            raise ValueError(
-                f"datasets.{name}.archive: {unknown} not among this source's files {files}"
-            )
         return {key: Path(os.path.expanduser(value)) for key, value in archive.items()}
     path = Path(os.path.expanduser(str(archive)))
     if path.is_dir():
@@ -191,25 +297,45 @@ def local_archives(name: str, spec: Mapping[str, Any]) -> dict[str, Path]:
 def remote_file(name: str, spec: Mapping[str, Any], filename: str) -> RemoteFile:
     """The registry entry of ``filename`` with the dataset's ``url`` override applied.
 
-    ``url`` is a URL (of the main file), a mirror folder ending in ``/`` (every file under
-    its registry name), or a mapping from registry file name to URL.
+    ``url`` is a URL (of the file, for a single-file source), a mirror folder ending in ``/``
+    (every file under its registry name), or a mapping from registry file name to URL.
+
+    Raises:
+        ValueError: the entry's ``url``, ``archive`` or ``checksums`` is invalid (named).
     """
     entry = FILES[filename]
     url = spec.get("url")
-    files = source_files(spec["source"], spec)
+    if not url:
+        return entry
+    files = _check_entry(name, spec)
     if isinstance(url, Mapping):
-        unknown = sorted(set(url) - set(files))
-        if unknown:
-            raise ValueError(
-                f"datasets.{name}.url: {unknown} not among this source's files {files}"
-            )
         return RemoteFile(filename, url.get(filename, entry.url), entry.md5, entry.size)
-    if isinstance(url, str) and url:
-        if url.endswith("/"):
-            return RemoteFile(filename, url + filename, entry.md5, entry.size)
-        if filename == files[0]:
-            return RemoteFile(filename, url, entry.md5, entry.size)
-    return entry
+    if url.endswith("/"):
+        return RemoteFile(filename, url + filename, entry.md5, entry.size)
+    return RemoteFile(filename, url if filename == files[0] else entry.url, entry.md5, entry.size)
+
+
+def file_checksum(
+    name: str, spec: Mapping[str, Any], filename: str, entry: RemoteFile | None = None
+) -> Checksum | None:
+    """The digest that ``filename`` of dataset ``name`` must have: the entry's ``checksums``
+    override (a mirror or local copy with other bytes), else the registry's md5.
+
+    Args:
+        name: the dataset's config key (named in errors).
+        spec: its config entry.
+        filename: a registry file name the entry uses.
+        entry: the registry entry to fall back on (default ``FILES[filename]``).
+
+    Raises:
+        ValueError: the entry's ``url``, ``archive`` or ``checksums`` is invalid (named).
+    """
+    fallback = (entry or FILES[filename]).checksum
+    checksums = spec.get("checksums")
+    if not checksums:
+        return fallback
+    _check_entry(name, spec)
+    return Checksum.parse(checksums[filename]) if filename in checksums else fallback
 
 
 def download_inputs(
@@ -227,22 +353,93 @@ def download_inputs(
     ]
 
 
+def _downloaders(
+    datasets: Mapping[str, Mapping[str, Any]], filename: str
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """The (name, entry) of every dataset that reads ``filename`` from the downloads folder
+    (it uses the file and no ``archive`` of its own covers it)."""
+    for name, spec in datasets.items():
+        source = spec.get("source", "")
+        uses = has_files(source) and filename in source_files(source, spec)
+        if uses and filename not in local_archives(name, spec):
+            yield name, spec
+
+
+def _agreed(chosen: Mapping[str, str], filename: str, what: str) -> str | None:
+    """The one value that the config keys in ``chosen`` (key path -> value) give for
+    ``filename``, None when none does.
+
+    Raises:
+        ValueError: two keys give different values (both named).
+    """
+    if len(set(chosen.values())) > 1:
+        raise ValueError(
+            f"datasets: conflicting {what} overrides for {filename} (one download serves "
+            "every dataset using it; give them the same value): "
+            + ", ".join(f"{path}: {value}" for path, value in sorted(chosen.items()))
+        )
+    return next(iter(chosen.values()), None)
+
+
 def download_url(datasets: Mapping[str, Mapping[str, Any]], filename: str) -> str:
     """The URL the download job of ``filename`` fetches: the registry's, or the one mirror
-    URL that the datasets using the file agree on.
+    URL that the datasets downloading the file agree on.
 
     Raises:
         ValueError: two datasets give different URLs for the same file (named).
     """
-    chosen: dict[str, str] = {}
-    for name, spec in datasets.items():
-        source = spec.get("source", "")
-        if has_files(source) and filename in source_files(source, spec) and spec.get("url"):
-            chosen[name] = remote_file(name, spec, filename).url
-    urls = set(chosen.values())
-    if len(urls) > 1:
-        raise ValueError(
-            f"datasets: conflicting url overrides for {filename}: "
-            + ", ".join(f"{n}: {u}" for n, u in sorted(chosen.items()))
-        )
-    return urls.pop() if urls else FILES[filename].url
+    official = FILES[filename].url
+    urls = {
+        name: remote_file(name, spec, filename).url
+        for name, spec in _downloaders(datasets, filename)
+    }
+    chosen = {f"datasets.{name}.url": url for name, url in urls.items() if url != official}
+    return _agreed(chosen, filename, "url") or official
+
+
+def download_checksum(datasets: Mapping[str, Mapping[str, Any]], filename: str) -> Checksum | None:
+    """The digest the download job of ``filename`` verifies: the registry's md5, or the one
+    ``checksums`` override that the datasets downloading the file agree on.
+
+    Raises:
+        ValueError: two datasets give different checksums for the same file (named).
+    """
+    chosen = {
+        f"datasets.{name}.checksums.{filename}": str(file_checksum(name, spec, filename))
+        for name, spec in _downloaders(datasets, filename)
+        if filename in (spec.get("checksums") or {})
+    }
+    agreed = _agreed(chosen, filename, "checksums")
+    return Checksum.parse(agreed) if agreed else FILES[filename].checksum
+
+
+def shared_download_problems(datasets: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Conflicting ``url`` or ``checksums`` overrides of a file that several datasets download
+    (one download job serves them all), one message per file and key."""
+    problems = []
+    for filename in FILES:
+        for resolve in (download_url, download_checksum):
+            try:
+                resolve(datasets, filename)
+            except ValueError as error:
+                problems.append(str(error))
+    return problems
+
+
+def with_download_checksums(datasets: Mapping[str, Mapping[str, Any]], name: str) -> dict[str, Any]:
+    """Dataset ``name``'s entry with a ``checksums`` item for every file it downloads whose
+    download job verifies another digest than the registry's (another dataset sharing the file
+    overrides it), so that its prepare job accepts the file the download job verified."""
+    spec = dict(datasets[name])
+    if not has_files(spec.get("source", "")):
+        return spec
+    own = dict(spec.get("checksums") or {})
+    for filename in source_files(spec["source"], spec):
+        if filename in own or filename in local_archives(name, spec):
+            continue
+        shared = download_checksum(datasets, filename)
+        if shared != FILES[filename].checksum:
+            own[filename] = str(shared)
+    if own:
+        spec["checksums"] = own
+    return spec
