@@ -2,14 +2,17 @@
 
 The cluster is Debian's slurmctld/slurmd/slurmdbd (with MariaDB, so that `sacct` works),
 installed and started by .ci/start_local_slurm.sh and stopped by .ci/stop_local_slurm.sh,
-which kills exactly the daemons it recorded by PID. Starting needs root and apt-get; where
-either is missing the SLURM tests skip with that reason, except in CI (CI=true) where they
-must run and fail instead.
+which kills exactly the daemons it recorded by PID. Its node advertises a GPU node's shape
+(stand-in GPUs as a GRES, more CPUs and memory than the machine has; see the start script),
+so the workflow runs there with the shipped profiles unmodified. Starting needs root and
+apt-get; where either is missing the SLURM tests skip with that reason, except in CI
+(CI=true) where they must run and fail instead.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,11 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 SLURM_BASE = REPO / ".slurm-local"
+GLOBAL_PROFILE = REPO / "slurm"  # slurm/profile.yaml; the workflow profile is found by Snakemake
+WORKFLOW_PROFILE = REPO / "workflow" / "profiles" / "default" / "profile.yaml"
 START_SCRIPT = REPO / ".ci" / "start_local_slurm.sh"
 STOP_SCRIPT = REPO / ".ci" / "stop_local_slurm.sh"
 
@@ -60,6 +63,15 @@ def slurm_responds() -> bool:
     return out.returncode == 0 and any(s in out.stdout for s in ("idle", "mix", "alloc"))
 
 
+def node_gpus() -> int:
+    """GPUs (gres/gpu) that the local cluster's nodes advertise, summed (0: none)."""
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%G"], capture_output=True, text=True, timeout=10, check=True
+    )
+    # %G is e.g. "gpu:2", "gpu:a100:2(S:0)" or "(null)".
+    return sum(int(match[1]) for match in re.finditer(r"gpu(?::[\w-]+)?:(\d+)", out.stdout))
+
+
 def why_no_slurm() -> str | None:
     """Why a local SLURM cannot be started here, or None when it can (or already runs)."""
     if slurm_responds():
@@ -81,8 +93,18 @@ class LocalSlurm:
     log: list[str] = field(default_factory=list)
 
     def start(self) -> None:
-        """Start the daemons unless a responsive cluster is already up (idempotent)."""
+        """Start the daemons unless a responsive cluster is already up (idempotent).
+
+        Raises:
+            RuntimeError: the daemons did not start, or the running cluster has no GPU GRES
+                (one started by an older start script: restart it).
+        """
         if slurm_responds():
+            if node_gpus() == 0:
+                raise RuntimeError(
+                    "the running local SLURM advertises no GPU GRES (sinfo -o %G); restart it: "
+                    f"{STOP_SCRIPT} {self.base} && {START_SCRIPT} {self.base}"
+                )
             return
         t0 = time.monotonic()
         out = subprocess.run(
@@ -110,7 +132,17 @@ def sacct_jobs(job_name: str) -> list[dict[str, str]]:
 
     The SLURM plugin names every job of one Snakemake invocation after its run UUID.
     """
-    fields = ["JobID", "State", "ExitCode", "Submit", "Start", "End", "Timelimit", "Comment"]
+    fields = [
+        "JobID",
+        "State",
+        "ExitCode",
+        "Submit",
+        "Start",
+        "End",
+        "Timelimit",
+        "AllocTRES",
+        "Comment",
+    ]
     out = subprocess.run(
         ["sacct", "-X", "-P", "-n", "--name", job_name, "-o", ",".join(fields)],
         capture_output=True,
@@ -120,6 +152,25 @@ def sacct_jobs(job_name: str) -> list[dict[str, str]]:
     )
     rows = [dict(zip(fields, line.split("|"), strict=False)) for line in out.stdout.splitlines()]
     return [row for row in rows if row.get("JobID")]
+
+
+def alloc_tres(row: dict[str, str]) -> dict[str, float]:
+    """A sacct row's AllocTRES as numbers: {"cpu": 8, "gres/gpu": 1, "mem": 48000 (MB), ...}."""
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
+    tres = {}
+    for item in filter(None, row["AllocTRES"].split(",")):
+        name, value = item.split("=", 1)
+        scale = units.get(value[-1], 1)
+        tres[name] = float(value.rstrip("KMGT")) * scale
+    return tres
+
+
+def timelimit_minutes(timelimit: str) -> int:
+    """sacct's Timelimit ("[D-]HH:MM:SS", "MM:SS") in minutes."""
+    days, _, clock = timelimit.rpartition("-")
+    parts = [int(x) for x in clock.split(":")]
+    hours, minutes, seconds = [0] * (3 - len(parts)) + parts
+    return (int(days or 0) * 24 + hours) * 60 + minutes + seconds // 60
 
 
 def wait_for_accounting(job_name: str, expected: int, timeout: float = 30) -> list[dict[str, str]]:
@@ -181,27 +232,25 @@ def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     os.killpg(os.getpgid(proc.pid), sig)
 
 
-def cpu_workflow_profile(dest: Path, mem_mb: int = 1000) -> Path:
-    """The project's workflow profile for a cluster without GPUs, written into `dest`.
-
-    Only two things change: `gpu: 0` (our local SLURM has no GPU gres), and memory requests
-    capped at `mem_mb` (its node has a few GB). Everything else, runtime included, is the
-    project's.
-    """
-    profile = yaml.safe_load((REPO / "workflow/profiles/default/profile.yaml").read_text())
-    for resources in profile["set-resources"].values():
-        if "gpu" in resources:
-            resources["gpu"] = 0
-            resources.pop("cpus_per_gpu", None)
-        if "mem_mb" in resources:
-            resources["mem_mb"] = mem_mb
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "profile.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
-    return dest
+def shipped_profile_args(jobs: int) -> list[str]:
+    """Options running through the shipped slurm/profile.yaml (and, found by Snakemake, the
+    shipped workflow profile), changed only where a test cluster needs it: `jobs` at once,
+    status polls every second, a short latency-wait. No partition or account: the cluster's
+    default partition takes the jobs."""
+    return [
+        "--profile",
+        str(GLOBAL_PROFILE),
+        "--jobs",
+        str(jobs),
+        "--latency-wait",
+        "10",
+        *FAST_POLLING,
+    ]
 
 
 def slurm_args(jobs: int = 4) -> list[str]:
-    """Command-line options that send a run to the local SLURM through the plugin."""
+    """Command-line options that send a run to the local SLURM through the plugin, without
+    the project's profiles (for the tiny workflow of tests/slurm/Snakefile)."""
     return [
         "--executor",
         "slurm",

@@ -1,14 +1,20 @@
 """The workflow through a real local SLURM and snakemake-executor-plugin-slurm.
 
-- A small demo (the mini preset, one dataset) through the slurm executor: every job COMPLETED
-  in sacct, and the results identical to a local run.
+- A small demo (the mini preset, one dataset) through the shipped profiles (slurm/profile.yaml
+  and workflow/profiles/default/profile.yaml, unmodified): every job COMPLETED in sacct with
+  the profile's requests (finetune and plasticity one GPU each and 8 CPUs per GPU, CPU-only
+  rules no GPU; memory; wall time from the rules' runtime formulas), and the results
+  identical to a local run.
 - A finetuning job cancelled mid-run (scancel) is resumed by a rerun from its checkpoint, and
-  nothing else reruns; its numbers equal an uninterrupted run's.
+  nothing else reruns; its numbers equal an uninterrupted run's. The profile's squeue status
+  command is what lets the first run see the cancellation (plugin 2.4.0-2.8.0, slurm/profile.yaml).
 - Many small jobs: the per-job overhead (submission to COMPLETED) of a trivial rule, and its
   packing into one SLURM job with Snakemake groups (README, "Many small jobs").
 
 The cluster comes from tests/slurm_harness.py (started here when needed, stopped at the end
-by PID); without root or apt the tests skip and say why (in CI they must run).
+by PID); its node advertises stand-in GPUs and a GPU node's CPUs and memory, so the shipped
+requests are scheduled as asked. Without root or apt the tests skip and say why (in CI they
+must run).
 """
 
 from __future__ import annotations
@@ -26,15 +32,19 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
+from snakemake.utils import update_config
 
 from tests.slurm_harness import (
     REPO,
+    WORKFLOW_PROFILE,
     LocalSlurm,
-    cpu_workflow_profile,
+    alloc_tres,
     run_snakemake,
     run_uuids,
+    shipped_profile_args,
     slurm_args,
     start_snakemake,
+    timelimit_minutes,
     wait_for_accounting,
     why_no_slurm,
 )
@@ -104,13 +114,85 @@ def workflow_args(workdir: Path, *extra_configs: dict) -> list[str]:
 
 
 def slurm_workflow_args(workdir: Path, *extra_configs: dict) -> list[str]:
-    profile = cpu_workflow_profile(workdir / "cpu_profile")
-    return [
-        *workflow_args(workdir, *extra_configs),
-        *slurm_args(jobs=2),
-        "--workflow-profile",
-        str(profile),
-    ]
+    """workflow_args through the shipped profiles, two SLURM jobs at a time."""
+    return [*workflow_args(workdir, *extra_configs), *shipped_profile_args(jobs=2)]
+
+
+def merged_config(*extra_configs: dict) -> dict:
+    """The config a run of workflow_args(..., *extra_configs) sees, merged as Snakemake does."""
+    config: dict = {}
+    for preset in PRESETS:
+        update_config(config, yaml.safe_load(preset.read_text()))
+    for extra in [SMALL, *extra_configs]:
+        update_config(config, extra)
+    return config
+
+
+# Independent copies of workflow/rules/common.smk's wall-time estimates (minutes, attempt 1):
+# the test fails if the rules stop sending them to SLURM, or if the two drift apart.
+STEP_SECONDS_BY_SIZE = {"tiny": 0.05, "small": 0.15, "base": 0.5, "large": 1.75, "huge": 4.75}
+
+
+def step_seconds(config: dict, model: str) -> float:
+    timm_id = config["models"][model]["timm_id"]
+    size = timm_id.split("_")[1] if "_" in timm_id else ""
+    return STEP_SECONDS_BY_SIZE.get(size, max(STEP_SECONDS_BY_SIZE.values()))
+
+
+def finetune_minutes(config: dict, model: str, dataset: str) -> int:
+    steps = config["datasets"][dataset]["steps"]
+    batch_scale = config["finetune"].get("batch_size", 512) / 512
+    return int(15 + 1.3 * steps * step_seconds(config, model) * batch_scale / 60)
+
+
+def plasticity_minutes(config: dict, model: str) -> int:
+    p = config["plasticity"]
+    images = 2 * p["n_pairs"] * len(p["protocols"])
+    return int(20 + 10 * images * step_seconds(config, model) / (3 * 512) / 60)
+
+
+def job_rule(row: dict[str, str]) -> str:
+    """The rule of a job, from the comment the plugin gives it: rule_<rule>[_wildcards_<values>]."""
+    return row["Comment"].removeprefix("rule_").split("_wildcards_")[0]
+
+
+def expected_minutes(row: dict[str, str], config: dict, profile: dict) -> int:
+    """The wall time the job of `row` should have asked for (first attempt).
+
+    The plugin's comment joins the wildcard values with "_" (names may contain "_" too), so a
+    job's (model, dataset) is the one pair whose names appear there, in order.
+    """
+    rule, comment = job_rule(row), row["Comment"]
+    if rule in ("finetune", "plasticity"):
+        pairs = [
+            (model, dataset)
+            for model in config["models"]
+            for dataset in config["datasets"]
+            if f"_{model}_{dataset}" in comment
+        ]
+        assert len(pairs) == 1, (comment, pairs)
+        model, dataset = pairs[0]
+        if rule == "finetune":
+            return finetune_minutes(config, model, dataset)
+        return plasticity_minutes(config, model)
+    return profile["set-resources"][rule]["runtime"]
+
+
+def check_requests(rows: list[dict[str, str]], config: dict) -> None:
+    """Every job got what the shipped workflow profile and the rules ask for (sacct rows)."""
+    profile = yaml.safe_load(WORKFLOW_PROFILE.read_text())
+    for row in rows:
+        rule, tres = job_rule(row), alloc_tres(row)
+        wanted = profile["set-resources"][rule]
+        # mem_mb is a number or a Snakemake resource expression of `attempt` (1 here).
+        mem_mb = eval(str(wanted["mem_mb"]), {"__builtins__": {}, "min": min}, {"attempt": 1})
+        assert tres["mem"] == mem_mb, row
+        if rule in ("finetune", "plasticity"):
+            assert wanted["gpu"] == 1 and tres.get("gres/gpu") == wanted["gpu"], row
+            assert tres["cpu"] == wanted["gpu"] * wanted["cpus_per_gpu"], row
+        else:
+            assert "gres/gpu" not in tres and tres["cpu"] == 1, row
+        assert timelimit_minutes(row["Timelimit"]) == expected_minutes(row, config, profile), row
 
 
 def summaries(results: Path) -> dict[str, dict]:
@@ -154,12 +236,9 @@ def test_demo_through_slurm_completes_and_matches_a_local_run(
     stats = proc.stdout[proc.stdout.index("Job stats:") :].split("\n\n")[0]
     planned = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M)}
     assert len(rows) == n_jobs == planned["total"] - len(TARGETS), proc.stdout[-3000:]
-    kinds = {r["Comment"].removeprefix("rule_").split("_wildcards")[0] for r in rows}
-    assert kinds == {"prepare", "reference", "finetune", "plasticity"}, rows
+    assert {job_rule(r) for r in rows} == {"prepare", "reference", "finetune", "plasticity"}, rows
     assert {r["State"] for r in rows} == {"COMPLETED"}, rows
-    # The finetune runtime request came from the rule's callable (15 min + tiny), not a default.
-    finetune_limits = {r["Timelimit"] for r in rows if r["Comment"].startswith("rule_finetune")}
-    assert finetune_limits == {"00:15:00"}, rows
+    check_requests(rows, merged_config())
 
     assert summaries(tmp_path / "results") == summaries(local_run / "results")
     ours, theirs = tables(tmp_path / "results"), tables(local_run / "results")
@@ -180,12 +259,10 @@ def test_cancelled_finetune_job_resumes_from_its_checkpoint(
             "sgd": {"configurations": ["head"], "lrs_by_dataset": {"demo-stripes": [0.05]}}
         },
     }
-    # squeue, not sacct: plugin 2.8.0 reads sacct's "CANCELLED by <uid>" as still running and
-    # would wait forever (README, "Resume").
-    args = [
-        *slurm_workflow_args(tmp_path, longer),
-        *("--retries", "0", "--slurm-status-command", "squeue", "finetune_all"),
-    ]
+    # No retry, so that the cancelled job fails the first run. The profile polls with squeue:
+    # with sacct, plugins 2.4.0-2.8.0 read "CANCELLED by <uid>" as still running and the
+    # first run would wait forever (README, "Resume").
+    args = [*slurm_workflow_args(tmp_path, longer), "--retries", "0", "finetune_all"]
     run_dir = tmp_path / "results/finetune/sgd/demo_vit/demo-stripes/head/lr0.05_seed0"
     proc = start_snakemake(args, REPO, tmp_path / "first.log")
     deadline = time.monotonic() + 300
@@ -203,6 +280,12 @@ def test_cancelled_finetune_job_resumes_from_its_checkpoint(
     assert proc.wait(timeout=300) != 0
     first_log = (tmp_path / "first.log").read_text()
     assert "CANCELLED" in first_log, first_log[-3000:]
+    # The first run's jobs: the dataset's prepare (COMPLETED) and the cancelled finetune.
+    first_rows = wait_for_accounting(uuid, 2)
+    states = {r["JobID"]: r["State"] for r in first_rows}
+    assert sorted(map(job_rule, first_rows)) == ["finetune", "prepare"], first_rows
+    assert states[running[0]].startswith("CANCELLED"), first_rows
+    check_requests(first_rows, merged_config(longer))
     assert not (run_dir / "summary.json").exists()
     assert (run_dir / "checkpoint.pt").exists()
 
@@ -211,6 +294,7 @@ def test_cancelled_finetune_job_resumes_from_its_checkpoint(
     rows = wait_for_accounting(uuid2, 1)
     assert [r["Comment"].split("_wildcards")[0] for r in rows] == ["rule_finetune"], rows
     assert rows[0]["State"] == "COMPLETED"
+    check_requests(rows, merged_config(longer))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed"] is True and summary["status"] == "completed"
     log = tmp_path / "results/logs/finetune/sgd/demo_vit/demo-stripes/head/lr0.05_seed0.log"
