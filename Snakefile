@@ -13,6 +13,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/weights.smk"
 include: "workflow/rules/plasticity.smk"
 include: "workflow/rules/text.smk"
 include: "workflow/rules/finetune.smk"
@@ -43,3 +44,9 @@ rule text_plasticity_all:
 rule finetune_all:
     input:
         finetune_targets(),
+
+
+# Every hub checkpoint the runs use, fetched (e.g. on a login node before submitting).
+rule weights_all:
+    input:
+        weights_targets(),

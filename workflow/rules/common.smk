@@ -12,6 +12,7 @@ from vitplasticity.config import (
     lr_label,
 )
 from vitplasticity.data.sources import registry as source_registry
+from vitplasticity.weights import LOCAL_FILENAME, RECORD_FILENAME, SOURCE_KWARGS
 
 check_config(config)
 
@@ -64,6 +65,44 @@ def dataset_dir(dataset):
 
 def reference_file():
     return f"{RESOURCES}/reference/{config['reference']['name']}.parquet"
+
+
+def weights_files(model):
+    """The weights stage's file and record of a `weights: hub` model; [] for random or a path."""
+    if config["models"][model].get("weights", "hub") != "hub":
+        return []
+    return [f"{RESOURCES}/weights/{model}/{name}" for name in (LOCAL_FILENAME, RECORD_FILENAME)]
+
+
+def compute_model_spec(model):
+    """The model's config entry as a compute job gets it (JSON): `weights: hub` becomes the
+    weights stage's local file, and `revision` (which only the weights stage reads) is left out,
+    so that models not fetched from the hub keep their spec."""
+    entry = {k: v for k, v in config["models"][model].items() if k != "revision"}
+    files = weights_files(model)
+    if files:
+        entry["weights"] = files[0]
+    return as_json(entry)
+
+
+def weights_source_kwargs(model):
+    """The model's kwargs that decide where its weights come from (JSON; usually {})."""
+    kwargs = config["models"][model].get("kwargs") or {}
+    return as_json({k: kwargs[k] for k in SOURCE_KWARGS if k in kwargs})
+
+
+def weights_targets():
+    """The weights stage's outputs of every `weights: hub` model that a plasticity job or an
+    enabled experiment uses."""
+    used = list(config["plasticity"]["models"])
+    for name in enabled_experiments(config):
+        used += config["experiments"][name]["models"]
+    return [path for model in dict.fromkeys(used) for path in weights_files(model)]
+
+
+# Compute jobs load local files only: a stray hub call fails at once instead of hanging on a
+# compute node without internet.
+OFFLINE = "HF_HUB_OFFLINE=1"
 
 
 def plasticity_targets():
@@ -231,7 +270,7 @@ def plasticity_runtime(wildcards, attempt):
 # The finetune settings every run of the grid gets, each its own params entry (shared by the
 # one-run rule and the packed rules of workflow/rules/finetune.smk).
 FINETUNE_PARAMS = dict(
-    model_spec=lambda w: as_json(config["models"][w.model]),
+    model_spec=lambda w: compute_model_spec(w.model),
     optimizer=experiment_value("optimizer"),
     steps=lambda w: config["datasets"][w.dataset]["steps"],
     val_every=lambda w: config["datasets"][w.dataset]["val_every"],
@@ -253,7 +292,8 @@ FINETUNE_PARAMS = dict(
 )
 
 FINETUNE_COMMAND = (
-    "vitplasticity finetune --experiment {wildcards.experiment} --model {wildcards.model}"
+    f"{OFFLINE} vitplasticity finetune"
+    " --experiment {wildcards.experiment} --model {wildcards.model}"
     " --dataset {wildcards.dataset} --model-spec {params.model_spec:q}"
     " --dataset-dir {input.dataset:q} --optimizer {params.optimizer} --steps {params.steps}"
     " --val-every {params.val_every} --batch-size {params.batch_size}"

@@ -8,6 +8,7 @@ if not config["finetune"].get("pack_runs", False):
     rule finetune:
         input:
             dataset=lambda w: dataset_dir(w.dataset),
+            weights=lambda w: weights_files(w.model),
         output:
             summary=f"{RESULTS}/finetune/{{experiment}}/{{model}}/{{dataset}}/{{configuration}}/lr{{lr}}_seed{{seed}}/summary.json",
             metrics=f"{RESULTS}/finetune/{{experiment}}/{{model}}/{{dataset}}/{{configuration}}/lr{{lr}}_seed{{seed}}/metrics.parquet",
@@ -42,6 +43,7 @@ else:
                 pack.rule_name
             input:
                 dataset=lambda w: dataset_dir(w.dataset),
+                weights=lambda w: weights_files(w.model),
             output:
                 [f"{RESULTS}/finetune/{{experiment}}/{{model}}/{{dataset}}/{run}/{kind}" for run in pack.runs for kind in ("summary.json", "metrics.parquet")],
             log:

@@ -5,6 +5,7 @@ rule plasticity:
     input:
         reference=reference_file(),
         dataset=lambda w: dataset_dir(w.dataset),
+        weights=lambda w: weights_files(w.model),
     output:
         pairs=f"{RESULTS}/plasticity/{{model}}/{{dataset}}.parquet",
         summary=f"{RESULTS}/plasticity/{{model}}/{{dataset}}_summary.parquet",
@@ -13,7 +14,7 @@ rule plasticity:
     benchmark:
         f"{RESULTS}/benchmarks/plasticity/{{model}}/{{dataset}}.tsv"
     params:
-        model_spec=lambda w: as_json(config["models"][w.model]),
+        model_spec=lambda w: compute_model_spec(w.model),
         protocols=config["plasticity"]["protocols"],
         n_pairs=config["plasticity"]["n_pairs"],
         split=config["plasticity"].get("downstream_split", "test"),
@@ -26,7 +27,8 @@ rule plasticity:
     conda:
         ENV
     shell:
-        "vitplasticity plasticity --model {wildcards.model} --model-spec {params.model_spec:q}"
+        f"{OFFLINE} vitplasticity plasticity"
+        " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --reference {input.reference:q} --dataset-dir {input.dataset:q} --split {params.split}"
         " --protocols {params.protocols} --n-pairs {params.n_pairs}"
         " --batch-size {params.batch_size} --device {params.device} --dtype {params.dtype}"
@@ -40,6 +42,7 @@ rule bounds:
     input:
         reference=reference_file(),
         plasticity=lambda w: plasticity_pairs(w.model),
+        weights=lambda w: weights_files(w.model),
     output:
         table=f"{RESULTS}/bounds/{{model}}.parquet",
         pdf=f"{RESULTS}/figures/bounds_{{model}}.pdf",
@@ -49,7 +52,7 @@ rule bounds:
     benchmark:
         f"{RESULTS}/benchmarks/bounds/{{model}}.tsv"
     params:
-        model_spec=lambda w: as_json(config["models"][w.model]),
+        model_spec=lambda w: compute_model_spec(w.model),
         n_images=config["plasticity"]["n_pairs"],
         batch_size=config["plasticity"].get("batch_size", 64),
         device=config["plasticity"].get("device", "auto"),
@@ -58,7 +61,8 @@ rule bounds:
     conda:
         ENV
     shell:
-        "vitplasticity bounds --model {wildcards.model} --model-spec {params.model_spec:q}"
+        f"{OFFLINE} vitplasticity bounds"
+        " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --reference {input.reference:q} --n-images {params.n_images}"
         " --batch-size {params.batch_size} --device {params.device} {params.demo_flag}"
         " --out {output.table:q} --plasticity {input.plasticity:q}"
