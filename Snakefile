@@ -2,12 +2,17 @@
 # All logic lives in src/vitplasticity; the rules below only wire files and config values.
 from snakemake.utils import min_version, validate
 
+from vitplasticity.config import check_keys
+
 min_version("9.27")
 
 
 configfile: "config.yaml"
 
 
+# Every unknown key (a typo, another source's option) named with its nearest valid one, all at
+# once; then the schema's types, ranges and defaults.
+check_keys(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 validate(config, "workflow/schemas/config.schema.yaml")
 
 

@@ -14,7 +14,16 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from vitplasticity.config import ConfigError, check_config, experiment_runs, lr_label
+from vitplasticity.config import (
+    DATASET_KEYS,
+    ConfigError,
+    check_config,
+    check_keys,
+    experiment_runs,
+    load_schema,
+    lr_label,
+    unknown_keys,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "workflow/schemas/config.schema.yaml")
@@ -190,3 +199,315 @@ def test_unknown_name_stops_the_workflow_before_any_job(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "experiments.sgd.datasets: unknown dataset 'cifar11'" in result.stderr + result.stdout
+
+
+# --- strict keys ------------------------------------------------------------------------------
+
+SCHEMA_DICT = load_schema(SCHEMA)
+SHA256 = "sha256:" + "ab" * 32
+
+
+def shipped_configs() -> dict[str, dict]:
+    """config.yaml alone, with each workflow preset, and with the demo and each test preset
+    (merged as the Makefile and the tests pass them to --configfile)."""
+    paper = yaml.safe_load((REPO / "config.yaml").read_text())
+    demo = merged(paper, yaml.safe_load((REPO / "workflow/presets/demo.yaml").read_text()))
+    configs = {"config.yaml": paper}
+    for preset in sorted((REPO / "workflow/presets").glob("*.yaml")):
+        configs[preset.name] = merged(paper, yaml.safe_load(preset.read_text()))
+    for preset in sorted((REPO / "tests/presets").glob("*.yaml")):
+        configs[f"demo+{preset.name}"] = merged(demo, yaml.safe_load(preset.read_text()))
+    return configs
+
+
+def test_every_shipped_config_has_only_known_keys() -> None:
+    configs = shipped_configs()
+    assert len(configs) >= 3
+    for name, config in configs.items():
+        assert unknown_keys(config, SCHEMA_DICT) == [], name
+        check_keys(config, SCHEMA)  # the path form, as the Snakefile calls it
+
+
+SYNTHETIC = {"source": "synthetic", "steps": 1, "val_every": 1}
+
+
+@pytest.mark.parametrize(
+    ("override", "path", "suggestion"),
+    [
+        ({"demos": True}, "demos", "demo"),
+        ({"path": {"results": "r"}}, "path", "paths"),
+        ({"paths": {"result": "r"}}, "paths.result", "results"),
+        ({"models": {"vit_base": {"timm-id": "x"}}}, "models.vit_base.timm-id", "timm_id"),
+        (
+            {"models": {"vit_base": {"normalize": {"mean": [0] * 3, "std": [1] * 3, "stds": 1}}}},
+            "models.vit_base.normalize.stds",
+            "std",
+        ),
+        ({"datasets": {"cifar10": {"archvie": "/x"}}}, "datasets.cifar10.archvie", "archive"),
+        ({"datasets": {"cifar10": {"md5": "c58f"}}}, "datasets.cifar10.md5", "checksums"),
+        ({"datasets": {"cifar100": {"step": 5}}}, "datasets.cifar100.step", "steps"),
+        ({"datasets": {"c10c-snow": {"severty": 3}}}, "datasets.c10c-snow.severty", "severity"),
+        (
+            {"datasets": {"domainnet-sketch": {"domian": "sketch"}}},
+            "datasets.domainnet-sketch.domian",
+            "domain",
+        ),
+        (
+            {"datasets": {"flowers102": {"val_evry": 5}}},
+            "datasets.flowers102.val_evry",
+            "val_every",
+        ),
+        ({"datasets": {"pet": {"checksum": {}}}}, "datasets.pet.checksum", "checksums"),
+        ({"datasets": {"toy": {**SYNTHETIC, "n_pols": 8}}}, "datasets.toy.n_pols", "n_pool"),
+        (
+            {
+                "datasets": {
+                    "mine": {"source": "image_folder", "steps": 1, "val_every": 1, "roots": "x"}
+                }
+            },
+            "datasets.mine.roots",
+            "root",
+        ),
+        ({"reference": {"n_image": 5}}, "reference.n_image", "n_images"),
+        ({"plasticity": {"n_pair": 5}}, "plasticity.n_pair", "n_pairs"),
+        (
+            {"text_plasticity": {"sequence_len": 5}},
+            "text_plasticity.sequence_len",
+            "sequence_length",
+        ),
+        (
+            {"text_plasticity": {"models": {"gpt2": {"hfid": "gpt2"}}}},
+            "text_plasticity.models.gpt2.hfid",
+            "hf_id",
+        ),
+        ({"finetune": {"warmup_step": 5}}, "finetune.warmup_step", "warmup_steps"),
+        ({"finetune": {"lora": {"rnak": 4}}}, "finetune.lora.rnak", "rank"),
+        ({"experiments": {"sgd": {"seed": [0]}}}, "experiments.sgd.seed", "seeds"),
+        ({"experiments": {"adam": {"lr": [0.1]}}}, "experiments.adam.lr", "lrs"),
+        ({"report": {"lr_select": "val"}}, "report.lr_select", "lr_selection"),
+        ({"report": {"figures": {"format": ["pdf"]}}}, "report.figures.format", "formats"),
+    ],
+)
+def test_unknown_key_is_named_with_the_nearest_valid_one(
+    paper_config: dict, override: dict, path: str, suggestion: str
+) -> None:
+    message = f"{path}: unknown key; did you mean {suggestion!r}?"
+    assert unknown_keys(merged(paper_config, override), SCHEMA_DICT) == [message]
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_keys(merged(paper_config, override), SCHEMA_DICT)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            {"datasets": {"cifar10": {"corruption": "snow"}}},
+            "datasets.cifar10.corruption: not a key of source 'cifar10' (a key of cifar10c; "
+            "cifar10 accepts: archive, checksums, source, steps, url, val_every)",
+        ),
+        (
+            {"datasets": {"pet": {"split": "official"}}},
+            "datasets.pet.split: not a key of source 'pet' (a key of domainnet; "
+            "pet accepts: archive, checksums, source, steps, url, val_every)",
+        ),
+        (
+            {"datasets": {"toy": {**SYNTHETIC, "url": "https://m.example/x"}}},
+            "datasets.toy.url: not a key of source 'synthetic' (a key of cifar10, cifar100, "
+            "cifar10c, domainnet, flowers102, pet; synthetic accepts: image_size, n_pool, "
+            "n_test, num_classes, seed, source, steps, style, val_every)",
+        ),
+    ],
+)
+def test_key_of_another_source_is_rejected(
+    paper_config: dict, override: dict, message: str
+) -> None:
+    assert unknown_keys(merged(paper_config, override), SCHEMA_DICT) == [message]
+
+
+def test_every_unknown_key_is_listed_at_once(paper_config: dict) -> None:
+    config = merged(
+        paper_config,
+        {
+            "plasticity": {"n_pair": 5, "zzz": 1},
+            "datasets": {"cifar10": {"archvie": "/x"}},
+            "finetune": {"lora": {"rnak": 4}},
+        },
+    )
+    with pytest.raises(ConfigError) as error:
+        check_keys(config, SCHEMA_DICT)
+    message = str(error.value)
+    assert "4 unknown key(s)" in message
+    assert "datasets.cifar10.archvie: unknown key; did you mean 'archive'?" in message
+    assert "plasticity.n_pair: unknown key; did you mean 'n_pairs'?" in message
+    assert "finetune.lora.rnak: unknown key; did you mean 'rank'?" in message
+    # No near key: every valid one is listed instead.
+    assert (
+        "plasticity.zzz: unknown key (valid here: batch_size, datasets, device, "
+        "downstream_split, dtype, models, n_pairs, protocols)" in message
+    )
+
+
+def test_user_names_and_free_form_mappings_are_not_keys(paper_config: dict) -> None:
+    config = merged(
+        paper_config,
+        {
+            "models": {"my_vit": {"timm_id": "vit_tiny_patch16_224", "kwargs": {"depth": 2}}},
+            "text_plasticity": {"models": {"tiny": {"source": "random", "config": {"n_layer": 1}}}},
+            "experiments": {"sgd": {"lrs_by_dataset": {"pet": [0.1]}}},
+        },
+    )
+    assert unknown_keys(config, SCHEMA_DICT) == []
+
+
+def test_dataset_keys_table_matches_the_schema() -> None:
+    entry = SCHEMA_DICT["properties"]["datasets"]["additionalProperties"]
+    assert set(DATASET_KEYS) == set(entry["properties"]["source"]["enum"])
+    assert set().union(*DATASET_KEYS.values()) == set(entry["properties"])
+    assert entry["additionalProperties"] is False
+
+
+def test_typo_stops_snakemake_before_planning(tmp_path: Path) -> None:
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(
+        "datasets:\n  cifar10: {archvie: /data/cifar-10-python.tar.gz}\nplasticity: {n_pair: 64}\n"
+    )
+    result = snakemake(
+        "-n",
+        "all",
+        "--configfile",
+        str(REPO / "config.yaml"),
+        str(bad),
+        "--directory",
+        str(tmp_path),
+        "--snakefile",
+        str(REPO / "Snakefile"),
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "datasets.cifar10.archvie: unknown key; did you mean 'archive'?" in out
+    assert "plasticity.n_pair: unknown key; did you mean 'n_pairs'?" in out
+    assert "Failed validating" not in out  # ours, not the schema's first-error dump
+    assert "Building DAG" not in out and "download" not in out
+
+
+# --- a dataset's url, archive and checksums ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"checksums": {"102flower.tgz": SHA256}},
+            "datasets.flowers102.checksums: '102flower.tgz' is not a file of this flowers102 "
+            "entry; did you mean '102flowers.tgz'? (its files: 102flowers.tgz, "
+            "imagelabels.mat, setid.mat)",
+        ),
+        (
+            {"archive": {"labels.mat": "/x"}},
+            "datasets.flowers102.archive: 'labels.mat' is not a file of this flowers102 entry; "
+            "did you mean 'imagelabels.mat'? (its files: 102flowers.tgz, imagelabels.mat, setid.mat)",
+        ),
+        (
+            {"url": {"flowers.tgz": "https://m.example/f.tgz"}},
+            "datasets.flowers102.url: 'flowers.tgz' is not a file of this flowers102 entry; "
+            "did you mean '102flowers.tgz'?",
+        ),
+        (
+            {"checksums": {"setid.mat": "md5:abc"}},
+            "datasets.flowers102.checksums.setid.mat: 'md5:abc': md5 digests have 32 hex digits",
+        ),
+        (
+            {"checksums": {"setid.mat": "sha256:" + "g" * 64}},
+            "sha256 digests have 64 hex digits",
+        ),
+        (
+            {"checksums": {"setid.mat": "a5357ecc9cb78c4bef273ce3793fc85c"}},
+            "datasets.flowers102.checksums.setid.mat: 'a5357ecc9cb78c4bef273ce3793fc85c' is not "
+            "'md5:<hex>' or 'sha256:<hex>'",
+        ),
+        (
+            {"checksums": {"setid.mat": "sha1:" + "a" * 40}},
+            "is not 'md5:<hex>' or 'sha256:<hex>'",
+        ),
+        (
+            {"url": "https://m.example/flowers"},
+            "datasets.flowers102.url: 'https://m.example/flowers' is one URL but this flowers102 "
+            "entry needs 3 files (102flowers.tgz, imagelabels.mat, setid.mat): end it with '/' "
+            "if it is a folder holding them under these names, or map each file to its URL",
+        ),
+    ],
+)
+def test_dataset_file_overrides_are_checked_at_config_time(
+    paper_config: dict, entry: dict, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_config(merged(paper_config, {"datasets": {"flowers102": entry}}))
+
+
+def test_single_urls_and_valid_checksums_pass(paper_config: dict) -> None:
+    check_config(
+        merged(
+            paper_config,
+            {
+                "datasets": {
+                    # One file: a plain URL is that file's.
+                    "cifar10": {
+                        "url": "https://m.example/c10.tgz",
+                        "checksums": {"cifar-10-python.tar.gz": SHA256},
+                    },
+                    "domainnet-sketch": {"url": "https://m.example/sketch.zip"},  # split random
+                    "flowers102": {
+                        "url": "https://m.example/flowers/",
+                        "checksums": {"setid.mat": "MD5:A5357ECC9CB78C4BEF273CE3793FC85C"},
+                    },
+                }
+            },
+        )
+    )
+
+
+def test_multi_file_url_of_an_official_domainnet_split_needs_a_slash(paper_config: dict) -> None:
+    entry = {"split": "official", "url": "https://m.example/sketch.zip"}
+    with pytest.raises(ConfigError, match=r"datasets\.domainnet-sketch\.url: .* needs 3 files"):
+        check_config(merged(paper_config, {"datasets": {"domainnet-sketch": entry}}))
+
+
+def test_datasets_sharing_a_download_must_agree_on_its_checksum(paper_config: dict) -> None:
+    other = "sha256:" + "cd" * 32
+    config = merged(
+        paper_config,
+        {
+            "datasets": {
+                "c10c-snow": {"checksums": {"CIFAR-10-C.tar": SHA256}},
+                "c10c-contrast": {"checksums": {"CIFAR-10-C.tar": other}},
+                "c10c-motion_blur": {"checksums": {"CIFAR-10-C.tar": SHA256}},
+            }
+        },
+    )
+    with pytest.raises(ConfigError) as error:
+        check_config(config)
+    message = str(error.value)
+    assert "conflicting checksums overrides for CIFAR-10-C.tar" in message
+    assert f"datasets.c10c-contrast.checksums.CIFAR-10-C.tar: {other}" in message
+    assert f"datasets.c10c-snow.checksums.CIFAR-10-C.tar: {SHA256}" in message
+
+
+def test_multi_file_url_without_slash_stops_snakemake(tmp_path: Path) -> None:
+    bad = tmp_path / "mirror.yaml"
+    bad.write_text("datasets:\n  pet: {url: 'https://mirror.example/pets'}\n")
+    result = snakemake(
+        "-n",
+        "all",
+        "--configfile",
+        str(REPO / "config.yaml"),
+        str(bad),
+        "--directory",
+        str(tmp_path),
+        "--snakefile",
+        str(REPO / "Snakefile"),
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "datasets.pet.url: 'https://mirror.example/pets' is one URL" in out
+    assert "end it with '/'" in out
+    assert "Building DAG" not in out

@@ -1,16 +1,26 @@
-"""Cross-checks and the run grid of a workflow config (plain Python: no torch import, so the
-Snakefile can use it on every node cheaply).
+"""Strict keys, cross-checks and the run grid of a workflow config (plain Python: no torch
+import, so the Snakefile can use it on every node cheaply).
 
-The JSON schema checks types and ranges; this module checks what a schema cannot: that every
-name an experiment uses is defined, that grids are not empty, and it expands an experiment
-into its runs.
+``check_keys`` runs first: every key at every level must be one the schema defines (a dataset
+entry's keys depend on its ``source``), and each unknown one is named with the nearest valid
+key. The JSON schema then checks types and ranges; ``check_config`` checks what a schema
+cannot: that every name an experiment uses is defined, that grids are not empty, that a
+dataset's ``url``/``archive``/``checksums`` fit its files; and this module expands an
+experiment into its runs.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+from vitplasticity.data.sources import registry
 
 IMAGENET_ENV = "VITPLASTICITY_IMAGENET"
 IMAGENET_LAYOUTS = (
@@ -21,7 +31,141 @@ IMAGENET_LAYOUTS = (
 
 
 class ConfigError(ValueError):
-    """A config that names something undefined or asks for an empty grid."""
+    """A config with unknown keys, or that names something undefined or asks for an empty grid."""
+
+
+# The keys a dataset entry may carry, by its source (the schema gives each key's type; a key
+# of another source is an error, e.g. corruption: on a cifar10 entry, so a typo never slips
+# through as "some other source's option").
+_DATASET_COMMON = ("source", "steps", "val_every")
+_DOWNLOADED = ("url", "archive", "checksums")
+DATASET_KEYS: dict[str, tuple[str, ...]] = {
+    "synthetic": (
+        *_DATASET_COMMON,
+        "style",
+        "num_classes",
+        "n_pool",
+        "n_test",
+        "image_size",
+        "seed",
+    ),
+    "image_folder": (*_DATASET_COMMON, "root"),
+    "cifar10": (*_DATASET_COMMON, *_DOWNLOADED),
+    "cifar100": (*_DATASET_COMMON, *_DOWNLOADED),
+    "cifar10c": (*_DATASET_COMMON, "corruption", "severity", *_DOWNLOADED),
+    "domainnet": (*_DATASET_COMMON, "domain", "split", *_DOWNLOADED),
+    "flowers102": (*_DATASET_COMMON, *_DOWNLOADED),
+    "pet": (*_DATASET_COMMON, *_DOWNLOADED),
+}
+# Keys written for another one that string similarity cannot guess.
+KEY_HINTS: dict[str, str] = {"md5": "checksums", "sha256": "checksums", "hash": "checksums"}
+
+
+def load_schema(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The workflow's JSON schema (YAML) as a mapping."""
+    return yaml.safe_load(Path(path).read_text())
+
+
+def _resolve(node: Mapping[str, Any], schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``node`` with its local ``$ref`` (``#/definitions/...``) followed."""
+    while isinstance(node, Mapping) and "$ref" in node:
+        target: Any = schema
+        for part in str(node["$ref"]).removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def _object_branch(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    """For a mapping value: the one ``oneOf``/``anyOf`` branch describing an object, if any."""
+    branches = [
+        branch
+        for branch in (*node.get("oneOf", ()), *node.get("anyOf", ()))
+        if "properties" in branch or "object" in str(branch.get("type", ""))
+    ]
+    return branches[0] if len(branches) == 1 else node
+
+
+def _unknown_key(where: str, key: str, allowed: list[str]) -> str:
+    """The message for ``key`` at ``where``: its nearest valid key, else the valid ones."""
+    close = difflib.get_close_matches(key, allowed, n=1)
+    if not close and KEY_HINTS.get(key) in allowed:
+        close = [KEY_HINTS[key]]
+    if close:
+        return f"{where}: unknown key; did you mean {close[0]!r}?"
+    return f"{where}: unknown key (valid here: {', '.join(sorted(allowed))})"
+
+
+def _walk(
+    value: Any, node: Mapping[str, Any], schema: Mapping[str, Any], path: str, problems: list[str]
+) -> None:
+    """Append a message for every key below ``value`` that ``node`` does not define."""
+    node = _resolve(node, schema)
+    if isinstance(value, list) and isinstance(node.get("items"), Mapping):
+        for index, item in enumerate(value):
+            _walk(item, node["items"], schema, f"{path}[{index}]", problems)
+        return
+    if not isinstance(value, Mapping) or not isinstance(node, Mapping):
+        return
+    node = _object_branch(node)
+    properties: Mapping[str, Any] = node.get("properties", {})
+    extra = node.get("additionalProperties", True)
+    allowed = list(properties)
+    source = value.get("source") if path.startswith("datasets.") and path.count(".") == 1 else None
+    if source in DATASET_KEYS:
+        allowed = [key for key in allowed if key in DATASET_KEYS[source]]
+    for key, item in value.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key in allowed:
+            _walk(item, properties[key], schema, where, problems)
+        elif key in properties:  # a key of another dataset source
+            users = [s for s, keys in DATASET_KEYS.items() if key in keys]
+            problems.append(
+                f"{where}: not a key of source {source!r} (a key of {', '.join(users)}; "
+                f"{source} accepts: {', '.join(sorted(allowed))})"
+            )
+        elif isinstance(extra, Mapping):  # a mapping of user-chosen names
+            _walk(item, extra, schema, where, problems)
+        elif extra is False:
+            problems.append(_unknown_key(where, str(key), allowed))
+
+
+def unknown_keys(config: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
+    """One message per key of ``config`` that ``schema`` does not define, at every level.
+
+    A closed object (``additionalProperties: false``) accepts its ``properties`` only; a
+    dataset entry accepts the keys of its ``source`` (``DATASET_KEYS``). Free-form mappings
+    (``models.<m>.kwargs``, ``text_plasticity.models.<m>.config``) are not checked.
+
+    Returns:
+        Messages naming the full key path (``datasets.cifar10.archvie``) and the nearest
+        valid key, in config order.
+    """
+    problems: list[str] = []
+    _walk(config, schema, schema, "", problems)
+    return problems
+
+
+def check_keys(
+    config: Mapping[str, Any], schema: Mapping[str, Any] | str | os.PathLike[str]
+) -> None:
+    """Reject every unknown config key at once, before anything else reads the config.
+
+    Args:
+        config: the merged config (config.yaml, presets and ``--config`` overrides).
+        schema: the JSON schema, or the path of its YAML file.
+
+    Raises:
+        ConfigError: listing every unknown key with its nearest valid one.
+    """
+    if not isinstance(schema, Mapping):
+        schema = load_schema(schema)
+    problems = unknown_keys(config, schema)
+    if problems:
+        raise ConfigError(
+            f"invalid config: {len(problems)} unknown key(s) (config.yaml with the presets, "
+            "--configfile and --config merged over it):\n  " + "\n  ".join(problems)
+        )
 
 
 def lr_label(lr: float) -> str:
@@ -128,7 +272,8 @@ def imagenet_missing_message() -> str:
 
 
 def check_config(config: dict[str, Any]) -> None:
-    """Check the names and grids the schema cannot; raise one ConfigError listing every problem."""
+    """Check the names, grids and dataset file overrides the schema cannot; raise one
+    ConfigError listing every problem."""
     problems: list[str] = []
     models, datasets = set(config["models"]), set(config["datasets"])
 
@@ -161,5 +306,12 @@ def check_config(config: dict[str, Any]) -> None:
         unknown("dataset", list(exp.get("lrs_by_dataset") or {}), datasets, f"{key}.lrs_by_dataset")
         if "lrs" in exp:
             problems += lr_label_problems(config, name)
+    file_problems = [
+        problem
+        for name, spec in config["datasets"].items()
+        for problem in registry.entry_problems(name, spec)
+    ]
+    # Only valid overrides can be compared across the datasets that share a download.
+    problems += file_problems or registry.shared_download_problems(config["datasets"])
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
