@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bounds",
     "finetune",
     "report",
+    "recommend",
     "criteria",
 )
 

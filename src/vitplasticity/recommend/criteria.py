@@ -1,0 +1,438 @@
+"""The criteria that rank the components of a timm ViT for finetuning, one function each.
+
+Every criterion is measured once per *item* of each component and pooled afterwards, so that
+any configuration (a component, or a '+' combination such as ``mha+fc1``) is the mean over
+the items of its parts:
+
+- ``plasticity``: items are the (block, pair) ratios ||f(x) - f(y)|| / ||x - y|| that
+  :func:`vitplasticity.plasticity.measure` returns (embedding protocol by default, as the
+  paper). Mean and 95% CI = mean +/- 1.96 std / sqrt(n) over the n pooled ratios.
+- ``relative_gradient_norm`` (Auto-RGN, Lee et al. 2023, "Surgical Fine-Tuning Improves
+  Adaptation to Distribution Shifts"): items are parameter tensors; per tensor,
+  ||g_b|| / ||w|| averaged over the gradient batches b (after :func:`head_warmup`).
+- ``gradient_snr``: items are parameter tensors; per tensor, ||mean_b g_b|| /
+  sqrt(mean_b ||g_b - mean_b g_b||^2) (see :func:`gradient_statistics`).
+- ``weight_spectral`` (data-free): items are blocks; the weight factor of the paper's
+  Section 4 bound (see :func:`weight_statistics`).
+
+A configuration's trainable parameters exclude the classifier head and the final norm, which
+every configuration trains (:func:`always_trained_parameters` counts those).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitplasticity import COMPONENTS
+from vitplasticity.bounds import attention_head_norms, spectral_norm
+from vitplasticity.components import (
+    block_modules,
+    parameter_group,
+    parse_configuration,
+    trainable_parameter_names,
+)
+from vitplasticity.plasticity import Images, measure
+
+CRITERIA: tuple[str, ...] = (
+    "plasticity",
+    "relative_gradient_norm",
+    "gradient_snr",
+    "weight_spectral",
+)
+"""Criterion names, as in the ``criterion`` column of the recommendation table."""
+
+Z95 = 1.96
+"""Normal quantile of a two-sided 95% interval (the paper's CI)."""
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+"""Preprocessed images (B, 3, H, W) on the model's device and dtype, and int64 labels (B,)."""
+
+TENSOR_SCHEMA: dict[str, pl.DataType] = {
+    "parameter": pl.String(),
+    "component": pl.String(),
+    "block": pl.Int64(),
+    "numel": pl.Int64(),
+    "weight_norm": pl.Float64(),
+    "relative_gradient_norm": pl.Float64(),
+    "gradient_snr": pl.Float64(),
+    "n_batches": pl.Int64(),
+}
+"""Columns of :func:`gradient_statistics`: one row per parameter tensor."""
+
+WEIGHT_SCHEMA: dict[str, pl.DataType] = {
+    "block": pl.Int64(),
+    "component": pl.String(),
+    "weight_spectral": pl.Float64(),
+}
+"""Columns of :func:`weight_statistics`: one row per (block, component)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A criterion's value for one configuration, with its 95% CI where it has one."""
+
+    value: float
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n_items: int = 0
+    """How many items (ratios, tensors, blocks) the value pools."""
+
+
+def configuration_components(configuration: str) -> tuple[str, ...]:
+    """The components (ln1, mha, ln2, fc1, fc2) a configuration such as ``mha+fc1`` joins.
+
+    Raises:
+        ValueError: for an unknown name, a configuration that is not made of the five
+            components (full, emb, head and lora have no per-block plasticity), or a
+            component named twice.
+    """
+    parts = parse_configuration(configuration)
+    others = [part for part in parts if part not in COMPONENTS]
+    if others:
+        raise ValueError(
+            f"configuration {configuration!r}: {', '.join(others)} cannot be ranked; recommend "
+            f"ranks the components {', '.join(COMPONENTS)} and their '+' combinations"
+        )
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"configuration {configuration!r} names a component twice")
+    return parts
+
+
+def component_parameter_names(model: nn.Module, component: str) -> list[str]:
+    """The parameters ``component`` trains in every block, head and final norm excluded,
+    in ``named_parameters`` order."""
+    trained = trainable_parameter_names(model, component) - trainable_parameter_names(model, "head")
+    return [name for name, _ in model.named_parameters() if name in trained]
+
+
+def trainable_parameters(model: nn.Module, configuration: str) -> int:
+    """Parameters that ``configuration`` trains beyond the head and final norm."""
+    trained = trainable_parameter_names(model, configuration) - trainable_parameter_names(
+        model, "head"
+    )
+    return sum(p.numel() for name, p in model.named_parameters() if name in trained)
+
+
+def always_trained_parameters(model: nn.Module) -> int:
+    """Parameters of the classifier head and final norm, trained in every configuration."""
+    trained = trainable_parameter_names(model, "head")
+    return sum(p.numel() for name, p in model.named_parameters() if name in trained)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plasticity
+
+
+def plasticity_estimate(pairs: pl.DataFrame, components: Sequence[str]) -> Estimate:
+    """Plasticity of the configuration joining ``components``, pooled over its ratios.
+
+    Args:
+        pairs: rows of :func:`vitplasticity.plasticity.measure` (one protocol).
+        components: the configuration's components.
+
+    Returns:
+        The mean of every finite (block, pair) ratio of the components (identical inputs give
+        NaN ratios, left out), and mean +/- 1.96 std / sqrt(n) with std over the same n
+        ratios (ddof 1). The ratios of one pair in different blocks are not independent, so
+        the interval is the paper's nominal one, narrower than an honest one over pairs.
+    """
+    ratios = (
+        pairs.filter(pl.col("component").is_in(list(components)))["ratio"]
+        .to_numpy()
+        .astype(np.float64)
+    )
+    ratios = ratios[np.isfinite(ratios)]
+    if not len(ratios):
+        return Estimate(math.nan)
+    mean = float(ratios.mean())
+    if len(ratios) < 2:
+        return Estimate(mean, n_items=len(ratios))
+    half = Z95 * float(ratios.std(ddof=1)) / math.sqrt(len(ratios))
+    return Estimate(mean, mean - half, mean + half, len(ratios))
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient criteria
+
+
+def _check_eval(model: nn.Module) -> None:
+    if model.training:
+        raise ValueError(
+            "model is in training mode (dropout would make gradients random): call model.eval()"
+        )
+
+
+def head_warmup(
+    model: nn.Module, batches: Iterable[Batch], lr: float, momentum: float = 0.9
+) -> list[float]:
+    """Train the classifier head alone for one SGD step per batch; return the losses.
+
+    A fresh random head makes every backbone gradient mostly noise from the head, so the
+    gradient criteria are measured after a short warm-up, as surgical fine-tuning does. The
+    backbone (final norm included) is frozen: its features are computed without gradient
+    and only the head learns (SGD with ``momentum``, no weight decay). Seed the caller's RNG
+    before building the head for a reproducible warm-up.
+    """
+    _check_eval(model)
+    if not lr > 0:
+        raise ValueError(f"warm-up learning rate must be > 0, got {lr}")
+    head = model.get_classifier()
+    if not isinstance(head, nn.Module) or not list(head.parameters()):
+        raise ValueError(f"{type(model).__name__} has no classifier head to warm up")
+    optimizer = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum, weight_decay=0.0)
+    losses = []
+    for images, labels in batches:
+        with torch.no_grad():
+            features = model.forward_head(model.forward_features(images), pre_logits=True)
+        loss = F.cross_entropy(head(features), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    optimizer.zero_grad(set_to_none=True)
+    return losses
+
+
+def gradient_statistics(
+    model: nn.Module, batches: Iterable[Batch], names: Sequence[str]
+) -> pl.DataFrame:
+    """Relative gradient norm and gradient signal-to-noise ratio of each named tensor.
+
+    For each batch b, g_b is the gradient of the batch's mean cross-entropy with respect to
+    a tensor w (the model in eval mode). Over the B batches:
+
+    - relative gradient norm (Auto-RGN): (1/B) sum_b ||g_b||_F / ||w||_F; NaN for a tensor
+      whose norm is 0 (a zero-initialised bias), which the pooled value then leaves out.
+    - gradient SNR: ||gbar||_F / sqrt((1/B) sum_b ||g_b - gbar||_F^2), gbar = (1/B) sum_b g_b
+      (the noise term is the population variance, ddof 0, summed over the tensor's entries).
+      Accumulated with Welford's update in float64, so no per-batch gradient is kept.
+
+    Args:
+        model: a timm ViT in eval mode with its classifier head.
+        batches: (images, labels) on the model's device; at least two for the SNR.
+        names: parameter names to measure (any of the model's).
+
+    Returns:
+        One row per name, columns :data:`TENSOR_SCHEMA` (component from
+        :func:`vitplasticity.components.parameter_group`; block null outside the blocks).
+
+    Raises:
+        ValueError: for a model in training mode, an unknown name, or fewer than 2 batches.
+    """
+    _check_eval(model)
+    parameters = dict(model.named_parameters())
+    unknown = [name for name in names if name not in parameters]
+    if unknown:
+        raise ValueError(f"unknown parameters {unknown[:3]}")
+    tracked = [parameters[name] for name in names]
+    flags = {name: p.requires_grad for name, p in parameters.items()}
+    wanted = set(names)
+    for name, parameter in parameters.items():
+        parameter.requires_grad_(name in wanted)
+    try:
+        weight_norms = torch.stack(
+            [torch.linalg.vector_norm(p.detach().to(torch.float64)) for p in tracked]
+        )  # (T,)
+        ratio_sums = torch.zeros_like(weight_norms)
+        means = [torch.zeros_like(p, dtype=torch.float64) for p in tracked]
+        squares = torch.zeros_like(weight_norms)  # Welford's M2 per tensor
+        count = 0
+        for images, labels in batches:
+            count += 1
+            loss = F.cross_entropy(model(images), labels)
+            gradients = torch.autograd.grad(loss, tracked)
+            for index, gradient in enumerate(gradients):
+                g = gradient.detach().to(torch.float64)
+                ratio_sums[index] += torch.linalg.vector_norm(g) / weight_norms[index]
+                delta = g - means[index]
+                means[index] += delta / count
+                squares[index] += (delta * (g - means[index])).sum()
+    finally:
+        for name, parameter in parameters.items():
+            parameter.requires_grad_(flags[name])
+    if count < 2:
+        raise ValueError(f"gradient criteria need at least 2 batches, got {count}")
+    mean_norms = torch.stack([torch.linalg.vector_norm(m) for m in means])
+    rgn = (ratio_sums / count).cpu().numpy()
+    rgn[(weight_norms == 0).cpu().numpy()] = np.nan  # ||g|| / 0: undefined, not infinite
+    snr = (mean_norms / (squares / count).sqrt()).cpu().numpy()
+    return pl.DataFrame(
+        {
+            "parameter": list(names),
+            "component": [parameter_group(name) for name in names],
+            "block": [_block_index(name) for name in names],
+            "numel": [p.numel() for p in tracked],
+            "weight_norm": weight_norms.cpu().numpy(),
+            "relative_gradient_norm": rgn,
+            "gradient_snr": snr,
+            "n_batches": [count] * len(names),
+        },
+        schema=TENSOR_SCHEMA,
+    )
+
+
+def _block_index(name: str) -> int | None:
+    head, _, rest = name.partition(".")
+    return int(rest.split(".", 1)[0]) if head == "blocks" else None
+
+
+def tensor_estimate(tensors: pl.DataFrame, components: Sequence[str], criterion: str) -> Estimate:
+    """A gradient criterion of a configuration: the unweighted mean over its tensors.
+
+    Every tensor (weight, bias, LayerNorm gamma and beta, of every block) counts once,
+    whatever its size; tensors whose value is not finite (zero weight norm) are left out.
+    """
+    values = (
+        tensors.filter(pl.col("component").is_in(list(components)))[criterion]
+        .to_numpy()
+        .astype(np.float64)
+    )
+    values = values[np.isfinite(values)]
+    return Estimate(float(values.mean()) if len(values) else math.nan, n_items=len(values))
+
+
+# ---------------------------------------------------------------------------------------------
+# The data-free weight statistic
+
+
+def weight_statistics(model: nn.Module) -> pl.DataFrame:
+    """The weight factor of the paper's plasticity bound, per (block, component), in float64.
+
+    - ln1, ln2: ||gamma||_inf (the LayerNorm bound ||gamma||_inf / sigma without the data's
+      sigma);
+    - fc1, fc2: ||W||_2, the largest singular value (the linear bound itself);
+    - mha: sum_h ||O^h||_2 ||V^h||_2 (the weight factor of both MHA bounds, without their
+      data terms n, r and ||A^h||: the Lipschitz constant of the heads' value-output path
+      with the attention pattern held fixed, up to ||P||_2 <= sqrt(n)).
+
+    Computed with :mod:`vitplasticity.bounds` (``spectral_norm``, ``attention_head_norms``).
+
+    Raises:
+        ValueError: when ``model`` has no timm ViT blocks.
+    """
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or not len(blocks):
+        raise ValueError(f"{type(model).__name__} is not a timm VisionTransformer (no blocks)")
+    rows = []
+    for index, block in enumerate(blocks):
+        for component, module in block_modules(block).items():
+            if component in ("ln1", "ln2"):
+                value = module.weight.detach().to(torch.float64).abs().max().item()
+            elif component in ("fc1", "fc2"):
+                value = spectral_norm(module.weight)
+            else:
+                value = sum(o * v for o, v, _ in attention_head_norms(module))
+            rows.append({"block": index, "component": component, "weight_spectral": value})
+    return pl.DataFrame(rows, schema=WEIGHT_SCHEMA)
+
+
+def weight_estimate(weights: pl.DataFrame, components: Sequence[str]) -> Estimate:
+    """The weight statistic of a configuration: its mean over (block, component) rows."""
+    values = (
+        weights.filter(pl.col("component").is_in(list(components)))["weight_spectral"]
+        .to_numpy()
+        .astype(np.float64)
+    )
+    return Estimate(float(values.mean()) if len(values) else math.nan, n_items=len(values))
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything measured, pooled per configuration
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """What was measured once per component; any configuration's criteria pool from it."""
+
+    pairs: pl.DataFrame
+    """:func:`vitplasticity.plasticity.measure` rows."""
+    tensors: pl.DataFrame
+    """:func:`gradient_statistics` rows of every component's tensors."""
+    weights: pl.DataFrame
+    """:func:`weight_statistics` rows."""
+    component_parameters: dict[str, int]
+    """Trainable parameters of each component (head and final norm excluded)."""
+    always_trained: int
+    """Parameters of the head and final norm (trained by every configuration)."""
+
+    def trainable_parameters(self, configuration: str) -> int:
+        """Trainable parameters of ``configuration`` beyond the head and final norm (its
+        components' parameters are disjoint, so the sum)."""
+        return sum(self.component_parameters[c] for c in configuration_components(configuration))
+
+    def estimates(self, configuration: str) -> dict[str, Estimate]:
+        """Every criterion of ``configuration``, keyed by :data:`CRITERIA` names."""
+        parts = configuration_components(configuration)
+        return {
+            "plasticity": plasticity_estimate(self.pairs, parts),
+            "relative_gradient_norm": tensor_estimate(
+                self.tensors, parts, "relative_gradient_norm"
+            ),
+            "gradient_snr": tensor_estimate(self.tensors, parts, "gradient_snr"),
+            "weight_spectral": weight_estimate(self.weights, parts),
+        }
+
+
+def measure_criteria(
+    model: nn.Module,
+    reference: Images,
+    downstream: Images,
+    warmup_batches: Iterable[Batch],
+    gradient_batches: Iterable[Batch],
+    *,
+    n_pairs: int,
+    warmup_lr: float,
+    batch_size: int = 64,
+    protocol: str = "embedding",
+    progress: Callable[[int], None] | None = None,
+) -> Measurements:
+    """Measure every criterion of the five components of ``model``.
+
+    In order: the weight statistic and the plasticity (on the model as given), then the head
+    warm-up (:func:`head_warmup`, which changes the head only), then the gradient statistics
+    of every component's tensors.
+
+    Args:
+        model: a timm VisionTransformer in eval mode, with a classifier head for the
+            downstream classes (seed the RNG before building it).
+        reference: preprocessed reference images, as :func:`vitplasticity.plasticity.measure`
+            takes them; ``downstream`` likewise (pair i: reference i, downstream i, cycled).
+        warmup_batches: labelled batches of the head warm-up (one SGD step each).
+        gradient_batches: labelled batches the gradient criteria average over (>= 2).
+        n_pairs: plasticity pairs.
+        warmup_lr: the warm-up's SGD learning rate.
+        batch_size: plasticity pairs per forward pass.
+        protocol: the plasticity protocol (embedding: the paper's).
+        progress: called with the plasticity pairs done.
+    """
+    weights = weight_statistics(model)
+    pairs = measure(
+        model,
+        reference,
+        downstream,
+        protocol=protocol,
+        batch_size=batch_size,
+        n_pairs=n_pairs,
+        progress=progress,
+    )
+    head_warmup(model, warmup_batches, warmup_lr)
+    names = {c: component_parameter_names(model, c) for c in COMPONENTS}
+    sizes = dict(model.named_parameters())
+    tensors = gradient_statistics(
+        model, gradient_batches, [n for c in COMPONENTS for n in names[c]]
+    )
+    return Measurements(
+        pairs=pairs,
+        tensors=tensors,
+        weights=weights,
+        component_parameters={c: sum(sizes[n].numel() for n in names[c]) for c in COMPONENTS},
+        always_trained=always_trained_parameters(model),
+    )

@@ -1,0 +1,337 @@
+"""The recommendation table: ranks per criterion, the choice under a parameter budget, and
+its Markdown report.
+
+The table is long: one row per (configuration, criterion), columns :data:`TABLE_SCHEMA`.
+Within a criterion, rank 1 is the highest value (finetune it first); a NaN value ranks last;
+ties go to the configuration with fewer trainable parameters, then to the order given.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import polars as pl
+
+from vitplasticity import COMPONENTS
+from vitplasticity.recommend.criteria import CRITERIA, Measurements
+
+TABLE_SCHEMA: dict[str, pl.DataType] = {
+    "model": pl.String(),
+    "dataset": pl.String(),
+    "configuration": pl.String(),
+    "criterion": pl.String(),
+    "value": pl.Float64(),
+    "ci_low": pl.Float64(),
+    "ci_high": pl.Float64(),
+    "rank": pl.Int64(),
+    "trainable_parameters": pl.Int64(),
+}
+"""Columns of the recommendation Parquet file (a fixed interface: other stages read it)."""
+
+CRITERION_LABELS: dict[str, str] = {
+    "plasticity": "plasticity",
+    "relative_gradient_norm": "relative gradient norm",
+    "gradient_snr": "gradient SNR",
+    "weight_spectral": "weight spectral",
+}
+"""How each criterion is printed in the report and the figure."""
+
+COMPONENT_NAMES: dict[str, str] = {
+    "ln1": "LN1",
+    "mha": "MHA",
+    "ln2": "LN2",
+    "fc1": "FC1",
+    "fc2": "FC2",
+}
+
+_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
+_BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgb]?)\s*$", re.IGNORECASE)
+
+
+def parse_budget(text: str | int | None) -> int | None:
+    """A trainable-parameter budget: a plain integer, or a number with K, M or G (B) after it
+    ("28K" = 28,000; "1.5M" = 1,500,000). None, "" and "none" mean no budget.
+
+    Raises:
+        ValueError: for anything else, a negative budget, or one that is not a whole number
+            of parameters ("0.5").
+    """
+    if text is None or (isinstance(text, str) and text.strip().lower() in ("", "none")):
+        return None
+    if isinstance(text, bool):
+        raise ValueError(f"budget {text!r}: expected a parameter count such as 28000, 28K or 1.5M")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"budget {text}: must be >= 0")
+        return text
+    match = _BUDGET.match(str(text))
+    if not match:
+        raise ValueError(f"budget {text!r}: expected a parameter count such as 28000, 28K or 1.5M")
+    number, suffix = match.groups()
+    # Exact decimal arithmetic: "1.1M" must be 1,100,000, not 1,100,000.0000000002.
+    whole, _, fraction = number.partition(".")
+    scale = _SUFFIXES[suffix.lower()]
+    numerator = int(whole or "0") * 10 ** len(fraction) + int(fraction or "0")
+    value, remainder = divmod(numerator * scale, 10 ** len(fraction))
+    if remainder:
+        raise ValueError(f"budget {text!r} is not a whole number of parameters")
+    return value
+
+
+def configuration_label(configuration: str) -> str:
+    """The printed name of a configuration: "MHA+FC1"."""
+    return "+".join(COMPONENT_NAMES.get(part, part) for part in configuration.split("+"))
+
+
+def build_table(
+    measurements: Measurements, configurations: Sequence[str], *, model: str, dataset: str
+) -> pl.DataFrame:
+    """The ranked table of ``configurations``: one row per (configuration, criterion).
+
+    Raises:
+        ValueError: for a configuration named twice or one that is not made of components.
+    """
+    duplicates = sorted({c for c in configurations if list(configurations).count(c) > 1})
+    if duplicates:
+        raise ValueError(f"configurations named twice: {', '.join(duplicates)}")
+    rows = []
+    for configuration in configurations:
+        parameters = measurements.trainable_parameters(configuration)
+        for criterion, estimate in measurements.estimates(configuration).items():
+            rows.append(
+                {
+                    "model": model,
+                    "dataset": dataset,
+                    "configuration": configuration,
+                    "criterion": criterion,
+                    "value": estimate.value,
+                    "ci_low": estimate.ci_low,
+                    "ci_high": estimate.ci_high,
+                    "rank": 0,
+                    "trainable_parameters": parameters,
+                }
+            )
+    _rank(rows, configurations)
+    return pl.DataFrame(rows, schema=TABLE_SCHEMA)
+
+
+def _rank(rows: list[dict], order: Sequence[str]) -> None:
+    """Set each row's ``rank`` within its criterion (1 = highest value), in place."""
+    position = {name: index for index, name in enumerate(order)}
+
+    def key(row: dict) -> tuple:
+        finite = math.isfinite(row["value"])
+        return (
+            not finite,
+            -row["value"] if finite else 0.0,
+            row["trainable_parameters"],
+            position[row["configuration"]],
+        )
+
+    for criterion in CRITERIA:
+        ranked = sorted((row for row in rows if row["criterion"] == criterion), key=key)
+        for index, row in enumerate(ranked, start=1):
+            row["rank"] = index
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What to finetune under a budget, by one criterion."""
+
+    configuration: str | None
+    """The recommended configuration; None when no configuration fits the budget."""
+    criterion: str
+    budget: int | None
+    trainable_parameters: int | None
+    combined: bool = False
+    """Whether ``configuration`` is the greedy union of components (``combine``)."""
+
+
+def select(table: pl.DataFrame, criterion: str, budget: int | None) -> Recommendation:
+    """The configuration ranked best by ``criterion`` among those that fit ``budget``.
+
+    Raises:
+        ValueError: for an unknown criterion.
+    """
+    _check_criterion(criterion)
+    rows = table.filter(pl.col("criterion") == criterion).sort("rank").to_dicts()
+    for row in rows:
+        fits = budget is None or row["trainable_parameters"] <= budget
+        if fits and math.isfinite(row["value"]):
+            return Recommendation(
+                row["configuration"], criterion, budget, row["trainable_parameters"]
+            )
+    return Recommendation(None, criterion, budget, None)
+
+
+def greedy_union(
+    values: Mapping[str, float], parameters: Mapping[str, int], budget: int, criterion: str
+) -> Recommendation:
+    """Join components best first while their total parameters fit ``budget``.
+
+    Components are taken in decreasing ``values`` (NaN ones never); one that would exceed
+    the budget is skipped and the next tried (greedy knapsack by value, not value per
+    parameter: the criterion says what to train first, not what it is worth per parameter).
+    The union is named in forward order ("mha+fc1").
+    """
+    chosen: list[str] = []
+    total = 0
+    ordered = sorted(
+        (c for c in values if math.isfinite(values[c])),
+        key=lambda c: (-values[c], parameters[c], COMPONENTS.index(c)),
+    )
+    for component in ordered:
+        if total + parameters[component] <= budget:
+            chosen.append(component)
+            total += parameters[component]
+    if not chosen:
+        return Recommendation(None, criterion, budget, None, combined=True)
+    name = "+".join(c for c in COMPONENTS if c in chosen)
+    return Recommendation(name, criterion, budget, total, combined=True)
+
+
+def _check_criterion(criterion: str) -> None:
+    if criterion not in CRITERIA:
+        raise ValueError(f"unknown criterion {criterion!r}; known: {', '.join(CRITERIA)}")
+
+
+def _number(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:.4g}"
+
+
+def _cell(row: dict) -> str:
+    text = _number(row["value"])
+    if row["ci_low"] is not None and row["ci_high"] is not None:
+        text += f" [{_number(row['ci_low'])}, {_number(row['ci_high'])}]"
+    return f"{text} ({row['rank']})"
+
+
+def markdown(
+    table: pl.DataFrame,
+    recommendation: Recommendation,
+    *,
+    model: str,
+    dataset: str,
+    reference: str,
+    always_trained: int,
+    demo: bool = False,
+    demo_note: str = "",
+) -> str:
+    """The report: a heading, the ranked table, and a short recommendation.
+
+    Args:
+        table: :func:`build_table`'s result.
+        recommendation: :func:`select`'s or :func:`greedy_union`'s result.
+        model, dataset: names in the heading.
+        reference: what the plasticity pairs started from, in words.
+        always_trained: parameters of the head and final norm.
+        demo: put ``demo_note`` on top.
+    """
+    criterion = recommendation.criterion
+    by_config = {
+        (row["configuration"], row["criterion"]): row for row in table.iter_rows(named=True)
+    }
+    order = table.filter(pl.col("criterion") == criterion).sort("rank")["configuration"].to_list()
+    lines = [f"# Which components should I finetune? {model} on {dataset}", ""]
+    if demo:
+        lines += [f"> **{demo_note}**", ""]
+    budget = "none" if recommendation.budget is None else f"{recommendation.budget:,}"
+    lines += [
+        f"Reference set: {reference}. Ranked by **{CRITERION_LABELS[criterion]}**; "
+        f"trainable-parameter budget: {budget}. Parameter counts exclude the classifier head "
+        f"and final norm ({always_trained:,} parameters), which every configuration trains.",
+        "",
+        "| rank | configuration | trainable parameters | "
+        + " | ".join(CRITERION_LABELS[c] for c in CRITERIA)
+        + " |",
+        "|---:|---|---:|" + "---|" * len(CRITERIA),
+    ]
+    for configuration in order:
+        head = by_config[(configuration, criterion)]
+        cells = [_cell(by_config[(configuration, c)]) for c in CRITERIA]
+        lines.append(
+            f"| {head['rank']} | {configuration_label(configuration)} | "
+            f"{head['trainable_parameters']:,} | " + " | ".join(cells) + " |"
+        )
+    lines += [
+        "",
+        "Each cell: value [95% CI where there is one] (rank by that criterion; 1 = finetune "
+        "first).",
+        "",
+        _recommendation_text(recommendation, by_config, order, always_trained),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _recommendation_text(
+    recommendation: Recommendation,
+    by_config: dict[tuple[str, str], dict],
+    order: list[str],
+    always_trained: int,
+) -> str:
+    criterion = CRITERION_LABELS[recommendation.criterion]
+    heuristic = (
+        "This is a heuristic from the paper's finding that components of higher plasticity "
+        "gain more from finetuning (Odonnat et al., arXiv 2602.06883), not a finetuning "
+        "result: confirm it with a short run, above all when the criteria disagree."
+    )
+    if recommendation.configuration is None:
+        return (
+            f"**No configuration fits the budget of {recommendation.budget:,} trainable "
+            f"parameters**: linear probing (the head and final norm, {always_trained:,} "
+            f"parameters) is what fits. {heuristic}"
+        )
+    name = configuration_label(recommendation.configuration)
+    budget = (
+        "with no budget"
+        if recommendation.budget is None
+        else f"within the budget of {recommendation.budget:,}"
+    )
+    sentences = [
+        f"**Recommendation: finetune {name}** ({recommendation.trainable_parameters:,} "
+        f"trainable parameters plus {always_trained:,} for the head and final norm, {budget})."
+    ]
+    if recommendation.combined:
+        sentences.append(
+            f"It joins the components in decreasing {criterion} for as long as their "
+            "parameters fit the budget (a greedy union)."
+        )
+    else:
+        among = "" if recommendation.budget is None else " among those that fit the budget"
+        sentences.append(f"It is the configuration of highest {criterion}{among}.")
+    others = [
+        f"{CRITERION_LABELS[c]} {by_config[(recommendation.configuration, c)]['rank']}"
+        for c in CRITERIA
+        if c != recommendation.criterion and (recommendation.configuration, c) in by_config
+    ]
+    if others:
+        sentences.append(f"The other criteria rank it: {', '.join(others)} of {len(order)}.")
+    overlap = _plasticity_overlap(by_config, order, recommendation)
+    if overlap:
+        sentences.append(overlap)
+    sentences.append(heuristic)
+    return " ".join(sentences)
+
+
+def _plasticity_overlap(
+    by_config: dict[tuple[str, str], dict], order: list[str], recommendation: Recommendation
+) -> str:
+    """A warning when the plasticity CI of the first two configurations overlap."""
+    if recommendation.criterion != "plasticity" or len(order) < 2:
+        return ""
+    first, second = (by_config.get((name, "plasticity")) for name in order[:2])
+    if not first or not second or None in (first["ci_low"], second["ci_high"]):
+        return ""
+    if first["ci_low"] <= second["ci_high"]:
+        return (
+            f"The plasticity intervals of {configuration_label(order[0])} and "
+            f"{configuration_label(order[1])} overlap: the measurement does not separate "
+            "them (more pairs, --n-pairs, may)."
+        )
+    return ""
