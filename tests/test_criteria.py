@@ -230,7 +230,9 @@ def test_ties_constant_columns_and_too_few_configurations_give_nan_with_a_reason
     assert summary["top_tie"]["spearman_rho"] == pytest.approx(tie["spearman_rho"])
     assert summary["top_tie"]["top1_hit"] == pytest.approx((0.5 + 1.0) / 2)  # tied, few
     assert summary["constant"]["n"] == 0 and math.isnan(summary["constant"]["wilcoxon_p"])
-    assert summary["constant"]["note"] == "rho undefined on 3 of 3 datasets"
+    assert (
+        summary["constant"]["note"] == "rho undefined on 3 of 3 datasets; hit rate over 2 datasets"
+    )
     assert summary["top_tie"]["best"] and not summary["constant"]["best"]
 
 

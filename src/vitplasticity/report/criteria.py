@@ -138,7 +138,7 @@ CRITERION_LABELS: dict[str, str] = {
     PAPER_PLASTICITY: "Plast. (paper)",
     "plasticity_in_situ": "Plast. (in situ)",
     PARAMETERS: "Params",
-    "plasticity": "Plasticity",
+    "plasticity": "Plast. (rec.)",
     "relative_gradient_norm": "Rel. grad.",
     "gradient_snr": "Grad. SNR",
     "weight_spectral": "Spectral",
@@ -439,12 +439,12 @@ def correlate_datasets(
                 [measured[c] for c in names],
                 min_configurations,
             )
-            left_out = [
+            notes = [
                 *(f"no score for {c}" for c in present if c in measured and c not in scores),
                 *(f"no accuracy for {c}" for c in present if c in scores and c not in measured),
+                *([result["note"]] if result["note"] else []),
             ]
-            if left_out:
-                result["note"] = "; ".join([*left_out, *([result["note"]] * bool(result["note"]))])
+            result["note"] = "; ".join(notes) or None
             rows.append(
                 {
                     "level": "dataset",
@@ -458,18 +458,14 @@ def correlate_datasets(
                 }
             )
     if not rows:
+
+        def cells(frame: pl.DataFrame) -> str:
+            names = sorted({f"{m}/{d}" for m, d in frame.select("model", "dataset").iter_rows()})
+            return ", ".join(names) or "nothing"
+
         raise ValueError(
             "no criterion scores any (model, dataset) of the selected-LR table: criteria cover "
-            + (
-                ", ".join(
-                    sorted({f"{m}/{d}" for m, d in criteria.select("model", "dataset").iter_rows()})
-                )
-                or "nothing"
-            )
-            + "; the table has "
-            + ", ".join(
-                sorted({f"{m}/{d}" for m, d in accuracy.select("model", "dataset").iter_rows()})
-            )
+            f"{cells(criteria)}; the table has {cells(accuracy)}"
         )
     return pl.DataFrame(rows, schema=RESULT_SCHEMA, orient="row")
 
@@ -523,6 +519,8 @@ def summarize_criteria(per_dataset: pl.DataFrame) -> pl.DataFrame:
         notes = []
         if rho.size < part.height:
             notes.append(f"rho undefined on {part.height - rho.size} of {part.height} datasets")
+        if hits.size != rho.size:
+            notes.append(f"hit rate over {hits.size} datasets")
         if rho.size and np.all(rho == 0):
             notes.append("every rho is zero: no test")
         elif np.any(rho == 0):
