@@ -696,7 +696,7 @@ def _one_experiment(result: pl.DataFrame) -> str:
     return experiments[0]
 
 
-def _rho_cell(rho: float | None, hit: float | None, bold: bool = False) -> str:
+def _rho_cell(rho: float | None, hit: float | None = None, bold: bool = False) -> str:
     if rho is None or not math.isfinite(rho):
         return MISSING
     mark = r"^{\ast}" if hit == 1.0 else ""
@@ -704,9 +704,23 @@ def _rho_cell(rho: float | None, hit: float | None, bold: bool = False) -> str:
     return f"${number}{mark}$"
 
 
+def _number(value: float | None, fmt: str) -> str:
+    return MISSING if value is None or not math.isfinite(value) else f"${value:{fmt}}$"
+
+
+def _header(name: str) -> str:
+    """A criterion's column head on two lines at its first space ("Plast." over "(paper)"),
+    so that seven criteria fit a page's width."""
+    first, _, rest = criterion_label(name).partition(" ")
+    if not rest:
+        return escape(first)
+    return rf"\begin{{tabular}}[b]{{@{{}}c@{{}}}}{escape(first)}\\{escape(rest)}\end{{tabular}}"
+
+
 def criteria_table(result: pl.DataFrame, demo: bool = False) -> str:
     """Datasets x criteria: Spearman rho of each criterion with the accuracy, then the summary
-    rows (mean rho, mean tau, hit rate, Wilcoxon p of rho > 0 with n, p of best > criterion).
+    rows: mean rho, mean tau, hit rate, the number n of datasets with a defined rho, the
+    Wilcoxon p of rho > 0, and the p of the best criterion > each other.
 
     A rho carries an asterisk when the criterion's top configuration is the most accurate one
     (a top-1 hit); the best criterion's mean rho is bold. One block per model.
@@ -720,9 +734,13 @@ def criteria_table(result: pl.DataFrame, demo: bool = False) -> str:
     lines = [
         rf"\begin{{tabular}}{{l{'c' * len(criteria)}}}",
         r"\toprule",
-        " & ".join(["Dataset", *(escape(criterion_label(c)) for c in criteria)]) + r" \\",
+        " & ".join(["Dataset", *(_header(c) for c in criteria)]) + r" \\",
     ]
-    min_ps = []
+
+    def row(name: str, cells: Any) -> None:
+        lines.append(" & ".join([name, *cells]) + r" \\")
+
+    n_max = 0
     for model in models:
         lines.append(r"\midrule")
         if len(models) > 1:
@@ -735,98 +753,56 @@ def criteria_table(result: pl.DataFrame, demo: bool = False) -> str:
                 r["criterion"]: r
                 for r in rows.filter(pl.col("dataset") == dataset).iter_rows(named=True)
             }
-            row = [
-                _rho_cell(cells[c]["spearman_rho"], cells[c]["top1_hit"]) if c in cells else MISSING
-                for c in criteria
-            ]
-            lines.append(" & ".join([escape(dataset), *row]) + r" \\")
+            row(
+                escape(dataset),
+                (
+                    _rho_cell(cells[c]["spearman_rho"], cells[c]["top1_hit"])
+                    if c in cells
+                    else MISSING
+                    for c in criteria
+                ),
+            )
         by = {
             r["criterion"]: r
             for r in summary.filter(pl.col("model") == model).iter_rows(named=True)
         }
+        empty = dict.fromkeys(RESULT_SCHEMA)
+        get = [by.get(c, empty) for c in criteria]
         best = [c for c in criteria if c in by and by[c]["best"]]
-        versus = {
-            r["versus"]: r
-            for r in pairwise.filter(
-                (pl.col("model") == model) & pl.col("criterion").is_in(best)
-            ).iter_rows(named=True)
-        }
-
-        def number(value: float | None, fmt: str) -> str:
-            return MISSING if value is None or not math.isfinite(value) else f"${value:{fmt}}$"
-
         lines.append(r"\midrule")
-        lines.append(
-            " & ".join(
-                [
-                    r"Mean $\rho$",
-                    *(
-                        _rho_cell(by[c]["spearman_rho"], None, c in best) if c in by else MISSING
-                        for c in criteria
-                    ),
-                ]
-            )
-            + r" \\"
-        )
-        lines.append(
-            " & ".join(
-                [
-                    r"Mean $\tau$",
-                    *(number(by[c]["kendall_tau"] if c in by else None, "+.2f") for c in criteria),
-                ]
-            )
-            + r" \\"
-        )
-        lines.append(
-            " & ".join(
-                [
-                    "Top-1 hit rate",
-                    *(number(by[c]["top1_hit"] if c in by else None, ".2f") for c in criteria),
-                ]
-            )
-            + r" \\"
-        )
-        lines.append(
-            " & ".join(
-                [
-                    r"$p$ ($\rho > 0$; $n$)",
-                    *(
-                        f"{p_value(by[c]['wilcoxon_p'])} ({by[c]['n']})" if c in by else MISSING
-                        for c in criteria
-                    ),
-                ]
-            )
-            + r" \\"
-        )
+        row(r"Mean $\rho$", (_rho_cell(r["spearman_rho"], bold=r["best"]) for r in get))
+        row(r"Mean $\tau$", (_number(r["kendall_tau"], "+.2f") for r in get))
+        row("Hit rate", (_number(r["top1_hit"], ".2f") for r in get))
+        row("$n$", (MISSING if r["n"] is None else str(r["n"]) for r in get))
+        row(r"$p$ ($\rho > 0$)", (p_value(r["wilcoxon_p"]) for r in get))
         if len(best) == 1 and len(criteria) > 1:
-            lines.append(
-                " & ".join(
-                    [
-                        rf"$p$ ({escape(criterion_label(best[0]))} $>$)",
-                        *(
-                            p_value(versus[c]["wilcoxon_p"]) if c in versus else MISSING
-                            for c in criteria
-                        ),
-                    ]
-                )
-                + r" \\"
+            versus = {
+                r["versus"]: r["wilcoxon_p"]
+                for r in pairwise.filter(
+                    (pl.col("model") == model) & (pl.col("criterion") == best[0])
+                ).iter_rows(named=True)
+            }
+            row(
+                r"$p$ (best $>$)",
+                (p_value(versus[c]) if c in versus else MISSING for c in criteria),
             )
-        min_ps += [(r["n"], r["min_p"]) for r in by.values() if r["n"]]
+        n_max = max([n_max, *(r["n"] for r in by.values())])
     lines += [r"\bottomrule", r"\end{tabular}"]
-    n_max = max((n for n, _ in min_ps), default=0)
     caption = (
         rf"Rank correlation of each criterion with the selected-LR test accuracy over the "
         rf"configurations of each dataset in experiment \texttt{{{escape(experiment)}}}: "
         r"Spearman's $\rho$ per dataset ($^{\ast}$: the criterion's top configuration is the "
-        r"most accurate); below, the means over datasets, the top-1 hit rate, and the one-sided "
-        r"Wilcoxon signed-rank test of the per-dataset $\rho$ against 0 ($n$ datasets"
+        r"most accurate); below, the means over datasets, the top-1 hit rate, the number $n$ "
+        r"of datasets with a defined $\rho$, and the one-sided Wilcoxon signed-rank test of "
+        r"the per-dataset $\rho$ against 0"
         + (
-            rf"; with {n_max} datasets no $p$ can fall below $2^{{-{n_max}}} = {minimum_p(n_max):.3g}$"
+            rf" (with {n_max} datasets no $p$ can fall below $2^{{-{n_max}}} = "
+            rf"{minimum_p(n_max):.3g}$)"
             if n_max
             else ""
         )
-        + r"). Best criterion (highest mean $\rho$) in bold"
-        + (r", tested against the others (one-sided)." if len(criteria) > 1 else ".")
+        + r". Best criterion (highest mean $\rho$) in bold"
+        + (r", tested against each other one ($p$, best $>$)." if len(criteria) > 1 else ".")
     )
     return _wrap(lines, caption, f"{experiment}-criteria", demo, f"{experiment}_criteria.parquet")
 
