@@ -151,6 +151,9 @@ def check_keys(
 ) -> None:
     """Reject every unknown config key at once, before anything else reads the config.
 
+    Call it before Snakemake's ``validate``: that one fills the schema's defaults into every
+    dataset entry (``severity``, ``split``), keys this check would take for the entry's own.
+
     Args:
         config: the merged config (config.yaml, presets and ``--config`` overrides).
         schema: the JSON schema, or the path of its YAML file.
