@@ -39,6 +39,7 @@ from tests.fixtures_data import (
     write_val_folder,
 )
 from vitplasticity.data.archives import DamagedFileError
+from vitplasticity.data.download import ChecksumError
 from vitplasticity.data.imagenet import imagenet_reference, index_val
 from vitplasticity.data.prepare import prepare_dataset
 from vitplasticity.data.sources import SOURCES
@@ -697,3 +698,69 @@ def test_cli_prepare_killed_by_sigterm_leaves_nothing(tmp_path):
     _, stderr = process.communicate(timeout=120)
     assert list(store.iterdir()) == [], "a killed prepare left files behind"
     assert process.returncode == 128 + signal.SIGTERM, stderr
+
+
+# --- checksums and the CLI on a source ----------------------------------------------------
+
+
+def test_downloaded_html_page_fails_its_checksum_and_says_so(flowers, tmp_path):
+    # A server answering with an error page: the checksum catches it before any parsing.
+    with running_server() as server:
+        files = registry_override(server, Built(flowers, {}))
+        server.files["/files/setid.mat"] = HTML
+        with pytest.raises(ChecksumError) as error:
+            SOURCES["flowers102"].prepare(
+                "f", {"source": "flowers102"}, tmp_path / "out", tmp_path / "dl", files=files
+            )
+    message = str(error.value)
+    assert files["setid.mat"].url in message
+    assert "the server sent an HTML page" in message
+    assert "the downloaded file was deleted: rerun to download it again" in message
+    assert not (tmp_path / "dl" / "setid.mat").exists() and not (tmp_path / "out").exists()
+
+
+def test_local_file_with_another_checksum_names_both_remedies(flowers, tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for name, data in flowers.items():
+        (folder / name).write_bytes(HTML if name == "setid.mat" else data)
+    files = {n: RemoteFile(n, "http://127.0.0.1:9/never", md5_of(d)) for n, d in flowers.items()}
+    spec = {"source": "flowers102", "archive": str(folder)}
+    with pytest.raises(ChecksumError) as error:
+        SOURCES["flowers102"].prepare("f", spec, tmp_path / "out", tmp_path / "dl", files=files)
+    message = str(error.value)
+    assert f"datasets.f.archive: checksum mismatch for {folder / 'setid.mat'}" in message
+    assert local_remedy("datasets.f.archive") in message
+    assert "give their digest under datasets.f.checksums" in message
+    assert (folder / "setid.mat").read_bytes() == HTML  # the user's file is never touched
+
+
+def test_cli_prepare_html_page_saved_as_setid(flowers, tmp_path):
+    # The issue's case: an HTML page saved as the local setid.mat, accepted by its checksum
+    # override, ends in one line naming the file and the remedy, through the CLI.
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    blobs = {**flowers, "setid.mat": HTML}
+    for name, data in blobs.items():
+        (folder / name).write_bytes(data)
+    spec = {
+        "source": "flowers102",
+        "archive": str(folder),
+        "checksums": {name: f"md5:{md5_of(data)}" for name, data in blobs.items()},
+    }
+    out = tmp_path / "store" / "flowers"
+    command = ["prepare", "--dataset", "flowers", "--spec", json.dumps(spec), "--out", str(out)]
+    command += ["--downloads", str(tmp_path / "downloads")]
+    run = subprocess.run(
+        [sys.executable, "-m", "vitplasticity.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    errors = [line for line in run.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, run.stderr
+    assert f"{folder / 'setid.mat'}: not a readable MATLAB .mat file: {HTML_HINT}" in errors[0]
+    assert errors[0].endswith(local_remedy("datasets.flowers.archive"))
+    assert not out.exists() and not (tmp_path / "downloads").exists()

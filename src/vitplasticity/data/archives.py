@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from vitplasticity.data.download import Progress
+from vitplasticity.data.download import Progress, content_hint, download_remedy
 
 
 class ArchiveError(RuntimeError):
@@ -58,11 +58,6 @@ PARSE_ERRORS: tuple[type[Exception], ...] = (
     lzma.LZMAError,
     pickle.UnpicklingError,
 )
-
-
-def download_remedy(path: str | os.PathLike[str]) -> str:
-    """What to do about a damaged file of the downloads folder."""
-    return f"delete {path} and rerun: it will be downloaded again"
 
 
 def local_remedy(key: str) -> str:
@@ -114,21 +109,6 @@ class InputFile:
             hint = content_hint(self.path) if member is None else None
             problem = f"not a readable {kind}" + (f": it is {hint}" if hint else "")
             raise self.damaged(f"{problem} ({_cause(error)})", member) from error
-
-
-def content_hint(path: str | os.PathLike[str]) -> str | None:
-    """What a file that is not in its expected format holds, when that is recognisable: empty,
-    or an HTML page (what web servers send for errors and logins); None otherwise."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    with path.open("rb") as handle:
-        head = handle.read(512)
-    if not head:
-        return "an empty file"
-    if head.lstrip().lower().startswith((b"<!doctype html", b"<html", b"<head", b"<body")):
-        return "an HTML page (e.g. an error or login page saved under this name)"
-    return None
 
 
 def _cause(error: BaseException) -> str:

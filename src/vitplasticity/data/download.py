@@ -101,6 +101,26 @@ def file_digest(
     return digest.hexdigest()
 
 
+def download_remedy(path: str | os.PathLike[str]) -> str:
+    """What to do about a damaged file of the downloads folder."""
+    return f"delete {path} and rerun: it will be downloaded again"
+
+
+def content_hint(path: str | os.PathLike[str]) -> str | None:
+    """What a file that is not in its expected format holds, when that is recognisable: empty,
+    or an HTML page (what web servers send for errors and logins); None otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    with path.open("rb") as handle:
+        head = handle.read(512)
+    if not head:
+        return "an empty file"
+    if head.lstrip().lower().startswith((b"<!doctype html", b"<html", b"<head", b"<body")):
+        return "an HTML page (a web server's error or login page?)"
+    return None
+
+
 def md5sum(path: str | os.PathLike[str], *, label: str | None = None) -> str:
     """The md5 hex digest of a file (``file_digest`` with md5)."""
     return file_digest(path, "md5", label=label)
@@ -211,10 +231,14 @@ def download(
             log.warning("%s: %s; retry %d/%d in %.1f s", url, error, failures, retries, delay)
             time.sleep(delay)
     if expected is not None and digest != expected.hexdigest:
+        hint = content_hint(part)
         part.unlink(missing_ok=True)
         raise ChecksumError(
             f"checksum mismatch for {url}: expected {algorithm} {expected.hexdigest}, "
-            f"got {digest}; the downloaded file was deleted"
+            f"got {digest}" + (f"; the server sent {hint}" if hint else "") + "; the "
+            "downloaded file was deleted: rerun to download it again; if the mismatch repeats, "
+            "the URL serves other bytes (a mirror's own release: give their digest under "
+            "datasets.<name>.checksums)"
         )
     if expected is None:
         log.warning("%s: no known checksum; downloaded file has md5 %s", url, digest)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from vitplasticity.data.archives import InputFile
+from vitplasticity.data.archives import InputFile, local_remedy
 from vitplasticity.data.download import ChecksumError, download, file_digest
 from vitplasticity.data.sources.registry import (
     FILES,
@@ -69,7 +69,8 @@ def resolve_files(
                 raise ChecksumError(
                     f"datasets.{name}.archive: checksum mismatch for {path}: "
                     f"expected {expected.algorithm} {expected.hexdigest} ({filename}), "
-                    f"got {actual}"
+                    f"got {actual}; {local_remedy(f'datasets.{name}.archive')} (or, if "
+                    f"these bytes are right, give their digest under datasets.{name}.checksums)"
                 )
             resolved[filename] = InputFile.local(path, f"datasets.{name}.archive")
         else:
