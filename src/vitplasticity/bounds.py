@@ -27,15 +27,27 @@ timm models, small in the paper's checkpoints). Everything is computed in float6
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import polars as pl
 import torch
 from torch import nn
 
+from vitplasticity.adapters import TimmViT
 from vitplasticity.components import block_modules
+from vitplasticity.data.reference import read_reference_images
+from vitplasticity.data.transforms import decoded_batches
+from vitplasticity.models import ModelSpec, build_model, pick_device, preprocessing
+from vitplasticity.progress import ProgressReporter
+from vitplasticity.provenance import provenance
+
+log = logging.getLogger(__name__)
 
 ENERGY_ALPHA = 1.0
 """alpha of the energy-based MHA bound (see the module docstring for why 1 is valid)."""
@@ -207,3 +219,146 @@ def upper_bounds(model: nn.Module, tokens: torch.Tensor | Iterable[torch.Tensor]
         ValueError: for malformed tokens or a model that is not a timm ViT.
     """
     return bounds_from_statistics(model, TokenStatistics.from_tokens(tokens))
+
+
+# --- the stage: one model's bounds from files, beside its measured plasticity --------------
+
+COMPARED_PROTOCOL = "embedding"
+"""The measurement the bounds are compared with: they are stated for the embedding protocol's
+inputs (every component fed the embedding output)."""
+
+
+def measured_plasticity(files: Sequence[str | os.PathLike[str]]) -> pl.DataFrame:
+    """Mean and largest measured ratio per (block, component), pooled over ``files``.
+
+    Only the embedding protocol's rows count; empty when no file has them.
+
+    Raises:
+        FileNotFoundError: naming a missing file.
+        ValueError: naming a file without the plasticity columns.
+    """
+    needed = ["protocol", "block", "component", "ratio"]
+    frames = []
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise FileNotFoundError(f"plasticity file not found: {path}")
+        columns = pl.read_parquet_schema(path)
+        missing = [c for c in needed if c not in columns]
+        if missing:
+            raise ValueError(f"{path}: not a plasticity pairs file (lacks {missing})")
+        frames.append(
+            pl.scan_parquet(path)
+            .select(needed)
+            .filter(pl.col("protocol") == COMPARED_PROTOCOL)
+            .with_columns(pl.lit(path.stem).alias("dataset"))
+        )
+    schema = {"block": pl.Int64, "component": pl.String, "measured_mean": pl.Float64}
+    if not frames:
+        return pl.DataFrame(schema={**schema, "measured_max": pl.Float64, "n_datasets": pl.UInt32})
+    return (
+        pl.concat(frames)
+        .group_by("block", "component")
+        .agg(
+            pl.col("ratio").mean().alias("measured_mean"),
+            pl.col("ratio").max().alias("measured_max"),
+            pl.col("dataset").n_unique().alias("n_datasets"),
+        )
+        .collect()
+    )
+
+
+@dataclass(frozen=True)
+class BoundsResult:
+    """The ``bounds`` stage's table with its footer metadata, and the token statistics used."""
+
+    table: pl.DataFrame
+    metadata: dict[str, Any]
+    stats: TokenStatistics
+
+
+def model_bounds(
+    model_name: str,
+    model_spec: dict[str, Any],
+    reference: str | os.PathLike[str],
+    plasticity_files: Sequence[str | os.PathLike[str]] = (),
+    *,
+    n_images: int = 12800,
+    batch_size: int = 64,
+    device: str = "auto",
+    demo: bool = False,
+) -> BoundsResult:
+    """The bounds of model ``model_name`` (its config entry ``model_spec``) for the embedding
+    outputs of the first ``n_images`` reference images, joined with the plasticity measured
+    in ``plasticity_files`` (:func:`measured_plasticity`): the ``bounds`` stage.
+
+    Raises:
+        ValueError: for a bad argument (naming its CLI flag) or too few reference images,
+            before the model is built.
+        FileNotFoundError: for a missing reference set or plasticity file.
+    """
+    if n_images < 1:
+        raise ValueError(f"--n-images must be >= 1, got {n_images}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    spec = ModelSpec.from_config(model_spec)
+    images = read_reference_images(reference)
+    if len(images) < n_images:
+        raise ValueError(
+            f"{reference}: {len(images)} reference images, fewer than --n-images {n_images}"
+        )
+    measured = measured_plasticity(plasticity_files)  # checks the files before compute
+    target = pick_device(device)
+
+    # float64 throughout: the bounds' extreme values come from these tokens.
+    model = build_model(spec, num_classes=0).eval().to(device=target, dtype=torch.float64)
+    adapter = TimmViT()
+    adapter.blocks(model)  # names a missing part before any image is decoded
+    pre = preprocessing(model, spec)
+    progress = ProgressReporter(n_images, f"bounds {model_name}: embedding")
+
+    def tokens() -> Iterator[torch.Tensor]:
+        done = 0
+        with torch.inference_mode():
+            for batch in decoded_batches(images[:n_images], pre, batch_size):
+                yield adapter.embed(model, batch.to(device=target, dtype=torch.float64)).tokens
+                done += len(batch)
+                progress(done)
+
+    try:
+        stats = TokenStatistics.from_tokens(tokens())
+    finally:
+        progress.close()
+    table = bounds_from_statistics(model.cpu(), stats).join(
+        measured, on=["block", "component"], how="left"
+    )
+    _warn_above_bounds(table, measured)
+    settings: dict[str, Any] = {
+        "model_spec": model_spec,
+        "reference": str(reference),
+        "n_images": n_images,
+        "batch_size": batch_size,
+        "device": device,
+        "plasticity": [str(p) for p in plasticity_files],
+        "token_statistics": asdict(stats),
+        "preprocessing": asdict(pre),
+    }
+    metadata = {"provenance": provenance(settings, target), "model": model_name, "demo": bool(demo)}
+    table = table.select(pl.lit(model_name).alias("model"), pl.all())
+    return BoundsResult(table, metadata, stats)
+
+
+def _warn_above_bounds(table: pl.DataFrame, measured: pl.DataFrame) -> None:
+    """Log where a measured plasticity exceeds its bound (or that nothing was measured)."""
+    if not measured.height:
+        log.warning("no %s-protocol plasticity given: bounds only", COMPARED_PROTOCOL)
+        return
+    over = table.filter(pl.col("measured_max") > pl.col("bound"))
+    if over.height:
+        # The reference tokens set sigma, r and E; a downstream image outside them can
+        # exceed the bound legitimately. Said loudly, not hidden.
+        log.warning(
+            "measured plasticity above the bound (downstream tokens outside the reference "
+            "set's sigma/r?) at %s",
+            over.select("block", "component").rows(),
+        )

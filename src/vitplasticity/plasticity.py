@@ -21,7 +21,11 @@ the model's device; norms are reduced in float64 (over tokens; see ``_pair_norms
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -30,6 +34,14 @@ from torch import nn
 
 from vitplasticity import COMPONENTS
 from vitplasticity.adapters import Adapter, Embedded, TimmViT, adapter_for
+from vitplasticity.data.reference import read_reference_images
+from vitplasticity.data.store import read_split
+from vitplasticity.data.transforms import decoded_batches
+from vitplasticity.models import ModelSpec, build_model, pick_device, preprocessing
+from vitplasticity.progress import ProgressReporter
+from vitplasticity.provenance import provenance
+
+log = logging.getLogger(__name__)
 
 PROTOCOLS: tuple[str, ...] = ("embedding", "in_situ")
 """What each component is fed: the embedding output (reference code) or the real forward pass."""
@@ -441,4 +453,130 @@ def summarize(pairs: pl.DataFrame) -> pl.DataFrame:
             "std",
             "ci95",
         )
+    )
+
+
+# --- the stage: one (model, downstream dataset) from files ---------------------------------
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A stage's result, ready to write: the per-pair rows, their per-(protocol, block,
+    component) summary, and the footer metadata both files carry (provenance, model,
+    dataset, demo flag)."""
+
+    pairs: pl.DataFrame
+    summary: pl.DataFrame
+    metadata: dict[str, Any]
+
+
+def measurement(
+    pairs: pl.DataFrame,
+    *,
+    model: str,
+    dataset: str,
+    settings: dict[str, Any],
+    device: torch.device,
+    demo: bool,
+) -> Measurement:
+    """``pairs`` with its summary (labelled with ``model`` and ``dataset``) and its metadata."""
+    metadata = {
+        "provenance": provenance(settings, device),
+        "model": model,
+        "dataset": dataset,
+        "demo": bool(demo),
+    }
+    summary = summarize(pairs).select(
+        pl.lit(model).alias("model"), pl.lit(dataset).alias("dataset"), pl.all()
+    )
+    return Measurement(pairs, summary, metadata)
+
+
+def measure_dataset(
+    model_name: str,
+    model_spec: dict[str, Any],
+    reference: str | Path,
+    dataset_dir: str | Path,
+    *,
+    split: str = "test",
+    protocols: Sequence[str] = ("embedding",),
+    n_pairs: int = 12800,
+    batch_size: int = 64,
+    device: str = "auto",
+    dtype: str = "float32",
+    demo: bool = False,
+) -> Measurement:
+    """The plasticity of model ``model_name`` (its config entry ``model_spec``) between a
+    reference set file and a prepared downstream dataset: the ``plasticity`` stage.
+
+    Pair i is reference image i with downstream image i mod the split's size; images are
+    decoded a batch ahead by a few threads.
+
+    Raises:
+        ValueError: for a bad argument (naming its CLI flag), a reference set with fewer
+            than ``n_pairs`` images or an empty split, before the model is built.
+        FileNotFoundError: for a missing reference set or dataset.
+    """
+    # Every input is checked before the model is built or an image decoded.
+    protocols = check_protocols(protocols)
+    if n_pairs < 1:
+        raise ValueError(f"--n-pairs must be >= 1, got {n_pairs}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    spec = ModelSpec.from_config(model_spec)
+    images = read_reference_images(reference)
+    if len(images) < n_pairs:
+        raise ValueError(
+            f"{reference}: {len(images)} reference images, fewer than --n-pairs {n_pairs}"
+        )
+    downstream = read_split(dataset_dir, split)
+    if len(downstream) == 0:
+        raise ValueError(f"{dataset_dir}: split {split!r} holds no images")
+    target = pick_device(device)
+    dataset = Path(dataset_dir).name
+
+    model = build_model(spec, num_classes=0).eval()
+    model = model.to(device=target, dtype=getattr(torch, dtype))
+    pre = preprocessing(model, spec)
+    # Pair i: reference i with downstream i mod len(downstream), cycled here by reference so
+    # that every image is decoded only when its batch comes up.
+    cycled = [downstream.images[i % len(downstream)] for i in range(n_pairs)]
+    log.info(
+        "%s on %s (%s, %d images, cycled to %d): protocols %s, %s on %s",
+        model_name,
+        dataset,
+        split,
+        len(downstream),
+        n_pairs,
+        ", ".join(protocols),
+        dtype,
+        target,
+    )
+    progress = ProgressReporter(n_pairs, f"plasticity {model_name}/{dataset}")
+    try:
+        pairs = measure_protocols(
+            model,
+            decoded_batches(images[:n_pairs], pre, batch_size),
+            decoded_batches(cycled, pre, batch_size),
+            protocols=protocols,
+            batch_size=batch_size,
+            n_pairs=n_pairs,
+            progress=progress,
+        )
+    finally:
+        progress.close()
+    settings: dict[str, Any] = {
+        "model_spec": model_spec,
+        "reference": str(reference),
+        "dataset_dir": str(dataset_dir),
+        "split": split,
+        "protocols": list(protocols),
+        "n_pairs": n_pairs,
+        "batch_size": batch_size,
+        "device": device,
+        "dtype": dtype,
+        "preprocessing": asdict(pre),
+    }
+    return measurement(
+        pairs, model=model_name, dataset=dataset, settings=settings, device=target, demo=demo
     )

@@ -171,16 +171,8 @@ def text_model_spec(wildcards):
 
 
 def bounds_targets():
-    """The bounds table and its figure (PDF + PNG) of every config plasticity.models."""
-    return [
-        path
-        for model in config["plasticity"]["models"]
-        for path in (
-            f"{RESULTS}/bounds/{model}.parquet",
-            f"{RESULTS}/figures/bounds_{model}.pdf",
-            f"{RESULTS}/figures/bounds_{model}.png",
-        )
-    ]
+    """The bounds table of every config plasticity.models (its figure: report_targets())."""
+    return [f"{RESULTS}/bounds/{model}.parquet" for model in config["plasticity"]["models"]]
 
 
 def finetune_summary(run):

@@ -37,7 +37,8 @@ rule plasticity:
 
 
 # The paper's theoretical bounds per (block, component), from the model's weights and the
-# reference images' embedding outputs, plotted against the measured plasticity.
+# reference images' embedding outputs, beside the measured plasticity (the figure:
+# figure_bounds in report.smk).
 rule bounds:
     input:
         reference=reference_file(),
@@ -45,8 +46,6 @@ rule bounds:
         weights=lambda w: weights_files(w.model),
     output:
         table=f"{RESULTS}/bounds/{{model}}.parquet",
-        pdf=f"{RESULTS}/figures/bounds_{{model}}.pdf",
-        png=f"{RESULTS}/figures/bounds_{{model}}.png",
     log:
         f"{RESULTS}/logs/bounds/{{model}}.log",
     benchmark:
@@ -57,7 +56,6 @@ rule bounds:
         batch_size=config["plasticity"].get("batch_size", 64),
         device=config["plasticity"].get("device", "auto"),
         demo_flag="--demo" if config.get("demo", False) else "",
-        figure_prefix=lambda w, output: output.pdf.removesuffix(".pdf"),
     conda:
         ENV
     shell:
@@ -65,5 +63,4 @@ rule bounds:
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --reference {input.reference:q} --n-images {params.n_images}"
         " --batch-size {params.batch_size} --device {params.device} {params.demo_flag}"
-        " --out {output.table:q} --plasticity {input.plasticity:q}"
-        " --figure-prefix {params.figure_prefix:q} > {log:q} 2>&1"
+        " --out {output.table:q} --plasticity {input.plasticity:q} > {log:q} 2>&1"

@@ -1,5 +1,5 @@
-# Aggregation, statistics, LaTeX tables and figures, each output captioned for
-# `snakemake --report`. Figure rules take only the report.figures settings, so editing one of
+# Aggregation, statistics, LaTeX tables (each also as CSV, browsable in the report) and
+# figures, each output captioned for `snakemake --report`. Figure rules take only the report.figures settings, so editing one of
 # those reruns only figures.
 
 include: "report_common.smk"
@@ -64,8 +64,14 @@ rule table_accuracy:
     input:
         f"{RESULTS}/aggregate/{{experiment}}_selected.parquet",
     output:
-        report(
+        tex=report(
             f"{RESULTS}/tables/{{experiment}}_accuracy.tex",
+            caption=f"{CAPTIONS}/table_accuracy.rst",
+            category="Tables",
+            subcategory="{experiment}",
+        ),
+        csv=report(
+            f"{RESULTS}/tables/{{experiment}}_accuracy.csv",
             caption=f"{CAPTIONS}/table_accuracy.rst",
             category="Tables",
             subcategory="{experiment}",
@@ -78,15 +84,22 @@ rule table_accuracy:
         ENV
     shell:
         "vitplasticity table --kind accuracy --experiment {wildcards.experiment}"
-        " --inputs {input:q} {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+        " --inputs {input:q} {params.demo_flag} --out {output.tex:q} --csv {output.csv:q}"
+        " > {log:q} 2>&1"
 
 
 rule table_wilcoxon:
     input:
         f"{RESULTS}/stats/{{experiment}}_wilcoxon.parquet",
     output:
-        report(
+        tex=report(
             f"{RESULTS}/tables/{{experiment}}_wilcoxon.tex",
+            caption=f"{CAPTIONS}/table_wilcoxon.rst",
+            category="Tables",
+            subcategory="{experiment}",
+        ),
+        csv=report(
+            f"{RESULTS}/tables/{{experiment}}_wilcoxon.csv",
             caption=f"{CAPTIONS}/table_wilcoxon.rst",
             category="Tables",
             subcategory="{experiment}",
@@ -99,15 +112,22 @@ rule table_wilcoxon:
         ENV
     shell:
         "vitplasticity table --kind wilcoxon --experiment {wildcards.experiment}"
-        " --inputs {input:q} {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+        " --inputs {input:q} {params.demo_flag} --out {output.tex:q} --csv {output.csv:q}"
+        " > {log:q} 2>&1"
 
 
 rule table_plasticity:
     input:
         [s for model in config["plasticity"]["models"] for s in plasticity_summaries(model)],
     output:
-        report(
+        tex=report(
             f"{RESULTS}/tables/plasticity.tex",
+            caption=f"{CAPTIONS}/table_plasticity.rst",
+            category="Tables",
+            subcategory="plasticity",
+        ),
+        csv=report(
+            f"{RESULTS}/tables/plasticity.csv",
             caption=f"{CAPTIONS}/table_plasticity.rst",
             category="Tables",
             subcategory="plasticity",
@@ -120,7 +140,7 @@ rule table_plasticity:
         ENV
     shell:
         "vitplasticity table --kind plasticity --inputs {input:q} {params.demo_flag}"
-        " --out {output:q} > {log:q} 2>&1"
+        " --out {output.tex:q} --csv {output.csv:q} > {log:q} 2>&1"
 
 
 rule figure_plasticity_boxplot:
@@ -248,5 +268,26 @@ rule figure_optimizers:
         ENV
     shell:
         "vitplasticity figure --kind optimizers --inputs {input:q}"
+        " --width-in {params.width_in} --dpi {params.dpi} --context {params.context}"
+        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+
+
+rule figure_bounds:
+    input:
+        # The bounds table holds the measured plasticity it is compared with.
+        f"{RESULTS}/bounds/{{model}}.parquet",
+    output:
+        figure_outputs("bounds_{model}", "figure_bounds", "bounds"),
+    log:
+        f"{RESULTS}/logs/figures/bounds_{{model}}.log",
+    params:
+        width_in=FIGURES.get("width_in", 3.4),
+        dpi=FIGURES.get("dpi", 200),
+        context=FIGURES.get("context", "paper"),
+        demo_flag=DEMO_FLAG,
+    conda:
+        ENV
+    shell:
+        "vitplasticity figure --kind bounds --inputs {input:q} --title {wildcards.model:q}"
         " --width-in {params.width_in} --dpi {params.dpi} --context {params.context}"
         " {params.demo_flag} --out {output:q} > {log:q} 2>&1"

@@ -1,5 +1,6 @@
-# Helpers of the report rules (report.smk): figure outputs in every configured format,
-# their inputs, and the list of every stats/table/figure target (used by report_targets()).
+# Helpers of the report rules (report.smk): figure outputs in every configured format, tables
+# as .tex and .csv, their inputs, and the list of every stats/table/figure target (used by
+# report_targets()).
 # Kept apart from the rules, as `snakemake --lint` asks.
 
 REPORT = config["report"]
@@ -32,6 +33,12 @@ def figure_targets(stem, **wildcards):
     """The files of figure ``stem`` (wildcards expanded) in every configured format."""
     stems = expand(stem, **wildcards) if wildcards else [stem]
     return [f"{RESULTS}/figures/{s}.{fmt}" for s in stems for fmt in FIGURE_FORMATS]
+
+
+def table_targets(stem, **wildcards):
+    """The .tex and .csv files of table ``stem`` (wildcards expanded)."""
+    stems = expand(stem, **wildcards) if wildcards else [stem]
+    return [f"{RESULTS}/tables/{s}.{fmt}" for s in stems for fmt in ("tex", "csv")]
 
 
 def plasticity_summaries(model, datasets=None):
@@ -81,8 +88,8 @@ def report_figure_and_table_targets():
     p = config["plasticity"]
     targets = [
         *expand(f"{RESULTS}/stats/{{experiment}}_wilcoxon.parquet", experiment=stats_experiments()),
-        *expand(f"{RESULTS}/tables/{{experiment}}_wilcoxon.tex", experiment=stats_experiments()),
-        *expand(f"{RESULTS}/tables/{{experiment}}_accuracy.tex", experiment=experiments),
+        *table_targets("{experiment}_wilcoxon", experiment=stats_experiments()),
+        *table_targets("{experiment}_accuracy", experiment=experiments),
         *figure_targets("accuracy/{experiment}", experiment=experiments),
         *figure_targets("robustness/{experiment}", experiment=experiments),
     ]
@@ -92,7 +99,7 @@ def report_figure_and_table_targets():
             f"curves/{name}/{{model}}/{{dataset}}", model=exp["models"], dataset=exp["datasets"]
         )
     if p["models"] and p["datasets"]:
-        targets.append(f"{RESULTS}/tables/plasticity.tex")
+        targets += table_targets("plasticity")
         targets += figure_targets(
             "plasticity_boxplot/{model}/{scope}",
             model=p["models"],
@@ -101,4 +108,5 @@ def report_figure_and_table_targets():
         targets += figure_targets("plasticity_depth/{model}", model=p["models"])
     if compared_optimizers():
         targets += figure_targets("optimizers")
+    targets += figure_targets("bounds_{model}", model=p["models"])
     return targets

@@ -1,8 +1,25 @@
-"""Subcommands of the ``vitplasticity`` CLI, one module per group of stages."""
+"""Subcommands of the ``vitplasticity`` CLI, one module per group of stages, and what several
+of them share (argument types, output writers). Command modules never import each other."""
+
+from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from vitplasticity.plasticity import Measurement
+
+log = logging.getLogger(__name__)
+
+DTYPES: tuple[str, ...] = ("float32", "float64")
+"""Compute dtypes of the plasticity measurements (norms are reduced in float64 either way)."""
 
 
 def json_argument(text: str) -> Any:
@@ -11,3 +28,52 @@ def json_argument(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text[:80]!r}") from error
+
+
+def write_measurement(
+    result: Measurement, out: str | os.PathLike[str], summary: str | os.PathLike[str]
+) -> None:
+    """Write a plasticity measurement: the per-pair table to ``out`` and its summary to
+    ``summary``, both with the measurement's footer metadata."""
+    from vitplasticity.io import write_parquet
+
+    write_parquet(out, result.pairs, result.metadata)
+    write_parquet(summary, result.summary, result.metadata)
+    log.info("wrote %s (%d rows) and %s", out, result.pairs.height, summary)
+
+
+# -- the report commands' inputs and footers ------------------------------------------------
+
+
+def check_inputs(paths: Sequence[str]) -> None:
+    """Raise FileNotFoundError naming every one of ``paths`` that is not a file."""
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"input file(s) not found: {', '.join(missing)}")
+
+
+def parquet_is_demo(paths: Sequence[str]) -> bool:
+    """Whether any of the Parquet files ``paths`` is marked demo in its footer."""
+    from vitplasticity.io import read_parquet_metadata
+
+    return any(bool(read_parquet_metadata(p).get("demo", False)) for p in paths)
+
+
+def read_frames(paths: Sequence[str]) -> pl.DataFrame:
+    """The Parquet files ``paths`` stacked (columns matched by name; missing ones null)."""
+    import polars as pl
+
+    check_inputs(paths)
+    return pl.concat([pl.read_parquet(p) for p in paths], how="diagonal_relaxed")
+
+
+def report_record(settings: dict[str, Any], demo: bool) -> dict[str, Any]:
+    """Footer metadata of a report Parquet file (provenance without importing torch)."""
+    from vitplasticity.provenance import git_commit, versions
+
+    return {
+        "demo": demo,
+        "settings": settings,
+        "versions": versions(),
+        "git_commit": git_commit(),
+    }

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vitplasticity.commands import check_inputs, parquet_is_demo, read_frames, report_record
+
 log = logging.getLogger(__name__)
 
 TABLE_KINDS: tuple[str, ...] = ("accuracy", "wilcoxon", "plasticity")
@@ -24,6 +26,7 @@ FIGURE_KINDS: tuple[str, ...] = (
     "robustness",
     "curves",
     "optimizers",
+    "bounds",
 )
 
 
@@ -74,6 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     table.add_argument("--experiment", default="", help="experiment name (captions, labels)")
     table.add_argument("--demo", action="store_true", help="mark the table as a demo")
     table.add_argument("--out", required=True, help="output .tex file")
+    table.add_argument("--csv", help="also write the table's rows as CSV to this file")
     table.set_defaults(handler=run_table)
 
     figure = subparsers.add_parser(
@@ -81,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a figure, in one file per format",
         description="plasticity-boxplot/-depth: plasticity summaries; accuracy: a selected-LR "
         "table; robustness: a runs table; curves: metrics.parquet files (summary.json beside "
-        "each); optimizers: two selected-LR tables.",
+        "each); optimizers: two selected-LR tables; bounds: a bounds table.",
     )
     figure.add_argument("--kind", choices=FIGURE_KINDS, required=True)
     figure.add_argument("--inputs", nargs="+", required=True, help="input files")
@@ -94,35 +98,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     figure.set_defaults(handler=run_figure)
 
 
-def _check_inputs(paths: Sequence[str]) -> None:
-    missing = [p for p in paths if not Path(p).is_file()]
-    if missing:
-        raise FileNotFoundError(f"input file(s) not found: {', '.join(missing)}")
-
-
-def _parquet_is_demo(paths: Sequence[str]) -> bool:
-    from vitplasticity.io import read_parquet_metadata
-
-    return any(bool(read_parquet_metadata(p).get("demo", False)) for p in paths)
-
-
-def _read(paths: Sequence[str]) -> Any:
-    import polars as pl
-
-    _check_inputs(paths)
-    return pl.concat([pl.read_parquet(p) for p in paths], how="diagonal_relaxed")
-
-
-def _record(settings: dict[str, Any], demo: bool) -> dict[str, Any]:
-    """Footer metadata of a report Parquet file (provenance without importing torch)."""
-    from vitplasticity.provenance import git_commit, versions
-
-    return {
-        "demo": demo,
-        "settings": settings,
-        "versions": versions(),
-        "git_commit": git_commit(),
+def __getattr__(name: str) -> Any:
+    # The shared report helpers' former private names (now in vitplasticity.commands).
+    public = {
+        "_check_inputs": check_inputs,
+        "_parquet_is_demo": parquet_is_demo,
+        "_read": read_frames,
+        "_record": report_record,
     }
+    if name in public:
+        return public[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run_aggregate(args: argparse.Namespace) -> int:
@@ -138,8 +124,8 @@ def run_aggregate(args: argparse.Namespace) -> int:
     selected = select_learning_rates(runs, args.lr_selection)
     demo = args.demo or bool(runs["demo"].fill_null(False).any())
     settings = {"experiment": args.experiment, "lr_selection": args.lr_selection}
-    write_parquet(args.runs_out, runs, _record(settings, demo))
-    write_parquet(args.selected_out, selected, _record(settings, demo))
+    write_parquet(args.runs_out, runs, report_record(settings, demo))
+    write_parquet(args.selected_out, selected, report_record(settings, demo))
     log.info(
         "%s: %d runs (%d diverged), %d cells, LR picked on %s accuracy",
         args.experiment,
@@ -157,9 +143,11 @@ def run_concat(args: argparse.Namespace) -> int:
     from vitplasticity.io import write_parquet
     from vitplasticity.report.aggregate import concat_runs
 
-    _check_inputs(args.inputs)
+    check_inputs(args.inputs)
     runs = concat_runs([pl.read_parquet(p) for p in args.inputs])
-    write_parquet(args.out, runs, _record({"inputs": args.inputs}, _parquet_is_demo(args.inputs)))
+    write_parquet(
+        args.out, runs, report_record({"inputs": args.inputs}, parquet_is_demo(args.inputs))
+    )
     log.info("%d runs from %d tables into %s", runs.height, len(args.inputs), args.out)
     return 0
 
@@ -168,11 +156,11 @@ def run_stats(args: argparse.Namespace) -> int:
     from vitplasticity.io import write_parquet
     from vitplasticity.stats import compare_selected
 
-    selected = _read([args.selected])
+    selected = read_frames([args.selected])
     result = compare_selected(selected, args.reference, args.alternative, args.alpha)
-    demo = args.demo or _parquet_is_demo([args.selected])
+    demo = args.demo or parquet_is_demo([args.selected])
     settings = {"reference": args.reference, "alternative": args.alternative, "alpha": args.alpha}
-    write_parquet(args.out, result, _record(settings, demo))
+    write_parquet(args.out, result, report_record(settings, demo))
     for row in result.iter_rows(named=True):
         log.info(
             "%s %s vs %s: n=%d W=%.1f p=%.4g t=%.3f p=%.4g",
@@ -189,20 +177,29 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_table(args: argparse.Namespace) -> int:
+    """Write one LaTeX table (and, with --csv, its rows as CSV)."""
     from vitplasticity.io import atomic_path
     from vitplasticity.report import tables
 
-    frame = _read(args.inputs)
-    demo = args.demo or _parquet_is_demo(args.inputs)
+    frame = read_frames(args.inputs)
+    demo = args.demo or parquet_is_demo(args.inputs)
     if args.kind == "accuracy":
         text = tables.accuracy_table(frame, demo=demo)
+        rows = tables.accuracy_csv
     elif args.kind == "wilcoxon":
         text = tables.wilcoxon_table(frame, demo=demo, experiment=args.experiment)
+        rows = tables.wilcoxon_csv
     else:
         text = tables.plasticity_table(frame, demo=demo)
+        rows = tables.plasticity_csv
+    csv = rows(frame, demo=demo) if args.csv else None
     with atomic_path(args.out) as tmp:
         tmp.write_text(text)
-    log.info("%s table (%s) written to %s", args.kind, "demo" if demo else "paper", args.out)
+    if csv is not None:
+        with atomic_path(args.csv) as tmp:
+            tmp.write_text(csv)
+    written = f"{args.out} and {args.csv}" if args.csv else args.out
+    log.info("%s table (%s) written to %s", args.kind, "demo" if demo else "paper", written)
     return 0
 
 
@@ -211,7 +208,7 @@ def _read_curves(paths: Sequence[str]) -> Any:
     summary.json beside each)."""
     import polars as pl
 
-    _check_inputs(paths)
+    check_inputs(paths)
     frames, demo = [], False
     for path in paths:
         summary_path = Path(path).with_name("summary.json")
@@ -239,15 +236,16 @@ def run_figure(args: argparse.Namespace) -> int:
     elif args.kind == "optimizers":
         if len(args.inputs) != 2:
             raise ValueError("--kind optimizers takes two selected-LR tables (--inputs A B)")
-        first, second = _read(args.inputs[:1]), _read(args.inputs[1:])
-        demo = args.demo or _parquet_is_demo(args.inputs)
+        first, second = read_frames(args.inputs[:1]), read_frames(args.inputs[1:])
+        demo = args.demo or parquet_is_demo(args.inputs)
         figures.optimizer_scatter(first, second, args.out, settings, demo)
     else:
-        frame = _read(args.inputs)
-        demo = args.demo or _parquet_is_demo(args.inputs)
+        frame = read_frames(args.inputs)
+        demo = args.demo or parquet_is_demo(args.inputs)
         draw = {
             "plasticity-boxplot": figures.plasticity_boxplot,
             "plasticity-depth": figures.plasticity_depth,
+            "bounds": figures.bounds_figure,
         }.get(args.kind)
         if draw is not None:
             draw(frame, args.out, settings, demo, args.title)

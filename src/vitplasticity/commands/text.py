@@ -1,27 +1,13 @@
-"""``text-plasticity``: every component's plasticity of a GPT2 model on pairs of token sequences.
-
-The text counterpart of ``plasticity``: pair i is reference sequence i with downstream sequence
-i (cycled), both cut from text files (:mod:`vitplasticity.data.text`); the tables it writes
-have the image plasticity's schema.
+"""``text-plasticity``: every component's plasticity of a GPT2 model on pairs of token
+sequences (:mod:`vitplasticity.text_plasticity`); the tables have the image plasticity's schema.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-from pathlib import Path
-from typing import Any
 
-from vitplasticity.commands import json_argument
-from vitplasticity.commands.plasticity import DTYPES, ProgressReporter, write_outputs
-
-log = logging.getLogger(__name__)
-
-TEXT_MODEL_KEYS = frozenset({"source", "hf_id", "config", "init_seed"})
-"""Keys of a ``text_plasticity.models`` entry."""
-
-AUTO_TOKENIZER = "auto"
-"""Tokenizer setting: ``bytes`` for a random-init model, else the model's hf_id tokenizer."""
+from vitplasticity.commands import DTYPES, json_argument, write_measurement
+from vitplasticity.text_plasticity import AUTO_TOKENIZER
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -70,121 +56,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run_text_plasticity)
 
 
-def gpt2_entry(spec: Any) -> dict[str, Any]:
-    """The :func:`vitplasticity.adapters.build_gpt2` entry of a ``text_plasticity.models`` entry.
-
-    Raises:
-        ValueError: when ``spec`` is not a mapping or has an unknown key, naming it.
-    """
-    if not isinstance(spec, dict):
-        raise ValueError(f"--model-spec: expected a JSON object, got {spec!r}")
-    unknown = set(spec) - TEXT_MODEL_KEYS
-    if unknown:
-        raise ValueError(
-            f"--model-spec: unknown keys {sorted(unknown)}; known: {sorted(TEXT_MODEL_KEYS)}"
-        )
-    return {
-        "family": "gpt2",
-        "hf_id": spec.get("hf_id", "gpt2"),
-        "weights": spec.get("source", "hub"),
-        "config": dict(spec.get("config") or {}),
-    }
-
-
-def tokenizer_name(requested: str, entry: dict[str, Any]) -> str:
-    """The tokenizer to load: ``auto`` resolves to ``bytes`` for random-init weights, else
-    to the model's hf_id (a local model folder: that folder)."""
-    from vitplasticity.data.text import BYTE_TOKENIZER
-
-    if requested != AUTO_TOKENIZER:
-        return requested
-    if entry["weights"] == "random":
-        return BYTE_TOKENIZER
-    return entry["hf_id"] if entry["weights"] == "hub" else entry["weights"]
-
-
 def run_text_plasticity(args: argparse.Namespace) -> int:
-    import torch
+    """Measure (:func:`vitplasticity.text_plasticity.measure_text`) and write both tables."""
+    from vitplasticity.text_plasticity import measure_text
 
-    from vitplasticity.adapters import build_gpt2
-    from vitplasticity.data.text import cycled, load_tokenizer, read_sequences
-    from vitplasticity.models import pick_device
-    from vitplasticity.plasticity import check_protocols, measure_protocols
-
-    # Every argument and file is checked before the model runs.
-    protocols = check_protocols(args.protocols)
-    for flag, value in (
-        ("--n-pairs", args.n_pairs),
-        ("--batch-size", args.batch_size),
-        ("--sequence-length", args.sequence_length),
-    ):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    entry = gpt2_entry(args.model_spec)
-    for flag, path in (("--reference", args.reference), ("--text", args.text)):
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"{flag}: text file not found: {path}")
-    device = pick_device(args.device)
-    # A random init depends on init_seed alone: every job of the model measures the same weights.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(args.model_spec.get("init_seed", 0)))
-        model = build_gpt2(entry)
-    positions = model.config.n_positions
-    if args.sequence_length > positions:
-        raise ValueError(
-            f"--sequence-length {args.sequence_length} exceeds the {positions} positions of "
-            f"model {args.model!r}"
-        )
-    tokenizer = tokenizer_name(args.tokenizer, entry)
-    tokenize = load_tokenizer(tokenizer, model.config.vocab_size)
-    n, length = args.n_pairs, args.sequence_length
-    reference = read_sequences(args.reference, tokenize, length, max_sequences=n)
-    if len(reference) < n:
-        raise ValueError(
-            f"{args.reference}: {len(reference)} reference sequences of {length} tokens, "
-            f"fewer than --n-pairs {n}"
-        )
-    downstream = read_sequences(args.text, tokenize, length, max_sequences=n)
-    dataset = args.dataset or Path(args.text).stem
-    model = model.to(device=device, dtype=getattr(torch, args.dtype))
-    log.info(
-        "%s on %s (%d sequences of %d tokens, cycled to %d; tokenizer %s): protocols %s, %s on %s",
+    result = measure_text(
         args.model,
-        dataset,
-        len(downstream),
-        length,
-        n,
-        tokenizer,
-        ", ".join(protocols),
-        args.dtype,
-        device,
+        args.model_spec,
+        args.reference,
+        args.text,
+        dataset=args.dataset,
+        tokenizer=args.tokenizer,
+        sequence_length=args.sequence_length,
+        n_pairs=args.n_pairs,
+        batch_size=args.batch_size,
+        protocols=args.protocols,
+        device=args.device,
+        dtype=args.dtype,
+        demo=args.demo,
     )
-    progress = ProgressReporter(n, f"text plasticity {args.model}/{dataset}")
-    try:
-        pairs = measure_protocols(
-            model,
-            torch.from_numpy(reference),
-            torch.from_numpy(cycled(downstream, n)),
-            protocols=protocols,
-            batch_size=args.batch_size,
-            n_pairs=n,
-            progress=progress,
-        )
-    finally:
-        progress.close()
-
-    settings: dict[str, Any] = {
-        "model_spec": args.model_spec,
-        "reference": str(args.reference),
-        "text": str(args.text),
-        "tokenizer": tokenizer,
-        "sequence_length": length,
-        "downstream_sequences": len(downstream),
-        "protocols": list(protocols),
-        "n_pairs": n,
-        "batch_size": args.batch_size,
-        "device": args.device,
-        "dtype": args.dtype,
-    }
-    write_outputs(args, pairs, dataset=dataset, settings=settings, device=device)
+    write_measurement(result, args.out, args.summary)
     return 0

@@ -4,6 +4,7 @@ prepared dataset (the demo). Written in the prepared-split format (image, label,
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -55,3 +56,20 @@ def build_reference(
     with atomic_path(out) as tmp:
         write_split(tmp, images, labels, files)
     return len(images)
+
+
+def read_reference_images(path: str | os.PathLike[str]) -> list[bytes]:
+    """The encoded images of a reference set (prepared-split columns image, label, file).
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+        ValueError: when it has no ``image`` column.
+    """
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"reference set not found: {path}")
+    if "image" not in pq.read_schema(path).names:
+        raise ValueError(f"{path}: not a reference set (no 'image' column)")
+    return pq.read_table(path, columns=["image"]).column("image").to_pylist()

@@ -485,3 +485,85 @@ def optimizer_scatter(
     ]
     ax.legend(handles=handles, fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     _finish(figure, demo, outputs, settings)
+
+
+# --- bounds ---------------------------------------------------------------------------------
+
+
+def _log_ticks(low: float, high: float, most: int = 5) -> list[float]:
+    """Tick values in [low, high] (0 < low < high) for a log axis: the powers of ten, or
+    1, 2 and 5 times them when the range holds fewer than two powers of ten; at most ``most``
+    (every other one dropped until they fit), always at least two."""
+    exponents = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    decades = [10.0**e for e in exponents if low <= 10.0**e <= high]
+    ticks = decades
+    if len(decades) < 2:
+        ticks = [m * 10.0**e for e in exponents for m in (1, 2, 5) if low <= m * 10.0**e <= high]
+    while len(ticks) > most:
+        ticks = ticks[::2]
+    return ticks
+
+
+def bounds_figure(
+    table: pl.DataFrame,
+    outputs: Sequence[str | os.PathLike[str]],
+    settings: FigureSettings = FigureSettings(),
+    demo: bool = False,
+    title: str = "",
+) -> None:
+    """Each component's plasticity bound (solid) and measured mean plasticity (dashed, open
+    markers; the embedding protocol's, which the bounds are stated for) against block, one
+    panel per component, log y axes.
+
+    One panel each, because bounds of different components can coincide (ln1 and ln2 of a
+    random-init model). ``table`` is a ``bounds`` stage table (``block``, ``component``,
+    ``bound``, and ``measured_mean`` when plasticity was measured).
+    """
+    order = _components_present(table["component"].to_list())
+    data = table.sort("block")
+    blocks = sorted(set(data["block"].to_list()))
+    ticks = blocks if len(blocks) <= 12 else blocks[:: max(1, len(blocks) // 8)]
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    ncols = 2
+    figure, axes = _panels(len(order), settings, ncols=ncols, aspect=0.75)
+    for ax, component in zip(axes, order, strict=True):
+        rows = data.filter(pl.col("component") == component)
+        line = {"color": colour(component), "linewidth": 1.0, "markersize": 2.5}
+        ax.plot(rows["block"], rows["bound"], marker="o", label="Bound", **line)
+        if "measured_mean" in rows.columns and rows["measured_mean"].is_not_null().any():
+            ax.plot(
+                rows["block"],
+                rows["measured_mean"],
+                marker="s",
+                linestyle="--",
+                markerfacecolor="white",
+                label="Measured (mean)",
+                **line,
+            )
+        ax.set_yscale("log")
+        values = [v for c in ("bound", "measured_mean") if c in rows.columns for v in rows[c]]
+        finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+        if finite:
+            # Widened 2.5x each way: a bound and its measurement often lie within one decade.
+            low, high = min(finite) / 2.5, max(finite) * 2.5
+            ax.set_ylim(low, high)
+            ax.yaxis.set_major_locator(FixedLocator(_log_ticks(low, high)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(ticks)
+        ax.set_title(label(component), color=colour(component), fontweight="bold")
+    _label_left(axes, ncols, "Plasticity")
+    for index, ax in enumerate(axes):
+        # The x label under the last panel of each column only.
+        ax.set_xlabel("Block" if index + ncols >= len(axes) else "")
+    name = f"{title}: " if title else ""
+    figure.legend(
+        *axes[0].get_legend_handles_labels(),
+        title=f"{name}upper bound vs. measured plasticity",
+        loc="outside lower center",
+        ncols=2,
+        fontsize="x-small",
+        title_fontsize="x-small",
+    )
+    _finish(figure, demo, outputs, settings)

@@ -1,9 +1,11 @@
 """LaTeX tables (booktabs) of the selected accuracies, the paired tests and the plasticity.
 
-Each function returns the text of a complete ``table`` environment, ready for ``\\input``
-(the document needs ``\\usepackage{booktabs}``). Accuracies print in percent with one
-decimal, ``mean`` with the seed std as a subscript; a missing value prints as ``--``.
-Demo tables start with a ``% DEMO`` comment and say so in their caption.
+Each ``*_table`` function returns the text of a complete ``table`` environment, ready for
+``\\input`` (the document needs ``\\usepackage{booktabs}``); its ``*_csv`` twin returns the
+same rows as CSV, the numbers as printed (for browsing, e.g. in ``snakemake --report``).
+Accuracies print in percent with one decimal, ``mean`` with the seed std as a subscript; a
+missing value prints as ``--`` (an empty CSV cell). Demo tables start with a ``% DEMO``
+comment (``# DEMO`` in CSV) and say so in their caption.
 """
 
 from __future__ import annotations
@@ -115,6 +117,103 @@ def _best(values: dict[str, float | None], candidates: list[str]) -> set[str]:
     return {c for c, v in shown.items() if v == top}
 
 
+def _plain(text: str) -> str | None:
+    """A printed cell for the CSV: a missing value is an empty cell there."""
+    return None if text == MISSING else text
+
+
+def _csv(records: list[dict[str, str | None]], demo: bool) -> str:
+    """CSV text of rows of plain cells (every record has the same keys, in order); a demo
+    table starts with a ``# DEMO`` comment line, as its .tex with ``% DEMO``."""
+    columns = list(records[0]) if records else []
+    frame = pl.DataFrame(records, schema=dict.fromkeys(columns, pl.String), orient="row")
+    text = frame.write_csv()
+    return f"# {DEMO_NOTE}\n{text}" if demo else text
+
+
+def _accuracy_layout(
+    selected: pl.DataFrame, columns: list[str]
+) -> tuple[list[str], list[dict[str, str | None]]]:
+    """The accuracy table's tabular lines (LaTeX) and the same rows as plain CSV cells."""
+    finetuned = [c for c in columns if c != "head"]
+    models = selected["model"].unique(maintain_order=True).to_list()
+    lines = [
+        rf"\begin{{tabular}}{{l{'c' * len(columns)}}}",
+        r"\toprule",
+        " & ".join(["Dataset", *(escape(label(c)) for c in columns)]) + r" \\",
+    ]
+    records: list[dict[str, str | None]] = []
+
+    def record(model: str, row: str, values: list[str], stds: list[str], best: set[str]) -> None:
+        cells: dict[str, str | None] = {"Model": model, "Dataset": row}
+        for c, value, std in zip(columns, values, stds, strict=True):
+            cells[label(c)], cells[f"{label(c)} std"] = _plain(value), _plain(std)
+        best_labels = "; ".join(label(c) for c in columns if c in best)
+        records.append({**cells, "Best": best_labels or None})
+
+    for model in models:
+        rows = selected.filter(pl.col("model") == model)
+        lines.append(r"\midrule")
+        if len(models) > 1:
+            lines.append(rf"\multicolumn{{{len(columns) + 1}}}{{l}}{{\emph{{{escape(model)}}}}} \\")
+        means: dict[str, list[float | None]] = {c: [] for c in columns}
+        for dataset in rows["dataset"].unique(maintain_order=True).to_list():
+            cells = {
+                r["configuration"]: r
+                for r in rows.filter(pl.col("dataset") == dataset).iter_rows(named=True)
+            }
+            mean = {c: cells[c]["test_accuracy_mean"] if c in cells else None for c in columns}
+            std = {c: cells[c]["test_accuracy_std"] if c in cells else None for c in columns}
+            for c in columns:
+                means[c].append(mean[c])
+            best = _best(mean, finetuned)
+            row = [
+                _accuracy_cell(mean[c], std[c], c in best) if c in cells else MISSING
+                for c in columns
+            ]
+            lines.append(" & ".join([escape(dataset), *row]) + r" \\")
+            spreads = [percent(std[c]) if _present(mean[c]) else MISSING for c in columns]
+            record(model, dataset, [percent(mean[c]) for c in columns], spreads, best)
+        average = {
+            c: (sum(v) / len(v) if v and all(_present(x) for x in v) else None)  # type: ignore[misc]
+            for c, v in means.items()
+        }
+        best = _best(average, finetuned)
+        lines.append(r"\midrule")
+        cells = [
+            rf"\textbf{{{percent(average[c])}}}" if c in best else percent(average[c])
+            for c in columns
+        ]
+        lines.append(" & ".join(["Average", *cells]) + r" \\")
+        no_spread = [MISSING] * len(columns)
+        record(model, "Average", [percent(average[c]) for c in columns], no_spread, best)
+        if "head" in columns and _present(average["head"]) and average["head"] > 0:
+            gains = [
+                100 * (average[c] - average["head"]) / average["head"]
+                if c != "head" and _present(average[c])
+                else None
+                for c in columns
+            ]
+            printed = [MISSING if g is None else signed(g, 1) for g in gains]
+            lines.append(" & ".join([r"Gain over LP (\%)", *printed]) + r" \\")
+            plain = [MISSING if g is None else f"{g:+.1f}" for g in gains]
+            record(model, "Gain over LP (%)", plain, no_spread, set())
+        if "trainable_parameters" in rows.columns:
+            counts = [
+                _parameters_cell(
+                    rows.filter(pl.col("configuration") == c)["trainable_parameters"]
+                    .drop_nulls()
+                    .to_list()
+                )
+                for c in columns
+            ]
+            lines.append(" & ".join(["Trainable params", *counts]) + r" \\")
+            ranges = [count.replace("--", "-") for count in counts]
+            record(model, "Trainable params", ranges, no_spread, set())
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return lines, records
+
+
 def accuracy_table(selected: pl.DataFrame, demo: bool = False) -> str:
     """Datasets x configurations: selected-LR test accuracy, mean and std over seeds.
 
@@ -133,65 +232,7 @@ def accuracy_table(selected: pl.DataFrame, demo: bool = False) -> str:
     experiment = selected["experiment"][0]
     lr_selection = selected["lr_selection"][0]
     columns = configuration_order(selected["configuration"].to_list())
-    finetuned = [c for c in columns if c != "head"]
-    models = selected["model"].unique(maintain_order=True).to_list()
-    lines = [
-        rf"\begin{{tabular}}{{l{'c' * len(columns)}}}",
-        r"\toprule",
-        " & ".join(["Dataset", *(escape(label(c)) for c in columns)]) + r" \\",
-    ]
-    for model in models:
-        rows = selected.filter(pl.col("model") == model)
-        lines.append(r"\midrule")
-        if len(models) > 1:
-            lines.append(rf"\multicolumn{{{len(columns) + 1}}}{{l}}{{\emph{{{escape(model)}}}}} \\")
-        means: dict[str, list[float | None]] = {c: [] for c in columns}
-        for dataset in rows["dataset"].unique(maintain_order=True).to_list():
-            cells = {
-                r["configuration"]: r
-                for r in rows.filter(pl.col("dataset") == dataset).iter_rows(named=True)
-            }
-            mean = {c: cells[c]["test_accuracy_mean"] if c in cells else None for c in columns}
-            for c in columns:
-                means[c].append(mean[c])
-            best = _best(mean, finetuned)
-            row = [
-                _accuracy_cell(mean[c], cells[c]["test_accuracy_std"], c in best)
-                if c in cells
-                else MISSING
-                for c in columns
-            ]
-            lines.append(" & ".join([escape(dataset), *row]) + r" \\")
-        average = {
-            c: (sum(v) / len(v) if v and all(_present(x) for x in v) else None)  # type: ignore[misc]
-            for c, v in means.items()
-        }
-        best = _best(average, finetuned)
-        lines.append(r"\midrule")
-        cells = [
-            rf"\textbf{{{percent(average[c])}}}" if c in best else percent(average[c])
-            for c in columns
-        ]
-        lines.append(" & ".join(["Average", *cells]) + r" \\")
-        if "head" in columns and _present(average["head"]) and average["head"] > 0:
-            gains = [
-                signed(100 * (average[c] - average["head"]) / average["head"], 1)
-                if c != "head" and _present(average[c])
-                else MISSING
-                for c in columns
-            ]
-            lines.append(" & ".join([r"Gain over LP (\%)", *gains]) + r" \\")
-        if "trainable_parameters" in rows.columns:
-            counts = [
-                _parameters_cell(
-                    rows.filter(pl.col("configuration") == c)["trainable_parameters"]
-                    .drop_nulls()
-                    .to_list()
-                )
-                for c in columns
-            ]
-            lines.append(" & ".join(["Trainable params", *counts]) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
+    lines, _ = _accuracy_layout(selected, columns)
     selection = "validation" if lr_selection == "val" else "test"
     caption = (
         rf"Test accuracy (\%) of experiment \texttt{{{escape(experiment)}}} per finetuned "
@@ -200,6 +241,57 @@ def accuracy_table(selected: pl.DataFrame, demo: bool = False) -> str:
         + ("; LP: linear probing (head only)." if "head" in columns else ".")
     )
     return _wrap(lines, caption, f"{experiment}-accuracy", demo, f"{experiment}_selected.parquet")
+
+
+def accuracy_csv(selected: pl.DataFrame, demo: bool = False) -> str:
+    """:func:`accuracy_table`'s rows as CSV, the numbers as printed there: per model and row
+    (each dataset, Average, Gain over LP (%), Trainable params), each configuration's value
+    and its seed std, and the row's best configurations (bold in the .tex)."""
+    if selected.is_empty():
+        raise ValueError("the selected-LR table is empty")
+    columns = configuration_order(selected["configuration"].to_list())
+    return _csv(_accuracy_layout(selected, columns)[1], demo)
+
+
+def _wilcoxon_layout(
+    comparison: pl.DataFrame,
+) -> tuple[list[str], list[dict[str, str | None]]]:
+    """The paired-test table's tabular lines (LaTeX) and the same rows as plain CSV cells."""
+    models = comparison["model"].unique(maintain_order=True).to_list()
+    multi = len(models) > 1
+    head = ["Model"] if multi else []
+    lines = [
+        rf"\begin{{tabular}}{{{'l' * (len(head) + 1)}rrrrrrc}}",
+        r"\toprule",
+        " & ".join([*head, "vs.", "$n$", r"$\Delta$ (pp)", "$W$", "$p_W$", "$t$", "$p_t$", "Sig."])
+        + r" \\",
+        r"\midrule",
+    ]
+    records: list[dict[str, str | None]] = []
+    for row in comparison.iter_rows(named=True):
+        model = [escape(row["model"])] if multi else []
+        t_present = _present(row["ttest_stat"])
+        cells = [
+            escape(label(row["component"])),
+            str(row["n_datasets"]),
+            signed(100 * row["mean_diff"], 2),
+            f"{row['wilcoxon_stat']:.1f}" if _present(row["wilcoxon_stat"]) else MISSING,
+            p_value(row["wilcoxon_p"]),
+            signed(row["ttest_stat"], 2) if t_present else MISSING,
+            p_value(row["ttest_p"]),
+            "yes" if row["significant"] else "no",
+        ]
+        lines.append(" & ".join([*model, *cells]) + r" \\")
+        # The same cells without LaTeX: the signed numbers outside math mode.
+        plain = [label(row["component"]), *cells[1:]]
+        plain[2] = f"{100 * row['mean_diff']:+.2f}"
+        plain[5] = f"{row['ttest_stat']:+.2f}" if t_present else MISSING
+        names = ("vs.", "n", "Delta (pp)", "W", "p_W", "t", "p_t", "Sig.")
+        records.append(
+            {"Model": row["model"], **{n: _plain(c) for n, c in zip(names, plain, strict=True)}}
+        )
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return lines, records
 
 
 def wilcoxon_table(comparison: pl.DataFrame, demo: bool = False, experiment: str = "") -> str:
@@ -212,30 +304,7 @@ def wilcoxon_table(comparison: pl.DataFrame, demo: bool = False, experiment: str
         raise ValueError("the comparison table is empty")
     first = comparison.row(0, named=True)
     reference, alternative, alpha = first["reference"], first["alternative"], first["alpha"]
-    models = comparison["model"].unique(maintain_order=True).to_list()
-    multi = len(models) > 1
-    head = ["Model"] if multi else []
-    lines = [
-        rf"\begin{{tabular}}{{{'l' * (len(head) + 1)}rrrrrrc}}",
-        r"\toprule",
-        " & ".join([*head, "vs.", "$n$", r"$\Delta$ (pp)", "$W$", "$p_W$", "$t$", "$p_t$", "Sig."])
-        + r" \\",
-        r"\midrule",
-    ]
-    for row in comparison.iter_rows(named=True):
-        model = [escape(row["model"])] if multi else []
-        cells = [
-            escape(label(row["component"])),
-            str(row["n_datasets"]),
-            signed(100 * row["mean_diff"], 2),
-            f"{row['wilcoxon_stat']:.1f}" if _present(row["wilcoxon_stat"]) else MISSING,
-            p_value(row["wilcoxon_p"]),
-            signed(row["ttest_stat"], 2) if _present(row["ttest_stat"]) else MISSING,
-            p_value(row["ttest_p"]),
-            "yes" if row["significant"] else "no",
-        ]
-        lines.append(" & ".join([*model, *cells]) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
+    lines, _ = _wilcoxon_layout(comparison)
     side = {"greater": "greater", "less": "less", "two-sided": "different"}[alternative]
     caption = (
         rf"{escape(label(reference))} against each configuration"
@@ -246,6 +315,13 @@ def wilcoxon_table(comparison: pl.DataFrame, demo: bool = False, experiment: str
     )
     key = f"{experiment}-wilcoxon" if experiment else "wilcoxon"
     return _wrap(lines, caption, key, demo, f"{experiment or '<experiment>'}_wilcoxon.parquet")
+
+
+def wilcoxon_csv(comparison: pl.DataFrame, demo: bool = False) -> str:
+    """:func:`wilcoxon_table`'s rows as CSV, the numbers as printed there (model always)."""
+    if comparison.is_empty():
+        raise ValueError("the comparison table is empty")
+    return _csv(_wilcoxon_layout(comparison)[1], demo)
 
 
 def plasticity_ranking(summaries: pl.DataFrame) -> pl.DataFrame:
@@ -271,8 +347,10 @@ def plasticity_ranking(summaries: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def plasticity_table(summaries: pl.DataFrame, demo: bool = False) -> str:
-    """Per model (and protocol): each component's mean plasticity and its rank (1 = highest)."""
+def _plasticity_layout(
+    summaries: pl.DataFrame,
+) -> tuple[list[str], list[dict[str, str | None]]]:
+    """The plasticity table's tabular lines (LaTeX) and the same rows as plain CSV cells."""
     ranking = plasticity_ranking(summaries)
     components = [c for c in COMPONENTS if c in set(ranking["component"])]
     components += sorted(set(ranking["component"]) - set(components))
@@ -285,6 +363,7 @@ def plasticity_table(summaries: pl.DataFrame, demo: bool = False) -> str:
         " & ".join([*head, *(escape(label(c)) for c in components)]) + r" \\",
         r"\midrule",
     ]
+    records: list[dict[str, str | None]] = []
     for (model, protocol), rows in ranking.group_by("model", "protocol", maintain_order=True):
         by = {r["component"]: r for r in rows.iter_rows(named=True)}
         cells = [
@@ -292,9 +371,26 @@ def plasticity_table(summaries: pl.DataFrame, demo: bool = False) -> str:
         ]
         first = [escape(str(model)), *([escape(str(protocol))] if multi else [])]
         lines.append(" & ".join([*first, *cells]) + r" \\")
+        record: dict[str, str | None] = {"Model": str(model), "Protocol": str(protocol)}
+        for c in components:
+            record[label(c)] = f"{by[c]['mean']:.3f}" if c in by else None
+            record[f"{label(c)} rank"] = str(by[c]["rank"]) if c in by else None
+        records.append(record)
     lines += [r"\bottomrule", r"\end{tabular}"]
+    return lines, records
+
+
+def plasticity_table(summaries: pl.DataFrame, demo: bool = False) -> str:
+    """Per model (and protocol): each component's mean plasticity and its rank (1 = highest)."""
+    lines, _ = _plasticity_layout(summaries)
     caption = (
         "Plasticity of each component: mean over blocks, datasets and image pairs, with its "
         "rank in parentheses (1: most plastic)."
     )
     return _wrap(lines, caption, "plasticity", demo, "results/plasticity/*_summary.parquet")
+
+
+def plasticity_csv(summaries: pl.DataFrame, demo: bool = False) -> str:
+    """:func:`plasticity_table`'s rows as CSV: per model and protocol, each component's mean
+    plasticity (as printed there) and its rank."""
+    return _csv(_plasticity_layout(summaries)[1], demo)
