@@ -23,6 +23,9 @@ The set is given by sample sequences (the embedding outputs of the reference ima
 r and E are their extreme values. The attention bounds ignore biases, as the paper does; the
 key and value biases cancel in every difference, the query bias does not (zero in random-init
 timm models, small in the paper's checkpoints). Everything is computed in float64.
+
+:func:`model_bounds` is the workflow's ``bounds`` stage: a model's config entry, the reference
+set file and the measured plasticity files in, the bounds beside the measurements out.
 """
 
 from __future__ import annotations

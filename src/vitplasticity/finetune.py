@@ -534,6 +534,18 @@ class RunContext:
         return self.out_dir / CHECKPOINT_NAME
 
 
+def _checked_device(settings: FinetuneSettings, dataset_dir: Path) -> torch.device:
+    """The run's device, after checking the settings, the dataset folder and the device."""
+    settings.validate()
+    if not dataset_dir.is_dir():
+        raise FileNotFoundError(f"--dataset-dir: prepared dataset {dataset_dir} does not exist")
+    store.read_meta(dataset_dir)  # names the folder when it is not a prepared dataset
+    device = pick_device(settings.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device (finetune.device): {settings.device!r} but no GPU is visible")
+    return device
+
+
 def setup_run(
     settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
 ) -> RunContext:
@@ -544,16 +556,9 @@ def setup_run(
             asked for where none is visible.
         FileNotFoundError: when ``dataset_dir`` is not a prepared dataset.
     """
-    settings.validate()
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
-    if not dataset_dir.is_dir():
-        raise FileNotFoundError(f"--dataset-dir: prepared dataset {dataset_dir} does not exist")
-    store.read_meta(dataset_dir)  # names the folder when it is not a prepared dataset
+    device = _checked_device(settings, dataset_dir)
     started = time.perf_counter()
-    device = pick_device(settings.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device (finetune.device): {settings.device!r} but no GPU is visible")
-
     splits = loader.load_finetune_splits(dataset_dir, settings.seed, settings.val_fraction)
     run_model = build_run_model(settings, splits.num_classes, device)
     optimizer = build_optimizer(run_model.trainable, settings)

@@ -17,6 +17,10 @@ shorter. Both images of a pair travel in one forward pass (reference half first)
 every difference is taken on the device right where the two activations are, and the
 per-pair norms are the only thing kept. Computation runs in the model's parameter dtype on
 the model's device; norms are reduced in float64 (over tokens; see ``_pair_norms``).
+
+:func:`measure_dataset` is the workflow's ``plasticity`` stage: a model's config entry, a
+reference set file and a prepared dataset in, a :class:`Measurement` (per-pair table, summary,
+footer metadata) out; :mod:`vitplasticity.text_plasticity` is its counterpart on text.
 """
 
 from __future__ import annotations
