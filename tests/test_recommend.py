@@ -591,6 +591,16 @@ def test_cli_on_a_prepared_dataset_with_a_reference_and_combine(
     assert "DEMO" not in Path(f"{prefix}.md").read_text()
 
 
+def test_the_command_restates_the_stage_names() -> None:
+    """The command keeps torch out of --help by restating these; they must stay equal."""
+    from vitplasticity.commands import recommend as command
+    from vitplasticity.recommend import pipeline
+
+    assert command.DEFAULT_CONFIGURATIONS == pipeline.DEFAULT_CONFIGURATIONS
+    assert set(command.REFERENCE_FALLBACKS) == set(pipeline.REFERENCE_FALLBACKS)
+    assert command.CRITERIA == CRITERIA
+
+
 def _empty_test_dataset(root: Path) -> Path:
     png = encode_png(np.zeros((32, 32, 3), dtype=np.uint8))
     with PreparedDatasetWriter(root) as writer:
