@@ -24,6 +24,7 @@ include: "workflow/rules/text.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/criteria.smk"
+include: "workflow/rules/recommend.smk"
 
 
 rule all:
@@ -33,6 +34,7 @@ rule all:
         report_targets(),
         text_plasticity_targets(),
         criteria_targets(),
+        recommend_targets(),
     default_target: True
 
 
@@ -49,6 +51,11 @@ rule text_plasticity_all:
 rule finetune_all:
     input:
         finetune_targets(),
+
+
+rule recommend_all:
+    input:
+        recommend_targets(),
 
 
 # Every hub checkpoint the runs use, fetched (e.g. on a login node before submitting).

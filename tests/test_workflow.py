@@ -136,7 +136,9 @@ def test_editing_one_key_reruns_only_what_depends_on_it(
     jobs.pop("total", None)
     assert jobs, "the edit must rerun something"
     if expected is None:
-        assert all(rule.startswith("figure_") for rule in jobs), jobs
+        # criteria_figure: on in the demo because recommend.enabled turns the criteria on.
+        figure_rules = [rule for rule in jobs if rule.startswith("figure_")]
+        assert set(jobs) - set(figure_rules) <= {"criteria_figure"}, jobs
         return
     for rule, count in expected.items():
         assert jobs.get(rule) == count, jobs
