@@ -188,8 +188,6 @@ def test_log_ticks_always_two_in_a_widened_range() -> None:
 KNOWN_CROSS_IMPORTS = {
     # -> vitplasticity.commands (check_inputs, parquet_is_demo, read_frames, report_record)
     ("criteria.py", "vitplasticity.commands.report"),
-    # -> vitplasticity.data.reference, vitplasticity.progress, vitplasticity.data.transforms
-    ("recommend.py", "vitplasticity.commands.plasticity"),
 }
 
 
