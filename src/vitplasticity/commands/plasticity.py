@@ -13,7 +13,6 @@ from vitplasticity.commands import DTYPES, json_argument, write_measurement
 _MOVED = {
     "ProgressReporter": "vitplasticity.progress",
     "decoded_batches": "vitplasticity.data.transforms",
-    "read_reference_images": "vitplasticity.data.reference",
 }
 
 
