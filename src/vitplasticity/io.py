@@ -13,6 +13,13 @@ from typing import Any
 import polars as pl
 
 
+def _umask() -> int:
+    """The process's file-creation mask (reading it means setting it, so set it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it into place only on success.
@@ -23,6 +30,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    # mkstemp creates the file 0600; a result must get the mode any new file gets (the
+    # umask's), or collaborators on a shared cluster file system cannot read it.
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     tmp = Path(tmp_name)
     try:
