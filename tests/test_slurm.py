@@ -48,6 +48,7 @@ from tests.slurm_harness import (
     wait_for_accounting,
     why_no_slurm,
 )
+from vitplasticity import runtime
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -128,27 +129,21 @@ def merged_config(*extra_configs: dict) -> dict:
     return config
 
 
-# Independent copies of workflow/rules/common.smk's wall-time estimates (minutes, attempt 1):
-# the test fails if the rules stop sending them to SLURM, or if the two drift apart.
-STEP_SECONDS_BY_SIZE = {"tiny": 0.05, "small": 0.15, "base": 0.5, "large": 1.75, "huge": 4.75}
-
-
-def step_seconds(config: dict, model: str) -> float:
-    timm_id = config["models"][model]["timm_id"]
-    size = timm_id.split("_")[1] if "_" in timm_id else ""
-    return STEP_SECONDS_BY_SIZE.get(size, max(STEP_SECONDS_BY_SIZE.values()))
-
-
+# The wall-time estimates (minutes, attempt 1) of vitplasticity.runtime, which the rules send
+# to SLURM (tests/test_runtime.py checks the estimates themselves): the test fails if the
+# rules stop sending them.
 def finetune_minutes(config: dict, model: str, dataset: str) -> int:
-    steps = config["datasets"][dataset]["steps"]
-    batch_scale = config["finetune"].get("batch_size", 512) / 512
-    return int(15 + 1.3 * steps * step_seconds(config, model) * batch_scale / 60)
+    return runtime.finetune_minutes(
+        config["datasets"][dataset]["steps"],
+        config["finetune"]["batch_size"],
+        config["models"][model]["timm_id"],
+    )
 
 
 def plasticity_minutes(config: dict, model: str) -> int:
     p = config["plasticity"]
-    images = 2 * p["n_pairs"] * len(p["protocols"])
-    return int(20 + 10 * images * step_seconds(config, model) / (3 * 512) / 60)
+    timm_id = config["models"][model]["timm_id"]
+    return runtime.plasticity_minutes(p["n_pairs"], len(p["protocols"]), timm_id)
 
 
 def job_rule(row: dict[str, str]) -> str:
