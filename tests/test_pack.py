@@ -1,4 +1,5 @@
-"""finetune.pack_runs: several runs in one process give each run's own, identical results."""
+"""finetune.pack_runs: several runs in one process give each run's own, identical results;
+through the workflow, each packed rule (vitplasticity.packs) runs its runs once."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import yaml
 
 from vitplasticity import cli
 from vitplasticity.finetune import TIMING_FIELDS
 from vitplasticity.models import ModelSpec
+from vitplasticity.packs import finetune_packs
 
 from .test_finetune import cli_args
+from .test_packs import merged
+from .test_workflow import PRESETS, planned_jobs, snakemake
 
 RUN_FLAGS = ("configuration", "lr", "seed", "out-dir")
 
@@ -84,3 +89,73 @@ def test_runs_and_single_run_flags_are_exclusive(
 ) -> None:
     argv = [*cli_args(tiny_spec, demo_dataset, tmp_path / "x"), "--runs", "[]"]
     assert cli.main(argv) == 2 and "either --runs or" in caplog.text
+
+
+@pytest.mark.slow
+def test_packed_rules_run_every_run_once_under_names_that_stay(tmp_path: Path) -> None:
+    """Two packs of one experiment (one dataset with a grid of its own) through `snakemake`:
+    every run's files with its exact LR, one job and one log per pack and dataset under the
+    pack's name; then datasets reordered and another experiment added: the same rules, and
+    nothing to redo."""
+    long_lr = 0.0123456789
+    sgd = {
+        "datasets": ["demo-stripes", "demo-blobs"],
+        "configurations": ["head", "mha"],
+        "lrs": [0.05],
+        "lrs_by_dataset": {"demo-stripes": [0.05, long_lr]},
+        "seeds": [0],
+    }
+    edit = {"finetune": {"pack_runs": True}, "experiments": {"sgd": sgd}}
+    edit_file = tmp_path / "edit.yaml"
+    edit_file.write_text(yaml.safe_dump(edit))
+    packs = [
+        pack for pack in finetune_packs(merged(*PRESETS, edit=edit)) if pack.experiment == "sgd"
+    ]
+    assert [pack.datasets for pack in packs] == [("demo-stripes",), ("demo-blobs",)]
+    cells = "results/demo/finetune/sgd/demo_vit"
+    targets = [
+        f"{cells}/{dataset}/{run_dir}/summary.json"
+        for pack in packs
+        for dataset in pack.datasets
+        for run_dir in pack.run_dirs
+    ]
+    assert len(targets) == 4 + 2
+
+    result = snakemake(tmp_path, *targets, extra_configfiles=(edit_file,))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    jobs = planned_jobs(result)
+    assert {rule: jobs[rule] for rule in jobs if "finetune" in rule} == {
+        pack.name: 1 for pack in packs
+    }
+    for pack in packs:
+        (dataset,) = pack.datasets
+        assert (
+            tmp_path / f"results/demo/logs/finetune/sgd/demo_vit/{dataset}/{pack.name}.log"
+        ).is_file()
+        for configuration, lr, seed in pack.runs:
+            run_dir = tmp_path / cells / dataset / f"{configuration}/lr{lr:g}_seed{seed}"
+            summary = json.loads((run_dir / "summary.json").read_text())
+            assert (summary["configuration"], summary["lr"], summary["seed"]) == (
+                configuration,
+                lr,
+                seed,
+            )
+            assert (run_dir / "metrics.parquet").is_file()
+
+    # The experiment's datasets reordered and another experiment added.
+    sgd["datasets"] = ["demo-blobs", "demo-stripes"]
+    edit["experiments"]["extra"] = {
+        "optimizer": "sgd",
+        "models": ["demo_vit"],
+        "datasets": ["demo-palette"],
+        "configurations": ["ln1"],
+        "lrs": [0.1],
+        "seeds": [0],
+    }
+    edit_file.write_text(yaml.safe_dump(edit))
+    moved = [
+        pack for pack in finetune_packs(merged(*PRESETS, edit=edit)) if pack.experiment == "sgd"
+    ]
+    assert sorted(pack.name for pack in moved) == sorted(pack.name for pack in packs)
+    again = snakemake(tmp_path, "-n", *targets, extra_configfiles=(edit_file,))
+    assert planned_jobs(again) == {}

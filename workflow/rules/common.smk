@@ -4,14 +4,15 @@ import json
 import os
 import re
 
+from vitplasticity import runtime
 from vitplasticity.config import (
     check_config,
     enabled_experiments,
     experiment_runs,
     imagenet_path,
-    lr_label,
 )
 from vitplasticity.data.sources import registry as source_registry
+from vitplasticity.packs import finetune_packs
 from vitplasticity.weights import LOCAL_FILENAME, RECORD_FILENAME, SOURCE_KWARGS
 
 check_config(config)
@@ -69,7 +70,7 @@ def reference_file():
 
 def weights_files(model):
     """The weights stage's file and record of a `weights: hub` model; [] for random or a path."""
-    if config["models"][model].get("weights", "hub") != "hub":
+    if config["models"][model]["weights"] != "hub":
         return []
     return [f"{RESOURCES}/weights/{model}/{name}" for name in (LOCAL_FILENAME, RECORD_FILENAME)]
 
@@ -87,7 +88,7 @@ def compute_model_spec(model):
 
 def weights_source_kwargs(model):
     """The model's kwargs that decide where its weights come from (JSON; usually {})."""
-    kwargs = config["models"][model].get("kwargs") or {}
+    kwargs = config["models"][model]["kwargs"]
     return as_json({k: kwargs[k] for k in SOURCE_KWARGS if k in kwargs})
 
 
@@ -121,10 +122,10 @@ def plasticity_pairs(model):
 
 
 def text_plasticity_settings():
-    """The text_plasticity block (empty when absent); with enabled true, checks that the
-    reference file and at least one model and dataset are named."""
-    text = config.get("text_plasticity") or {}
-    if text.get("enabled", False):
+    """The text_plasticity block; with enabled true, checks that the reference file and at
+    least one model and dataset are named."""
+    text = config["text_plasticity"]
+    if text["enabled"]:
         problems = [
             f"text_plasticity.{key}: {what} (text_plasticity.enabled is true)"
             for key, what in (
@@ -132,12 +133,12 @@ def text_plasticity_settings():
                 ("models", "no model"),
                 ("datasets", "no dataset"),
             )
-            if not text.get(key)
+            if not text[key]
         ]
-        models = text.get("models") or {}
+        models = text["models"]
         problems += [
             f"text_plasticity.run_models: unknown model {name!r} (defined: {', '.join(sorted(models))})"
-            for name in text.get("run_models", list(models))
+            for name in text_plasticity_models(text)
             if name not in models
         ]
         if problems:
@@ -145,18 +146,23 @@ def text_plasticity_settings():
     return text
 
 
-def text_plasticity_setting(key, default):
-    return text_plasticity_settings().get(key, default)
+def text_plasticity_models(text):
+    """text_plasticity.run_models; every model of text_plasticity.models when it is absent."""
+    return text.get("run_models", list(text["models"]))
+
+
+def text_plasticity_setting(key):
+    return text_plasticity_settings()[key]
 
 
 def text_plasticity_targets():
     """Per-pair and summary tables of every text_plasticity (model, dataset); none unless enabled."""
     text = text_plasticity_settings()
-    if not text.get("enabled", False):
+    if not text["enabled"]:
         return []
     return [
         f"{RESULTS}/plasticity_text/{model}/{dataset}{suffix}.parquet"
-        for model in text.get("run_models", list(text["models"]))
+        for model in text_plasticity_models(text)
         for dataset in text["datasets"]
         for suffix in ("", "_summary")
     ]
@@ -195,10 +201,6 @@ def experiment_value(key):
     return lambda w: config["experiments"][w.experiment][key]
 
 
-def finetune_value(key, default):
-    return config["finetune"].get(key, default)
-
-
 def lora_flags(wildcards):
     """--lora-rank/--lora-alpha for a configuration with "lora" (finetune.lora), else ""."""
     return lora_flags_for([wildcards.configuration])
@@ -208,8 +210,8 @@ def lora_flags_for(configurations):
     """--lora-rank/--lora-alpha when one of ``configurations`` has "lora", else ""."""
     if not any("lora" in configuration.split("+") for configuration in configurations):
         return ""
-    lora = config["finetune"].get("lora") or {}
-    return f"--lora-rank {lora.get('rank', 8)} --lora-alpha {lora.get('alpha', 16)}"
+    lora = config["finetune"]["lora"]
+    return f"--lora-rank {lora['rank']} --lora-alpha {lora['alpha']}"
 
 
 def experiment_summaries(wildcards):
@@ -226,61 +228,49 @@ def report_targets():
     ]
 
 
-# Wall time (minutes) that a SLURM job asks for, scaled by its work and by the retry attempt
-# (a TIMEOUT retry asks for more; a finetuning retry resumes from its checkpoint). Here, not
-# in the workflow profile, because a profile's resource expressions cannot read the config.
-# Seconds per finetuning step at batch 512 (fp32, one A100-class GPU), by ViT size: ViT-B/16
-# costs ~52.7 GFLOP per image forward + backward (PROTOCOL.md), i.e. ~27 TFLOP per step;
-# ViT-L/16 ~3.5x and ViT-H/14 ~9.5x that. Unknown sizes get the largest.
-STEP_SECONDS_BY_SIZE = {"tiny": 0.05, "small": 0.15, "base": 0.5, "large": 1.75, "huge": 4.75}
-
-
+# Wall time (minutes) a SLURM job asks for: vitplasticity.runtime's estimates from the config.
 def step_seconds(model):
-    """Estimated seconds of one batch-512 training step of `model` (from its timm id)."""
-    timm_id = config["models"][model]["timm_id"]
-    size = timm_id.split("_")[1] if timm_id.count("_") else ""
-    return STEP_SECONDS_BY_SIZE.get(size, max(STEP_SECONDS_BY_SIZE.values()))
+    return runtime.step_seconds(config["models"][model]["timm_id"])
 
 
 def finetune_runtime(wildcards, attempt):
-    """Minutes for one finetuning run: steps x step time, +30% for validation, +15 min."""
-    steps = config["datasets"][wildcards.dataset]["steps"]
-    batch_scale = finetune_value("batch_size", 512) / 512
-    seconds = 1.3 * steps * step_seconds(wildcards.model) * batch_scale
-    return int(attempt * (15 + seconds / 60))
+    return runtime.finetune_minutes(
+        config["datasets"][wildcards.dataset]["steps"],
+        config["finetune"]["batch_size"],
+        config["models"][wildcards.model]["timm_id"],
+        attempt,
+    )
 
 
 def plasticity_runtime(wildcards, attempt):
-    """Minutes for one plasticity job: one forward per image and protocol (1/3 of a training
-    step per image), with a 10x margin for decoding, +20 min."""
     p = config["plasticity"]
-    images = 2 * p["n_pairs"] * len(p["protocols"])
-    seconds = 10 * images * step_seconds(wildcards.model) / (3 * 512)
-    return int(attempt * (20 + seconds / 60))
+    timm_id = config["models"][wildcards.model]["timm_id"]
+    return runtime.plasticity_minutes(p["n_pairs"], len(p["protocols"]), timm_id, attempt)
 
 
 # The finetune settings every run of the grid gets, each its own params entry (shared by the
 # one-run rule and the packed rules of workflow/rules/finetune.smk).
+FINETUNE = config["finetune"]
 FINETUNE_PARAMS = dict(
     model_spec=lambda w: compute_model_spec(w.model),
     optimizer=experiment_value("optimizer"),
     steps=lambda w: config["datasets"][w.dataset]["steps"],
     val_every=lambda w: config["datasets"][w.dataset]["val_every"],
-    batch_size=finetune_value("batch_size", 512),
-    micro_batch_size=finetune_value("micro_batch_size", 512),
-    warmup_steps=finetune_value("warmup_steps", 2000),
-    clip_grad_norm=finetune_value("clip_grad_norm", 1.0),
-    momentum=finetune_value("momentum", 0.9),
-    adam_betas=finetune_value("adam_betas", [0.9, 0.999]),
-    val_fraction=finetune_value("val_fraction", 0.2),
-    precision=finetune_value("precision", "fp32"),
-    device=finetune_value("device", "auto"),
-    num_workers=finetune_value("num_workers", 4),
-    augment=finetune_value("augment", "auto"),
-    compile=str(finetune_value("compile", False)).lower(),
-    log_every=finetune_value("log_every", 50),
-    checkpoint_every=finetune_value("checkpoint_every", 500),
-    demo_flag="--demo" if config.get("demo", False) else "",
+    batch_size=FINETUNE["batch_size"],
+    micro_batch_size=FINETUNE["micro_batch_size"],
+    warmup_steps=FINETUNE["warmup_steps"],
+    clip_grad_norm=FINETUNE["clip_grad_norm"],
+    momentum=FINETUNE["momentum"],
+    adam_betas=FINETUNE["adam_betas"],
+    val_fraction=FINETUNE["val_fraction"],
+    precision=FINETUNE["precision"],
+    device=FINETUNE["device"],
+    num_workers=FINETUNE["num_workers"],
+    augment=FINETUNE["augment"],
+    compile=str(FINETUNE["compile"]).lower(),
+    log_every=FINETUNE["log_every"],
+    checkpoint_every=FINETUNE["checkpoint_every"],
+    demo_flag="--demo" if config["demo"] else "",
 )
 
 FINETUNE_COMMAND = (
@@ -299,45 +289,19 @@ FINETUNE_COMMAND = (
 )
 
 
-class FinetunePack:
-    """finetune.pack_runs: the runs one packed job does for each of its (model, dataset)."""
+# finetune.pack_runs: one rule per vitplasticity.packs.FinetunePack (workflow/rules/finetune.smk).
+def pack_runs_json(pack):
+    """The pack's --runs param: each run's configuration, lr, seed and output folder (JSON)."""
 
-    def __init__(self, index, experiment, models, datasets, runs):
-        self.rule_name = f"finetune_pack_{experiment}_{index}"
-        self.experiment = experiment
-        self.models_pattern = "|".join(re.escape(m) for m in models)
-        self.datasets_pattern = "|".join(re.escape(d) for d in datasets)
-        self.runs = [f"{c}/lr{lr_label(lr)}_seed{seed}" for c, lr, seed in runs]
-        self._cells = runs
+    def runs(w):
+        return as_json(pack.runs_argument(f"{RESULTS}/finetune/{w.experiment}/{w.model}/{w.dataset}"))
 
-    def runs_argument(self, wildcards):
-        """The --runs JSON: each run's configuration, lr, seed and output folder."""
-        cell = f"{RESULTS}/finetune/{wildcards.experiment}/{wildcards.model}/{wildcards.dataset}"
-        return as_json(
-            [
-                {"configuration": c, "lr": lr, "seed": seed, "out_dir": f"{cell}/{run}"}
-                for (c, lr, seed), run in zip(self._cells, self.runs)
-            ]
-        )
-
-    def lora_flags(self, wildcards):
-        return lora_flags_for([configuration for configuration, _, _ in self._cells])
-
-    def runtime(self, wildcards, attempt):
-        return len(self.runs) * finetune_runtime(wildcards, attempt)
+    return runs
 
 
-def finetune_packs():
-    """One pack per experiment and distinct run list; its datasets share that list."""
-    packs = []
-    for name in enabled_experiments(config):
-        by_runs = {}
-        for run in experiment_runs(config, name):
-            by_runs.setdefault(run.dataset, []).append((run.configuration, run.lr, run.seed))
-        groups = {}
-        for dataset, runs in by_runs.items():
-            groups.setdefault(tuple(dict.fromkeys(runs)), []).append(dataset)
-        models = config["experiments"][name]["models"]
-        for index, (runs, datasets) in enumerate(groups.items()):
-            packs.append(FinetunePack(index, name, models, datasets, list(runs)))
-    return packs
+def pack_lora_flags(pack):
+    return lambda w: lora_flags_for(pack.configurations)
+
+
+def pack_runtime(pack):
+    return lambda w, attempt: pack.runtime(finetune_runtime(w, attempt))

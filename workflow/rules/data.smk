@@ -49,10 +49,10 @@ rule reference:
         source=config["reference"]["source"],
         imagenet=lambda w: imagenet_path(config) or "",
         dataset_dir=lambda w, input: input[0] if input else "",
-        split=config["reference"].get("split", "test"),
+        split=config["reference"]["split"],
         n_images=config["reference"]["n_images"],
-        selection=config["reference"].get("selection", "paper"),
-        seed=config["reference"].get("seed", 0),
+        selection=config["reference"]["selection"],
+        seed=config["reference"]["seed"],
     conda:
         ENV
     shell:

@@ -3,7 +3,7 @@
 # process (each run still has its own folder, summary and metrics).
 from vitplasticity.config import grid_lr
 
-if not config["finetune"].get("pack_runs", False):
+if not config["finetune"]["pack_runs"]:
 
     rule finetune:
         input:
@@ -35,31 +35,32 @@ if not config["finetune"].get("pack_runs", False):
 
 else:
     # One rule per experiment and list of (configuration, lr, seed): datasets with their own
-    # LR grid get their own rule, so that every output pattern is fixed.
-    for pack in finetune_packs():
+    # LR grid get their own rule, so that every output pattern is fixed. Its name comes from
+    # its content (vitplasticity.packs), so it stays put when the config grows.
+    for pack in finetune_packs(config):
 
         rule:
             name:
-                pack.rule_name
+                pack.name
             input:
                 dataset=lambda w: dataset_dir(w.dataset),
                 weights=lambda w: weights_files(w.model),
             output:
-                [f"{RESULTS}/finetune/{{experiment}}/{{model}}/{{dataset}}/{run}/{kind}" for run in pack.runs for kind in ("summary.json", "metrics.parquet")],
+                [f"{RESULTS}/finetune/{{experiment}}/{{model}}/{{dataset}}/{run}/{kind}" for run in pack.run_dirs for kind in ("summary.json", "metrics.parquet")],
             log:
-                f"{RESULTS}/logs/finetune/{{experiment}}/{{model}}/{{dataset}}/{pack.rule_name}.log",
+                f"{RESULTS}/logs/finetune/{{experiment}}/{{model}}/{{dataset}}/{pack.name}.log",
             benchmark:
-                f"{RESULTS}/benchmarks/finetune/{{experiment}}/{{model}}/{{dataset}}/{pack.rule_name}.tsv"
+                f"{RESULTS}/benchmarks/finetune/{{experiment}}/{{model}}/{{dataset}}/{pack.name}.tsv"
             wildcard_constraints:
                 experiment=pack.experiment,
                 model=pack.models_pattern,
                 dataset=pack.datasets_pattern,
             params:
                 **FINETUNE_PARAMS,
-                runs=pack.runs_argument,
-                lora_flags=pack.lora_flags,
+                runs=pack_runs_json(pack),
+                lora_flags=pack_lora_flags(pack),
             resources:
-                runtime=pack.runtime,
+                runtime=pack_runtime(pack),
             conda:
                 ENV
             shell:

@@ -17,11 +17,11 @@ rule plasticity:
         model_spec=lambda w: compute_model_spec(w.model),
         protocols=config["plasticity"]["protocols"],
         n_pairs=config["plasticity"]["n_pairs"],
-        split=config["plasticity"].get("downstream_split", "test"),
-        batch_size=config["plasticity"].get("batch_size", 64),
-        device=config["plasticity"].get("device", "auto"),
-        dtype=config["plasticity"].get("dtype", "float32"),
-        demo_flag="--demo" if config.get("demo", False) else "",
+        split=config["plasticity"]["downstream_split"],
+        batch_size=config["plasticity"]["batch_size"],
+        device=config["plasticity"]["device"],
+        dtype=config["plasticity"]["dtype"],
+        demo_flag="--demo" if config["demo"] else "",
     resources:
         runtime=plasticity_runtime,
     conda:
@@ -53,9 +53,9 @@ rule bounds:
     params:
         model_spec=lambda w: compute_model_spec(w.model),
         n_images=config["plasticity"]["n_pairs"],
-        batch_size=config["plasticity"].get("batch_size", 64),
-        device=config["plasticity"].get("device", "auto"),
-        demo_flag="--demo" if config.get("demo", False) else "",
+        batch_size=config["plasticity"]["batch_size"],
+        device=config["plasticity"]["device"],
+        demo_flag="--demo" if config["demo"] else "",
     conda:
         ENV
     shell:

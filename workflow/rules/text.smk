@@ -15,14 +15,14 @@ rule text_plasticity:
         f"{RESULTS}/benchmarks/plasticity_text/{{model}}/{{dataset}}.tsv"
     params:
         model_spec=text_model_spec,
-        tokenizer=text_plasticity_setting("tokenizer", "auto"),
-        sequence_length=text_plasticity_setting("sequence_length", 128),
-        n_pairs=text_plasticity_setting("n_pairs", 12800),
-        batch_size=text_plasticity_setting("batch_size", 64),
-        protocols=text_plasticity_setting("protocols", ["embedding"]),
-        device=text_plasticity_setting("device", "auto"),
-        dtype=text_plasticity_setting("dtype", "float32"),
-        demo_flag="--demo" if config.get("demo", False) else "",
+        tokenizer=text_plasticity_setting("tokenizer"),
+        sequence_length=text_plasticity_setting("sequence_length"),
+        n_pairs=text_plasticity_setting("n_pairs"),
+        batch_size=text_plasticity_setting("batch_size"),
+        protocols=text_plasticity_setting("protocols"),
+        device=text_plasticity_setting("device"),
+        dtype=text_plasticity_setting("dtype"),
+        demo_flag="--demo" if config["demo"] else "",
     conda:
         ENV
     shell:

@@ -12,7 +12,7 @@ rule weights:
     params:
         # Only what decides the file: editing another model key does not fetch again.
         timm_id=lambda w: config["models"][w.model]["timm_id"],
-        revision=lambda w: config["models"][w.model].get("revision", "main"),
+        revision=lambda w: config["models"][w.model]["revision"],
         source_kwargs=lambda w: weights_source_kwargs(w.model),
         out_dir=lambda w, output: os.path.dirname(output.weights),
     localrule: True
