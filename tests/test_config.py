@@ -19,6 +19,7 @@ from vitplasticity.config import (
     ConfigError,
     check_config,
     check_keys,
+    enabled_experiments,
     experiment_runs,
     load_schema,
     lr_label,
@@ -511,3 +512,78 @@ def test_multi_file_url_without_slash_stops_snakemake(tmp_path: Path) -> None:
     assert "datasets.pet.url: 'https://mirror.example/pets' is one URL" in out
     assert "end it with '/'" in out
     assert "Building DAG" not in out
+
+
+# --- the run grid and one source of defaults ---------------------------------------------------
+
+
+def test_paper_grid_is_1560_finetuning_jobs(paper_config: dict) -> None:
+    """The 7 configurations of PROTOCOL.md (full, emb, ln1, mha, ln2, fc1, fc2) for every
+    (model, dataset, lr, seed) of the three experiments, plus SGD's head-only baseline.
+
+    PROTOCOL.md's total of 1,356 counts Adam and the model-size ablation as 288 and 144 runs,
+    i.e. 6 configurations each, though it lists 7 per cell; with 7 they are 336 and 168.
+    """
+    runs = [
+        run
+        for name in enabled_experiments(paper_config)
+        for run in experiment_runs(paper_config, name)
+    ]
+    assert enabled_experiments(paper_config) == ["sgd", "adam", "model_size"]
+    seven = [run for run in runs if run.configuration != "head"]
+    assert len(seven) == 11 * 4 * 3 * 7 + 4 * 4 * 3 * 7 + 2 * 4 * 3 * 7 == 924 + 336 + 168
+    assert len(runs) - len(seven) == 11 * 4 * 3  # linear probing, SGD only
+    assert len(runs) == len({run.directory for run in runs}) == 1560
+
+
+# The blocks the rules read key by key, with no fallback of their own: every optional key
+# has its default in the schema, which Snakemake's validate fills in.
+SETTINGS_BLOCKS = ("finetune", "finetune.lora", "plasticity", "reference", "text_plasticity")
+# Optional keys whose absence means what no constant can say.
+DERIVED_DEFAULTS = {"text_plasticity.run_models"}  # every model of text_plasticity.models
+
+
+def schema_block(path: str) -> dict:
+    node = SCHEMA_DICT
+    for key in path.split("."):
+        node = node["properties"][key]
+    return node
+
+
+@pytest.mark.parametrize("block", [*SETTINGS_BLOCKS, "models"])
+def test_every_optional_setting_has_its_default_in_the_schema(block: str) -> None:
+    node = schema_block(block)
+    node = node["additionalProperties"] if block == "models" else node
+    required = set(node.get("required", []))
+    missing = [
+        key
+        for key, item in node["properties"].items()
+        if key not in required
+        and "default" not in item
+        and f"{block}.{key}" not in DERIVED_DEFAULTS
+    ]
+    assert not missing, f"{block}: optional keys without a schema default: {missing}"
+
+
+@pytest.mark.parametrize("block", ["finetune", "plasticity", "reference"])
+def test_schema_defaults_are_the_papers_settings_of_config_yaml(
+    paper_config: dict, block: str
+) -> None:
+    """A block cut to its required keys validates back to config.yaml's block: the schema's
+    defaults and config.yaml's values have not drifted apart."""
+    config = copy.deepcopy(paper_config)
+    required = schema_block(block).get("required", [])
+    config[block] = {key: value for key, value in config[block].items() if key in required}
+    validate(config, SCHEMA)
+    assert config[block] == paper_config[block]
+
+
+def test_an_absent_optional_block_gets_its_defaults(paper_config: dict) -> None:
+    config = copy.deepcopy(paper_config)
+    del config["text_plasticity"]
+    del config["finetune"]["lora"]
+    validate(config, SCHEMA)
+    assert config["finetune"]["lora"] == paper_config["finetune"]["lora"]  # r 8, alpha 16
+    text = config["text_plasticity"]
+    assert text["enabled"] is False and text["models"] == {} and text["datasets"] == {}
+    assert text["protocols"] == ["embedding"] and text["n_pairs"] == 12800
