@@ -259,15 +259,25 @@ def measured_plasticity(files: Sequence[str | os.PathLike[str]]) -> pl.DataFrame
     schema = {"block": pl.Int64, "component": pl.String, "measured_mean": pl.Float64}
     if not frames:
         return pl.DataFrame(schema={**schema, "measured_max": pl.Float64, "n_datasets": pl.UInt32})
-    return (
+    grouped = (
         pl.concat(frames)
         .group_by("block", "component")
         .agg(
-            pl.col("ratio").mean().alias("measured_mean"),
+            pl.col("ratio"),
             pl.col("ratio").max().alias("measured_max"),
             pl.col("dataset").n_unique().alias("n_datasets"),
         )
         .collect()
+    )
+    # math.fsum is the exactly rounded sum whatever order the rows come in: polars' parallel
+    # mean over several files moved in the last bit from one run to the next.
+    means = [math.fsum(ratios) / len(ratios) for ratios in grouped["ratio"].to_list()]
+    return grouped.select(
+        "block",
+        "component",
+        pl.Series("measured_mean", means, dtype=pl.Float64),
+        "measured_max",
+        "n_datasets",
     )
 
 
