@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vitplasticity import COMPONENTS
-from vitplasticity.commands.report import _check_inputs, _parquet_is_demo, _read, _record
+from vitplasticity.commands import check_inputs, parquet_is_demo, read_frames, report_record
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +115,9 @@ def _criteria(args: argparse.Namespace, selected: Any) -> Any:
 
     frames = []
     if args.recommend:
-        frames.append(criteria.recommend_criteria(_read(args.recommend)))
+        frames.append(criteria.recommend_criteria(read_frames(args.recommend)))
     if args.plasticity:
-        frames.append(criteria.plasticity_criteria(_read(args.plasticity)))
+        frames.append(criteria.plasticity_criteria(read_frames(args.plasticity)))
     if not args.no_parameters:
         frames.append(criteria.parameter_criterion(selected))
     combined = criteria.combine_criteria(frames)
@@ -137,12 +137,12 @@ def run_criteria(args: argparse.Namespace) -> int:
     if args.min_configurations < 2:
         raise ValueError(f"--min-configurations must be at least 2, got {args.min_configurations}")
     configurations = _configurations(args.configurations)
-    _check_inputs([args.selected, *args.recommend, *args.plasticity])
-    selected = _read([args.selected])
+    check_inputs([args.selected, *args.recommend, *args.plasticity])
+    selected = read_frames([args.selected])
     result = analyse(_criteria(args, selected), selected, configurations, args.min_configurations)
     lines = best_criterion_lines(result)
     inputs = [args.selected, *args.recommend, *args.plasticity]
-    demo = args.demo or _parquet_is_demo(inputs)
+    demo = args.demo or parquet_is_demo(inputs)
     settings = {
         "selected": args.selected,
         "recommend": args.recommend,
@@ -151,7 +151,7 @@ def run_criteria(args: argparse.Namespace) -> int:
         "configurations": configurations,
         "min_configurations": args.min_configurations,
     }
-    write_parquet(args.out, result, {**_record(settings, demo), "best": lines})
+    write_parquet(args.out, result, {**report_record(settings, demo), "best": lines})
     summary = result.filter(pl.col("level") == "summary").select(SUMMARY_COLUMNS)
     with atomic_path(args.summary_out) as tmp:
         summary.write_csv(tmp, separator="\t", null_value="", float_precision=6)
@@ -172,8 +172,8 @@ def run_criteria_table(args: argparse.Namespace) -> int:
     from vitplasticity.io import atomic_path
     from vitplasticity.report.criteria import criteria_table
 
-    frame = _read([args.input])
-    demo = args.demo or _parquet_is_demo([args.input])
+    frame = read_frames([args.input])
+    demo = args.demo or parquet_is_demo([args.input])
     text = criteria_table(frame, demo=demo)
     with atomic_path(args.out) as tmp:
         tmp.write_text(text)
@@ -187,8 +187,8 @@ def run_criteria_figure(args: argparse.Namespace) -> int:
 
     # matplotlib's PDF backend has fontTools log every subset font at INFO.
     logging.getLogger("fontTools").setLevel(logging.WARNING)
-    frame = _read([args.input])
-    demo = args.demo or _parquet_is_demo([args.input])
+    frame = read_frames([args.input])
+    demo = args.demo or parquet_is_demo([args.input])
     criteria_figure(frame, args.out, FigureSettings(args.width_in, args.dpi, args.context), demo)
     log.info("criteria figure written to %s", ", ".join(args.out))
     return 0

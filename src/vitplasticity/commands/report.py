@@ -98,19 +98,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     figure.set_defaults(handler=run_figure)
 
 
-def __getattr__(name: str) -> Any:
-    # The shared report helpers' former private names (now in vitplasticity.commands).
-    public = {
-        "_check_inputs": check_inputs,
-        "_parquet_is_demo": parquet_is_demo,
-        "_read": read_frames,
-        "_record": report_record,
-    }
-    if name in public:
-        return public[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def run_aggregate(args: argparse.Namespace) -> int:
     from vitplasticity.io import write_parquet
     from vitplasticity.report.aggregate import collect_runs, select_learning_rates
