@@ -46,6 +46,10 @@ def test_quick_benchmark_writes_every_key(
     assert result["finetune_fp32_vs_naive"] == pytest.approx(speed["fp32"] / speed["naive"])
     assert result["finetune_bf16_vs_naive"] == pytest.approx(speed["bf16"] / speed["naive"])
     assert result["finetune_bf16_vs_fp32"] == pytest.approx(speed["bf16"] / speed["fp32"])
+    fastest = {side: min(raw["finetune"][side]["seconds"]) for side in ("fp32", "bf16")}
+    assert raw["finetune"]["bf16_vs_fp32_fastest"] == pytest.approx(
+        fastest["fp32"] / fastest["bf16"]
+    )
     assert raw["loader"]["ratio"] == pytest.approx(
         raw["loader"]["project"]["images_per_second"] / raw["loader"]["naive"]["images_per_second"]
     )
