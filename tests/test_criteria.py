@@ -24,6 +24,7 @@ from vitplasticity.io import read_parquet_metadata, write_parquet
 from vitplasticity.report import criteria as C
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.style import DEMO_NOTE
+from vitplasticity.report.tables import criteria_table, p_value
 
 LATEX = shutil.which("pdflatex") or shutil.which("lualatex")
 
@@ -268,6 +269,23 @@ def test_cross_dataset_wilcoxon_equals_scipy() -> None:
         assert row["wilcoxon_p"] == pytest.approx(float(expected.pvalue), abs=1e-12)
 
 
+def test_wilcoxon_without_a_nonzero_difference_is_nan_with_a_note() -> None:
+    # rho is exactly 0 on every dataset: ranks (1..5) against (2, 5, 3, 1, 4), sum d^2 = 20.
+    accuracy = {d: dict(zip(COMPONENTS, (0.1, 0.2, 0.3, 0.4, 0.5), strict=True)) for d in "abc"}
+    zero = {d: dict(zip(COMPONENTS, (2, 5, 3, 1, 4), strict=True)) for d in "abc"}
+    result = C.analyse(_criteria({"zero": zero, "copy": zero}), _selected(accuracy))
+    for row in result.filter(pl.col("level") != "dataset").iter_rows(named=True):
+        assert row["n"] == 3 and row["min_p"] == 0.125
+        assert math.isnan(row["wilcoxon_stat"]) and math.isnan(row["wilcoxon_p"])
+        if row["level"] == "summary":
+            assert row["spearman_rho"] == 0.0 and row["note"] == "every rho is zero: no test"
+        else:  # scipy would answer p = 1 here, after a 0/0 warning
+            assert row["note"] == "every rho equal: no test"
+    mixed = C.wilcoxon_greater([0.0, 0.5, 0.8, 0.0, -0.1])  # zeros dropped, the rest tested
+    expected = stats.wilcoxon([0.0, 0.5, 0.8, 0.0, -0.1], alternative="greater")
+    assert mixed == pytest.approx((float(expected.statistic), float(expected.pvalue)))
+
+
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 11])
 def test_minimum_p_is_the_one_sign_pattern_in_2_to_the_n(n: int) -> None:
     # Enumerate the null distribution of W+ for ranks 1..n: every sign pattern equally likely.
@@ -407,10 +425,9 @@ def demo_like(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return files
 
 
-def test_cli_writes_the_table_summary_latex_and_figure(demo_like: dict[str, Path]) -> None:
+def test_cli_writes_the_result_latex_csv_and_figure(demo_like: dict[str, Path]) -> None:
     root = demo_like["root"]
     out = root / "stats" / "sgd_criteria.parquet"
-    tsv = root / "stats" / "sgd_criteria.tsv"
     plasticity = [str(p) for k, p in demo_like.items() if k.startswith("plasticity_")]
     code = main(
         [
@@ -419,7 +436,6 @@ def test_cli_writes_the_table_summary_latex_and_figure(demo_like: dict[str, Path
             "--recommend", str(demo_like["recommend"]),
             "--plasticity", *plasticity,
             "--out", str(out),
-            "--summary-out", str(tsv),
         ]
     )  # fmt: skip
     assert code == 0
@@ -434,14 +450,9 @@ def test_cli_writes_the_table_summary_latex_and_figure(demo_like: dict[str, Path
         C.PARAMETERS,
     }
     assert per.height == 4 * 4 and set(per["n"]) == {5}  # components only: mha+fc1 left out
-    summary = pl.read_csv(tsv, separator="\t")
-    assert summary.height == 4 and summary.columns[:3] == ["experiment", "model", "criterion"]
-    assert summary["spearman_rho"].to_list() == pytest.approx(
-        result.filter(pl.col("level") == "summary")["spearman_rho"].to_list(), abs=1e-6, nan_ok=True
-    )
 
-    tex = root / "tables" / "sgd_criteria.tex"
-    assert main(["criteria-table", "--input", str(out), "--out", str(tex)]) == 0
+    tex, csv = root / "tables" / "sgd_criteria.tex", root / "tables" / "sgd_criteria.csv"
+    assert main(["criteria-table", "--input", str(out), "--out", str(tex), "--csv", str(csv)]) == 0
     text = tex.read_text()
     assert text.startswith(f"% {DEMO_NOTE}") and r"\label{tab:sgd-criteria}" in text
     mean_row = next(line for line in text.splitlines() if line.startswith(r"Mean $\rho$"))
@@ -450,8 +461,30 @@ def test_cli_writes_the_table_summary_latex_and_figure(demo_like: dict[str, Path
         math.nan if cell == "--" else float(re.search(r"[+-]\d\.\d\d", cell).group())
         for cell in cells
     ]
-    expected = result.filter(pl.col("level") == "summary")["spearman_rho"].to_list()
+    summary = result.filter(pl.col("level") == "summary")
+    expected = summary["spearman_rho"].to_list()
     assert printed == pytest.approx(expected, abs=0.005, nan_ok=True)  # params: constant here
+    assert csv.read_text().startswith(f"# {DEMO_NOTE}\n")
+    rows = pl.read_csv(csv, comment_prefix="#", infer_schema_length=0)
+    labels = [C.criterion_label(c) for c in summary["criterion"]]
+    assert rows.columns == ["Model", "Row", *labels, "Top-1 hit", "Best"]
+    assert rows["Row"].to_list() == [
+        *per["dataset"].unique(maintain_order=True),
+        *("Mean rho", "Mean tau", "Hit rate", "n", "p (rho > 0)"),
+        *(["p (best >)"] if summary["best"].sum() == 1 else []),  # a row in the .tex too
+    ]
+    assert (r"$p$ (best $>$)" in text) == (summary["best"].sum() == 1)
+    mean = rows.filter(pl.col("Row") == "Mean rho").row(0, named=True)
+    assert [mean[label] for label in labels] == [  # the .tex cells, as printed there
+        None if cell == "--" else re.search(r"[+-]\d\.\d\d", cell).group() for cell in cells
+    ]
+    assert mean["Best"] == "; ".join(
+        C.criterion_label(c) for c in summary.filter(pl.col("best"))["criterion"]
+    )
+    p_rho = rows.filter(pl.col("Row") == "p (rho > 0)").row(0, named=True)
+    assert [p_rho[label] for label in labels] == [
+        None if math.isnan(p) else p_value(p) for p in summary["wilcoxon_p"]
+    ]
 
     figures = [root / "figures" / "sgd_criteria.pdf", root / "figures" / "sgd_criteria.png"]
     assert main(["criteria-figure", "--input", str(out), "--out", *map(str, figures)]) == 0
@@ -462,7 +495,7 @@ def test_cli_names_a_missing_file_and_refuses_no_criterion(
     demo_like: dict[str, Path], tmp_path: Path
 ) -> None:
     missing = tmp_path / "nope.parquet"
-    common = ["--out", str(tmp_path / "o.parquet"), "--summary-out", str(tmp_path / "o.tsv")]
+    common = ["--out", str(tmp_path / "o.parquet")]
     assert (
         main(
             [
@@ -507,8 +540,8 @@ def test_criteria_table_compiles(tmp_path: Path) -> None:
     crit = _criteria(scores)
     crit = pl.concat([crit, crit.with_columns(model=pl.lit("vit_huge"))])
     tables = {
-        "one": C.criteria_table(C.analyse(_criteria(scores), selected), demo=True),
-        "two": C.criteria_table(C.analyse(crit, two_models)),
+        "one": criteria_table(C.analyse(_criteria(scores), selected), demo=True),
+        "two": criteria_table(C.analyse(crit, two_models)),
     }
     for name, tex in tables.items():
         (tmp_path / f"{name}.tex").write_text(tex)

@@ -11,13 +11,7 @@ rule criteria_stats:
         plasticity=lambda w: criteria_plasticity(w.experiment),
         recommend=lambda w: criteria_recommend(w.experiment),
     output:
-        table=f"{RESULTS}/stats/{{experiment}}_criteria.parquet",
-        summary=report(
-            f"{RESULTS}/stats/{{experiment}}_criteria.tsv",
-            caption=f"{CAPTIONS}/criteria_summary.rst",
-            category="Tables",
-            subcategory="{experiment}",
-        ),
+        f"{RESULTS}/stats/{{experiment}}_criteria.parquet",
     log:
         f"{RESULTS}/logs/stats/{{experiment}}_criteria.log",
     params:
@@ -32,16 +26,21 @@ rule criteria_stats:
         " --plasticity {input.plasticity:q} --recommend {input.recommend:q}"
         " --configurations {params.configurations:q}"
         " --min-configurations {params.min_configurations} {params.parameters_flag}"
-        " {params.demo_flag} --out {output.table:q} --summary-out {output.summary:q}"
-        " > {log:q} 2>&1"
+        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
 
 
 rule criteria_table:
     input:
         f"{RESULTS}/stats/{{experiment}}_criteria.parquet",
     output:
-        report(
+        tex=report(
             f"{RESULTS}/tables/{{experiment}}_criteria.tex",
+            caption=f"{CAPTIONS}/criteria_table.rst",
+            category="Tables",
+            subcategory="{experiment}",
+        ),
+        csv=report(
+            f"{RESULTS}/tables/{{experiment}}_criteria.csv",
             caption=f"{CAPTIONS}/criteria_table.rst",
             category="Tables",
             subcategory="{experiment}",
@@ -54,7 +53,7 @@ rule criteria_table:
         ENV
     shell:
         "vitplasticity criteria-table --input {input:q} {params.demo_flag}"
-        " --out {output:q} > {log:q} 2>&1"
+        " --out {output.tex:q} --csv {output.csv:q} > {log:q} 2>&1"
 
 
 rule criteria_figure:

@@ -64,10 +64,10 @@ def criteria_experiments():
 
 
 def criteria_targets():
-    """Stats (Parquet + TSV), table and figure of every scored experiment."""
+    """Stats (Parquet), table (.tex + .csv) and figure of every scored experiment."""
     names = criteria_experiments()
     return [
-        *expand(f"{RESULTS}/stats/{{experiment}}_criteria.{{ext}}", experiment=names, ext=["parquet", "tsv"]),
-        *expand(f"{RESULTS}/tables/{{experiment}}_criteria.tex", experiment=names),
+        *expand(f"{RESULTS}/stats/{{experiment}}_criteria.parquet", experiment=names),
+        *expand(f"{RESULTS}/tables/{{experiment}}_criteria.{{ext}}", experiment=names, ext=["tex", "csv"]),
         *figure_targets("criteria/{experiment}", experiment=names),
     ]

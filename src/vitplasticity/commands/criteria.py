@@ -16,23 +16,6 @@ from vitplasticity.commands import check_inputs, parquet_is_demo, read_frames, r
 
 log = logging.getLogger(__name__)
 
-# The summary table's columns (TSV), in order.
-SUMMARY_COLUMNS: tuple[str, ...] = (
-    "experiment",
-    "model",
-    "criterion",
-    "source",
-    "n",
-    "spearman_rho",
-    "kendall_tau",
-    "top1_hit",
-    "wilcoxon_stat",
-    "wilcoxon_p",
-    "min_p",
-    "best",
-    "note",
-)
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the criteria subcommands."""
@@ -74,7 +57,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     analyse.add_argument("--demo", action="store_true", help="mark the outputs as a demo")
     analyse.add_argument("--out", required=True, help="result table (Parquet)")
-    analyse.add_argument("--summary-out", required=True, help="summary rows (TSV)")
     analyse.set_defaults(handler=run_criteria)
 
     table = subparsers.add_parser(
@@ -85,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     table.add_argument("--input", required=True, help="result of `vitplasticity criteria`")
     table.add_argument("--demo", action="store_true", help="mark the table as a demo")
     table.add_argument("--out", required=True, help="output .tex file")
+    table.add_argument("--csv", help="also write the table's rows as CSV to this file")
     table.set_defaults(handler=run_criteria_table)
 
     figure = subparsers.add_parser(
@@ -129,9 +112,10 @@ def _criteria(args: argparse.Namespace, selected: Any) -> Any:
 
 
 def run_criteria(args: argparse.Namespace) -> int:
+    """Score every criterion against the accuracy and write the result table (Parquet)."""
     import polars as pl
 
-    from vitplasticity.io import atomic_path, write_parquet
+    from vitplasticity.io import write_parquet
     from vitplasticity.report.criteria import analyse, best_criterion_lines
 
     if args.min_configurations < 2:
@@ -152,16 +136,12 @@ def run_criteria(args: argparse.Namespace) -> int:
         "min_configurations": args.min_configurations,
     }
     write_parquet(args.out, result, {**report_record(settings, demo), "best": lines})
-    summary = result.filter(pl.col("level") == "summary").select(SUMMARY_COLUMNS)
-    with atomic_path(args.summary_out) as tmp:
-        summary.write_csv(tmp, separator="\t", null_value="", float_precision=6)
     per_dataset = result.filter(pl.col("level") == "dataset")
     log.info(
-        "%d criteria on %d (model, dataset) cells: %s, %s",
+        "%d criteria on %d (model, dataset) cells: %s",
         per_dataset["criterion"].n_unique(),
         per_dataset.select("model", "dataset").n_unique(),
         args.out,
-        args.summary_out,
     )
     for line in lines:
         log.info("%s", line)
@@ -169,20 +149,27 @@ def run_criteria(args: argparse.Namespace) -> int:
 
 
 def run_criteria_table(args: argparse.Namespace) -> int:
+    """Write the criteria table (and, with --csv, its rows as CSV)."""
     from vitplasticity.io import atomic_path
-    from vitplasticity.report.criteria import criteria_table
+    from vitplasticity.report.tables import criteria_csv, criteria_table
 
     frame = read_frames([args.input])
     demo = args.demo or parquet_is_demo([args.input])
     text = criteria_table(frame, demo=demo)
+    csv = criteria_csv(frame, demo=demo) if args.csv else None
     with atomic_path(args.out) as tmp:
         tmp.write_text(text)
-    log.info("criteria table (%s) written to %s", "demo" if demo else "paper", args.out)
+    if csv is not None:
+        with atomic_path(args.csv) as tmp:
+            tmp.write_text(csv)
+    written = f"{args.out} and {args.csv}" if args.csv else args.out
+    log.info("criteria table (%s) written to %s", "demo" if demo else "paper", written)
     return 0
 
 
 def run_criteria_figure(args: argparse.Namespace) -> int:
-    from vitplasticity.report.criteria import criteria_figure
+    """Write the criteria figure, one file per output path."""
+    from vitplasticity.report.criteria_figure import criteria_figure
     from vitplasticity.report.figures import FigureSettings
 
     # matplotlib's PDF backend has fontTools log every subset font at INFO.

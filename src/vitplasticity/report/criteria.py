@@ -55,7 +55,6 @@ best, and :func:`best_criterion_lines` says so.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,9 +62,7 @@ import numpy as np
 import polars as pl
 
 from vitplasticity import COMPONENTS
-from vitplasticity.report.figures import FigureSettings, _finish, _panels
 from vitplasticity.report.style import configuration_order
-from vitplasticity.report.tables import MISSING, _wrap, escape, p_value
 
 PAPER_PROTOCOL = "embedding"
 """The plasticity protocol of the paper's reference code."""
@@ -81,9 +78,6 @@ MIN_CONFIGURATIONS = 3
 
 TIE_TOLERANCE = 1e-12
 """Mean rhos closer than this are a tie for the best criterion."""
-
-BEST_COLOUR = "#D55E00"
-"""The best criterion's mean in the figure (the palette's vermillion)."""
 
 CRITERION_SCHEMA: dict[str, pl.DataType] = {
     "model": pl.String(),
@@ -506,6 +500,16 @@ def _finite(values: Any) -> np.ndarray:
     return array[np.isfinite(array)]
 
 
+def _dropped_note(dropped: int, n: int, kind: str) -> str | None:
+    """What the Wilcoxon test of ``n`` values left out: the ``dropped`` ones with no difference
+    (``kind`` "zero": rho = 0 against 0; "equal": rho(a) = rho(b)), and no test when all were."""
+    if not dropped:
+        return None
+    if dropped == n:
+        return "every rho is zero: no test" if kind == "zero" else "every rho equal: no test"
+    return f"{dropped} {kind} rho dropped by the Wilcoxon test"
+
+
 def summarize_criteria(per_dataset: pl.DataFrame) -> pl.DataFrame:
     """The ``summary`` rows: per (experiment, model, criterion), means over datasets, the
     Wilcoxon test of rho > 0, and the best criterion (see the module docstring)."""
@@ -521,10 +525,9 @@ def summarize_criteria(per_dataset: pl.DataFrame) -> pl.DataFrame:
             notes.append(f"rho undefined on {part.height - rho.size} of {part.height} datasets")
         if hits.size != rho.size:
             notes.append(f"hit rate over {hits.size} datasets")
-        if rho.size and np.all(rho == 0):
-            notes.append("every rho is zero: no test")
-        elif np.any(rho == 0):
-            notes.append(f"{int(np.sum(rho == 0))} zero rho dropped by the Wilcoxon test")
+        dropped = _dropped_note(int(np.sum(rho == 0)), rho.size, "zero")
+        if dropped:
+            notes.append(dropped)
         rows.append(
             {
                 "level": "summary",
@@ -587,12 +590,6 @@ def _best_criteria(summary: pl.DataFrame) -> dict[tuple[str, str], tuple[list[st
     return out
 
 
-def _equal_note(zeros: int, n: int) -> str | None:
-    if zeros and zeros == n:
-        return "every rho equal: no test"
-    return f"{zeros} equal rho dropped by the Wilcoxon test" if zeros else None
-
-
 def compare_criteria(per_dataset: pl.DataFrame) -> pl.DataFrame:
     """The ``pairwise`` rows: every ordered pair of criteria of an (experiment, model),
     Wilcoxon signed-rank of rho(criterion) > rho(versus) over the datasets where both are
@@ -616,7 +613,7 @@ def compare_criteria(per_dataset: pl.DataFrame) -> pl.DataFrame:
                 x = np.array([rho_a[d] for d in datasets], dtype=np.float64)
                 y = np.array([rho_b[d] for d in datasets], dtype=np.float64)
                 stat, p = wilcoxon_greater(x, y) if datasets else (float("nan"), float("nan"))
-                zeros = int(np.sum(x == y))
+                equal = int(np.sum(x == y))
                 rows.append(
                     {
                         "level": "pairwise",
@@ -629,7 +626,7 @@ def compare_criteria(per_dataset: pl.DataFrame) -> pl.DataFrame:
                         "wilcoxon_stat": stat,
                         "wilcoxon_p": p,
                         "min_p": minimum_p(len(datasets)),
-                        "note": _equal_note(zeros, len(datasets)),
+                        "note": _dropped_note(equal, len(datasets), "equal"),
                     }
                 )
     return pl.DataFrame(rows, schema=RESULT_SCHEMA, orient="row")
@@ -684,202 +681,15 @@ def best_criterion_lines(result: pl.DataFrame) -> list[str]:
     return lines
 
 
-# --- table and figure ------------------------------------------------------------------------
+def single_experiment(result: pl.DataFrame) -> str:
+    """The one experiment of an :func:`analyse` result (a table or figure shows one).
 
-
-def _one_experiment(result: pl.DataFrame) -> str:
+    Raises:
+        ValueError: if ``result`` is empty or holds several experiments.
+    """
     if result.is_empty():
         raise ValueError("the criteria table is empty")
     experiments = result["experiment"].unique(maintain_order=True).to_list()
     if len(experiments) > 1:
         raise ValueError(f"one experiment per table or figure, got {', '.join(experiments)}")
     return experiments[0]
-
-
-def _rho_cell(rho: float | None, hit: float | None = None, bold: bool = False) -> str:
-    if rho is None or not math.isfinite(rho):
-        return MISSING
-    mark = r"^{\ast}" if hit == 1.0 else ""
-    number = rf"\mathbf{{{rho:+.2f}}}" if bold else f"{rho:+.2f}"
-    return f"${number}{mark}$"
-
-
-def _number(value: float | None, fmt: str) -> str:
-    return MISSING if value is None or not math.isfinite(value) else f"${value:{fmt}}$"
-
-
-def _header(name: str) -> str:
-    """A criterion's column head on two lines at its first space ("Plast." over "(paper)"),
-    so that seven criteria fit a page's width."""
-    first, _, rest = criterion_label(name).partition(" ")
-    if not rest:
-        return escape(first)
-    return rf"\begin{{tabular}}[b]{{@{{}}c@{{}}}}{escape(first)}\\{escape(rest)}\end{{tabular}}"
-
-
-def criteria_table(result: pl.DataFrame, demo: bool = False) -> str:
-    """Datasets x criteria: Spearman rho of each criterion with the accuracy, then the summary
-    rows: mean rho, mean tau, hit rate, the number n of datasets with a defined rho, the
-    Wilcoxon p of rho > 0, and the p of the best criterion > each other.
-
-    A rho carries an asterisk when the criterion's top configuration is the most accurate one
-    (a top-1 hit); the best criterion's mean rho is bold. One block per model.
-    """
-    experiment = _one_experiment(result)
-    per_dataset = result.filter(pl.col("level") == "dataset")
-    summary = result.filter(pl.col("level") == "summary")
-    pairwise = result.filter(pl.col("level") == "pairwise")
-    criteria = per_dataset["criterion"].unique(maintain_order=True).to_list()
-    models = per_dataset["model"].unique(maintain_order=True).to_list()
-    lines = [
-        rf"\begin{{tabular}}{{l{'c' * len(criteria)}}}",
-        r"\toprule",
-        " & ".join(["Dataset", *(_header(c) for c in criteria)]) + r" \\",
-    ]
-
-    def row(name: str, cells: Any) -> None:
-        lines.append(" & ".join([name, *cells]) + r" \\")
-
-    n_max = 0
-    for model in models:
-        lines.append(r"\midrule")
-        if len(models) > 1:
-            lines.append(
-                rf"\multicolumn{{{len(criteria) + 1}}}{{l}}{{\emph{{{escape(model)}}}}} \\"
-            )
-        rows = per_dataset.filter(pl.col("model") == model)
-        for dataset in rows["dataset"].unique(maintain_order=True).to_list():
-            cells = {
-                r["criterion"]: r
-                for r in rows.filter(pl.col("dataset") == dataset).iter_rows(named=True)
-            }
-            row(
-                escape(dataset),
-                (
-                    _rho_cell(cells[c]["spearman_rho"], cells[c]["top1_hit"])
-                    if c in cells
-                    else MISSING
-                    for c in criteria
-                ),
-            )
-        by = {
-            r["criterion"]: r
-            for r in summary.filter(pl.col("model") == model).iter_rows(named=True)
-        }
-        empty = dict.fromkeys(RESULT_SCHEMA)
-        get = [by.get(c, empty) for c in criteria]
-        best = [c for c in criteria if c in by and by[c]["best"]]
-        lines.append(r"\midrule")
-        row(r"Mean $\rho$", (_rho_cell(r["spearman_rho"], bold=r["best"]) for r in get))
-        row(r"Mean $\tau$", (_number(r["kendall_tau"], "+.2f") for r in get))
-        row("Hit rate", (_number(r["top1_hit"], ".2f") for r in get))
-        row("$n$", (MISSING if r["n"] is None else str(r["n"]) for r in get))
-        row(r"$p$ ($\rho > 0$)", (p_value(r["wilcoxon_p"]) for r in get))
-        if len(best) == 1 and len(criteria) > 1:
-            versus = {
-                r["versus"]: r["wilcoxon_p"]
-                for r in pairwise.filter(
-                    (pl.col("model") == model) & (pl.col("criterion") == best[0])
-                ).iter_rows(named=True)
-            }
-            row(
-                r"$p$ (best $>$)",
-                (p_value(versus[c]) if c in versus else MISSING for c in criteria),
-            )
-        n_max = max([n_max, *(r["n"] for r in by.values())])
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    caption = (
-        rf"Rank correlation of each criterion with the selected-LR test accuracy over the "
-        rf"configurations of each dataset in experiment \texttt{{{escape(experiment)}}}: "
-        r"Spearman's $\rho$ per dataset ($^{\ast}$: the criterion's top configuration is the "
-        r"most accurate); below, the means over datasets, the top-1 hit rate, the number $n$ "
-        r"of datasets with a defined $\rho$, and the one-sided Wilcoxon signed-rank test of "
-        r"the per-dataset $\rho$ against 0"
-        + (
-            rf" (with {n_max} datasets no $p$ can fall below $2^{{-{n_max}}} = "
-            rf"{minimum_p(n_max):.3g}$)"
-            if n_max
-            else ""
-        )
-        + r". Best criterion (highest mean $\rho$) in bold"
-        + (r", tested against each other one ($p$, best $>$)." if len(criteria) > 1 else ".")
-    )
-    return _wrap(lines, caption, f"{experiment}-criteria", demo, f"{experiment}_criteria.parquet")
-
-
-def criteria_figure(
-    result: pl.DataFrame,
-    outputs: Sequence[str | os.PathLike[str]],
-    settings: FigureSettings | None = None,
-    demo: bool = False,
-) -> None:
-    """Per criterion, each dataset's Spearman rho (points) and their mean (a bar); one panel
-    per model. Undefined rhos are left out and counted beside the criterion's name."""
-    import seaborn as sns
-
-    settings = settings or FigureSettings()
-    experiment = _one_experiment(result)
-    per_dataset = result.filter(pl.col("level") == "dataset")
-    summary = result.filter(pl.col("level") == "summary")
-    criteria = per_dataset["criterion"].unique(maintain_order=True).to_list()
-    models = per_dataset["model"].unique(maintain_order=True).to_list()
-    figure, axes = _panels(len(models), settings, ncols=1, aspect=0.12 * len(criteria) + 0.25)
-    for ax, model in zip(axes, models, strict=True):
-        rows = per_dataset.filter(pl.col("model") == model)
-        undefined = dict(
-            rows.group_by("criterion").agg(pl.col("spearman_rho").is_nan().sum()).iter_rows()
-        )
-        ticks = [
-            criterion_label(c) + (f" ({undefined[c]} n/a)" if undefined.get(c) else "")
-            for c in criteria
-        ]
-        data = rows.filter(pl.col("spearman_rho").is_finite()).with_columns(
-            name=pl.col("criterion").replace_strict(dict(zip(criteria, ticks, strict=True)))
-        )
-        if data.height:
-            sns.stripplot(
-                data=data.to_pandas(),
-                x="spearman_rho",
-                y="name",
-                order=ticks,
-                color="0.35",
-                size=3.5,
-                jitter=0.12,
-                ax=ax,
-            )
-        means = {
-            r["criterion"]: r
-            for r in summary.filter(pl.col("model") == model).iter_rows(named=True)
-        }
-        for index, criterion in enumerate(criteria):
-            row = means.get(criterion)
-            if row is None or not math.isfinite(row["spearman_rho"]):
-                continue
-            ax.plot(
-                [row["spearman_rho"]] * 2,
-                [index - 0.32, index + 0.32],
-                color=BEST_COLOUR if row["best"] else "black",
-                linewidth=2.0,
-                solid_capstyle="butt",
-            )
-        ax.axvline(0.0, color="0.4", linewidth=0.8, linestyle="--", zorder=1)
-        ax.set_xlim(-1.08, 1.08)
-        ax.set_yticks(range(len(ticks)), ticks)
-        ax.set_ylim(len(ticks) - 0.5, -0.5)
-        ax.set_xlabel(r"Spearman $\rho$ with test accuracy")
-        ax.set_ylabel("")
-        ax.set_title(f"{experiment}: {model}" if len(models) > 1 else experiment)
-    from matplotlib.lines import Line2D
-
-    figure.legend(
-        handles=[
-            Line2D([], [], marker="o", linestyle="", color="0.35", markersize=3.5, label="dataset"),
-            Line2D([], [], marker="|", linestyle="", color="black", markersize=8, label="mean"),
-            Line2D([], [], marker="|", linestyle="", color=BEST_COLOUR, markersize=8, label="best"),
-        ],
-        loc="outside lower center",
-        ncols=3,
-        fontsize="x-small",
-        handlelength=1.0,
-    )
-    _finish(figure, demo, outputs, settings)

@@ -66,7 +66,7 @@ def save(figure: Any, outputs: Sequence[str | os.PathLike[str]], settings: Figur
     plt.close(figure)
 
 
-def _panels(n: int, settings: FigureSettings, ncols: int, aspect: float) -> tuple[Any, list[Any]]:
+def panels(n: int, settings: FigureSettings, ncols: int, aspect: float) -> tuple[Any, list[Any]]:
     """A figure of ``n`` panels on a grid ``ncols`` wide; each panel ``aspect`` tall per wide."""
     import matplotlib.pyplot as plt
 
@@ -93,7 +93,10 @@ def _label_left(axes: list[Any], ncols: int, text: str) -> None:
         ax.set_ylabel(text if index % ncols == 0 else "")
 
 
-def _finish(figure: Any, demo: bool, outputs: Sequence[str | os.PathLike[str]], s: FigureSettings):
+def finish(
+    figure: Any, demo: bool, outputs: Sequence[str | os.PathLike[str]], s: FigureSettings
+) -> None:
+    """Label ``figure`` as a demo when ``demo`` is set, then :func:`save` it."""
     if demo:
         mark_demo(figure)
     save(figure, outputs, s)
@@ -176,7 +179,7 @@ def plasticity_boxplot(
     pooled = pool_plasticity(summaries)
     protocols = pooled["protocol"].unique(maintain_order=True).to_list()
     order = _components_present(pooled["component"].to_list())
-    figure, axes = _panels(len(protocols), settings, ncols=1, aspect=0.5)
+    figure, axes = panels(len(protocols), settings, ncols=1, aspect=0.5)
     for ax, protocol in zip(axes, protocols, strict=True):
         data = pooled.filter(pl.col("protocol") == protocol).to_pandas()
         _coloured_boxplot(ax, data, "component", "mean", order, linewidth=0.8, fliersize=2)
@@ -195,7 +198,7 @@ def plasticity_boxplot(
         ax.set_xlabel("")
         ax.set_ylabel("Plasticity")
         ax.set_title(f"{title} ({protocol})" if title else protocol)
-    _finish(figure, demo, outputs, settings)
+    finish(figure, demo, outputs, settings)
 
 
 def plasticity_depth(
@@ -212,7 +215,7 @@ def plasticity_depth(
     pooled = pool_plasticity(summaries)
     protocols = pooled["protocol"].unique(maintain_order=True).to_list()
     order = _components_present(pooled["component"].to_list())
-    figure, axes = _panels(len(protocols), settings, ncols=1, aspect=0.55)
+    figure, axes = panels(len(protocols), settings, ncols=1, aspect=0.55)
     for ax, protocol in zip(axes, protocols, strict=True):
         data = pooled.filter(pl.col("protocol") == protocol).sort("relative_depth")
         for component in order:
@@ -240,7 +243,7 @@ def plasticity_depth(
         handlelength=1.2,
         columnspacing=1.0,
     )
-    _finish(figure, demo, outputs, settings)
+    finish(figure, demo, outputs, settings)
 
 
 # --- finetuning -----------------------------------------------------------------------------
@@ -279,7 +282,7 @@ def accuracy_bars(
     cells = _cells(selected)
     several = selected["model"].n_unique() > 1
     order = configuration_order(selected["configuration"].to_list())
-    figure, axes = _panels(len(cells), settings, ncols=2, aspect=0.8)
+    figure, axes = panels(len(cells), settings, ncols=2, aspect=0.8)
     for ax, (model, dataset) in zip(axes, cells, strict=True):
         rows = {
             r["configuration"]: r
@@ -310,7 +313,7 @@ def accuracy_bars(
         ax.set_xticks(x, [label(c) for c in names], rotation=90)
         ax.set_title(_cell_title(model, dataset, several))
     _label_left(axes, 2, "Test accuracy (%)")
-    _finish(figure, demo, outputs, settings)
+    finish(figure, demo, outputs, settings)
 
 
 def robustness_boxplot(
@@ -327,7 +330,7 @@ def robustness_boxplot(
     cells = _cells(runs)
     several = runs["model"].n_unique() > 1
     order = configuration_order(runs["configuration"].to_list())
-    figure, axes = _panels(len(cells), settings, ncols=2, aspect=0.9)
+    figure, axes = panels(len(cells), settings, ncols=2, aspect=0.9)
     for ax, (model, dataset) in zip(axes, cells, strict=True):
         rows = runs.filter((pl.col("model") == model) & (pl.col("dataset") == dataset))
         names = [c for c in order if c in set(rows["configuration"])]
@@ -343,7 +346,7 @@ def robustness_boxplot(
         ax.set_xlabel("")
         ax.set_title(_cell_title(model, dataset, several))
     _label_left(axes, 2, "Test accuracy (%)")
-    _finish(figure, demo, outputs, settings)
+    finish(figure, demo, outputs, settings)
 
 
 def training_curves(
@@ -365,7 +368,7 @@ def training_curves(
     lrs = sorted(metrics["run_lr"].unique().to_list())
     lr_palette = dict(zip(lrs, sns.color_palette("viridis", len(lrs)), strict=True))
     lr_names = {v: f"{v:g}" for v in lrs}  # as in run paths (config.lr_label)
-    figure, axes = _panels(2 * len(order), settings, ncols=2, aspect=0.85)
+    figure, axes = panels(2 * len(order), settings, ncols=2, aspect=0.85)
     quantities = (("train", "grad_norm", "Gradient norm"), ("val", "val_loss", "Val. loss"))
     for index, configuration in enumerate(order):
         for column, (kind, field, name) in enumerate(quantities):
@@ -415,7 +418,7 @@ def training_curves(
             fontsize="x-small",
             title_fontsize="x-small",
         )
-    _finish(figure, demo, outputs, settings)
+    finish(figure, demo, outputs, settings)
 
 
 def optimizer_scatter(
@@ -484,7 +487,7 @@ def optimizer_scatter(
         for i, d in enumerate(datasets)
     ]
     ax.legend(handles=handles, fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    _finish(figure, demo, outputs, settings)
+    finish(figure, demo, outputs, settings)
 
 
 # --- bounds ---------------------------------------------------------------------------------
@@ -526,7 +529,7 @@ def bounds_figure(
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     ncols = 2
-    figure, axes = _panels(len(order), settings, ncols=ncols, aspect=0.75)
+    figure, axes = panels(len(order), settings, ncols=ncols, aspect=0.75)
     for ax, component in zip(axes, order, strict=True):
         rows = data.filter(pl.col("component") == component)
         line = {"color": colour(component), "linewidth": 1.0, "markersize": 2.5}
@@ -566,4 +569,4 @@ def bounds_figure(
         fontsize="x-small",
         title_fontsize="x-small",
     )
-    _finish(figure, demo, outputs, settings)
+    finish(figure, demo, outputs, settings)

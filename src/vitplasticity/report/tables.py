@@ -1,4 +1,5 @@
-"""LaTeX tables (booktabs) of the selected accuracies, the paired tests and the plasticity.
+"""LaTeX tables (booktabs) of the selected accuracies, the paired tests, the plasticity and
+the criteria analysis.
 
 Each ``*_table`` function returns the text of a complete ``table`` environment, ready for
 ``\\input`` (the document needs ``\\usepackage{booktabs}``); its ``*_csv`` twin returns the
@@ -15,6 +16,12 @@ import math
 import polars as pl
 
 from vitplasticity import COMPONENTS, __version__
+from vitplasticity.report.criteria import (
+    RESULT_SCHEMA,
+    criterion_label,
+    minimum_p,
+    single_experiment,
+)
 from vitplasticity.report.style import DEMO_NOTE, configuration_order, label
 
 MISSING = "--"
@@ -394,3 +401,169 @@ def plasticity_csv(summaries: pl.DataFrame, demo: bool = False) -> str:
     """:func:`plasticity_table`'s rows as CSV: per model and protocol, each component's mean
     plasticity (as printed there) and its rank."""
     return _csv(_plasticity_layout(summaries)[1], demo)
+
+
+def _fixed(value: float | None, fmt: str) -> str:
+    """``value`` in format ``fmt``; ``--`` when missing."""
+    return format(value, fmt) if _present(value) else MISSING
+
+
+def _in_math(text: str) -> str:
+    return text if text == MISSING else f"${text}$"
+
+
+def _rho_cell(rho: float | None, hit: float | None = None, bold: bool = False) -> str:
+    if not _present(rho):
+        return MISSING
+    mark = r"^{\ast}" if hit == 1.0 else ""
+    number = rf"\mathbf{{{rho:+.2f}}}" if bold else f"{rho:+.2f}"
+    return f"${number}{mark}$"
+
+
+def _criterion_header(name: str) -> str:
+    """A criterion's column head on two lines at its first space ("Plast." over "(paper)"),
+    so that seven criteria fit a page's width."""
+    first, _, rest = criterion_label(name).partition(" ")
+    if not rest:
+        return escape(first)
+    return rf"\begin{{tabular}}[b]{{@{{}}c@{{}}}}{escape(first)}\\{escape(rest)}\end{{tabular}}"
+
+
+def _criteria_layout(
+    result: pl.DataFrame,
+) -> tuple[list[str], list[dict[str, str | None]], int]:
+    """The criteria table's tabular lines (LaTeX), the same rows as plain CSV cells, and the
+    most datasets any criterion's test had (for the caption)."""
+    per_dataset = result.filter(pl.col("level") == "dataset")
+    summary = result.filter(pl.col("level") == "summary")
+    pairwise = result.filter(pl.col("level") == "pairwise")
+    criteria = per_dataset["criterion"].unique(maintain_order=True).to_list()
+    models = per_dataset["model"].unique(maintain_order=True).to_list()
+    lines = [
+        rf"\begin{{tabular}}{{l{'c' * len(criteria)}}}",
+        r"\toprule",
+        " & ".join(["Dataset", *(_criterion_header(c) for c in criteria)]) + r" \\",
+    ]
+    records: list[dict[str, str | None]] = []
+
+    def row(
+        model: str, names: tuple[str, str], cells: list[str], plain: list[str], **marked: list[str]
+    ) -> None:
+        """One table line (``names[0]`` heads it) and its CSV record (``names[1]``, ``plain``
+        cells); ``marked``: the criteria with an asterisk (hit) or in bold (best)."""
+        lines.append(" & ".join([names[0], *cells]) + r" \\")
+        records.append(
+            {
+                "Model": model,
+                "Row": names[1],
+                **{criterion_label(c): _plain(t) for c, t in zip(criteria, plain, strict=True)},
+                **{
+                    column: "; ".join(criterion_label(c) for c in marked.get(key, [])) or None
+                    for key, column in (("hit", "Top-1 hit"), ("best", "Best"))
+                },
+            }
+        )
+
+    n_max = 0
+    for model in models:
+        lines.append(r"\midrule")
+        if len(models) > 1:
+            lines.append(
+                rf"\multicolumn{{{len(criteria) + 1}}}{{l}}{{\emph{{{escape(model)}}}}} \\"
+            )
+        rows = per_dataset.filter(pl.col("model") == model)
+        for dataset in rows["dataset"].unique(maintain_order=True).to_list():
+            by_criterion = {
+                r["criterion"]: r
+                for r in rows.filter(pl.col("dataset") == dataset).iter_rows(named=True)
+            }
+            cells = [by_criterion.get(c) for c in criteria]
+            row(
+                model,
+                (escape(dataset), dataset),
+                [
+                    MISSING if r is None else _rho_cell(r["spearman_rho"], r["top1_hit"])
+                    for r in cells
+                ],
+                [MISSING if r is None else _fixed(r["spearman_rho"], "+.2f") for r in cells],
+                hit=[c for c, r in zip(criteria, cells, strict=True) if r and r["top1_hit"] == 1.0],
+            )
+        by = {
+            r["criterion"]: r
+            for r in summary.filter(pl.col("model") == model).iter_rows(named=True)
+        }
+        empty = dict.fromkeys(RESULT_SCHEMA)
+        get = [by.get(c, empty) for c in criteria]
+        best = [c for c in criteria if c in by and by[c]["best"]]
+        lines.append(r"\midrule")
+        rho = [_fixed(r["spearman_rho"], "+.2f") for r in get]
+        tau = [_fixed(r["kendall_tau"], "+.2f") for r in get]
+        hit_rate = [_fixed(r["top1_hit"], ".2f") for r in get]
+        n = [MISSING if r["n"] is None else str(r["n"]) for r in get]
+        p_rho = [p_value(r["wilcoxon_p"]) for r in get]
+        row(
+            model,
+            (r"Mean $\rho$", "Mean rho"),
+            [_rho_cell(r["spearman_rho"], bold=r["best"]) for r in get],
+            rho,
+            best=best,
+        )
+        row(model, (r"Mean $\tau$", "Mean tau"), [_in_math(t) for t in tau], tau)
+        row(model, ("Hit rate", "Hit rate"), [_in_math(h) for h in hit_rate], hit_rate)
+        row(model, ("$n$", "n"), n, n)
+        row(model, (r"$p$ ($\rho > 0$)", "p (rho > 0)"), p_rho, p_rho)
+        if len(best) == 1 and len(criteria) > 1:
+            versus = {
+                r["versus"]: r["wilcoxon_p"]
+                for r in pairwise.filter(
+                    (pl.col("model") == model) & (pl.col("criterion") == best[0])
+                ).iter_rows(named=True)
+            }
+            p_best = [p_value(versus[c]) if c in versus else MISSING for c in criteria]
+            row(model, (r"$p$ (best $>$)", "p (best >)"), p_best, p_best)
+        n_max = max([n_max, *(r["n"] for r in by.values())])
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return lines, records, n_max
+
+
+def criteria_table(result: pl.DataFrame, demo: bool = False) -> str:
+    """Datasets x criteria: Spearman rho of each criterion with the accuracy, then the summary
+    rows: mean rho, mean tau, hit rate, the number n of datasets with a defined rho, the
+    Wilcoxon p of rho > 0, and the p of the best criterion > each other.
+
+    A rho carries an asterisk when the criterion's top configuration is the most accurate one
+    (a top-1 hit); the best criterion's mean rho is bold. One block per model.
+
+    Args:
+        result: one experiment's :func:`..criteria.analyse` result.
+        demo: mark the table as a demo.
+    """
+    experiment = single_experiment(result)
+    lines, _, n_max = _criteria_layout(result)
+    several = result.filter(pl.col("level") == "dataset")["criterion"].n_unique() > 1
+    caption = (
+        rf"Rank correlation of each criterion with the selected-LR test accuracy over the "
+        rf"configurations of each dataset in experiment \texttt{{{escape(experiment)}}}: "
+        r"Spearman's $\rho$ per dataset ($^{\ast}$: the criterion's top configuration is the "
+        r"most accurate); below, the means over datasets, the top-1 hit rate, the number $n$ "
+        r"of datasets with a defined $\rho$, and the one-sided Wilcoxon signed-rank test of "
+        r"the per-dataset $\rho$ against 0"
+        + (
+            rf" (with {n_max} datasets no $p$ can fall below $2^{{-{n_max}}} = "
+            rf"{minimum_p(n_max):.3g}$)"
+            if n_max
+            else ""
+        )
+        + r". Best criterion (highest mean $\rho$) in bold"
+        + (r", tested against each other one ($p$, best $>$)." if several else ".")
+    )
+    return _wrap(lines, caption, f"{experiment}-criteria", demo, f"{experiment}_criteria.parquet")
+
+
+def criteria_csv(result: pl.DataFrame, demo: bool = False) -> str:
+    """:func:`criteria_table`'s rows as CSV, the numbers as printed there: per model and row
+    (each dataset, Mean rho, Mean tau, Hit rate, n, p (rho > 0), p (best >)), each
+    criterion's value; ``Top-1 hit`` lists the criteria marked with an asterisk on a dataset
+    row, ``Best`` the bold one(s) on the Mean rho row."""
+    single_experiment(result)
+    return _csv(_criteria_layout(result)[1], demo)

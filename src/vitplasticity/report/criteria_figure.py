@@ -1,0 +1,103 @@
+"""The criteria figure: per criterion, each dataset's Spearman rho and their mean.
+
+Apart from :mod:`.figures` (the paper's figures, one module already near its size limit), on
+its shared helpers (:func:`.figures.panels`, :func:`.figures.finish`) and house style.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import polars as pl
+
+from vitplasticity.report.criteria import criterion_label, single_experiment
+from vitplasticity.report.figures import FigureSettings, finish, panels
+
+BEST_COLOUR = "#D55E00"
+"""The best criterion's mean (the palette's vermillion)."""
+
+
+def criteria_figure(
+    result: pl.DataFrame,
+    outputs: Sequence[str | os.PathLike[str]],
+    settings: FigureSettings | None = None,
+    demo: bool = False,
+) -> None:
+    """Per criterion, each dataset's Spearman rho (points) and their mean (a bar); one panel
+    per model. Undefined rhos are left out and counted beside the criterion's name.
+
+    Args:
+        result: one experiment's :func:`.criteria.analyse` result.
+        outputs: one file per format (.pdf/.png/.svg).
+        settings: width, resolution and seaborn context.
+        demo: label the figure as a demo.
+    """
+    import seaborn as sns
+    from matplotlib.lines import Line2D
+
+    settings = settings or FigureSettings()
+    experiment = single_experiment(result)
+    per_dataset = result.filter(pl.col("level") == "dataset")
+    summary = result.filter(pl.col("level") == "summary")
+    criteria = per_dataset["criterion"].unique(maintain_order=True).to_list()
+    models = per_dataset["model"].unique(maintain_order=True).to_list()
+    figure, axes = panels(len(models), settings, ncols=1, aspect=0.12 * len(criteria) + 0.25)
+    for ax, model in zip(axes, models, strict=True):
+        rows = per_dataset.filter(pl.col("model") == model)
+        undefined = dict(
+            rows.group_by("criterion").agg(pl.col("spearman_rho").is_nan().sum()).iter_rows()
+        )
+        ticks = [
+            criterion_label(c) + (f" ({undefined[c]} n/a)" if undefined.get(c) else "")
+            for c in criteria
+        ]
+        data = rows.filter(pl.col("spearman_rho").is_finite()).with_columns(
+            name=pl.col("criterion").replace_strict(dict(zip(criteria, ticks, strict=True)))
+        )
+        if data.height:
+            sns.stripplot(
+                data=data.to_pandas(),
+                x="spearman_rho",
+                y="name",
+                order=ticks,
+                color="0.35",
+                size=3.5,
+                jitter=0.12,
+                ax=ax,
+            )
+        means = {
+            r["criterion"]: r
+            for r in summary.filter(pl.col("model") == model).iter_rows(named=True)
+        }
+        for index, criterion in enumerate(criteria):
+            row = means.get(criterion)
+            if row is None or not math.isfinite(row["spearman_rho"]):
+                continue
+            ax.plot(
+                [row["spearman_rho"]] * 2,
+                [index - 0.32, index + 0.32],
+                color=BEST_COLOUR if row["best"] else "black",
+                linewidth=2.0,
+                solid_capstyle="butt",
+            )
+        ax.axvline(0.0, color="0.4", linewidth=0.8, linestyle="--", zorder=1)
+        ax.set_xlim(-1.08, 1.08)
+        ax.set_yticks(range(len(ticks)), ticks)
+        ax.set_ylim(len(ticks) - 0.5, -0.5)
+        ax.set_xlabel(r"Spearman $\rho$ with test accuracy")
+        ax.set_ylabel("")
+        ax.set_title(f"{experiment}: {model}" if len(models) > 1 else experiment)
+    figure.legend(
+        handles=[
+            Line2D([], [], marker="o", linestyle="", color="0.35", markersize=3.5, label="dataset"),
+            Line2D([], [], marker="|", linestyle="", color="black", markersize=8, label="mean"),
+            Line2D([], [], marker="|", linestyle="", color=BEST_COLOUR, markersize=8, label="best"),
+        ],
+        loc="outside lower center",
+        ncols=3,
+        fontsize="x-small",
+        handlelength=1.0,
+    )
+    finish(figure, demo, outputs, settings)
