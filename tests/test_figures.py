@@ -147,3 +147,18 @@ def test_unknown_format_is_refused_before_writing(
     with pytest.raises(ValueError, match=r"unknown figure format .*fig\.bmp"):
         figures.accuracy_bars(tables["selected"], [tmp_path / "fig.bmp"], SETTINGS)
     assert not (tmp_path / "fig.bmp").exists()
+
+
+def test_jittered_figure_is_the_same_on_every_run(
+    tables: dict[str, pl.DataFrame], tmp_path: Path
+) -> None:
+    """The boxplot's jittered points do not depend on numpy's global RNG, nor change it."""
+    np.random.seed(123)
+    first, second = tmp_path / "a.png", tmp_path / "b.png"
+    _draw("boxplot", tables, [first], demo=False)
+    after = np.random.random()
+    np.random.seed(7)  # another global state: the same pixels
+    _draw("boxplot", tables, [second], demo=False)
+    assert first.read_bytes() == second.read_bytes()
+    np.random.seed(123)
+    assert np.random.random() == after  # the caller's stream was not consumed

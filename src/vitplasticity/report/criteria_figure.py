@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from vitplasticity.report.criteria import criterion_label, single_experiment
-from vitplasticity.report.figures import FigureSettings, finish, panels
+from vitplasticity.report.figures import FigureSettings, finish, fixed_jitter, panels
 
 BEST_COLOUR = "#D55E00"
 """The best criterion's mean (the palette's vermillion)."""
@@ -57,16 +57,17 @@ def criteria_figure(
             name=pl.col("criterion").replace_strict(dict(zip(criteria, ticks, strict=True)))
         )
         if data.height:
-            sns.stripplot(
-                data=data.to_pandas(),
-                x="spearman_rho",
-                y="name",
-                order=ticks,
-                color="0.35",
-                size=3.5,
-                jitter=0.12,
-                ax=ax,
-            )
+            with fixed_jitter():
+                sns.stripplot(
+                    data=data.to_pandas(),
+                    x="spearman_rho",
+                    y="name",
+                    order=ticks,
+                    color="0.35",
+                    size=3.5,
+                    jitter=0.12,
+                    ax=ax,
+                )
         means = {
             r["criterion"]: r
             for r in summary.filter(pl.col("model") == model).iter_rows(named=True)

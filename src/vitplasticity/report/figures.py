@@ -8,9 +8,10 @@ one file per requested format, atomically.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,21 @@ def save(figure: Any, outputs: Sequence[str | os.PathLike[str]], settings: Figur
         with atomic_path(out) as tmp:
             figure.savefig(tmp, format=fmt, dpi=settings.dpi)
     plt.close(figure)
+
+
+@contextlib.contextmanager
+def fixed_jitter(seed: int = 0) -> Iterator[None]:
+    """Seed numpy's global RNG for the drawing inside, then give the caller's state back.
+
+    seaborn's stripplot jitters its points with ``np.random.uniform`` (the global state), so
+    without this a figure's pixels change from run to run on the same data.
+    """
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
 
 
 def panels(n: int, settings: FigureSettings, ncols: int, aspect: float) -> tuple[Any, list[Any]]:
@@ -183,16 +199,17 @@ def plasticity_boxplot(
     for ax, protocol in zip(axes, protocols, strict=True):
         data = pooled.filter(pl.col("protocol") == protocol).to_pandas()
         _coloured_boxplot(ax, data, "component", "mean", order, linewidth=0.8, fliersize=2)
-        sns.stripplot(
-            data=data,
-            x="component",
-            y="mean",
-            order=order,
-            color="black",
-            size=2,
-            ax=ax,
-            jitter=0.15,
-        )
+        with fixed_jitter():
+            sns.stripplot(
+                data=data,
+                x="component",
+                y="mean",
+                order=order,
+                color="black",
+                size=2,
+                ax=ax,
+                jitter=0.15,
+            )
         ax.axhline(1.0, color="0.4", linewidth=0.6, linestyle="--", zorder=0)
         ax.set_xticks(range(len(order)), [label(c) for c in order])
         ax.set_xlabel("")
