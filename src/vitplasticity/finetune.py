@@ -59,11 +59,13 @@ from vitplasticity.components import (
 from vitplasticity.config import Run
 from vitplasticity.data import loader, store
 from vitplasticity.data.transforms import normalize
+from vitplasticity.finetune_settings import TrainingSettings
 from vitplasticity.io import write_json, write_parquet
 from vitplasticity.lora import apply_lora
 from vitplasticity.models import ModelSpec, Preprocessing, build_model, pick_device, preprocessing
 from vitplasticity.provenance import provenance
 from vitplasticity.schedule import warmup_cosine_lr
+from vitplasticity.settings import bad_setting
 
 __all__ = [
     "GROUPS",
@@ -129,112 +131,6 @@ class Preempted(Exception):
     """SIGTERM arrived; a checkpoint was written and the run stopped (rerun to resume)."""
 
 
-@dataclass(frozen=True)
-class TrainingSettings:
-    """The training settings that every run of one (experiment, model, dataset) shares.
-
-    A run's identity (experiment, model, dataset, configuration, lr, seed) is not here: it
-    is a :class:`vitplasticity.config.Run`, handed to :func:`train` beside these settings,
-    so that a packed job builds one ``TrainingSettings`` for all its runs. Each field is the
-    ``vitplasticity finetune`` flag of that name (--snake-case).
-    """
-
-    model_spec: dict[str, Any]  # the model's config entry (--model-spec)
-    steps: int
-    val_every: int
-    optimizer: str = "sgd"
-    batch_size: int = 512
-    micro_batch_size: int = 512
-    warmup_steps: int = 2000
-    clip_grad_norm: float = 1.0
-    momentum: float = 0.9
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    val_fraction: float = 0.2
-    precision: str = "fp32"
-    device: str = "auto"
-    augment: str = "auto"  # auto (device on a GPU, else cpu) | cpu | device (loader.py)
-    compile: bool = False  # torch.compile the model (GPU throughput; numbers may move ~1 ulp)
-    num_workers: int = 0
-    log_every: int = 50
-    checkpoint_every: int = 500
-    demo: bool = False
-    lora_rank: int = 8  # the "lora" configuration only (paper: r 8, alpha 16)
-    lora_alpha: float = 16.0
-
-    def validate(self, model: str = "<name>") -> None:
-        """Check every value before any compute.
-
-        Args:
-            model: the model's config key, named in a bad ``--model-spec``'s message.
-
-        Raises:
-            ValueError: naming the CLI flag and config key of the first bad value.
-        """
-        if self.optimizer not in ("sgd", "adamw"):
-            raise _bad_setting(
-                "--optimizer", "experiments.<name>.optimizer", f"{self.optimizer!r} not sgd|adamw"
-            )
-        positive = {
-            ("--steps", "datasets.<name>.steps"): self.steps,
-            ("--val-every", "datasets.<name>.val_every"): self.val_every,
-            ("--batch-size", "finetune.batch_size"): self.batch_size,
-            ("--micro-batch-size", "finetune.micro_batch_size"): self.micro_batch_size,
-            ("--log-every", "finetune.log_every"): self.log_every,
-            ("--checkpoint-every", "finetune.checkpoint_every"): self.checkpoint_every,
-        }
-        for (flag, key), value in positive.items():
-            if value < 1:
-                raise _bad_setting(flag, key, f"must be >= 1, got {value}")
-        if self.batch_size % self.micro_batch_size:
-            raise _bad_setting(
-                "--micro-batch-size",
-                "finetune.micro_batch_size",
-                f"{self.micro_batch_size} does not divide the batch size {self.batch_size}",
-            )
-        if self.warmup_steps < 0:
-            raise _bad_setting(
-                "--warmup-steps", "finetune.warmup_steps", f"must be >= 0, got {self.warmup_steps}"
-            )
-        if not self.clip_grad_norm > 0:
-            raise _bad_setting("--clip-grad-norm", "finetune.clip_grad_norm", "must be > 0")
-        if not 0 <= self.momentum <= 1:
-            raise _bad_setting(
-                "--momentum", "finetune.momentum", f"must lie in [0, 1], got {self.momentum}"
-            )
-        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
-            raise _bad_setting(
-                "--adam-betas", "finetune.adam_betas", f"two values in [0, 1): {self.adam_betas}"
-            )
-        if not 0 < self.val_fraction < 1:
-            raise _bad_setting("--val-fraction", "finetune.val_fraction", "must lie in (0, 1)")
-        if self.precision not in ("fp32", "bf16"):
-            raise _bad_setting(
-                "--precision", "finetune.precision", f"{self.precision!r} not fp32|bf16"
-            )
-        if self.num_workers < 0:
-            raise _bad_setting("--num-workers", "finetune.num_workers", "must be >= 0")
-        if self.augment not in ("auto", "cpu", "device"):
-            raise _bad_setting(
-                "--augment", "finetune.augment", f"{self.augment!r} not auto|cpu|device"
-            )
-        if self.lora_rank < 1:
-            raise _bad_setting(
-                "--lora-rank", "finetune.lora.rank", f"must be >= 1, got {self.lora_rank}"
-            )
-        if not self.lora_alpha > 0:
-            raise _bad_setting(
-                "--lora-alpha", "finetune.lora.alpha", f"must be > 0, got {self.lora_alpha}"
-            )
-        try:
-            ModelSpec.from_config(self.model_spec)
-        except (TypeError, ValueError) as error:
-            raise _bad_setting("--model-spec", f"models.{model}", str(error)) from error
-
-
-def _bad_setting(flag: str, key: str, message: str) -> ValueError:
-    return ValueError(f"{flag} ({key}): {message}")
-
-
 def check_identity(run: Run) -> None:
     """Check a run's configuration, learning rate and seed before any compute.
 
@@ -244,15 +140,15 @@ def check_identity(run: Run) -> None:
     try:
         parse_configuration(run.configuration)
     except ValueError as error:
-        raise _bad_setting(
+        raise bad_setting(
             "--configuration", "experiments.<name>.configurations", str(error)
         ) from None
     if not (run.lr > 0 and math.isfinite(run.lr)):
-        raise _bad_setting(
+        raise bad_setting(
             "--lr", "experiments.<name>.lrs", f"must be a finite number > 0, got {run.lr}"
         )
     if run.seed < 0:
-        raise _bad_setting("--seed", "experiments.<name>.seeds", f"must be >= 0, got {run.seed}")
+        raise bad_setting("--seed", "experiments.<name>.seeds", f"must be >= 0, got {run.seed}")
 
 
 _IDENTITY_FIELDS = tuple(field.name for field in dataclasses.fields(Run))

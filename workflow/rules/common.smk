@@ -12,7 +12,9 @@ from vitplasticity.config import (
     imagenet_path,
 )
 from vitplasticity.data.sources import registry as source_registry
+from vitplasticity.finetune_settings import TrainingSettings
 from vitplasticity.packs import finetune_packs
+from vitplasticity.settings import command_flags, config_flags, rule_params
 from vitplasticity.weights import LOCAL_FILENAME, RECORD_FILENAME, SOURCE_KWARGS
 
 check_config(config)
@@ -210,8 +212,7 @@ def lora_flags_for(configurations):
     """--lora-rank/--lora-alpha when one of ``configurations`` has "lora", else ""."""
     if not any("lora" in configuration.split("+") for configuration in configurations):
         return ""
-    lora = config["finetune"]["lora"]
-    return f"--lora-rank {lora['rank']} --lora-alpha {lora['alpha']}"
+    return config_flags(TrainingSettings, config["finetune"]["lora"], "finetune.lora")
 
 
 def experiment_summaries(wildcards):
@@ -249,27 +250,14 @@ def plasticity_runtime(wildcards, attempt):
 
 
 # The finetune settings every run of the grid gets, each its own params entry (shared by the
-# one-run rule and the packed rules of workflow/rules/finetune.smk).
-FINETUNE = config["finetune"]
+# one-run rule and the packed rules of workflow/rules/finetune.smk). The finetune.<key> entries
+# and the command's training flags come from the fields of TrainingSettings.
 FINETUNE_PARAMS = dict(
     model_spec=lambda w: compute_model_spec(w.model),
     optimizer=experiment_value("optimizer"),
     steps=lambda w: config["datasets"][w.dataset]["steps"],
     val_every=lambda w: config["datasets"][w.dataset]["val_every"],
-    batch_size=FINETUNE["batch_size"],
-    micro_batch_size=FINETUNE["micro_batch_size"],
-    warmup_steps=FINETUNE["warmup_steps"],
-    clip_grad_norm=FINETUNE["clip_grad_norm"],
-    momentum=FINETUNE["momentum"],
-    adam_betas=FINETUNE["adam_betas"],
-    val_fraction=FINETUNE["val_fraction"],
-    precision=FINETUNE["precision"],
-    device=FINETUNE["device"],
-    num_workers=FINETUNE["num_workers"],
-    augment=FINETUNE["augment"],
-    compile=str(FINETUNE["compile"]).lower(),
-    log_every=FINETUNE["log_every"],
-    checkpoint_every=FINETUNE["checkpoint_every"],
+    **rule_params(TrainingSettings, config["finetune"], "finetune"),
     demo_flag="--demo" if config["demo"] else "",
 )
 
@@ -277,15 +265,8 @@ FINETUNE_COMMAND = (
     f"{OFFLINE} vitplasticity finetune"
     " --experiment {wildcards.experiment} --model {wildcards.model}"
     " --dataset {wildcards.dataset} --model-spec {params.model_spec:q}"
-    " --dataset-dir {input.dataset:q} --optimizer {params.optimizer} --steps {params.steps}"
-    " --val-every {params.val_every} --batch-size {params.batch_size}"
-    " --micro-batch-size {params.micro_batch_size} --warmup-steps {params.warmup_steps}"
-    " --clip-grad-norm {params.clip_grad_norm} --momentum {params.momentum}"
-    " --adam-betas {params.adam_betas} --val-fraction {params.val_fraction}"
-    " --precision {params.precision} --device {params.device}"
-    " --num-workers {params.num_workers} --augment {params.augment} --compile {params.compile}"
-    " --log-every {params.log_every} --checkpoint-every {params.checkpoint_every}"
-    " {params.demo_flag}"
+    " --dataset-dir {input.dataset:q}"
+    + command_flags(TrainingSettings, [name for name in FINETUNE_PARAMS if name != "model_spec"])
 )
 
 
