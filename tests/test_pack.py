@@ -159,3 +159,19 @@ def test_packed_rules_run_every_run_once_under_names_that_stay(tmp_path: Path) -
     assert sorted(pack.name for pack in moved) == sorted(pack.name for pack in packs)
     again = snakemake(tmp_path, "-n", *targets, extra_configfiles=(edit_file,))
     assert planned_jobs(again) == {}
+
+
+@pytest.mark.slow
+def test_packs_are_refused_on_a_cluster_executor_before_any_job(tmp_path: Path) -> None:
+    """A pack's content-derived rule name gets none of the profile's GPU requests: on a
+    cluster executor the workflow stops before its first submission, saying what to do."""
+    packed = tmp_path / "packed.yaml"
+    packed.write_text(yaml.safe_dump({"finetune": {"pack_runs": True}}))
+    result = snakemake(
+        tmp_path, "--executor", "slurm", "--jobs", "1", "all", extra_configfiles=(packed,)
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert "finetune.pack_runs: true packs runs for one machine" in output
+    assert "slurm/profile.yaml" in output
+    assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
