@@ -28,7 +28,7 @@ from vitplasticity.report.tables import accuracy_table
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "workflow/schemas/config.schema.yaml")
 
-# Per component, timm parameter names it trains (PROTOCOL.md), written independently of
+# Per component, timm parameter names it trains (docs/protocol.md), written independently of
 # components.py; and what every configuration trains besides.
 PATTERNS = {
     "ln1": r"blocks\.\d+\.norm1\.(weight|bias)",

@@ -138,7 +138,7 @@ def test_registry_entries_are_complete():
         assert entry.url.startswith(("http://", "https://"))
         assert entry.md5 is not None and len(entry.md5) == 32, name
         int(entry.md5, 16)
-    # PROTOCOL.md's md5s.
+    # docs/protocol.md's md5s.
     assert registry.FILES["cifar-10-python.tar.gz"].md5 == "c58f30108f718f92721af3b95e74349a"
     assert registry.FILES["CIFAR-10-C.tar"].md5 == "56bf5dcef84df0e2308c6dcbcbbd8499"
     assert registry.FILES["sketch.zip"].md5 == "658d8009644040ff7ce30bb2e820850f"

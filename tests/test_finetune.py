@@ -38,7 +38,7 @@ from vitplasticity.models import ModelSpec, build_model
 CONFIGURATIONS = ("full", "emb", "ln1", "mha", "ln2", "fc1", "fc2", "head")
 
 # What each configuration trains besides the head and final norm, written from the paper's
-# definitions (PROTOCOL.md) as patterns over timm's parameter names.
+# definitions (docs/protocol.md) as patterns over timm's parameter names.
 PATTERNS = {
     "full": r".*",
     "emb": r"patch_embed\..*|cls_token|pos_embed",

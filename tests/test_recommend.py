@@ -50,7 +50,7 @@ from vitplasticity.recommend.ranking import (
 )
 
 NUM_CLASSES = 4
-# Block parameter names of each component, written out from timm's names (PROTOCOL.md).
+# Block parameter names of each component, written out from timm's names (docs/protocol.md).
 COMPONENT_PATTERNS = {
     "ln1": r"blocks\.\d+\.norm1\.",
     "mha": r"blocks\.\d+\.attn\.(qkv|proj)\.",

@@ -29,7 +29,7 @@ def reference_lr(step: int, base: float, warmup: int, total: int) -> float:
     ],
 )
 def test_paper_schedule_at_chosen_steps(step: int, expected: float) -> None:
-    # PROTOCOL.md: 2,000 warmup steps, 10,000 steps (cifar), here with LR 0.01.
+    # docs/protocol.md: 2,000 warmup steps, 10,000 steps (cifar), here with LR 0.01.
     assert warmup_cosine_lr(step, 0.01, 2000, 10000) == pytest.approx(expected, abs=1e-15)
 
 

@@ -1,5 +1,5 @@
 """One adapter per architecture: where its five components (ln1, mha, ln2, fc1, fc2) are, what
-its embedding output is, and how to run one of its blocks (PROTOCOL.md, "Plasticity").
+its embedding output is, and how to run one of its blocks (docs/protocol.md, "Plasticity").
 
 The plasticity measurement (:mod:`vitplasticity.plasticity`) only talks to an :class:`Adapter`:
 

@@ -1,7 +1,7 @@
 """The shared vocabulary: which module of a timm ViT block is ln1/mha/ln2/fc1/fc2, and what
 each finetuning configuration trains.
 
-timm names (PROTOCOL.md): ``blocks.N.{norm1, attn.{qkv, proj}, norm2, mlp.{fc1, act, fc2}}``
+timm names (docs/protocol.md): ``blocks.N.{norm1, attn.{qkv, proj}, norm2, mlp.{fc1, act, fc2}}``
 inside each block, and ``patch_embed, cls_token, pos_embed, norm, head`` at the top.
 """
 

@@ -1,4 +1,4 @@
-"""Single-component finetuning of a ViT, as in the paper (PROTOCOL.md, "Finetuning").
+"""Single-component finetuning of a ViT, as in the paper (docs/protocol.md, "Finetuning").
 
 One run trains one configuration (:data:`vitplasticity.components.CONFIGURATIONS`): the
 components it names, plus the new classifier head and the final norm; everything else is
@@ -265,7 +265,7 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
 def build_optimizer(
     trainable: list[tuple[str, nn.Parameter]], settings: FinetuneSettings
 ) -> torch.optim.Optimizer:
-    """SGD (momentum, no nesterov) or AdamW, both without weight decay (PROTOCOL.md).
+    """SGD (momentum, no nesterov) or AdamW, both without weight decay (docs/protocol.md).
 
     Only the trained parameters are handed over, so frozen ones get no optimizer state.
     """

@@ -1,4 +1,4 @@
-"""The LoRA baseline (the paper: rank 8, alpha 16, on the attention linears; PROTOCOL.md).
+"""The LoRA baseline (the paper: rank 8, alpha 16, on the attention linears; docs/protocol.md).
 
 ``apply_lora`` injects peft LoRA adapters in place (``peft.inject_adapter_in_model``: the model
 keeps its class, forward and parameter names, plus ``...qkv.lora_A.default.weight`` and the

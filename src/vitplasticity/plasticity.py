@@ -1,5 +1,5 @@
 """Plasticity: the average rate of change ||f(x) - f(y)||_F / ||x - y||_F of every component f
-(ln1, mha, ln2, fc1, fc2) of every block of a timm ViT, over pairs of images (PROTOCOL.md).
+(ln1, mha, ln2, fc1, fc2) of every block of a timm ViT, over pairs of images (docs/protocol.md).
 Other architectures (timm DINOv3, transformers GPT2 on token ids) go through their adapter
 (:mod:`vitplasticity.adapters`), which says what their embedding and components are.
 

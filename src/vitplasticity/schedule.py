@@ -1,6 +1,6 @@
 """The learning-rate schedule of the paper: linear warmup from 0, then cosine decay to 0.
 
-PROTOCOL.md: "Cosine schedule to 0 with a 2,000-step linear warmup from 0". The formula is
+docs/protocol.md: "Cosine schedule to 0 with a 2,000-step linear warmup from 0". The formula is
 the one of ``transformers.get_cosine_schedule_with_warmup`` (one half cosine wave), which a
 ``LambdaLR`` applies to the optimizer step with index ``step`` (0-based): the first update
 runs at learning rate 0, the last one just above 0.

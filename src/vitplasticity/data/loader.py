@@ -8,7 +8,7 @@ can therefore be rebuilt on its own, so a resumed run (or a worker process) repr
 exactly the batches of an uninterrupted one, and the loader state in a checkpoint is just
 the step.
 
-Train augmentation (PROTOCOL.md): RandomResizedCrop (scale 0.08-1, ratio 3/4-4/3) to the
+Train augmentation (docs/protocol.md): RandomResizedCrop (scale 0.08-1, ratio 3/4-4/3) to the
 model's resolution + horizontal flip with probability 0.5, on uint8 images decoded once.
 Eval: Resize + CenterCrop (:mod:`vitplasticity.data.transforms`), computed once per image.
 """

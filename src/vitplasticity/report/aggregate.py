@@ -1,7 +1,7 @@
 """All finetuning runs in one table, and the learning rate each cell selects.
 
 A *cell* is one (model, dataset, configuration) of an experiment; its runs span the LR grid
-and the seeds. Conventions (PROTOCOL.md, "Aggregation"):
+and the seeds. Conventions (docs/protocol.md, "Aggregation"):
 
 - A diverged run (NaN loss) keeps its row in ``runs`` with ``diverged`` true and null
   accuracies; it is excluded from every mean and std and counted in ``n_diverged``.

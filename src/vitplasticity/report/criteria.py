@@ -15,7 +15,7 @@ that is larger for the configuration the criterion predicts to be better:
 - ``plasticity``: the measured plasticity summaries (``results/plasticity/<model>/<dataset>_
   summary.parquet``). The score of a component is its mean plasticity over the blocks (every
   pair of every block, as :func:`.tables.plasticity_ranking`), higher = better: the paper's
-  reading (PROTOCOL.md: MHA > FC1 > FC2 > LN2 > LN1, and MHA finetunes best). The paper's
+  reading (docs/protocol.md: MHA > FC1 > FC2 > LN2 > LN1, and MHA finetunes best). The paper's
   ``embedding`` protocol gives criterion :data:`PAPER_PLASTICITY` ("plasticity_paper_protocol");
   any other protocol ``p`` gives ``plasticity_<p>`` (``plasticity_in_situ``).
 - ``parameters``: the trainable parameter count of each configuration (the selected table's

@@ -1,6 +1,6 @@
 """Is the reference component (MHA) better than each other one? Paired tests over datasets.
 
-The paper (PROTOCOL.md, "Aggregation"): Wilcoxon signed-rank, MHA against each other
+The paper (docs/protocol.md, "Aggregation"): Wilcoxon signed-rank, MHA against each other
 component, paired over the 11 datasets, one-sided (MHA greater), and the paired t-test.
 """
 

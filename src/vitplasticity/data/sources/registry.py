@@ -3,7 +3,7 @@ needs; and how a dataset entry's ``url``, ``archive`` and ``checksums`` keys ove
 Plain Python (no numpy, no torch): the Snakefile imports it on every node to wire the
 download jobs.
 
-md5s and sizes are from PROTOCOL.md and torchvision's dataset classes; the DomainNet and
+md5s and sizes are from docs/protocol.md and torchvision's dataset classes; the DomainNet and
 CIFAR-10-C ones are third-party records (no official checksum is published).
 """
 
