@@ -50,7 +50,7 @@ def settings_for(spec: ModelSpec, **overrides: Any) -> FinetuneSettings:
         experiment="sgd", model="tiny", dataset="demo-stripes",
         model_spec=dataclasses.asdict(spec), configuration="full", lr=0.05, seed=0, steps=4,
         val_every=2, batch_size=8, micro_batch_size=8, warmup_steps=0, device="cpu",
-        log_every=1, checkpoint_every=100,
+        log_every=1, checkpoint_every=100, num_workers=0,
     )  # fmt: skip
     return FinetuneSettings(**{**base, **overrides})
 
