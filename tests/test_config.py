@@ -60,7 +60,7 @@ def test_demo_preset_is_valid(paper_config: dict) -> None:
 
 
 def test_paper_grid_matches_protocol(paper_config: dict) -> None:
-    """PROTOCOL.md: 11 x 4 x 3 x 7 SGD runs (+ linear probing), Adam on 4 datasets, ViT-L/H."""
+    """docs/protocol.md: 11 x 4 x 3 x 7 SGD runs (+ linear probing), Adam on 4 datasets, ViT-L/H."""
     sgd = experiment_runs(paper_config, "sgd")
     single = [run for run in sgd if run.configuration != "head"]
     assert len(single) == 924
@@ -518,10 +518,10 @@ def test_multi_file_url_without_slash_stops_snakemake(tmp_path: Path) -> None:
 
 
 def test_paper_grid_is_1560_finetuning_jobs(paper_config: dict) -> None:
-    """The 7 configurations of PROTOCOL.md (full, emb, ln1, mha, ln2, fc1, fc2) for every
+    """The 7 configurations of docs/protocol.md (full, emb, ln1, mha, ln2, fc1, fc2) for every
     (model, dataset, lr, seed) of the three experiments, plus SGD's head-only baseline.
 
-    PROTOCOL.md's total of 1,356 counts Adam and the model-size ablation as 288 and 144 runs,
+    docs/protocol.md's total of 1,356 counts Adam and the model-size ablation as 288 and 144 runs,
     i.e. 6 configurations each, though it lists 7 per cell; with 7 they are 336 and 168.
     """
     runs = [
@@ -538,7 +538,17 @@ def test_paper_grid_is_1560_finetuning_jobs(paper_config: dict) -> None:
 
 # The blocks the rules read key by key, with no fallback of their own: every optional key
 # has its default in the schema, which Snakemake's validate fills in.
-SETTINGS_BLOCKS = ("finetune", "finetune.lora", "plasticity", "reference", "text_plasticity")
+SETTINGS_BLOCKS = (
+    "finetune",
+    "finetune.lora",
+    "plasticity",
+    "reference",
+    "text_plasticity",
+    "report",
+    "report.figures",
+    "report.criteria",
+    "recommend",
+)
 # Optional keys whose absence means what no constant can say.
 DERIVED_DEFAULTS = {"text_plasticity.run_models"}  # every model of text_plasticity.models
 
@@ -565,17 +575,36 @@ def test_every_optional_setting_has_its_default_in_the_schema(block: str) -> Non
     assert not missing, f"{block}: optional keys without a schema default: {missing}"
 
 
-@pytest.mark.parametrize("block", ["finetune", "plasticity", "reference"])
+def config_block(config: dict, path: str) -> dict:
+    for key in path.split("."):
+        config = config[key]
+    return config
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        "finetune",
+        "plasticity",
+        "reference",
+        "report",
+        "report.figures",
+        "report.criteria",
+        "recommend",
+    ],
+)
 def test_schema_defaults_are_the_papers_settings_of_config_yaml(
     paper_config: dict, block: str
 ) -> None:
     """A block cut to its required keys validates back to config.yaml's block: the schema's
     defaults and config.yaml's values have not drifted apart."""
     config = copy.deepcopy(paper_config)
+    *parents, name = block.split(".")
+    parent = config_block(config, ".".join(parents)) if parents else config
     required = schema_block(block).get("required", [])
-    config[block] = {key: value for key, value in config[block].items() if key in required}
+    parent[name] = {key: value for key, value in parent[name].items() if key in required}
     validate(config, SCHEMA)
-    assert config[block] == paper_config[block]
+    assert config_block(config, block) == config_block(paper_config, block)
 
 
 def test_an_absent_optional_block_gets_its_defaults(paper_config: dict) -> None:
@@ -587,3 +616,31 @@ def test_an_absent_optional_block_gets_its_defaults(paper_config: dict) -> None:
     text = config["text_plasticity"]
     assert text["enabled"] is False and text["models"] == {} and text["datasets"] == {}
     assert text["protocols"] == ["embedding"] and text["n_pairs"] == 12800
+
+
+def test_absent_report_and_recommend_blocks_get_their_defaults(paper_config: dict) -> None:
+    """The report and recommend rules read report.figures, report.criteria and recommend key
+    by key: absent, each is filled in whole (the schema's `default: {}` on the block)."""
+    config = copy.deepcopy(paper_config)
+    del config["recommend"]
+    del config["report"]["figures"]
+    del config["report"]["criteria"]
+    validate(config, SCHEMA)
+    assert config["report"] == paper_config["report"]
+    assert config["recommend"] == paper_config["recommend"]
+    figures = config["report"]["figures"]
+    assert (figures["width_in"], figures["dpi"], figures["context"]) == (3.4, 200, "paper")
+    assert config["recommend"]["enabled"] is False and config["recommend"]["n_pairs"] is None
+
+
+def test_rules_read_settings_without_fallbacks() -> None:
+    """No `.get(key, default)` in the workflow's rules: a default written there as well as in
+    the schema would drift from it. Only the derived default of DERIVED_DEFAULTS remains."""
+    allowed = {'text.get("run_models", list(text["models"]))'}
+    found = [
+        f"{path.name}:{number}: {line.strip()}"
+        for path in sorted((REPO / "workflow").rglob("*.smk"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\.get\(", line) and not any(a in line for a in allowed)
+    ]
+    assert not found, "\n".join(found)

@@ -15,9 +15,9 @@ rule criteria_stats:
     log:
         f"{RESULTS}/logs/stats/{{experiment}}_criteria.log",
     params:
-        configurations=CRITERIA.get("configurations", ["ln1", "mha", "ln2", "fc1", "fc2"]),
-        min_configurations=CRITERIA.get("min_configurations", 3),
-        parameters_flag="" if CRITERIA.get("parameters", True) else "--no-parameters",
+        configurations=CRITERIA["configurations"],
+        min_configurations=CRITERIA["min_configurations"],
+        parameters_flag="" if CRITERIA["parameters"] else "--no-parameters",
         demo_flag=DEMO_FLAG,
     conda:
         ENV
@@ -64,10 +64,7 @@ rule criteria_figure:
     log:
         f"{RESULTS}/logs/figures/criteria/{{experiment}}.log",
     params:
-        width_in=FIGURES.get("width_in", 3.4),
-        dpi=FIGURES.get("dpi", 200),
-        context=FIGURES.get("context", "paper"),
-        demo_flag=DEMO_FLAG,
+        **FIGURE_PARAMS,
     conda:
         ENV
     shell:

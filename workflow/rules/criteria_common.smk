@@ -1,16 +1,16 @@
 # Helpers of the criteria rules (criteria.smk): which criteria files score an experiment, and
 # the targets. Kept apart from the rules, as `snakemake --lint` asks.
 
-CRITERIA = REPORT.get("criteria") or {}
+CRITERIA = REPORT["criteria"]
 
 
 def recommend_enabled():
-    return bool((config.get("recommend") or {}).get("enabled", False))
+    return config["recommend"]["enabled"]
 
 
 def criteria_settings():
     """report.criteria, its experiments checked against the config's (named if unknown)."""
-    unknown = [n for n in CRITERIA.get("experiments", []) if n not in config["experiments"]]
+    unknown = [n for n in CRITERIA["experiments"] if n not in config["experiments"]]
     if unknown:
         raise ValueError(
             f"report.criteria.experiments: unknown experiment(s) {', '.join(unknown)} "
@@ -48,16 +48,12 @@ def criteria_experiments():
     """The experiments scored: on when report.criteria.enabled or recommend.enabled; those of
     report.criteria.experiments that are enabled and have a criterion to score."""
     settings = criteria_settings()
-    if not (settings.get("enabled", False) or recommend_enabled()):
+    if not (settings["enabled"] or recommend_enabled()):
         return []
     enabled = set(enabled_experiments(config))
     names = []
-    for name in settings.get("experiments", []):
-        has_criterion = (
-            settings.get("parameters", True)
-            or recommend_enabled()
-            or criteria_plasticity(name)
-        )
+    for name in settings["experiments"]:
+        has_criterion = settings["parameters"] or recommend_enabled() or criteria_plasticity(name)
         if name in enabled and has_criterion:
             names.append(name)
     return names

@@ -22,20 +22,19 @@ rule recommend:
         f"{RESULTS}/benchmarks/recommend/{{model}}/{{dataset}}.tsv"
     params:
         model_spec=lambda w: compute_model_spec(w.model),
-        n_pairs=recommend_setting("n_pairs", config["plasticity"]["n_pairs"]),
-        batch_size=recommend_setting("batch_size", 32),
-        batches=recommend_setting("batches", 8),
-        warmup_steps=recommend_setting("warmup_steps", 50),
-        warmup_lr=recommend_setting("warmup_lr", 0.01),
-        budget=str(recommend_setting("budget", "none")),
-        criterion=recommend_setting("criterion", "plasticity"),
-        combine_flag="--combine" if recommend_setting("combine", False) else "",
-        configurations=recommend_setting(
-            "configurations", ["ln1", "mha", "ln2", "fc1", "fc2", "mha+fc1", "ln1+ln2", "fc1+fc2"]
-        ),
-        seed=recommend_setting("seed", 0),
-        device=recommend_setting("device", "auto"),
-        demo_flag="--demo" if config.get("demo", False) else "",
+        n_pairs=recommend_or_plasticity("n_pairs"),
+        batch_size=RECOMMEND["batch_size"],
+        batches=RECOMMEND["batches"],
+        warmup_steps=RECOMMEND["warmup_steps"],
+        warmup_lr=RECOMMEND["warmup_lr"],
+        # null (no budget) is the command's "none".
+        budget="none" if RECOMMEND["budget"] is None else str(RECOMMEND["budget"]),
+        criterion=RECOMMEND["criterion"],
+        combine_flag="--combine" if RECOMMEND["combine"] else "",
+        configurations=RECOMMEND["configurations"],
+        seed=RECOMMEND["seed"],
+        device=RECOMMEND["device"],
+        demo_flag=DEMO_FLAG,
         out_prefix=lambda w, output: output.table.removesuffix(".parquet"),
     resources:
         runtime=recommend_runtime,

@@ -3,12 +3,13 @@
 
 
 def recommend_settings():
-    """The recommend block (empty when absent); its models and datasets checked by name."""
-    settings = config.get("recommend") or {}
+    """The recommend block, every default filled in by the schema; its models and datasets
+    checked by name."""
+    settings = config["recommend"]
     problems = [
         f"recommend.{key}: unknown {kind} {name!r} (defined: {', '.join(sorted(config[group]))})"
         for key, kind, group in (("models", "model", "models"), ("datasets", "dataset", "datasets"))
-        for name in settings.get(key) or []
+        for name in settings[key] or []
         if name not in config[group]
     ]
     if problems:
@@ -16,19 +17,21 @@ def recommend_settings():
     return settings
 
 
-def recommend_setting(key, default):
-    """One key of the recommend block (its default when absent or null)."""
-    value = recommend_settings().get(key)
-    return default if value is None else value
+RECOMMEND = recommend_settings()
+
+
+def recommend_or_plasticity(key):
+    """recommend.<key>, or plasticity.<key> where it is null (its schema default)."""
+    value = RECOMMEND[key]
+    return config["plasticity"][key] if value is None else value
 
 
 def recommend_targets():
     """Report, table and figure of every recommend (model, dataset); none unless enabled."""
-    settings = recommend_settings()
-    if not settings.get("enabled", False):
+    if not RECOMMEND["enabled"]:
         return []
-    models = settings.get("models") or config["plasticity"]["models"]
-    datasets = settings.get("datasets") or config["plasticity"]["datasets"]
+    models = recommend_or_plasticity("models")
+    datasets = recommend_or_plasticity("datasets")
     return expand(
         f"{RESULTS}/recommend/{{model}}/{{dataset}}.{{ext}}",
         model=models,
@@ -41,12 +44,12 @@ def recommend_runtime(wildcards, attempt):
     """Minutes for one recommend job: its plasticity pairs and head warm-up forwards (1/3 of a
     training step per image) and its gradient batches (one step's work per image) at the
     model's step time, with a 10x margin for decoding, +20 min."""
-    n_pairs = recommend_setting("n_pairs", config["plasticity"]["n_pairs"])
-    batch_size = recommend_setting("batch_size", 32)
+    n_pairs = recommend_or_plasticity("n_pairs")
+    batch_size = RECOMMEND["batch_size"]
     images = (
         2 * n_pairs / 3
-        + recommend_setting("warmup_steps", 50) * batch_size / 3
-        + recommend_setting("batches", 8) * batch_size
+        + RECOMMEND["warmup_steps"] * batch_size / 3
+        + RECOMMEND["batches"] * batch_size
     )
     seconds = 10 * images * step_seconds(wildcards.model) / 512
     return int(attempt * (20 + seconds / 60))

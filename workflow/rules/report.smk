@@ -1,6 +1,6 @@
 # Aggregation, statistics, LaTeX tables (each also as CSV, browsable in the report) and
-# figures, each output captioned for `snakemake --report`. Figure rules take only the report.figures settings, so editing one of
-# those reruns only figures.
+# figures, each output captioned for `snakemake --report`. Figure rules take only the
+# report.figures settings (FIGURE_PARAMS), so editing one of those reruns only figures.
 
 include: "report_common.smk"
 
@@ -14,7 +14,7 @@ rule aggregate_experiment:
     log:
         f"{RESULTS}/logs/aggregate/{{experiment}}.log",
     params:
-        lr_selection=REPORT.get("lr_selection", "val"),
+        lr_selection=REPORT["lr_selection"],
         demo_flag=DEMO_FLAG,
     conda:
         ENV
@@ -48,9 +48,9 @@ rule wilcoxon:
     log:
         f"{RESULTS}/logs/stats/{{experiment}}_wilcoxon.log",
     params:
-        reference=REPORT.get("reference_component", "mha"),
-        alternative=REPORT.get("alternative", "greater"),
-        alpha=REPORT.get("alpha", 0.05),
+        reference=REPORT["reference_component"],
+        alternative=REPORT["alternative"],
+        alpha=REPORT["alpha"],
         demo_flag=DEMO_FLAG,
     conda:
         ENV
@@ -155,10 +155,7 @@ rule figure_plasticity_boxplot:
     wildcard_constraints:
         scope=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     params:
-        width_in=FIGURES.get("width_in", 3.4),
-        dpi=FIGURES.get("dpi", 200),
-        context=FIGURES.get("context", "paper"),
-        demo_flag=DEMO_FLAG,
+        **FIGURE_PARAMS,
     conda:
         ENV
     shell:
@@ -176,10 +173,7 @@ rule figure_plasticity_depth:
     log:
         f"{RESULTS}/logs/figures/plasticity_depth/{{model}}.log",
     params:
-        width_in=FIGURES.get("width_in", 3.4),
-        dpi=FIGURES.get("dpi", 200),
-        context=FIGURES.get("context", "paper"),
-        demo_flag=DEMO_FLAG,
+        **FIGURE_PARAMS,
     conda:
         ENV
     shell:
@@ -197,10 +191,7 @@ rule figure_accuracy:
     log:
         f"{RESULTS}/logs/figures/accuracy/{{experiment}}.log",
     params:
-        width_in=FIGURES.get("width_in", 3.4),
-        dpi=FIGURES.get("dpi", 200),
-        context=FIGURES.get("context", "paper"),
-        demo_flag=DEMO_FLAG,
+        **FIGURE_PARAMS,
     conda:
         ENV
     shell:
@@ -217,10 +208,7 @@ rule figure_robustness:
     log:
         f"{RESULTS}/logs/figures/robustness/{{experiment}}.log",
     params:
-        width_in=FIGURES.get("width_in", 3.4),
-        dpi=FIGURES.get("dpi", 200),
-        context=FIGURES.get("context", "paper"),
-        demo_flag=DEMO_FLAG,
+        **FIGURE_PARAMS,
     conda:
         ENV
     shell:
@@ -239,10 +227,7 @@ rule figure_curves:
     log:
         f"{RESULTS}/logs/figures/curves/{{experiment}}/{{model}}/{{dataset}}.log",
     params:
-        width_in=FIGURES.get("width_in", 3.4),
-        dpi=FIGURES.get("dpi", 200),
-        context=FIGURES.get("context", "paper"),
-        demo_flag=DEMO_FLAG,
+        **FIGURE_PARAMS,
     conda:
         ENV
     shell:
@@ -260,10 +245,7 @@ rule figure_optimizers:
     log:
         f"{RESULTS}/logs/figures/optimizers.log",
     params:
-        width_in=FIGURES.get("width_in", 3.4),
-        dpi=FIGURES.get("dpi", 200),
-        context=FIGURES.get("context", "paper"),
-        demo_flag=DEMO_FLAG,
+        **FIGURE_PARAMS,
     conda:
         ENV
     shell:
@@ -281,10 +263,7 @@ rule figure_bounds:
     log:
         f"{RESULTS}/logs/figures/bounds_{{model}}.log",
     params:
-        width_in=FIGURES.get("width_in", 3.4),
-        dpi=FIGURES.get("dpi", 200),
-        context=FIGURES.get("context", "paper"),
-        demo_flag=DEMO_FLAG,
+        **FIGURE_PARAMS,
     conda:
         ENV
     shell:

@@ -3,10 +3,19 @@
 # report_targets()).
 # Kept apart from the rules, as `snakemake --lint` asks.
 
+# The validated config: the schema (workflow/schemas/config.schema.yaml) fills in every
+# default, so no setting has a fallback here.
 REPORT = config["report"]
-FIGURES = REPORT.get("figures", {})
-FIGURE_FORMATS = FIGURES.get("formats", ["pdf", "png"])
-DEMO_FLAG = "--demo" if config.get("demo", False) else ""
+FIGURES = REPORT["figures"]
+FIGURE_FORMATS = FIGURES["formats"]
+DEMO_FLAG = "--demo" if config["demo"] else ""
+# The params of every figure rule: only report.figures, so editing one reruns only figures.
+FIGURE_PARAMS = dict(
+    width_in=FIGURES["width_in"],
+    dpi=FIGURES["dpi"],
+    context=FIGURES["context"],
+    demo_flag=DEMO_FLAG,
+)
 CAPTIONS = "../report"
 # Snakemake's report() under another name: a line starting with "report" is parsed as the
 # global `report:` directive outside of rule bodies.
@@ -66,14 +75,14 @@ def curve_inputs(wildcards):
 
 def compared_optimizers():
     """The two enabled experiments of report.optimizer_comparison, or [] when not both are."""
-    names = REPORT.get("optimizer_comparison") or []
+    names = REPORT["optimizer_comparison"]
     enabled = set(enabled_experiments(config))
     return names if len(names) == 2 and all(n in enabled for n in names) else []
 
 
 def stats_experiments():
     """Enabled experiments that have the reference configuration and other ones to test."""
-    reference = REPORT.get("reference_component", "mha")
+    reference = REPORT["reference_component"]
     return [
         name
         for name in enabled_experiments(config)
