@@ -156,8 +156,8 @@ def test_patterns_match_exactly_the_packs_names() -> None:
 def test_runtime_is_the_runs_one_after_another() -> None:
     runs = tuple(("head", 0.01, seed) for seed in range(7))
     pack = FinetunePack("sgd", ("vit_base",), ("cifar10",), runs)
-    per_run = runtime.finetune_minutes(10_000, 512, "vit_base_patch16_224")
-    assert pack.runtime(per_run) == 7 * 123
+    per_run = runtime.finetune_minutes(10_000, 512, "vit_base_patch16_224", "fp32")
+    assert pack.runtime(per_run) == 7 * 847
 
 
 def planned(result_text: str) -> list[dict[str, str]]:
@@ -212,7 +212,10 @@ def test_the_workflow_plans_one_job_per_pack_and_cell(tmp_path: Path) -> None:
             (job,) = [j for j in jobs if (j["rule"], j["dataset"]) == (name, dataset)]
             steps = config["datasets"][dataset]["steps"]
             one_run = runtime.finetune_minutes(
-                steps, config["finetune"]["batch_size"], config["models"][model]["timm_id"]
+                steps,
+                config["finetune"]["batch_size"],
+                config["models"][model]["timm_id"],
+                config["finetune"]["precision"],
             )
             assert int(job["runtime"]) == pack.runtime(one_run) == len(pack.runs) * 15
             assert job["log"].endswith(f"/{dataset}/{name}.log")

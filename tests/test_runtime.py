@@ -1,5 +1,6 @@
-"""vitplasticity.runtime: the wall time a finetuning or plasticity job asks SLURM for, against
-the estimate computed by hand in exact rational arithmetic."""
+"""vitplasticity.runtime: the wall time a finetuning, plasticity or recommend job asks SLURM
+for, against the estimate computed by hand in exact rational arithmetic from the documented
+constants."""
 
 from __future__ import annotations
 
@@ -14,14 +15,31 @@ from vitplasticity import runtime
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The documented step times (seconds per batch-512 step), as exact fractions.
-STEP = {
+# The documented training GFLOP per image (forward + backward): ViT-S/16 and ViT-B/16 as
+# counted (docs/benchmarks.md), the others 0.1x, 3.5x and 9.5x ViT-B/16.
+GFLOP = {
+    "tiny": Fraction("10.51"),
+    "small": Fraction("27.5"),
+    "base": Fraction("105.1"),
+    "large": Fraction("367.85"),
+    "huge": Fraction("998.45"),
+}
+# The documented sustained TFLOP/s on an A100-class GPU, by precision.
+TFLOPS = {
+    "bf16": Fraction("107.6224"),
+    "fp32": Fraction(14),
+    "float32": Fraction(14),
+    "float64": Fraction(7),
+}
+# The step times (seconds per batch-512 step) of the model before the precision mattered,
+# which bf16 keeps for every size but small (now from its counted FLOPs, not 0.3x ViT-B).
+OLD_STEP = {
     "tiny": Fraction(1, 20),
-    "small": Fraction(3, 20),
     "base": Fraction(1, 2),
     "large": Fraction(7, 4),
     "huge": Fraction(19, 4),
 }
+BASE = "vit_base_patch16_224.orig_in21k"
 
 
 @pytest.fixture(scope="module")
@@ -29,38 +47,85 @@ def paper() -> dict:
     return yaml.safe_load((REPO / "config.yaml").read_text())
 
 
-def exact_finetune(steps: int, batch_size: int, step: Fraction, attempt: int) -> int:
-    """attempt x (15 min + 1.3 x steps x step time x batch_size / 512), rounded down."""
-    seconds = Fraction(13, 10) * steps * step * Fraction(batch_size, 512)
+def size_of(timm_id: str) -> str:
+    word = timm_id.split("_")[1] if "_" in timm_id else ""
+    return word if word in GFLOP else "huge"
+
+
+def seconds_per_image(timm_id: str, precision: str) -> Fraction:
+    return GFLOP[size_of(timm_id)] * 10**9 / (TFLOPS[precision] * 10**12)
+
+
+def exact_finetune(steps: int, batch_size: int, timm_id: str, precision: str, attempt: int) -> int:
+    """attempt x (15 min + 1.3 x steps x batch_size x seconds per image), rounded down."""
+    seconds = Fraction(13, 10) * steps * batch_size * seconds_per_image(timm_id, precision)
     return math.floor(attempt * (15 + seconds / 60))
 
 
-def exact_plasticity(n_pairs: int, n_protocols: int, step: Fraction, attempt: int) -> int:
-    """attempt x (20 min + 10 x two images per pair and protocol x step time / (3 x 512))."""
-    seconds = 10 * 2 * n_pairs * n_protocols * step / (3 * 512)
+def exact_plasticity(
+    n_pairs: int, n_protocols: int, timm_id: str, precision: str, attempt: int
+) -> int:
+    """attempt x (20 min + 10 x two forwards per pair and protocol x a third of an image)."""
+    seconds = 10 * 2 * n_pairs * n_protocols * seconds_per_image(timm_id, precision) / 3
     return math.floor(attempt * (20 + seconds / 60))
 
 
-def test_paper_vit_b_on_cifar10_asks_for_two_hours(paper: dict) -> None:
-    """10,000 steps x 0.5 s x 1.3 = 6,500 s = 108 min 20 s, + 15 min: 123 min."""
+def exact_recommend(
+    n_pairs: int, batch_size: int, warmup_steps: int, batches: int, timm_id: str, attempt: int
+) -> int:
+    """attempt x (20 min + 10 x (pair forwards and warm-up forwards at a third of an image,
+    gradient batches at a whole one) in float32)."""
+    images = Fraction(2 * n_pairs, 3) + Fraction(warmup_steps * batch_size, 3)
+    images += batches * batch_size
+    seconds = 10 * images * seconds_per_image(timm_id, "float32")
+    return math.floor(attempt * (20 + seconds / 60))
+
+
+def test_paper_vit_b_on_cifar10_in_fp32_asks_for_14_hours(paper: dict) -> None:
+    """config.yaml finetunes in fp32: 105.1 GFLOP x 512 / 14 TFLOP/s = 3.84 s per step;
+    10,000 steps x 1.3 = 49,967 s = 832 min 48 s, + 15 min: 847 min."""
     steps = paper["datasets"]["cifar10"]["steps"]
     timm_id = paper["models"]["vit_base"]["timm_id"]
     batch_size = paper["finetune"]["batch_size"]
-    assert (steps, batch_size) == (10_000, 512)
-    assert runtime.finetune_minutes(steps, batch_size, timm_id) == 123
-    # A TIMEOUT retry asks for the attempt's multiple: 246 min 40 s, 370 min.
-    assert runtime.finetune_minutes(steps, batch_size, timm_id, attempt=2) == 246
-    assert runtime.finetune_minutes(steps, batch_size, timm_id, attempt=3) == 370
+    precision = paper["finetune"]["precision"]
+    assert (steps, batch_size, precision) == (10_000, 512, "fp32")
+    assert runtime.finetune_minutes(steps, batch_size, timm_id, precision) == 847
+    # A TIMEOUT retry asks for the attempt's multiple.
+    assert runtime.finetune_minutes(steps, batch_size, timm_id, precision, attempt=2) == 1695
+    assert runtime.finetune_minutes(steps, batch_size, timm_id, precision, attempt=3) == 2543
+
+
+def test_paper_vit_b_on_cifar10_in_bf16_keeps_two_hours(paper: dict) -> None:
+    """bf16: 0.5 s per step, as before; 6,500 s = 108 min 20 s, + 15 min: 123 min."""
+    steps = paper["datasets"]["cifar10"]["steps"]
+    timm_id = paper["models"]["vit_base"]["timm_id"]
+    assert runtime.finetune_minutes(steps, 512, timm_id, "bf16") == 123
+    assert runtime.finetune_minutes(steps, 512, timm_id, "bf16", attempt=2) == 246
+    assert runtime.finetune_minutes(steps, 512, timm_id, "bf16", attempt=3) == 370
+
+
+def test_bf16_keeps_the_old_step_times_and_fp32_is_7_7_times_slower() -> None:
+    for size, step in OLD_STEP.items():
+        assert 512 * runtime.image_seconds(f"vit_{size}_patch16_224", "bf16") == step
+    fp32 = runtime.image_seconds(BASE, "fp32")
+    assert fp32 / runtime.image_seconds(BASE, "bf16") == Fraction("107.6224") / 14
+    assert 7.68 < float(fp32 / runtime.image_seconds(BASE, "bf16")) < 7.69
+    # fp32 and float32 (plasticity.dtype's name) are one precision; float64 is half as fast.
+    assert runtime.image_seconds(BASE, "float32") == fp32
+    assert runtime.image_seconds(BASE, "float64") == 2 * fp32
 
 
 def test_paper_plasticity_of_vit_b(paper: dict) -> None:
-    """12,800 pairs x 2 images x 1 protocol = 25,600 forwards at a third of 0.5 s / 512
-    images, x 10 margin: 83.3 s, + 20 min: 21 min (the in_situ protocol too: 22 min)."""
+    """12,800 pairs x 2 images x 1 protocol = 25,600 forwards at a third of 105.1 GFLOP, at
+    14 TFLOP/s in float32, x 10 margin: 640.6 s, + 20 min: 30 min (in_situ too: 41 min);
+    in float64 twice the seconds."""
     p = paper["plasticity"]
-    assert (p["n_pairs"], p["protocols"]) == (12_800, ["embedding"])
+    assert (p["n_pairs"], p["protocols"], p["dtype"]) == (12_800, ["embedding"], "float32")
     timm_id = paper["models"]["vit_base"]["timm_id"]
-    assert runtime.plasticity_minutes(p["n_pairs"], 1, timm_id) == 21
-    assert runtime.plasticity_minutes(p["n_pairs"], 2, timm_id) == 22
+    assert runtime.plasticity_minutes(p["n_pairs"], 1, timm_id, p["dtype"]) == 30
+    assert runtime.plasticity_minutes(p["n_pairs"], 2, timm_id, p["dtype"]) == 41
+    assert runtime.plasticity_minutes(p["n_pairs"], 1, timm_id, "float64") == 41
+    assert runtime.plasticity_minutes(p["n_pairs"], 2, timm_id, "float64") == 62
 
 
 @pytest.mark.parametrize("attempt", [1, 2, 3])
@@ -69,16 +134,40 @@ def test_every_paper_job_matches_the_exact_estimate(paper: dict, attempt: int) -
     batch_size = paper["finetune"]["batch_size"]
     checked = 0
     for model in paper["models"].values():
-        step = STEP.get(model["timm_id"].split("_")[1], STEP["huge"])
+        timm_id = model["timm_id"]
         for dataset in paper["datasets"].values():
-            got = runtime.finetune_minutes(dataset["steps"], batch_size, model["timm_id"], attempt)
-            assert got == exact_finetune(dataset["steps"], batch_size, step, attempt)
-            checked += 1
-        got = runtime.plasticity_minutes(
-            p["n_pairs"], len(p["protocols"]), model["timm_id"], attempt
-        )
-        assert got == exact_plasticity(p["n_pairs"], len(p["protocols"]), step, attempt)
-    assert checked == len(paper["models"]) * 11
+            for precision in ("fp32", "bf16"):
+                got = runtime.finetune_minutes(
+                    dataset["steps"], batch_size, timm_id, precision, attempt
+                )
+                assert got == exact_finetune(
+                    dataset["steps"], batch_size, timm_id, precision, attempt
+                )
+                checked += 1
+        for dtype in ("float32", "float64"):
+            got = runtime.plasticity_minutes(
+                p["n_pairs"], len(p["protocols"]), timm_id, dtype, attempt
+            )
+            assert got == exact_plasticity(
+                p["n_pairs"], len(p["protocols"]), timm_id, dtype, attempt
+            )
+        got = runtime.recommend_minutes(p["n_pairs"], 32, 50, 8, timm_id, attempt)
+        assert got == exact_recommend(p["n_pairs"], 32, 50, 8, timm_id, attempt)
+    assert checked == len(paper["models"]) * 11 * 2
+
+
+def test_recommend_of_the_paper_models_and_the_demo(paper: dict) -> None:
+    """ViT-B, 12,800 pairs, the recommend block's defaults (batch 32, 50 warm-up steps, 8
+    gradient batches): 9,322.7 images of training work at 14 TFLOP/s, x 10 margin: 699.9 s,
+    + 20 min: 31 min. The demo's tiny ViT (256 pairs, batch 16, 20 warm-up steps, 4
+    batches) stays at the 20 min allowance."""
+    rec = paper["recommend"]
+    n_pairs = paper["plasticity"]["n_pairs"]
+    settings = (rec["batch_size"], rec["warmup_steps"], rec["batches"])
+    assert rec["n_pairs"] is None and settings == (32, 50, 8)
+    assert runtime.recommend_minutes(n_pairs, *settings, BASE) == 31
+    assert runtime.recommend_minutes(n_pairs, *settings, BASE, attempt=2) == 63
+    assert runtime.recommend_minutes(256, 16, 20, 4, "vit_tiny_patch16_224") == 20
 
 
 @pytest.mark.parametrize(
@@ -94,15 +183,22 @@ def test_every_paper_job_matches_the_exact_estimate(paper: dict, attempt: int) -
         ("resnet50", "huge"),  # no size word at all
     ],
 )
-def test_step_time_by_the_size_in_the_timm_id(timm_id: str, size: str) -> None:
-    assert runtime.step_seconds(timm_id) == float(STEP[size])
+def test_work_by_the_size_in_the_timm_id(timm_id: str, size: str) -> None:
+    for precision in TFLOPS:
+        expected = GFLOP[size] / (1000 * TFLOPS[precision])
+        assert runtime.image_seconds(timm_id, precision) == expected
 
 
-def test_larger_batches_and_models_ask_for_more() -> None:
-    base = "vit_base_patch16_224"
+def test_unknown_precision_is_named() -> None:
+    with pytest.raises(ValueError, match=r"unknown precision 'fp16' \(known: bf16, float32"):
+        runtime.finetune_minutes(10, 512, BASE, "fp16")
+
+
+def test_larger_batches_models_and_precisions_ask_for_more() -> None:
     # Half the batch, half the training time: 15 + 54 min 10 s.
-    assert runtime.finetune_minutes(10_000, 256, base) == 69
-    assert runtime.finetune_minutes(10_000, 512, "vit_large_patch16_224") == 394
+    assert runtime.finetune_minutes(10_000, 256, BASE, "bf16") == 69
+    assert runtime.finetune_minutes(10_000, 512, "vit_large_patch16_224", "bf16") == 394
+    assert runtime.finetune_minutes(10_000, 512, "vit_large_patch16_224", "fp32") == 2929
     # A job never asks for less than its fixed allowance.
-    assert runtime.finetune_minutes(1, 1, "vit_tiny_patch16_224") == 15
-    assert runtime.plasticity_minutes(1, 1, "vit_tiny_patch16_224") == 20
+    assert runtime.finetune_minutes(1, 1, "vit_tiny_patch16_224", "fp32") == 15
+    assert runtime.plasticity_minutes(1, 1, "vit_tiny_patch16_224", "float64") == 20

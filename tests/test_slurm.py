@@ -137,13 +137,14 @@ def finetune_minutes(config: dict, model: str, dataset: str) -> int:
         config["datasets"][dataset]["steps"],
         config["finetune"]["batch_size"],
         config["models"][model]["timm_id"],
+        config["finetune"]["precision"],  # fp32: config.yaml's, which the presets keep
     )
 
 
 def plasticity_minutes(config: dict, model: str) -> int:
     p = config["plasticity"]
     timm_id = config["models"][model]["timm_id"]
-    return runtime.plasticity_minutes(p["n_pairs"], len(p["protocols"]), timm_id)
+    return runtime.plasticity_minutes(p["n_pairs"], len(p["protocols"]), timm_id, p["dtype"])
 
 
 def job_rule(row: dict[str, str]) -> str:

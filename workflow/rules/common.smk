@@ -229,16 +229,14 @@ def report_targets():
     ]
 
 
-# Wall time (minutes) a SLURM job asks for: vitplasticity.runtime's estimates from the config.
-def step_seconds(model):
-    return runtime.step_seconds(config["models"][model]["timm_id"])
-
-
+# Wall time (minutes) a SLURM job asks for: vitplasticity.runtime's estimates from the config,
+# in the precision the job computes in.
 def finetune_runtime(wildcards, attempt):
     return runtime.finetune_minutes(
         config["datasets"][wildcards.dataset]["steps"],
         config["finetune"]["batch_size"],
         config["models"][wildcards.model]["timm_id"],
+        config["finetune"]["precision"],
         attempt,
     )
 
@@ -246,7 +244,9 @@ def finetune_runtime(wildcards, attempt):
 def plasticity_runtime(wildcards, attempt):
     p = config["plasticity"]
     timm_id = config["models"][wildcards.model]["timm_id"]
-    return runtime.plasticity_minutes(p["n_pairs"], len(p["protocols"]), timm_id, attempt)
+    return runtime.plasticity_minutes(
+        p["n_pairs"], len(p["protocols"]), timm_id, p["dtype"], attempt
+    )
 
 
 # The finetune settings every run of the grid gets, each its own params entry (shared by the

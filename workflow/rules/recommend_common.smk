@@ -41,15 +41,12 @@ def recommend_targets():
 
 
 def recommend_runtime(wildcards, attempt):
-    """Minutes for one recommend job: its plasticity pairs and head warm-up forwards (1/3 of a
-    training step per image) and its gradient batches (one step's work per image) at the
-    model's step time, with a 10x margin for decoding, +20 min."""
-    n_pairs = recommend_or_plasticity("n_pairs")
-    batch_size = RECOMMEND["batch_size"]
-    images = (
-        2 * n_pairs / 3
-        + RECOMMEND["warmup_steps"] * batch_size / 3
-        + RECOMMEND["batches"] * batch_size
+    """Minutes for one recommend job: vitplasticity.runtime's estimate from the block."""
+    return runtime.recommend_minutes(
+        recommend_or_plasticity("n_pairs"),
+        RECOMMEND["batch_size"],
+        RECOMMEND["warmup_steps"],
+        RECOMMEND["batches"],
+        config["models"][wildcards.model]["timm_id"],
+        attempt,
     )
-    seconds = 10 * images * step_seconds(wildcards.model) / 512
-    return int(attempt * (20 + seconds / 60))
