@@ -548,6 +548,7 @@ SETTINGS_BLOCKS = (
     "report.figures",
     "report.criteria",
     "recommend",
+    "scheduler",
 )
 # Optional keys whose absence means what no constant can say.
 DERIVED_DEFAULTS = {"text_plasticity.run_models"}  # every model of text_plasticity.models
@@ -591,6 +592,7 @@ def config_block(config: dict, path: str) -> dict:
         "report.figures",
         "report.criteria",
         "recommend",
+        "scheduler",
     ],
 )
 def test_schema_defaults_are_the_papers_settings_of_config_yaml(

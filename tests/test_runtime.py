@@ -5,6 +5,9 @@ constants."""
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -202,3 +205,49 @@ def test_larger_batches_models_and_precisions_ask_for_more() -> None:
     # A job never asks for less than its fixed allowance.
     assert runtime.finetune_minutes(1, 1, "vit_tiny_patch16_224", "fp32") == 15
     assert runtime.plasticity_minutes(1, 1, "vit_tiny_patch16_224", "float64") == 20
+
+
+def test_a_cap_limits_the_request_and_none_leaves_it() -> None:
+    assert runtime.capped(847, None) == 847
+    assert runtime.capped(847, 2880) == 847
+    assert runtime.capped(15_838, 2880) == 2880
+
+
+@pytest.mark.slow
+def test_the_paper_plan_asks_for_at_most_the_schedulers_cap(tmp_path: Path) -> None:
+    """`snakemake -n` on config.yaml with scheduler.max_runtime_minutes: ViT-H's fp32
+    DomainNet run asks for the cap instead of ~11 days; ViT-B's cifar10 run keeps its own."""
+    cap = 2880  # two days, a common partition limit
+    (tmp_path / "cap.yaml").write_text(yaml.safe_dump({"scheduler": {"max_runtime_minutes": cap}}))
+    runs = {
+        "sgd/vit_base/cifar10/mha/lr0.01_seed0": 847,
+        "model_size/vit_huge/domainnet-clipart/mha/lr0.01_seed0": cap,
+    }
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "snakemake"),
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--configfile",
+            str(REPO / "config.yaml"),
+            str(tmp_path / "cap.yaml"),
+            "-n",
+            *(f"results/finetune/{run}/summary.json" for run in runs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-3000:]
+    asked = {}
+    for block in re.split(r"\n(?=rule )", text):
+        if block.startswith("rule finetune:"):
+            output = re.search(r"output: results/finetune/(\S+)/summary.json", block).group(1)
+            asked[output] = int(re.search(r"runtime=(\d+)", block).group(1))
+    assert asked == runs
+    # Uncapped, ViT-H would ask for far more than the partition allows.
+    huge = runtime.finetune_minutes(20_000, 512, "vit_huge_patch14_224.orig_in21k", "fp32")
+    assert huge == 15_838 > 5 * cap  # 11 days

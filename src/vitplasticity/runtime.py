@@ -153,3 +153,15 @@ def recommend_minutes(
     )
     seconds = PLASTICITY_MARGIN * training_images * image_seconds(timm_id, RECOMMEND_PRECISION)
     return _minutes(PLASTICITY_FIXED_MINUTES, seconds, attempt)
+
+
+def capped(minutes: int, max_minutes: int | None) -> int:
+    """``minutes``, or ``max_minutes`` when that is smaller (config
+    ``scheduler.max_runtime_minutes``; None: no cap).
+
+    A partition's MaxTime rejects or holds a job that asks for more. A finetuning run that
+    needs longer than the cap is stopped at its limit (SLURM sends SIGTERM first: the run
+    writes its checkpoint) and resumes from it on its retry, so capping trades one long job
+    for several resumable ones.
+    """
+    return minutes if max_minutes is None else min(minutes, max_minutes)

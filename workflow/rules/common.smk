@@ -230,8 +230,12 @@ def report_targets():
 
 
 # Wall time (minutes) a SLURM job asks for: vitplasticity.runtime's estimates from the config,
-# in the precision the job computes in.
-def finetune_runtime(wildcards, attempt):
+# in the precision the job computes in, capped at scheduler.max_runtime_minutes.
+def scheduler_minutes(minutes):
+    return runtime.capped(minutes, config["scheduler"]["max_runtime_minutes"])
+
+
+def one_run_minutes(wildcards, attempt):
     return runtime.finetune_minutes(
         config["datasets"][wildcards.dataset]["steps"],
         config["finetune"]["batch_size"],
@@ -241,11 +245,15 @@ def finetune_runtime(wildcards, attempt):
     )
 
 
+def finetune_runtime(wildcards, attempt):
+    return scheduler_minutes(one_run_minutes(wildcards, attempt))
+
+
 def plasticity_runtime(wildcards, attempt):
     p = config["plasticity"]
     timm_id = config["models"][wildcards.model]["timm_id"]
-    return runtime.plasticity_minutes(
-        p["n_pairs"], len(p["protocols"]), timm_id, p["dtype"], attempt
+    return scheduler_minutes(
+        runtime.plasticity_minutes(p["n_pairs"], len(p["protocols"]), timm_id, p["dtype"], attempt)
     )
 
 
@@ -285,4 +293,4 @@ def pack_lora_flags(pack):
 
 
 def pack_runtime(pack):
-    return lambda w, attempt: pack.runtime(finetune_runtime(w, attempt))
+    return lambda w, attempt: scheduler_minutes(pack.runtime(one_run_minutes(w, attempt)))

@@ -42,11 +42,13 @@ def recommend_targets():
 
 def recommend_runtime(wildcards, attempt):
     """Minutes for one recommend job: vitplasticity.runtime's estimate from the block."""
-    return runtime.recommend_minutes(
-        recommend_or_plasticity("n_pairs"),
-        RECOMMEND["batch_size"],
-        RECOMMEND["warmup_steps"],
-        RECOMMEND["batches"],
-        config["models"][wildcards.model]["timm_id"],
-        attempt,
+    return scheduler_minutes(
+        runtime.recommend_minutes(
+            recommend_or_plasticity("n_pairs"),
+            RECOMMEND["batch_size"],
+            RECOMMEND["warmup_steps"],
+            RECOMMEND["batches"],
+            config["models"][wildcards.model]["timm_id"],
+            attempt,
+        )
     )
