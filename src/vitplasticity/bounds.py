@@ -328,9 +328,8 @@ def model_bounds(
     adapter = TimmViT()
     adapter.blocks(model)  # names a missing part before any image is decoded
     pre = preprocessing(model, spec)
-    progress = ProgressReporter(n_images, f"bounds {model_name}: embedding")
 
-    def tokens() -> Iterator[torch.Tensor]:
+    def tokens(progress: ProgressReporter) -> Iterator[torch.Tensor]:
         done = 0
         with torch.inference_mode():
             for batch in decoded_batches(images[:n_images], pre, batch_size):
@@ -338,10 +337,8 @@ def model_bounds(
                 done += len(batch)
                 progress(done)
 
-    try:
-        stats = TokenStatistics.from_tokens(tokens())
-    finally:
-        progress.close()
+    with ProgressReporter(n_images, f"bounds {model_name}: embedding") as progress:
+        stats = TokenStatistics.from_tokens(tokens(progress))
     table = bounds_from_statistics(model.cpu(), stats).join(
         measured, on=["block", "component"], how="left"
     )

@@ -556,8 +556,7 @@ def measure_dataset(
         dtype,
         target,
     )
-    progress = ProgressReporter(n_pairs, f"plasticity {model_name}/{dataset}")
-    try:
+    with ProgressReporter(n_pairs, f"plasticity {model_name}/{dataset}") as progress:
         pairs = measure_protocols(
             model,
             decoded_batches(images[:n_pairs], pre, batch_size),
@@ -567,8 +566,6 @@ def measure_dataset(
             n_pairs=n_pairs,
             progress=progress,
         )
-    finally:
-        progress.close()
     settings: dict[str, Any] = {
         "model_spec": model_spec,
         "reference": str(reference),

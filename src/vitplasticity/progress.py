@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Self
 
 log = logging.getLogger(__name__)
 
 
 class ProgressReporter:
-    """Progress of a long loop: a tqdm bar on a terminal, else a log line every ~10%."""
+    """Progress of a long loop: a tqdm bar on a terminal, else a log line every ~10%.
+
+    A context manager: leaving the ``with`` block closes the bar, however it is left.
+    """
 
     def __init__(self, total: int, description: str) -> None:
         self.total, self.description = total, description
@@ -37,3 +41,9 @@ class ProgressReporter:
         """Close the bar (nothing to do for log lines)."""
         if self._bar is not None:
             self._bar.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

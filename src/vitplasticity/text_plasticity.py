@@ -140,8 +140,7 @@ def measure_text(
         dtype,
         target,
     )
-    progress = ProgressReporter(n, f"text plasticity {model_name}/{dataset}")
-    try:
+    with ProgressReporter(n, f"text plasticity {model_name}/{dataset}") as progress:
         pairs = measure_protocols(
             model,
             torch.from_numpy(references),
@@ -151,8 +150,6 @@ def measure_text(
             n_pairs=n,
             progress=progress,
         )
-    finally:
-        progress.close()
     settings: dict[str, Any] = {
         "model_spec": model_spec,
         "reference": str(reference),

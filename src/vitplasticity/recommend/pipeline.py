@@ -275,8 +275,7 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
 
     warmup = range(settings.warmup_steps)
     gradients = range(settings.warmup_steps, settings.warmup_steps + settings.batches)
-    progress = ProgressReporter(n, f"plasticity {settings.model}/{settings.dataset}")
-    try:
+    with ProgressReporter(n, f"plasticity {settings.model}/{settings.dataset}") as progress:
         measurements = measure_criteria(
             model,
             decoded_batches(reference, pre, settings.batch_size),
@@ -288,8 +287,6 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
             batch_size=settings.batch_size,
             progress=progress,
         )
-    finally:
-        progress.close()
 
     configurations = list(settings.configurations)
     if settings.combine:

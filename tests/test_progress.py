@@ -1,0 +1,30 @@
+"""ProgressReporter: log lines every ~10% off a terminal; the bar closes however a loop ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from vitplasticity.progress import ProgressReporter
+
+
+class Bar:
+    """Stands in for the tqdm bar a terminal would get (the test's stderr is no terminal)."""
+
+    n = 0
+    closed = False
+
+    def update(self, step: int) -> None:
+        self.n += step
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_leaving_the_block_closes_the_bar_also_on_an_error() -> None:
+    bar = Bar()
+    with pytest.raises(RuntimeError), ProgressReporter(10, "loop") as progress:
+        progress._bar = bar
+        progress(4)
+        raise RuntimeError("the loop failed")
+    assert bar.n == 4 and bar.closed
+
