@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from vitplasticity.progress import ProgressReporter
@@ -28,3 +30,13 @@ def test_leaving_the_block_closes_the_bar_also_on_an_error() -> None:
         raise RuntimeError("the loop failed")
     assert bar.n == 4 and bar.closed
 
+
+def test_log_lines_every_tenth(caplog: pytest.LogCaptureFixture) -> None:
+    with (
+        caplog.at_level(logging.INFO, logger="vitplasticity.progress"),
+        ProgressReporter(100, "pairs") as progress,
+    ):
+        for done in range(5, 101, 5):
+            progress(done)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"pairs: {n}/100 ({n}%)" for n in range(10, 101, 10)]
