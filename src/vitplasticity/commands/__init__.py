@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import polars as pl
 
     from vitplasticity.plasticity import Measurement
+    from vitplasticity.report.figures import FigureSettings
 
 log = logging.getLogger(__name__)
 
@@ -77,3 +78,20 @@ def report_record(settings: dict[str, Any], demo: bool) -> dict[str, Any]:
         "versions": versions(),
         "git_commit": git_commit(),
     }
+
+
+def add_figure_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every figure command shares: config ``report.figures`` (its defaults are
+    :class:`vitplasticity.report.figures.FigureSettings`'), --demo and the output files."""
+    parser.add_argument("--width-in", type=float, default=3.4, help="figure width (inches)")
+    parser.add_argument("--dpi", type=int, default=200, help="raster resolution")
+    parser.add_argument("--context", default="paper", help="seaborn context")
+    parser.add_argument("--demo", action="store_true", help="mark the figure as a demo")
+    parser.add_argument("--out", nargs="+", required=True, help="output files (.pdf/.png/.svg)")
+
+
+def figure_settings(args: argparse.Namespace) -> FigureSettings:
+    """The FigureSettings of :func:`add_figure_arguments`' options."""
+    from vitplasticity.report.figures import FigureSettings
+
+    return FigureSettings(args.width_in, args.dpi, args.context)

@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from vitplasticity import COMPONENTS
-from vitplasticity.commands import check_inputs, parquet_is_demo, read_frames, report_record
+from vitplasticity.commands import (
+    add_figure_arguments,
+    check_inputs,
+    figure_settings,
+    parquet_is_demo,
+    read_frames,
+    report_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="One panel per model; one file per output path (.pdf/.png/.svg).",
     )
     figure.add_argument("--input", required=True, help="result of `vitplasticity criteria`")
-    figure.add_argument("--width-in", type=float, default=3.4, help="figure width (inches)")
-    figure.add_argument("--dpi", type=int, default=200, help="raster resolution")
-    figure.add_argument("--context", default="paper", help="seaborn context")
-    figure.add_argument("--demo", action="store_true", help="mark the figure as a demo")
-    figure.add_argument("--out", nargs="+", required=True, help="output files")
+    add_figure_arguments(figure)
     figure.set_defaults(handler=run_criteria_figure)
 
 
@@ -170,12 +173,11 @@ def run_criteria_table(args: argparse.Namespace) -> int:
 def run_criteria_figure(args: argparse.Namespace) -> int:
     """Write the criteria figure, one file per output path."""
     from vitplasticity.report.criteria_figure import criteria_figure
-    from vitplasticity.report.figures import FigureSettings
 
     # matplotlib's PDF backend has fontTools log every subset font at INFO.
     logging.getLogger("fontTools").setLevel(logging.WARNING)
     frame = read_frames([args.input])
     demo = args.demo or parquet_is_demo([args.input])
-    criteria_figure(frame, args.out, FigureSettings(args.width_in, args.dpi, args.context), demo)
+    criteria_figure(frame, args.out, figure_settings(args), demo)
     log.info("criteria figure written to %s", ", ".join(args.out))
     return 0

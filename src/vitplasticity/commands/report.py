@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vitplasticity.commands import check_inputs, parquet_is_demo, read_frames, report_record
+from vitplasticity.commands import (
+    add_figure_arguments,
+    check_inputs,
+    figure_settings,
+    parquet_is_demo,
+    read_frames,
+    report_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     figure.add_argument("--kind", choices=FIGURE_KINDS, required=True)
     figure.add_argument("--inputs", nargs="+", required=True, help="input files")
     figure.add_argument("--title", default="", help="panel title prefix")
-    figure.add_argument("--width-in", type=float, default=3.4, help="figure width (inches)")
-    figure.add_argument("--dpi", type=int, default=200, help="raster resolution")
-    figure.add_argument("--context", default="paper", help="seaborn context")
-    figure.add_argument("--demo", action="store_true", help="mark the figure as a demo")
-    figure.add_argument("--out", nargs="+", required=True, help="output files (.pdf/.png/.svg)")
+    add_figure_arguments(figure)
     figure.set_defaults(handler=run_figure)
 
 
@@ -216,7 +219,7 @@ def _read_curves(paths: Sequence[str]) -> Any:
 def run_figure(args: argparse.Namespace) -> int:
     from vitplasticity.report import figures
 
-    settings = figures.FigureSettings(args.width_in, args.dpi, args.context)
+    settings = figure_settings(args)
     if args.kind == "curves":
         metrics, demo = _read_curves(args.inputs)
         figures.training_curves(metrics, args.out, settings, args.demo or demo, args.title)
