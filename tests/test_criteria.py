@@ -7,8 +7,6 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import shutil
-import subprocess
 import warnings
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pytest
 from scipy import stats
 
 from tests.report_inputs import plasticity_summary, write_grid
+from tests.test_tables import compile_tables, needs_latex
 from vitplasticity import COMPONENTS
 from vitplasticity.cli import main
 from vitplasticity.io import read_parquet_metadata, write_parquet
@@ -25,8 +24,6 @@ from vitplasticity.report import criteria as C
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.style import DEMO_NOTE
 from vitplasticity.report.tables import criteria_table, p_value
-
-LATEX = shutil.which("pdflatex") or shutil.which("lualatex")
 
 
 def _selected(accuracy: dict[str, dict[str, float | None]], experiment: str = "sgd"):
@@ -528,11 +525,7 @@ def test_cli_names_a_missing_file_and_refuses_no_criterion(
         )
 
 
-@pytest.mark.skipif(
-    LATEX is None,
-    reason="no LaTeX engine (pdflatex/lualatex) installed: "
-    "apt-get install texlive-latex-base texlive-latex-recommended",
-)
+@needs_latex
 def test_criteria_table_compiles(tmp_path: Path) -> None:
     accuracy, scores = _random_grid(np.random.default_rng(4), n_datasets=4)
     selected = _selected(accuracy)
@@ -543,19 +536,4 @@ def test_criteria_table_compiles(tmp_path: Path) -> None:
         "one": criteria_table(C.analyse(_criteria(scores), selected), demo=True),
         "two": criteria_table(C.analyse(crit, two_models)),
     }
-    for name, tex in tables.items():
-        (tmp_path / f"{name}.tex").write_text(tex)
-    inputs = "\n".join(rf"\input{{{name}.tex}}" for name in tables)
-    (tmp_path / "doc.tex").write_text(
-        "\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n"
-        f"{inputs}\n\\end{{document}}\n"
-    )
-    result = subprocess.run(
-        [LATEX, "-interaction=nonstopmode", "-halt-on-error", "doc.tex"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert (tmp_path / "doc.pdf").stat().st_size > 1000
+    compile_tables(tmp_path, tables)

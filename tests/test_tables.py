@@ -24,6 +24,33 @@ from vitplasticity.report.tables import (
 from vitplasticity.stats import compare_selected
 
 LATEX = shutil.which("pdflatex") or shutil.which("lualatex")
+needs_latex = pytest.mark.skipif(
+    LATEX is None,
+    reason="no LaTeX engine (pdflatex/lualatex) installed: "
+    "apt-get install texlive-latex-base texlive-latex-recommended",
+)
+
+
+def compile_tables(tmp_path: Path, tables: dict[str, str]) -> None:
+    """Compile every table (name -> LaTeX) in one booktabs document; fail with the log."""
+    for name, tex in tables.items():
+        (tmp_path / f"{name}.tex").write_text(tex)
+    inputs = "\n".join(rf"\input{{{name}.tex}}" for name in tables)
+    (tmp_path / "doc.tex").write_text(
+        "\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n"
+        f"{inputs}\n\\end{{document}}\n"
+    )
+    result = subprocess.run(
+        [LATEX, "-interaction=nonstopmode", "-halt-on-error", "doc.tex"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (tmp_path / "doc.pdf").stat().st_size > 1000
+
+
 LABELS = {
     "Full": "full",
     "Emb": "emb",
@@ -170,11 +197,7 @@ def test_escape() -> None:
     assert escape("c10c-gaussian_noise & 50%") == r"c10c-gaussian\_noise \& 50\%"
 
 
-@pytest.mark.skipif(
-    LATEX is None,
-    reason="no LaTeX engine (pdflatex/lualatex) installed: "
-    "apt-get install texlive-latex-base texlive-latex-recommended",
-)
+@needs_latex
 def test_every_table_compiles(selected: pl.DataFrame, tmp_path: Path) -> None:
     two_models = pl.concat([selected, selected.with_columns(model=pl.lit("vit_huge"))])
     tables = {
@@ -186,22 +209,7 @@ def test_every_table_compiles(selected: pl.DataFrame, tmp_path: Path) -> None:
             demo=True,
         ),
     }
-    for name, tex in tables.items():
-        (tmp_path / f"{name}.tex").write_text(tex)
-    inputs = "\n".join(rf"\input{{{name}.tex}}" for name in tables)
-    (tmp_path / "doc.tex").write_text(
-        "\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n"
-        f"{inputs}\n\\end{{document}}\n"
-    )
-    result = subprocess.run(
-        [LATEX, "-interaction=nonstopmode", "-halt-on-error", "doc.tex"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert (tmp_path / "doc.pdf").stat().st_size > 1000
+    compile_tables(tmp_path, tables)
 
 
 def test_run_writer_is_usable_for_single_runs(tmp_path: Path) -> None:
