@@ -157,6 +157,28 @@ def snakemake(*args: str, env: dict | None = None, cwd: Path = REPO) -> subproce
     )
 
 
+def paper_dry_run(
+    workdir: Path, *targets: str, edit: str = "", env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`snakemake -n` of ``targets`` on config.yaml, with the YAML text ``edit`` (if any)
+    merged over it, in ``workdir``."""
+    configfiles = [str(REPO / "config.yaml")]
+    if edit:
+        (workdir / "edit.yaml").write_text(edit)
+        configfiles.append(str(workdir / "edit.yaml"))
+    return snakemake(
+        "-n",
+        *targets,
+        "--configfile",
+        *configfiles,
+        "--directory",
+        str(workdir),
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        env=env,
+    )
+
+
 def job_counts(output: str) -> dict[str, int]:
     table = output[output.index("Job stats:") :].split("\n\n")[0]
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
@@ -165,17 +187,7 @@ def job_counts(output: str) -> dict[str, int]:
 @pytest.mark.slow
 def test_dry_run_lists_the_whole_paper_without_imagenet(tmp_path: Path) -> None:
     """`snakemake -n all` on config.yaml: every job, no network, ImageNet path still unset."""
-    result = snakemake(
-        "-n",
-        "all",
-        "--directory",
-        str(tmp_path),
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--configfile",
-        str(REPO / "config.yaml"),
-        env={"VITPLASTICITY_IMAGENET": ""},
-    )
+    result = paper_dry_run(tmp_path, "all", env={"VITPLASTICITY_IMAGENET": ""})
     assert result.returncode == 0, result.stderr[-3000:]
     counts = job_counts(result.stdout + result.stderr)
     assert counts["finetune"] >= 1356
@@ -185,18 +197,8 @@ def test_dry_run_lists_the_whole_paper_without_imagenet(tmp_path: Path) -> None:
 
 
 def test_unknown_name_stops_the_workflow_before_any_job(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"experiments": {"sgd": {"datasets": ["cifar11"]}}}))
-    result = snakemake(
-        "-n",
-        "all",
-        "--configfile",
-        str(REPO / "config.yaml"),
-        str(bad),
-        "--directory",
-        str(tmp_path),
-        "--snakefile",
-        str(REPO / "Snakefile"),
+    result = paper_dry_run(
+        tmp_path, "all", edit=yaml.safe_dump({"experiments": {"sgd": {"datasets": ["cifar11"]}}})
     )
     assert result.returncode != 0
     assert "experiments.sgd.datasets: unknown dataset 'cifar11'" in result.stderr + result.stdout
@@ -368,20 +370,10 @@ def test_dataset_keys_table_matches_the_schema() -> None:
 
 
 def test_typo_stops_snakemake_before_planning(tmp_path: Path) -> None:
-    bad = tmp_path / "typo.yaml"
-    bad.write_text(
-        "datasets:\n  cifar10: {archvie: /data/cifar-10-python.tar.gz}\nplasticity: {n_pair: 64}\n"
-    )
-    result = snakemake(
-        "-n",
+    result = paper_dry_run(
+        tmp_path,
         "all",
-        "--configfile",
-        str(REPO / "config.yaml"),
-        str(bad),
-        "--directory",
-        str(tmp_path),
-        "--snakefile",
-        str(REPO / "Snakefile"),
+        edit="datasets:\n  cifar10: {archvie: /data/cifar-10-python.tar.gz}\nplasticity: {n_pair: 64}\n",
     )
     out = result.stdout + result.stderr
     assert result.returncode != 0
@@ -494,18 +486,8 @@ def test_datasets_sharing_a_download_must_agree_on_its_checksum(paper_config: di
 
 
 def test_multi_file_url_without_slash_stops_snakemake(tmp_path: Path) -> None:
-    bad = tmp_path / "mirror.yaml"
-    bad.write_text("datasets:\n  pet: {url: 'https://mirror.example/pets'}\n")
-    result = snakemake(
-        "-n",
-        "all",
-        "--configfile",
-        str(REPO / "config.yaml"),
-        str(bad),
-        "--directory",
-        str(tmp_path),
-        "--snakefile",
-        str(REPO / "Snakefile"),
+    result = paper_dry_run(
+        tmp_path, "all", edit="datasets:\n  pet: {url: 'https://mirror.example/pets'}\n"
     )
     out = result.stdout + result.stderr
     assert result.returncode != 0

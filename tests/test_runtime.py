@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.test_config import paper_dry_run
 from vitplasticity import runtime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,27 +217,14 @@ def test_the_paper_plan_asks_for_at_most_the_schedulers_cap(tmp_path: Path) -> N
     """`snakemake -n` on config.yaml with scheduler.max_runtime_minutes: ViT-H's fp32
     DomainNet run asks for the cap instead of ~11 days; ViT-B's cifar10 run keeps its own."""
     cap = 2880  # two days, a common partition limit
-    (tmp_path / "cap.yaml").write_text(yaml.safe_dump({"scheduler": {"max_runtime_minutes": cap}}))
     runs = {
         "sgd/vit_base/cifar10/mha/lr0.01_seed0": 847,
         "model_size/vit_huge/domainnet-clipart/mha/lr0.01_seed0": cap,
     }
-    result = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "snakemake"),
-            "--snakefile",
-            str(REPO / "Snakefile"),
-            "--directory",
-            str(tmp_path),
-            "--configfile",
-            str(REPO / "config.yaml"),
-            str(tmp_path / "cap.yaml"),
-            "-n",
-            *(f"results/finetune/{run}/summary.json" for run in runs),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = paper_dry_run(
+        tmp_path,
+        *(f"results/finetune/{run}/summary.json" for run in runs),
+        edit=yaml.safe_dump({"scheduler": {"max_runtime_minutes": cap}}),
     )
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-3000:]
