@@ -683,6 +683,9 @@ def test_cli_prepare_killed_by_sigterm_leaves_nothing(tmp_path):
     # SLURM's scancel and a killed Snakemake send SIGTERM: the prepared-store writer's
     # temporary folder must go too, not only on exceptions.
     root = image_tree(tmp_path / "tree", {})
+    for image in list(root.glob("*/*.jpg")):  # 400 images: the writer is open for a second
+        for copy in range(49):
+            (image.parent / f"{image.stem}_{copy}.jpg").write_bytes(image.read_bytes())
     store = tmp_path / "store"
     spec = json.dumps({"source": "image_folder", "root": str(root)})
     command = ["prepare", "--dataset", "pets", "--spec", spec, "--out", str(store / "pets")]
@@ -690,7 +693,7 @@ def test_cli_prepare_killed_by_sigterm_leaves_nothing(tmp_path):
         [sys.executable, "-m", "vitplasticity.cli", *command], stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 120
-    # The writer's temporary folder appears before the images are decoded (torch loads then).
+    # The writer's temporary folder appears once torch is loaded, before the images are read.
     while not list(store.glob(".pets.*")) and process.poll() is None:
         assert time.monotonic() < deadline, "the writer never started"
         time.sleep(0.01)

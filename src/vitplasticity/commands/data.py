@@ -57,7 +57,10 @@ def exit_on_sigterm() -> Iterator[None]:
     exception, the writers remove them on the way out.
     """
 
+    received: list[int] = []
+
     def stop(signum: int, frame: object) -> None:
+        received.append(signum)
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, stop)
@@ -65,11 +68,23 @@ def exit_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if received:
+        # The SystemExit was swallowed on its way out (library code with a bare except):
+        # the job was still told to stop, so it must not report success.
+        raise SystemExit(128 + received[0])
+
+
+def _import_decoders() -> None:
+    """Import torch and torchvision (the image decoders) before SIGTERM becomes SystemExit:
+    a SystemExit raised inside their import was seen swallowed there, and the prepare then
+    ran to its end."""
+    import vitplasticity.data.transforms  # noqa: F401
 
 
 def run_prepare(args: argparse.Namespace) -> int:
     from vitplasticity.data.prepare import prepare_dataset
 
+    _import_decoders()
     with exit_on_sigterm():
         counts = prepare_dataset(args.dataset, args.spec, args.out, downloads=args.downloads)
     log.info("prepared %s into %s: %s", args.dataset, args.out, counts)
@@ -79,6 +94,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 def run_reference(args: argparse.Namespace) -> int:
     from vitplasticity.data.reference import build_reference
 
+    _import_decoders()
     with exit_on_sigterm():
         n = build_reference(
             args.out,
