@@ -1,0 +1,128 @@
+"""What timm's transformer families share: their MLPs (plain, gated with split or packed
+projections), their attention's per-head projections, and the top-level parts timm names
+alike (``patch_embed``, ``cls_token``, ``norm``, ``head``...)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vitplasticity.architectures.base import (
+    AttentionWeights,
+    Owned,
+    UndefinedStage,
+    UnsupportedModel,
+)
+
+EMBEDDING_MODULES: tuple[str, ...] = ("patch_embed", "norm_pre")
+"""Top-level modules of the ``emb`` configuration where a timm model has them."""
+EMBEDDING_TOKENS: tuple[str, ...] = ("cls_token", "reg_token", "pos_embed", "dist_token")
+"""Top-level parameters of the ``emb`` configuration (extra tokens and positions)."""
+HEAD_MODULES: tuple[str, ...] = ("norm", "fc_norm", "attn_pool", "head", "head_dist")
+"""The final norm, pooling and classifier: trained by every configuration."""
+
+
+def _present_modules(model: nn.Module, names: tuple[str, ...]) -> tuple[nn.Module, ...]:
+    return tuple(
+        module for name in names if isinstance(module := getattr(model, name, None), nn.Module)
+    )
+
+
+def timm_embedding(model: nn.Module) -> Owned:
+    """patch_embed (and norm_pre where it has parameters, CLIP's ln_pre), cls/register/
+    distillation tokens and the absolute position embedding."""
+    tokens = tuple(
+        p for name in EMBEDDING_TOKENS if isinstance(p := getattr(model, name, None), nn.Parameter)
+    )
+    return Owned(_present_modules(model, EMBEDDING_MODULES), tokens)
+
+
+def timm_head(model: nn.Module) -> Owned:
+    """The final norm(s), attention pooling (SigLIP's MAP head) and the classifier."""
+    return Owned(_present_modules(model, HEAD_MODULES))
+
+
+def is_gated_split(mlp: nn.Module) -> bool:
+    """timm ``SwiGLU``: separate gate ``fc1_g`` and up ``fc1_x`` projections."""
+    return isinstance(getattr(mlp, "fc1_g", None), nn.Linear) and isinstance(
+        getattr(mlp, "fc1_x", None), nn.Linear
+    )
+
+
+def is_gated_packed(mlp: nn.Module) -> bool:
+    """timm ``GluMlp`` (SwiGLUPacked): gate and up projections packed in one ``fc1``."""
+    return type(mlp).__name__ == "GluMlp"
+
+
+def mlp_fc1(mlp: nn.Module, mode: str) -> tuple[nn.Module, ...]:
+    """FC1 of a timm MLP: its first linear stage (``stage``), or the up projection alone
+    (``up``; a gated MLP with split projections only).
+
+    Raises:
+        UnsupportedModel: for an MLP that is neither plain nor gated, or ``up`` on a packed
+            gated MLP (its up projection is half of one Linear, not a module).
+    """
+    if is_gated_split(mlp):
+        return (mlp.fc1_g, mlp.fc1_x) if mode == "stage" else (mlp.fc1_x,)
+    fc1 = getattr(mlp, "fc1", None)
+    if not isinstance(fc1, nn.Linear) or not isinstance(getattr(mlp, "fc2", None), nn.Linear):
+        raise UnsupportedModel(
+            f"{type(mlp).__name__} MLP: expected Linear fc1 (or fc1_g + fc1_x) and fc2"
+        )
+    if mode == "up" and is_gated_packed(mlp):
+        raise UnsupportedModel(
+            "fc1 mode 'up' needs separate gate and up projections; this GluMlp packs both in "
+            "one Linear (use fc1 mode 'stage')"
+        )
+    if mode not in ("stage", "up"):
+        raise ValueError(f"unknown fc1 mode {mode!r}: 'stage' or 'up'")
+    return (fc1,)
+
+
+def mlp_from_parts(
+    mlp: nn.Module, fc1: tuple[nn.Module, ...], fc2: nn.Module, x: torch.Tensor
+) -> torch.Tensor:
+    """The MLP's forward pass from its mapped fc1 (stage) and fc2, and its own activation,
+    dropout and inner norm: what timm's Mlp, GluMlp and SwiGLU compute."""
+    if is_gated_split(mlp):
+        gate, up = fc1
+        hidden = mlp.act(gate(x)) * up(x)
+    elif is_gated_packed(mlp):
+        (linear,) = fc1
+        x1, x2 = linear(x).chunk(2, dim=-1)
+        hidden = x1 * mlp.act(x2) if mlp.gate_last else mlp.act(x1) * x2
+    else:
+        (linear,) = fc1
+        hidden = mlp.act(linear(x))
+    return mlp.drop2(fc2(mlp.norm(mlp.drop1(hidden))))
+
+
+def fused_attention_weights(attention: nn.Module) -> AttentionWeights:
+    """Q, K, V from a fused ``qkv`` Linear (q, k, v stacked along rows) or from separate
+    ``q_proj``/``k_proj``/``v_proj``, and O from ``proj``.
+
+    Raises:
+        UndefinedStage: when the attention normalises q and k, normalises its output before
+            ``proj`` or gates it: the paper's bound is stated for softmax(x A x^T) V alone.
+    """
+    for name in ("q_norm", "k_norm", "norm"):
+        module = getattr(attention, name, None)
+        if module is not None and not isinstance(module, nn.Identity):
+            raise UndefinedStage(
+                f"{type(attention).__name__}.{name} is {type(module).__name__}: the paper's MHA "
+                "bound is stated for attention without normalised queries, keys or outputs"
+            )
+    if getattr(attention, "gate", None) is not None:
+        raise UndefinedStage(
+            f"{type(attention).__name__} gates its output: the paper's MHA bound does not cover it"
+        )
+    if isinstance(getattr(attention, "qkv", None), nn.Linear):
+        qkv = attention.qkv.weight
+        query, key, value = qkv.split(qkv.shape[0] // 3)
+    else:
+        query, key, value = (
+            attention.q_proj.weight,
+            attention.k_proj.weight,
+            attention.v_proj.weight,
+        )
+    return AttentionWeights(query, key, value, attention.proj.weight, attention.num_heads)
