@@ -283,8 +283,10 @@ def test_errors_name_the_culprit(tiny_vit: torch.nn.Module) -> None:
     images = _images(2, seed=18).float()
     with pytest.raises(ValueError, match=r"'bogus'.*embedding, in_situ"):
         measure(tiny_vit, images, images, protocol="bogus")
-    with pytest.raises(ValueError, match="not a timm VisionTransformer"):
+    with pytest.raises(ValueError, match=r"Sequential .*no vitplasticity architecture.*timm_vit"):
         measure(torch.nn.Sequential(torch.nn.Linear(3, 3)), images, images)
+    with pytest.raises(ValueError, match="unknown fc1 mode 'gate'; valid modes: stage, up"):
+        measure(tiny_vit, images, images, fc1="gate")
     with pytest.raises(ValueError, match="fewer than the 5 pairs"):
         measure(tiny_vit, images, images, n_pairs=5)
     with pytest.raises(ValueError, match="fewer than the 5 pairs"):

@@ -1,7 +1,7 @@
 """Plasticity: the average rate of change ||f(x) - f(y)||_F / ||x - y||_F of every component f
-(ln1, mha, ln2, fc1, fc2) of every block of a timm ViT, over pairs of images (docs/protocol.md).
-Other architectures (timm DINOv3, transformers GPT2 on token ids) go through their adapter
-(:mod:`vitplasticity.adapters`), which says what their embedding and components are.
+(ln1, mha, ln2, fc1, fc2) of every block of a transformer, over pairs of images or token
+sequences (docs/protocol.md). The model's architecture (:mod:`vitplasticity.architectures`)
+says what its embedding and its components are; the measurement knows no module names.
 
 Two protocols decide what each component is fed:
 
@@ -36,8 +36,13 @@ import polars as pl
 import torch
 from torch import nn
 
-from vitplasticity import COMPONENTS
-from vitplasticity.adapters import Adapter, Embedded, TimmViT, adapter_for
+from vitplasticity import COMPONENTS, FC1_MODES
+from vitplasticity.architectures import (
+    Architecture,
+    Embedded,
+    UnsupportedModel,
+    architecture_for,
+)
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import read_split
 from vitplasticity.data.transforms import decoded_batches
@@ -83,23 +88,35 @@ def check_protocols(protocols: Sequence[str]) -> tuple[str, ...]:
     return tuple(protocols)
 
 
-def vit_blocks(model: nn.Module) -> list[nn.Module]:
-    """The blocks of a timm VisionTransformer, after checking it has every part we use.
+def check_fc1_mode(fc1: str) -> str:
+    """Return ``fc1`` after checking it is one of :data:`FC1_MODES`.
 
     Raises:
-        ValueError: when ``model`` lacks the embedding or a block lacks a component module,
-            naming what is missing.
+        ValueError: naming it and the valid modes.
     """
-    return TimmViT().blocks(model)
+    if fc1 not in FC1_MODES:
+        raise ValueError(f"unknown fc1 mode {fc1!r}; valid modes: {', '.join(FC1_MODES)}")
+    return fc1
 
 
 def embedding_tokens(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """The embedding output of ``images`` (B, 3, H, W): what the first block receives.
+    """The embedding output of ``images`` (B, 3, H, W): what the first block receives, (B, n, d).
 
-    Patch embedding, cls token and position embedding (timm's ``_pos_embed``), then
-    ``patch_drop`` and ``norm_pre`` (identities in the paper's models): (B, n, d).
+    For a timm ViT: patch embedding, cls token and position embedding (timm's ``_pos_embed``),
+    then ``patch_drop`` and ``norm_pre`` (identities in the paper's models).
     """
-    return TimmViT().embed(model, images).tokens
+    return architecture_for(model).embed(model, images).tokens
+
+
+def fc1_mode_matters(architecture: Architecture, blocks: Sequence[nn.Module]) -> bool:
+    """Whether the fc1 mode changes what FC1 is in any block (a gated MLP)."""
+    for block in blocks:
+        try:
+            if architecture.components(block, "up")["fc1"] != architecture.components(block)["fc1"]:
+                return True
+        except UnsupportedModel:  # a packed gated MLP: "up" is refused, "stage" is gated
+            return True
+    return False
 
 
 def _pair_norms(activations: torch.Tensor, n_pairs: int) -> torch.Tensor:
@@ -124,15 +141,20 @@ def _joint_pair_norms(parts: Sequence[torch.Tensor], n_pairs: int) -> torch.Tens
 
 
 def _embedding_protocol(
-    adapter: Adapter, model: nn.Module, blocks: list[nn.Module], inputs: torch.Tensor, n_pairs: int
+    architecture: Architecture,
+    model: nn.Module,
+    blocks: list[nn.Module],
+    inputs: torch.Tensor,
+    n_pairs: int,
+    fc1: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Numerators and denominators (n_blocks, 5, B) of the embedding protocol."""
-    embedded = adapter.embed(model, inputs)  # tokens (2B, n, d)
+    embedded = architecture.embed(model, inputs)  # tokens (2B, n, d)
     denominator = _pair_norms(embedded.tokens, n_pairs)  # (B,): the same pair feeds every component
     numerators = []
     for index, block in enumerate(blocks):
-        # FC2 is fc2([x, 0, 0, 0]): the adapter multiplies x by fc2's first d input columns only.
-        outputs = adapter.embedding_outputs(block, index, embedded)
+        # FC2 is fc2([x, 0, 0, 0]): x meets fc2's first d input columns only.
+        outputs = architecture.embedding_outputs(block, index, embedded, fc1)
         numerators.append(torch.stack([_joint_pair_norms(out, n_pairs) for out in outputs]))
     numerator = torch.stack(numerators)  # (n_blocks, 5, B)
     return numerator, denominator.expand_as(numerator)
@@ -147,9 +169,11 @@ class _InSituRecorder:
     output tensor (attn gets norm1's output, fc1 gets norm2's) reuses that norm.
     """
 
-    def __init__(self, adapter: Adapter, blocks: list[nn.Module], n_pairs: int) -> None:
+    def __init__(
+        self, architecture: Architecture, blocks: list[nn.Module], n_pairs: int, fc1: str
+    ) -> None:
         self.n_pairs = n_pairs
-        self._output_of = adapter.hook_output
+        self._output_of = architecture.hook_output
         self.numerators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
         self.denominators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
         # Per (block, component): the pair norms of each of its modules' outputs (a gated fc1
@@ -160,7 +184,7 @@ class _InSituRecorder:
         self._handles = [
             module.register_forward_hook(self._hook(b, c, len(modules)))
             for b, block in enumerate(blocks)
-            for c, modules in enumerate(adapter.in_situ_modules(block).values())
+            for c, modules in enumerate(architecture.components(block, fc1).values())
             for module in modules
         ]
 
@@ -201,15 +225,20 @@ class _InSituRecorder:
 
 
 def _in_situ_protocol(
-    adapter: Adapter, model: nn.Module, blocks: list[nn.Module], inputs: torch.Tensor, n_pairs: int
+    architecture: Architecture,
+    model: nn.Module,
+    blocks: list[nn.Module],
+    inputs: torch.Tensor,
+    n_pairs: int,
+    fc1: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Numerators and denominators (n_blocks, 5, B) of the in-situ protocol."""
-    recorder = _InSituRecorder(adapter, blocks, n_pairs)
+    recorder = _InSituRecorder(architecture, blocks, n_pairs, fc1)
     try:
-        embedded: Embedded = adapter.embed(model, inputs)
+        embedded: Embedded = architecture.embed(model, inputs)
         tokens = embedded.tokens
         for index, block in enumerate(blocks):
-            tokens = adapter.run_block(block, index, tokens, embedded)
+            tokens = architecture.run_block(block, index, tokens, embedded)
     finally:
         recorder.remove()
     return recorder.result()
@@ -219,12 +248,12 @@ _PROTOCOL_FUNCTIONS = {"embedding": _embedding_protocol, "in_situ": _in_situ_pro
 
 
 def _image_chunks(
-    source: Images, name: str, *, cycle: bool, adapter: Adapter
+    source: Images, name: str, *, cycle: bool, architecture: Architecture
 ) -> Iterator[torch.Tensor]:
     """The non-empty batches of ``source``, started over at its end when ``cycle``.
 
     Raises:
-        ValueError: when ``source`` holds no image, a batch is not what ``adapter`` takes
+        ValueError: when ``source`` holds no image, a batch is not what ``architecture`` takes
             ((N, 3, H, W) images, (N, L) token ids), or a one-shot iterator would have to be
             cycled.
     """
@@ -233,7 +262,7 @@ def _image_chunks(
     while True:
         seen = 0
         for chunk in batches:
-            adapter.check_batch(chunk, name)
+            architecture.check_batch(chunk, name)
             if len(chunk):
                 seen += len(chunk)
                 yield chunk
@@ -284,6 +313,7 @@ def measure_protocols(
     batch_size: int = 64,
     n_pairs: int | None = None,
     progress: Callable[[int], None] | None = None,
+    fc1: str = "stage",
 ) -> pl.DataFrame:
     """Plasticity of every component of every block, per image pair, for several protocols.
 
@@ -295,8 +325,11 @@ def measure_protocols(
         One row per (protocol, block, component, pair), columns :data:`PAIR_SCHEMA`.
     """
     protocols = check_protocols(protocols)
-    adapter = adapter_for(model)
-    blocks = adapter.blocks(model)
+    fc1 = check_fc1_mode(fc1)
+    architecture = architecture_for(model)
+    blocks = architecture.blocks(model)
+    for block in blocks:
+        architecture.components(block, fc1)  # an fc1 mode the MLP cannot take, named now
     if model.training:
         raise ValueError("model is in training mode (dropout would be random): call model.eval()")
     if batch_size < 1:
@@ -310,8 +343,12 @@ def measure_protocols(
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
 
-    references = _ImageQueue(_image_chunks(reference, "reference", cycle=False, adapter=adapter))
-    downstreams = _ImageQueue(_image_chunks(downstream, "downstream", cycle=True, adapter=adapter))
+    references = _ImageQueue(
+        _image_chunks(reference, "reference", cycle=False, architecture=architecture)
+    )
+    downstreams = _ImageQueue(
+        _image_chunks(downstream, "downstream", cycle=True, architecture=architecture)
+    )
     # Per protocol: a list of per-batch (numerator, denominator) tensors, left on the device
     # until the end so that no batch waits on a host copy.
     found: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {p: [] for p in protocols}
@@ -329,10 +366,12 @@ def measure_protocols(
                     f"reference images {tuple(ref_batch.shape[1:])} and downstream images "
                     f"{tuple(down_batch.shape[1:])} differ in shape"
                 )
-            inputs = adapter.to_device(torch.cat([ref_batch, down_batch]), device, dtype)
+            inputs = architecture.to_device(torch.cat([ref_batch, down_batch]), device, dtype)
             for protocol in protocols:
                 found[protocol].append(
-                    _PROTOCOL_FUNCTIONS[protocol](adapter, model, blocks, inputs, len(ref_batch))
+                    _PROTOCOL_FUNCTIONS[protocol](
+                        architecture, model, blocks, inputs, len(ref_batch), fc1
+                    )
                 )
             done += len(ref_batch)
             if progress is not None:
@@ -362,13 +401,15 @@ def measure(
     batch_size: int = 64,
     n_pairs: int | None = None,
     progress: Callable[[int], None] | None = None,
+    fc1: str = "stage",
 ) -> pl.DataFrame:
     """Plasticity of every component of every block of ``model``, per image pair.
 
     Args:
-        model: a timm VisionTransformer in eval mode; it runs on its own device and dtype.
-            Also a timm DINOv3 (Eva) model, or a transformers GPT2Model fed token ids (N, L)
-            as ``reference`` and ``downstream`` (see :mod:`vitplasticity.adapters`).
+        model: a model of a registered architecture (:mod:`vitplasticity.architectures`: a
+            timm ViT, Eva (EVA-02, DINOv3, rope ViT) or Beit; a transformers GPT2Model fed
+            token ids (N, L) as ``reference`` and ``downstream``) in eval mode; it runs on its
+            own device and dtype.
         reference: preprocessed reference images (N, 3, H, W), or an iterable of batches.
         downstream: preprocessed downstream images, the same way; pair i is reference image
             i with downstream image i, and the downstream set is cycled when shorter (an
@@ -378,6 +419,9 @@ def measure(
         batch_size: pairs per forward pass (each pass carries 2 x batch_size images).
         n_pairs: pairs to measure; defaults to every reference image.
         progress: called with the number of pairs done after each batch.
+        fc1: what FC1 of a gated MLP is (:data:`vitplasticity.architectures.FC1_MODES`):
+            ``stage`` (gate and up projections together, the default) or ``up`` (the up
+            projection alone, the reference code's DINOv3 ablation). A plain MLP has one fc1.
 
     Returns:
         One row per (block, component, pair): protocol, block (0-based), component, pair,
@@ -385,8 +429,10 @@ def measure(
         ||x - y||_F of that component's inputs, all float64. Identical inputs give ratio NaN.
 
     Raises:
-        ValueError: for an unknown protocol (listing the valid ones), a model no adapter
-            knows, fewer reference images than ``n_pairs``, or malformed input batches.
+        ValueError: for an unknown protocol or fc1 mode (listing the valid ones), fewer
+            reference images than ``n_pairs``, or malformed input batches.
+        UnsupportedModel: for a model no architecture knows (naming its class and the known
+            families), or an fc1 mode its MLP cannot take.
     """
     return measure_protocols(
         model,
@@ -396,6 +442,7 @@ def measure(
         batch_size=batch_size,
         n_pairs=n_pairs,
         progress=progress,
+        fc1=fc1,
     )
 
 
@@ -508,6 +555,7 @@ def measure_dataset(
     batch_size: int = 64,
     device: str = "auto",
     dtype: str = "float32",
+    fc1: str = "stage",
     demo: bool = False,
 ) -> Measurement:
     """The plasticity of model ``model_name`` (its config entry ``model_spec``) between a
@@ -523,6 +571,7 @@ def measure_dataset(
     """
     # Every input is checked before the model is built or an image decoded.
     protocols = check_protocols(protocols)
+    fc1 = check_fc1_mode(fc1)
     if n_pairs < 1:
         raise ValueError(f"--n-pairs must be >= 1, got {n_pairs}")
     if batch_size < 1:
@@ -540,6 +589,8 @@ def measure_dataset(
     dataset = Path(dataset_dir).name
 
     model = build_model(spec, num_classes=0).eval()
+    architecture = architecture_for(model)
+    gated = fc1_mode_matters(architecture, architecture.blocks(model))  # refusals named here
     model = model.to(device=target, dtype=getattr(torch, dtype))
     pre = preprocessing(model, spec)
     # Pair i: reference i with downstream i mod len(downstream), cycled here by reference so
@@ -565,6 +616,7 @@ def measure_dataset(
             batch_size=batch_size,
             n_pairs=n_pairs,
             progress=progress,
+            fc1=fc1,
         )
     settings: dict[str, Any] = {
         "model_spec": model_spec,
@@ -578,6 +630,8 @@ def measure_dataset(
         "dtype": dtype,
         "preprocessing": asdict(pre),
     }
+    if gated:  # what FC1 measured; a plain MLP has one fc1 whatever the mode
+        settings["fc1"] = fc1
     return measurement(
         pairs, model=model_name, dataset=dataset, settings=settings, device=target, demo=demo
     )

@@ -21,6 +21,7 @@ rule plasticity:
         batch_size=config["plasticity"]["batch_size"],
         device=config["plasticity"]["device"],
         dtype=config["plasticity"]["dtype"],
+        fc1=config["plasticity"]["fc1"],
         demo_flag="--demo" if config["demo"] else "",
     resources:
         runtime=plasticity_runtime,
@@ -32,7 +33,7 @@ rule plasticity:
         " --reference {input.reference:q} --dataset-dir {input.dataset:q} --split {params.split}"
         " --protocols {params.protocols} --n-pairs {params.n_pairs}"
         " --batch-size {params.batch_size} --device {params.device} --dtype {params.dtype}"
-        " {params.demo_flag}"
+        " --fc1 {params.fc1} {params.demo_flag}"
         " --out {output.pairs:q} --summary {output.summary:q} > {log:q} 2>&1"
 
 

@@ -7,8 +7,8 @@ which parameter is whose (:class:`ParameterMap`). See docs/architectures.md.
 
 from torch import nn
 
+from vitplasticity import FC1_MODES
 from vitplasticity.architectures.base import (
-    FC1_MODES,
     Architecture,
     AttentionWeights,
     Declared,

@@ -19,11 +19,6 @@ from torch import nn
 
 from vitplasticity import COMPONENTS
 
-FC1_MODES: tuple[str, ...] = ("stage", "up")
-"""What FC1 of a gated MLP is in a plasticity measurement: ``stage``, the MLP's first linear
-stage (gate and up projections together, their outputs concatenated; the default); ``up``, the
-up projection alone (the reference code's DINOv3 ablation). A plain MLP has one fc1 either way."""
-
 Parts = tuple[torch.Tensor, ...]
 """A component's output as one or more tensors whose feature-wise concatenation it is."""
 

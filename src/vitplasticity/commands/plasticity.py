@@ -6,6 +6,7 @@ import argparse
 import importlib
 from typing import Any
 
+from vitplasticity import FC1_MODES
 from vitplasticity.commands import DTYPES, json_argument, write_measurement
 
 # Helpers that moved to the modules they belong to, still importable from here (lazily: the
@@ -47,6 +48,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dtype", choices=DTYPES, default="float32", help="compute dtype (norms are float64)"
     )
+    parser.add_argument(
+        "--fc1",
+        choices=FC1_MODES,
+        default="stage",
+        help="a gated MLP's FC1: stage (gate + up projections) or up (the up projection alone, "
+        "the reference code's DINOv3 ablation)",
+    )
     parser.add_argument("--demo", action="store_true", help="label the outputs as a demo")
     parser.add_argument("--out", required=True, help="per-pair Parquet file")
     parser.add_argument("--summary", required=True, help="per-(block, component) Parquet file")
@@ -68,6 +76,7 @@ def run_plasticity(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         device=args.device,
         dtype=args.dtype,
+        fc1=args.fc1,
         demo=args.demo,
     )
     write_measurement(result, args.out, args.summary)
