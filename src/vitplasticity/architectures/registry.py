@@ -9,10 +9,15 @@ from __future__ import annotations
 from torch import nn
 
 from vitplasticity.architectures.base import Architecture, UnsupportedModel
+from vitplasticity.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.architectures.timm_vit import TimmVisionTransformer
 
 ARCHITECTURES: dict[str, Architecture] = {
-    architecture.name: architecture for architecture in (TimmVisionTransformer(),)
+    architecture.name: architecture
+    for architecture in (
+        TimmVisionTransformer(),
+        HFGPT2(),
+    )
 }
 """Every known family by name, checked in this order."""
 
