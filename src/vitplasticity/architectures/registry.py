@@ -10,12 +10,16 @@ from torch import nn
 
 from vitplasticity.architectures.base import Architecture, UnsupportedModel
 from vitplasticity.architectures.hf_gpt2 import HFGPT2
+from vitplasticity.architectures.timm_beit import TimmBeit
+from vitplasticity.architectures.timm_eva import TimmEva
 from vitplasticity.architectures.timm_vit import TimmVisionTransformer
 
 ARCHITECTURES: dict[str, Architecture] = {
     architecture.name: architecture
     for architecture in (
         TimmVisionTransformer(),
+        TimmEva(),
+        TimmBeit(),
         HFGPT2(),
     )
 }
