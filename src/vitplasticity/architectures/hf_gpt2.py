@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from vitplasticity.architectures.base import (
-    FC1_MODES,
     Architecture,
     AttentionWeights,
     Embedded,
@@ -110,9 +109,9 @@ class HFGPT2(Architecture):
     # --- which parameters are whose -----------------------------------------------------------
 
     def components(self, block: nn.Module, fc1: str = "stage") -> dict[str, tuple[nn.Module, ...]]:
-        if fc1 not in FC1_MODES:
-            raise ValueError(f"unknown fc1 mode {fc1!r}: one of {', '.join(FC1_MODES)}")
-        # A plain MLP: its first linear stage is the up projection either way.
+        # A plain MLP: its first linear stage is the up projection, in either fc1 mode.
+        if fc1 not in ("stage", "up"):
+            raise ValueError(f"unknown fc1 mode {fc1!r}: 'stage' or 'up'")
         return {
             "ln1": (block.ln_1,),
             "mha": (block.attn,),
