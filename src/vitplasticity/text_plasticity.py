@@ -27,7 +27,7 @@ AUTO_TOKENIZER = "auto"
 
 
 def gpt2_entry(spec: Any) -> dict[str, Any]:
-    """The :func:`vitplasticity.adapters.build_gpt2` entry of a ``text_plasticity.models`` entry.
+    """The :func:`vitplasticity.text_models.build_gpt2` entry of a ``text_plasticity.models`` entry.
 
     Raises:
         ValueError: when ``spec`` is not a mapping or has an unknown key, naming it.
@@ -81,16 +81,17 @@ def measure_text(
 
     Raises:
         ValueError: for a bad argument (naming its CLI flag), a sequence longer than the
-            model's positions, or fewer reference sequences than ``n_pairs``.
-        FileNotFoundError: for a missing text file.
+            model's positions, fewer reference sequences than ``n_pairs``, or a ``source``
+            that is not a complete GPT2 checkpoint (:func:`~vitplasticity.text_models.build_gpt2`).
+        FileNotFoundError: for a missing text file, or a ``source`` folder without config.json.
     """
     import torch
 
-    from vitplasticity.adapters import build_gpt2
     from vitplasticity.data.text import cycled, load_tokenizer, read_sequences
     from vitplasticity.models import pick_device
     from vitplasticity.plasticity import check_protocols, measure_protocols, measurement
     from vitplasticity.progress import ProgressReporter
+    from vitplasticity.text_models import build_gpt2
 
     # Every argument and file is checked before the model runs.
     protocols = check_protocols(protocols)

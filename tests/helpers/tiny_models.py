@@ -37,6 +37,32 @@ def _timm(timm_id: str, family: str, image: int = 32, **kwargs) -> TinyModel:
     return TinyModel(timm_id, family, build, inputs, timm_id, kwargs)
 
 
+GPT2_TINY_CONFIG = {
+    "n_embd": 48,
+    "n_layer": 2,
+    "n_head": 3,
+    "vocab_size": 64,
+    "n_positions": 16,
+    "attn_implementation": "eager",
+}
+"""A tiny GPT2Config: 2 blocks of width 48, 3 heads, 64 token ids, 16 positions."""
+
+
+def _gpt2() -> TinyModel:
+    def build() -> nn.Module:
+        from vitplasticity.optional import require_transformers
+
+        transformers = require_transformers()
+        torch.manual_seed(0)
+        return transformers.GPT2Model(transformers.GPT2Config(**GPT2_TINY_CONFIG))
+
+    def inputs(n: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(n)
+        return torch.randint(0, GPT2_TINY_CONFIG["vocab_size"], (n, 12), generator=generator)
+
+    return TinyModel("gpt2_tiny", "hf_gpt2", build, inputs)
+
+
 TINY_MODELS: list[TinyModel] = [
     _timm("vit_tiny_patch16_224", "timm_vit", patch_size=8),
     _timm("deit3_small_patch16_224", "timm_vit", patch_size=8),
@@ -51,6 +77,7 @@ TINY_MODELS: list[TinyModel] = [
     _timm("vit_base_patch16_rope_mixed_224", "timm_eva"),
     _timm("beit_base_patch16_224", "timm_beit"),
     _timm("beitv2_base_patch16_224", "timm_beit"),
+    _gpt2(),
 ]
 """Every family's tiny models; each family has at least one (tests/test_architectures.py)."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from vitplasticity.architectures.base import Architecture, UnsupportedModel
+from vitplasticity.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.architectures.timm_beit import TimmBeit
 from vitplasticity.architectures.timm_eva import TimmEva
 from vitplasticity.architectures.timm_vit import TimmVisionTransformer
@@ -19,6 +20,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         TimmVisionTransformer(),
         TimmEva(),
         TimmBeit(),
+        HFGPT2(),
     )
 }
 """Every known family by name, checked in this order."""
