@@ -36,13 +36,14 @@ import polars as pl
 import torch
 from torch import nn
 
-from vitplasticity import COMPONENTS, FC1_MODES
+from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
     Architecture,
     Embedded,
     UnsupportedModel,
     architecture_for,
 )
+from vitplasticity.architectures.base import check_fc1_mode
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import read_split
 from vitplasticity.data.transforms import decoded_batches
@@ -86,17 +87,6 @@ def check_protocols(protocols: Sequence[str]) -> tuple[str, ...]:
                 f"unknown plasticity protocol {protocol!r}; valid protocols: {', '.join(PROTOCOLS)}"
             )
     return tuple(protocols)
-
-
-def check_fc1_mode(fc1: str) -> str:
-    """Return ``fc1`` after checking it is one of :data:`FC1_MODES`.
-
-    Raises:
-        ValueError: naming it and the valid modes.
-    """
-    if fc1 not in FC1_MODES:
-        raise ValueError(f"unknown fc1 mode {fc1!r}; valid modes: {', '.join(FC1_MODES)}")
-    return fc1
 
 
 def embedding_tokens(model: nn.Module, images: torch.Tensor) -> torch.Tensor:

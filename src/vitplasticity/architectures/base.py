@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitplasticity import COMPONENTS
+from vitplasticity import COMPONENTS, FC1_MODES
 
 Parts = tuple[torch.Tensor, ...]
 """A component's output as one or more tensors whose feature-wise concatenation it is."""
@@ -110,6 +110,17 @@ def padded_linear(module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
             f"{width} of a token: the zero-padded FC2 input is undefined"
         )
     return F.linear(tokens, weight[:, :width], bias)
+
+
+def check_fc1_mode(fc1: str) -> str:
+    """Return ``fc1`` after checking it is one of :data:`vitplasticity.FC1_MODES`.
+
+    Raises:
+        ValueError: naming it and the valid modes.
+    """
+    if fc1 not in FC1_MODES:
+        raise ValueError(f"unknown fc1 mode {fc1!r}; valid modes: {', '.join(FC1_MODES)}")
+    return fc1
 
 
 def has_submodule(module: nn.Module, path: str) -> bool:

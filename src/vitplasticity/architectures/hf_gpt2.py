@@ -29,6 +29,7 @@ from vitplasticity.architectures.base import (
     Owned,
     UndefinedStage,
     UnsupportedModel,
+    check_fc1_mode,
     linear_weight,
 )
 
@@ -110,8 +111,7 @@ class HFGPT2(Architecture):
 
     def components(self, block: nn.Module, fc1: str = "stage") -> dict[str, tuple[nn.Module, ...]]:
         # A plain MLP: its first linear stage is the up projection, in either fc1 mode.
-        if fc1 not in ("stage", "up"):
-            raise ValueError(f"unknown fc1 mode {fc1!r}: 'stage' or 'up'")
+        check_fc1_mode(fc1)
         return {
             "ln1": (block.ln_1,),
             "mha": (block.attn,),

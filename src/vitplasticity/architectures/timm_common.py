@@ -13,6 +13,7 @@ from vitplasticity.architectures.base import (
     Owned,
     UndefinedStage,
     UnsupportedModel,
+    check_fc1_mode,
 )
 
 EMBEDDING_MODULES: tuple[str, ...] = ("patch_embed", "norm_pre")
@@ -63,6 +64,7 @@ def mlp_fc1(mlp: nn.Module, mode: str) -> tuple[nn.Module, ...]:
         UnsupportedModel: for an MLP that is neither plain nor gated, or ``up`` on a packed
             gated MLP (its up projection is half of one Linear, not a module).
     """
+    check_fc1_mode(mode)
     if is_gated_split(mlp):
         return (mlp.fc1_g, mlp.fc1_x) if mode == "stage" else (mlp.fc1_x,)
     fc1 = getattr(mlp, "fc1", None)
@@ -75,8 +77,6 @@ def mlp_fc1(mlp: nn.Module, mode: str) -> tuple[nn.Module, ...]:
             "fc1 mode 'up' needs separate gate and up projections; this GluMlp packs both in "
             "one Linear (use fc1 mode 'stage')"
         )
-    if mode not in ("stage", "up"):
-        raise ValueError(f"unknown fc1 mode {mode!r}: 'stage' or 'up'")
     return (fc1,)
 
 

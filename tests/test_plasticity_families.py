@@ -1,18 +1,20 @@
-"""Plasticity of timm DINOv3 and transformers GPT2 models against direct float64 computations
-written here from the weights (tiny random-init models, nothing downloaded)."""
+"""Plasticity of the timm DINOv3 (Eva) and transformers GPT2 families against direct float64
+computations written here from the weights (tiny random-init models, nothing downloaded)."""
 
 from __future__ import annotations
 
 import sys
 
 import numpy as np
+import polars as pl
 import pytest
 import timm
 import torch
 from scipy.special import erf, expit
 
-from vitplasticity.adapters import HFGPT2, TimmDinoV3, TimmViT, adapter_for, build_gpt2
+from vitplasticity.architectures import UnsupportedModel, architecture_for
 from vitplasticity.plasticity import measure
+from vitplasticity.text_models import build_gpt2
 
 transformers = pytest.importorskip("transformers")
 
@@ -126,7 +128,9 @@ def dino_attention(w: dict, b: str, x: np.ndarray, heads: int, rope: np.ndarray,
     return np.hstack(outputs) @ w[f"{b}.attn.proj.weight"].T + w[f"{b}.attn.proj.bias"]
 
 
-def dino_direct(model: torch.nn.Module, reference, downstream, protocol: str) -> dict:
+def dino_direct(
+    model: torch.nn.Module, reference, downstream, protocol: str, fc1_mode: str = "stage"
+) -> dict:
     w = _weights(model)
     heads, eps = model.blocks[0].attn.num_heads, model.blocks[0].norm1.eps
     prefix, patch = model.num_prefix_tokens, model.patch_embed.patch_size[0]
@@ -151,6 +155,8 @@ def dino_direct(model: torch.nn.Module, reference, downstream, protocol: str) ->
                 return dino_attention(w, b, t, heads, rope, prefix)
 
             def fc1(t):  # the gated MLP's first linear stage: [fc1_g(t), fc1_x(t)]
+                if gated and fc1_mode == "up":  # the reference code's ablation: up alone
+                    return lin("mlp.fc1_x", t)
                 if gated:
                     return np.hstack([lin("mlp.fc1_g", t), lin("mlp.fc1_x", t)])
                 return lin("mlp.fc1", t)
@@ -199,26 +205,52 @@ def _images(n: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("protocol", ["embedding", "in_situ"])
 def test_dinov3_matches_direct_float64(dino64: torch.nn.Module, protocol: str) -> None:
-    assert isinstance(adapter_for(dino64), TimmDinoV3)
+    assert architecture_for(dino64).name == "timm_eva"
     assert dino64.pos_embed is None and dino64.rope is not None  # positions only through rope
     reference, downstream = _images(3, seed=1), _images(2, seed=2)  # downstream cycles
     frame = measure(dino64, reference, downstream, protocol=protocol, batch_size=2)
     check_against(frame, dino_direct(dino64, reference, downstream, protocol))
 
 
+@pytest.mark.parametrize("protocol", ["embedding", "in_situ"])
+def test_dinov3_fc1_up_mode_matches_direct_float64(protocol: str) -> None:
+    """plasticity.fc1: up measures the SwiGLU's up projection alone (the reference code's
+    DINOv3 ablation); every other component is unchanged."""
+    torch.manual_seed(0)
+    model = timm.create_model(DINO_IDS["gated"], num_classes=0, **DINO_KWARGS)
+    model = _perturb(model, seed=11)
+    reference, downstream = _images(3, seed=1), _images(2, seed=2)
+    frame = measure(model, reference, downstream, protocol=protocol, batch_size=2, fc1="up")
+    check_against(frame, dino_direct(model, reference, downstream, protocol, fc1_mode="up"))
+    stage = measure(model, reference, downstream, protocol=protocol, batch_size=2)
+    assert not np.allclose(
+        frame.filter(pl.col("component") == "fc1")["ratio"].to_numpy(),
+        stage.filter(pl.col("component") == "fc1")["ratio"].to_numpy(),
+    )
+
+
+def test_fc1_up_mode_is_refused_for_a_packed_gated_mlp() -> None:
+    model = timm.create_model(
+        "eva02_tiny_patch14_224", num_classes=0, img_size=28, embed_dim=48, depth=2, num_heads=3
+    ).eval()
+    images = torch.randn(2, 3, 28, 28)
+    with pytest.raises(UnsupportedModel, match="GluMlp packs both in one Linear"):
+        measure(model, images, images, fc1="up")
+
+
 def test_dinov3_mha_sees_positions(dino64: torch.nn.Module) -> None:
     """Swapping two patches changes MHA's output beyond the swap (the rope ties tokens to
     positions); without rope attention would be permutation-equivariant."""
-    adapter = TimmDinoV3()
+    architecture = architecture_for(dino64)
     images = _images(1, seed=3)
-    embedded = adapter.embed(dino64, images)
+    embedded = architecture.embed(dino64, images)
     block = dino64.blocks[0]
     prefix = dino64.num_prefix_tokens
     order = torch.arange(embedded.tokens.shape[1])
     order[[prefix, prefix + 1]] = order[[prefix + 1, prefix]]
     with torch.no_grad():
-        out = adapter.embedding_outputs(block, 0, embedded)[1][0]
-        swapped = adapter.embedding_outputs(
+        out = architecture.embedding_outputs(block, 0, embedded)[1][0]
+        swapped = architecture.embedding_outputs(
             block, 0, type(embedded)(embedded.tokens[:, order], embedded.context)
         )[1][0]
     assert not torch.allclose(swapped, out[:, order], rtol=1e-6, atol=1e-9)
@@ -318,7 +350,7 @@ def _token_ids(n: int, length: int, seed: int) -> torch.Tensor:
 )
 def test_gpt2_matches_direct_float64(protocol: str, attn_implementation: str) -> None:
     model = tiny_gpt2(attn_implementation)
-    assert isinstance(adapter_for(model), HFGPT2)
+    assert architecture_for(model).name == "hf_gpt2"
     reference, downstream = _token_ids(3, 8, seed=1), _token_ids(2, 8, seed=2)
     frame = measure(model, reference, downstream, protocol=protocol, batch_size=2)
     check_against(frame, gpt2_direct(model, reference, downstream, protocol))
@@ -326,13 +358,14 @@ def test_gpt2_matches_direct_float64(protocol: str, attn_implementation: str) ->
 
 def test_gpt2_mha_is_causal() -> None:
     """Changing the last token leaves every earlier token's attention output unchanged."""
-    model, adapter = tiny_gpt2(), HFGPT2()
+    model = tiny_gpt2()
+    architecture = architecture_for(model)
     ids = _token_ids(1, 8, seed=3)
     changed = ids.clone()
     changed[0, -1] = (changed[0, -1] + 1) % GPT2_CONFIG["vocab_size"]
     with torch.no_grad():
-        a = adapter.embedding_outputs(model.h[0], 0, adapter.embed(model, ids))[1][0]
-        b = adapter.embedding_outputs(model.h[0], 0, adapter.embed(model, changed))[1][0]
+        a = architecture.embedding_outputs(model.h[0], 0, architecture.embed(model, ids))[1][0]
+        b = architecture.embedding_outputs(model.h[0], 0, architecture.embed(model, changed))[1][0]
     torch.testing.assert_close(a[:, :-1], b[:, :-1], rtol=0, atol=0)
     assert not torch.allclose(a[:, -1], b[:, -1])
 
@@ -341,12 +374,12 @@ def test_gpt2_mha_is_causal() -> None:
 # Dispatch and errors
 
 
-def test_timm_vit_keeps_its_adapter(tiny_vit: torch.nn.Module) -> None:
-    assert isinstance(adapter_for(tiny_vit), TimmViT)
+def test_timm_vit_is_its_family(tiny_vit: torch.nn.Module) -> None:
+    assert architecture_for(tiny_vit).name == "timm_vit"
 
 
-def test_unknown_model_names_what_it_lacks() -> None:
-    with pytest.raises(ValueError, match=r"not a timm VisionTransformer.*patch_embed"):
+def test_unknown_model_names_its_class_and_the_families() -> None:
+    with pytest.raises(UnsupportedModel, match=r"Linear .*known families: timm_vit .*hf_gpt2"):
         measure(torch.nn.Linear(3, 3).eval(), _images(2, 0), _images(2, 1))
 
 
