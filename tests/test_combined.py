@@ -18,9 +18,8 @@ import torch
 import yaml
 from snakemake.utils import validate
 
-from vitplasticity.components import trainable_parameter_names
 from vitplasticity.config import check_config, enabled_experiments, experiment_runs
-from vitplasticity.finetune import FinetuneSettings, run
+from vitplasticity.finetune import FinetuneSettings, run, trainable_parameter_names
 from vitplasticity.models import ModelSpec, build_model
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.tables import accuracy_table
@@ -29,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "workflow/schemas/config.schema.yaml")
 
 # Per component, timm parameter names it trains (docs/protocol.md), written independently of
-# components.py; and what every configuration trains besides.
+# the architecture registry; and what every configuration trains besides.
 PATTERNS = {
     "ln1": r"blocks\.\d+\.norm1\.(weight|bias)",
     "mha": r"blocks\.\d+\.attn\.(qkv|proj)\.(weight|bias)",
