@@ -54,6 +54,16 @@ def test_combination_trains_the_union(tiny_spec: ModelSpec, combination: str) ->
     assert len(expected) == 3 * sum(4 if p == "mha" else 2 for p in parts) + len(ALWAYS)
 
 
+def test_the_report_restates_the_configuration_order() -> None:
+    """report/style.py restates the configurations' order to keep torch out of the report."""
+    from vitplasticity.architectures import CONFIGURATIONS
+    from vitplasticity.report import style
+
+    assert CONFIGURATIONS[: len(style._COLUMN_ORDER)] == style._COLUMN_ORDER
+    assert set(CONFIGURATIONS) - set(style._COLUMN_ORDER) == {"head", "lora"}
+    assert style.configuration_order(list(reversed(CONFIGURATIONS)))[-1] == "head"
+
+
 def test_unknown_part_of_a_combination_is_named(tiny_vit: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match=r"'mha\+attn'.*lora"):
         trainable_parameter_names(tiny_vit, "mha+attn")
