@@ -134,6 +134,48 @@ def test_gradient_norm_groups_follow_the_components(demo_dataset: Path) -> None:
     assert result.group_norms == pytest.approx(expected, rel=1e-5)
 
 
+# -- LoRA: every adapter on the forward path, or refused -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model_spec",
+    [
+        spec("beit_base_patch16_224", **SMALL),
+        spec("eva02_tiny_patch14_224", **{**SMALL, "img_size": 28}),
+        spec("vit_small_patch16_dinov3_qkvb", **SMALL),
+    ],
+    ids=lambda s: s.timm_id,
+)
+def test_lora_bypassed_by_the_attention_is_refused(model_spec: ModelSpec) -> None:
+    """With q/v biases timm's attention computes F.linear(x, qkv.weight, bias): the adapter
+    peft wraps around qkv is never called. (Before: the run trained proj's adapters alone.)"""
+    pytest.importorskip("peft")
+    settings = settings_for(model_spec, configuration="lora")
+    with pytest.raises(UnsupportedModel, match=r"never calls the adapted blocks\.0\.attn\.qkv"):
+        build_run_model(settings, CLASSES, CPU)
+
+
+def test_lora_step_reaches_every_adapter(demo_dataset: Path) -> None:
+    """On a DINOv3 without q/v biases every adapter (qkv and proj of each block) gets a
+    gradient in a step, and only adapters, head and final norm are trained."""
+    pytest.importorskip("peft")
+    settings = settings_for(DINOV3_SWIGLU, configuration="lora", batch_size=4, micro_batch_size=4)
+    run_model = build_run_model(settings, CLASSES, CPU)
+    optimizer = build_optimizer(run_model.trainable, settings)
+    images, labels = first_batch(demo_dataset, settings, run_model.preprocessing)
+    training_step(run_model, optimizer, images, labels, 0, settings, CPU)
+    adapters = {name: parameter.grad for name, parameter in run_model.trainable if ".lora_" in name}
+    assert sorted(adapters) == sorted(
+        f"blocks.{block}.attn.{linear}.lora_{matrix}.default.weight"
+        for block in range(2)
+        for linear in ("qkv", "proj")
+        for matrix in "AB"
+    )
+    for name, gradient in adapters.items():  # B = 0 at init: B has a gradient, A's is 0
+        assert gradient is not None, name
+        assert ("lora_A" in name) or gradient.abs().sum() > 0, name
+
+
 # -- models no architecture knows --------------------------------------------------------------
 
 UNKNOWN = [

@@ -135,6 +135,8 @@ def test_bad_lora_settings_name_the_key(tiny_spec: ModelSpec, tiny_vit: torch.nn
         settings_for(tiny_spec, lora_alpha=0.0).validate()
     with pytest.raises(ValueError, match="match no module"):
         apply_lora(tiny_vit, rank=2, alpha=4, target_modules=["blocks.0.nothing"])
+    with pytest.raises(ValueError, match="not one string"):  # a regex was the old interface
+        apply_lora(tiny_vit, rank=2, alpha=4, target_modules=r"blocks\.\d+\.attn\.qkv")
 
 
 def test_missing_peft_names_the_extra(

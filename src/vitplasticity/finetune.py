@@ -67,7 +67,7 @@ from vitplasticity.data import loader, store
 from vitplasticity.data.transforms import normalize
 from vitplasticity.finetune_settings import TrainingSettings
 from vitplasticity.io import write_json, write_parquet
-from vitplasticity.lora import apply_lora
+from vitplasticity.lora import apply_lora, check_adapters_used
 from vitplasticity.models import ModelSpec, Preprocessing, build_model, pick_device, preprocessing
 from vitplasticity.provenance import provenance
 from vitplasticity.schedule import warmup_cosine_lr
@@ -291,7 +291,8 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
     Raises:
         UnsupportedModel: before any step, for a model no architecture knows (naming its
             class and the known families), one its architecture refuses to finetune (or to
-            adapt with LoRA), or one with a parameter its architecture cannot account for.
+            adapt with LoRA, or whose forward pass bypasses a LoRA adapter), or one with a
+            parameter its architecture cannot account for.
     """
     spec = ModelSpec.from_config(settings.model_spec)
     torch.manual_seed(settings.seed)
@@ -302,12 +303,13 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
         refusal = architecture.refusal(stage, model)
         if refusal is not None:
             raise UnsupportedModel(f"{stage} of {type(model).__name__}: {refusal}")
+    pre = preprocessing(model, spec)
     if lora:
         # After the head, so the head's init is that of every other configuration.
         apply_lora(model, settings.lora_rank, settings.lora_alpha)
+        check_adapters_used(model, torch.zeros(1, 3, pre.input_size, pre.input_size))
     parameters = ParameterMap(architecture, model)
     trained = freeze(model, parameters, settings.configuration)
-    pre = preprocessing(model, spec)
     model.to(device).train()
     trainable = [(n, p) for n, p in model.named_parameters() if n in trained]
     return RunModel(model, trainable, pre, parameters)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
-from vitplasticity.architectures import architecture_for, parameter_map
+from vitplasticity.architectures import UnsupportedModel, architecture_for, parameter_map
 from vitplasticity.optional import require_peft
 
 
@@ -81,6 +82,45 @@ def apply_lora(
             f"LoRA on {type(model).__name__}: peft adapted {adapted}, not the targets {targets}"
         )
     return model
+
+
+def check_adapters_used(model: nn.Module, inputs: torch.Tensor) -> None:
+    """Check that a forward pass of ``inputs`` goes through every LoRA adapter of ``model``.
+
+    An attention that multiplies by its linear's ``weight`` itself (timm's Eva and Beit with
+    q/v biases: ``F.linear(x, qkv.weight, qkv_bias)``) bypasses the adapter peft wrapped
+    around that linear: the adapter would get no gradient and LoRA would silently train
+    less than it says. The pass runs in eval mode without gradient (no dropout, so no draw
+    from the RNG) and leaves the model's mode as it was.
+
+    Raises:
+        UnsupportedModel: naming the adapted modules the forward pass never calls.
+    """
+    called: set[str] = set()
+    adapted = _adapted_modules(model)
+    modules = dict(model.named_modules())
+    handles = [
+        modules[name].register_forward_hook(lambda *_, name=name: called.add(name))
+        for name in adapted
+    ]
+    training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(training)
+    bypassed = [name for name in adapted if name not in called]
+    if bypassed:
+        shown = ", ".join(bypassed[:4]) + (" ..." if len(bypassed) > 4 else "")
+        raise UnsupportedModel(
+            f"LoRA on {type(model).__name__}: its forward pass never calls the adapted "
+            f"{shown} (it reads their weight itself), so {len(bypassed)} of "
+            f"{len(adapted)} adapters would train nothing; the lora configuration is not "
+            "defined for this model"
+        )
 
 
 def lora_parameter_names(model: nn.Module) -> set[str]:
