@@ -229,7 +229,7 @@ def gradient_statistics(
       Accumulated with Welford's update in float64, so no per-batch gradient is kept.
 
     Args:
-        model: a timm ViT in eval mode with its classifier head.
+        model: a timm model of a known architecture, in eval mode, with its classifier head.
         batches: (images, labels) on the model's device; at least two for the SNR.
         names: parameter names to measure (any of the model's).
 
@@ -414,7 +414,7 @@ def measure_criteria(
     of every component's tensors.
 
     Args:
-        model: a timm VisionTransformer in eval mode, with a classifier head for the
+        model: a timm model of a known architecture in eval mode, with a classifier head for the
             downstream classes (seed the RNG before building it).
         reference: preprocessed reference images, as :func:`vitplasticity.plasticity.measure`
             takes them; ``downstream`` likewise (pair i: reference i, downstream i, cycled).
