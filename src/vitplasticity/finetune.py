@@ -5,9 +5,9 @@ components it names, plus the new classifier head and the final norm; everything
 frozen (``requires_grad`` False: no gradient, no optimizer state). Which parameter is whose
 comes from the model's architecture (:class:`vitplasticity.architectures.ParameterMap`, by
 identity): a model no architecture knows, or one its architecture refuses to finetune, is an
-error before any step. SGD (momentum 0.9) or
-AdamW, no weight decay; linear warmup from 0 then cosine to 0; gradient-norm clipping;
-gradients accumulated over micro-batches when the batch does not fit.
+error before any step. SGD (momentum 0.9) or AdamW, no weight decay; linear warmup from 0 then
+cosine to 0; gradient-norm clipping; gradients accumulated over micro-batches when the batch
+does not fit.
 
 Model selection: at every validation point the test set is evaluated too, and the test
 accuracy of the step with the best validation accuracy (the earliest on ties) is the run's
