@@ -18,9 +18,8 @@ import torch
 import yaml
 from snakemake.utils import validate
 
-from vitplasticity.components import trainable_parameter_names
 from vitplasticity.config import check_config, enabled_experiments, experiment_runs
-from vitplasticity.finetune import FinetuneSettings, run
+from vitplasticity.finetune import FinetuneSettings, run, trainable_parameter_names
 from vitplasticity.models import ModelSpec, build_model
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.tables import accuracy_table
@@ -29,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "workflow/schemas/config.schema.yaml")
 
 # Per component, timm parameter names it trains (docs/protocol.md), written independently of
-# components.py; and what every configuration trains besides.
+# the architecture registry; and what every configuration trains besides.
 PATTERNS = {
     "ln1": r"blocks\.\d+\.norm1\.(weight|bias)",
     "mha": r"blocks\.\d+\.attn\.(qkv|proj)\.(weight|bias)",
@@ -53,6 +52,16 @@ def test_combination_trains_the_union(tiny_spec: ModelSpec, combination: str) ->
     expected = {n for n in names for p in parts if re.fullmatch(PATTERNS[p], n)} | ALWAYS
     assert trainable_parameter_names(model, combination) == expected
     assert len(expected) == 3 * sum(4 if p == "mha" else 2 for p in parts) + len(ALWAYS)
+
+
+def test_the_report_restates_the_configuration_order() -> None:
+    """report/style.py restates the configurations' order to keep torch out of the report."""
+    from vitplasticity.architectures import CONFIGURATIONS
+    from vitplasticity.report import style
+
+    assert CONFIGURATIONS[: len(style._COLUMN_ORDER)] == style._COLUMN_ORDER
+    assert set(CONFIGURATIONS) - set(style._COLUMN_ORDER) == {"head", "lora"}
+    assert style.configuration_order(list(reversed(CONFIGURATIONS)))[-1] == "head"
 
 
 def test_unknown_part_of_a_combination_is_named(tiny_vit: torch.nn.Module) -> None:

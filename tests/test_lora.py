@@ -14,8 +14,12 @@ import pytest
 import torch
 
 from vitplasticity import cli
-from vitplasticity.components import trainable_parameter_names
-from vitplasticity.finetune import FinetuneSettings, build_run_model, run
+from vitplasticity.finetune import (
+    FinetuneSettings,
+    build_run_model,
+    run,
+    trainable_parameter_names,
+)
 from vitplasticity.lora import apply_lora, lora_parameter_names
 from vitplasticity.models import ModelSpec
 
@@ -130,7 +134,9 @@ def test_bad_lora_settings_name_the_key(tiny_spec: ModelSpec, tiny_vit: torch.nn
     with pytest.raises(ValueError, match=r"--lora-alpha \(finetune.lora.alpha\)"):
         settings_for(tiny_spec, lora_alpha=0.0).validate()
     with pytest.raises(ValueError, match="match no module"):
-        apply_lora(tiny_vit, rank=2, alpha=4, target_modules=r"blocks\.\d+\.nothing")
+        apply_lora(tiny_vit, rank=2, alpha=4, target_modules=["blocks.0.nothing"])
+    with pytest.raises(ValueError, match="not one string"):  # a regex was the old interface
+        apply_lora(tiny_vit, rank=2, alpha=4, target_modules=r"blocks\.\d+\.attn\.qkv")
 
 
 def test_missing_peft_names_the_extra(

@@ -601,6 +601,10 @@ def test_the_command_restates_the_stage_names() -> None:
     assert command.CRITERIA == CRITERIA
 
 
+TINY_CONVNEXT = {"depths": [1, 1, 1, 1], "dims": [8, 16, 32, 64]}
+"""A model no architecture knows: refused by name before any compute."""
+
+
 def _empty_test_dataset(root: Path) -> Path:
     png = encode_png(np.zeros((32, 32, 3), dtype=np.uint8))
     with PreparedDatasetWriter(root) as writer:
@@ -624,6 +628,11 @@ def _empty_test_dataset(root: Path) -> Path:
         (["--reference", "missing.parquet"], "--reference / --reference-fallback: give exactly"),
         (["--dataset-dir", "EMPTY"], "split 'test' holds no images"),
         (["--n-pairs", "50"], "fewer than --n-pairs 50"),
+        (
+            ["--timm-id", "convnext_atto", "--model-kwargs", json.dumps(TINY_CONVNEXT)],
+            "ConvNeXt (timm.models.convnext): no vitplasticity architecture knows this model "
+            "class; known families: timm_vit",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_writing(
@@ -639,4 +648,28 @@ def test_bad_input_is_refused_before_writing(
     with caplog.at_level(logging.ERROR):
         assert main(argv + change) == 2
     assert message in caplog.text
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_family_refusal_stops_recommend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A family that refuses the recommend stage is refused by name before any compute."""
+    from vitplasticity.architectures import registry
+    from vitplasticity.architectures.timm_vit import TimmVisionTransformer
+
+    class RefusingViT(TimmVisionTransformer):
+        name = "refusing_vit"
+
+        def refusal(self, stage: str, model: torch.nn.Module) -> str | None:
+            return "no ranking here, for the test" if stage == "recommend" else None
+
+    families = {"refusing_vit": RefusingViT(), **registry.ARCHITECTURES}
+    monkeypatch.setattr(registry, "ARCHITECTURES", families)
+    folder = _image_folder(tmp_path / "pets", per_class=3)
+    argv = ["recommend", *_model_args(), "--reference-fallback", "pool", "--n-pairs", "4", *FAST]
+    argv += ["--image-folder", str(folder), "--out-prefix", str(tmp_path / "out" / "x")]
+    with caplog.at_level(logging.ERROR):
+        assert main(argv) == 2
+    assert "recommend vit_tiny_patch16_224: no ranking here, for the test" in caplog.text
     assert not (tmp_path / "out").exists()

@@ -1,10 +1,13 @@
 """Single-component finetuning of a ViT, as in the paper (docs/protocol.md, "Finetuning").
 
-One run trains one configuration (:data:`vitplasticity.components.CONFIGURATIONS`): the
+One run trains one configuration (:data:`vitplasticity.architectures.CONFIGURATIONS`): the
 components it names, plus the new classifier head and the final norm; everything else is
-frozen (``requires_grad`` False: no gradient, no optimizer state). SGD (momentum 0.9) or
-AdamW, no weight decay; linear warmup from 0 then cosine to 0; gradient-norm clipping;
-gradients accumulated over micro-batches when the batch does not fit.
+frozen (``requires_grad`` False: no gradient, no optimizer state). Which parameter is whose
+comes from the model's architecture (:class:`vitplasticity.architectures.ParameterMap`, by
+identity): a model no architecture knows, or one its architecture refuses to finetune, is an
+error before any step. SGD (momentum 0.9) or AdamW, no weight decay; linear warmup from 0 then
+cosine to 0; gradient-norm clipping; gradients accumulated over micro-batches when the batch
+does not fit.
 
 Model selection: at every validation point the test set is evaluated too, and the test
 accuracy of the step with the best validation accuracy (the earliest on ties) is the run's
@@ -42,6 +45,14 @@ import torch
 import torch.nn.functional as functional
 from torch import nn
 
+from vitplasticity.architectures import (
+    Owner,
+    ParameterMap,
+    UnsupportedModel,
+    architecture_for,
+    parameter_map,
+    parse_configuration,
+)
 from vitplasticity.checkpoint import (
     CHECKPOINT_NAME,
     fingerprint,
@@ -51,17 +62,12 @@ from vitplasticity.checkpoint import (
     rng_states,
     save_checkpoint,
 )
-from vitplasticity.components import (
-    parameter_group,
-    parse_configuration,
-    trainable_parameter_names,
-)
 from vitplasticity.config import Run
 from vitplasticity.data import loader, store
 from vitplasticity.data.transforms import normalize
 from vitplasticity.finetune_settings import TrainingSettings
 from vitplasticity.io import write_json, write_parquet
-from vitplasticity.lora import apply_lora
+from vitplasticity.lora import apply_lora, check_adapters_used
 from vitplasticity.models import ModelSpec, Preprocessing, build_model, pick_device, preprocessing
 from vitplasticity.provenance import provenance
 from vitplasticity.schedule import warmup_cosine_lr
@@ -86,6 +92,7 @@ __all__ = [
     "cpu_bf16_native",
     "evaluation_point",
     "freeze",
+    "gradient_group",
     "group_grad_norms",
     "run",
     "setup_run",
@@ -101,7 +108,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 GROUPS: tuple[str, ...] = ("emb", "ln1", "mha", "ln2", "fc1", "fc2", "head")
-"""Component groups with their own gradient-norm column (components.parameter_group)."""
+"""Groups with their own gradient-norm column (:func:`gradient_group`)."""
 
 METRICS_SCHEMA: dict[str, pl.DataType] = {
     "step": pl.Int64(),
@@ -215,21 +222,50 @@ def augment_on_device(settings: TrainingSettings, device: torch.device) -> bool:
     return settings.augment == "device"
 
 
-def freeze(model: nn.Module, configuration: str) -> set[str]:
-    """Freeze every parameter that ``configuration`` does not train; return the trained names."""
-    trained = trainable_parameter_names(model, configuration)
+def trainable_parameter_names(model: nn.Module, configuration: str) -> set[str]:
+    """Names of the parameters that ``configuration`` trains in ``model``.
+
+    Every configuration trains the classifier head and the final norm; "full" trains all;
+    "emb" adds the embedding; "ln1", "mha", "ln2", "fc1", "fc2" that component of every
+    block (with the parameters its architecture declares for it, e.g. LayerScale);
+    "head" nothing more (linear probing); "lora" the LoRA adapters (which
+    :func:`vitplasticity.lora.apply_lora` must have injected). Combinations join with "+".
+    See :meth:`vitplasticity.architectures.ParameterMap.trained_names`.
+
+    Raises:
+        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
+        ValueError: for an unknown configuration, listing the valid ones, or "lora" on a
+            model without LoRA adapters.
+    """
+    return parameter_map(model).trained_names(configuration)
+
+
+def freeze(model: nn.Module, parameters: ParameterMap, configuration: str) -> set[str]:
+    """Freeze every parameter of ``model`` that ``configuration`` does not train (which is
+    which: ``parameters``, the model's map); return the trained names."""
+    trained = parameters.trained_names(configuration)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(name in trained)
     return trained
 
 
-def group_grad_norms(named_parameters: list[tuple[str, nn.Parameter]]) -> dict[str, float]:
-    """L2 norm of the gradients of each component group (only groups with gradients)."""
+def gradient_group(owner: Owner) -> str:
+    """The gradient-norm column of a parameter: the configuration that trains it
+    (:attr:`Owner.gradient_group`), except that LoRA adapters count as MHA's, the attention
+    linears they adapt (:meth:`Architecture.lora_targets`), as the paper's runs log them."""
+    return "mha" if owner.group == "lora" else owner.gradient_group
+
+
+def group_grad_norms(
+    named_parameters: list[tuple[str, nn.Parameter]], parameters: ParameterMap
+) -> dict[str, float]:
+    """L2 norm of the gradients of each group of :data:`GROUPS` (only groups with gradients),
+    the squares summed in ``named_parameters`` order; ``parameters`` says whose each is."""
     squares: dict[str, torch.Tensor] = {}
     for name, parameter in named_parameters:
         if parameter.grad is None:
             continue
-        group = parameter_group(name)
+        group = gradient_group(parameters.owners[name])
         square = parameter.grad.detach().float().square().sum()
         squares[group] = squares[group] + square if group in squares else square
     return {group: math.sqrt(float(value)) for group, value in squares.items() if group in GROUPS}
@@ -237,11 +273,13 @@ def group_grad_norms(named_parameters: list[tuple[str, nn.Parameter]]) -> dict[s
 
 @dataclass(frozen=True)
 class RunModel:
-    """The model of a run with its trained parameters (in ``named_parameters`` order)."""
+    """The model of a run with its trained parameters (in ``named_parameters`` order) and
+    its parameter map (whose each parameter is: the gradient-norm groups)."""
 
     model: nn.Module
     trainable: list[tuple[str, nn.Parameter]]
     preprocessing: Preprocessing
+    parameters: ParameterMap
 
 
 def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.device) -> RunModel:
@@ -249,17 +287,32 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
 
     Rebuilding with the same settings gives bit-identical parameters, which is why a
     checkpoint only needs the trained ones.
+
+    Raises:
+        UnsupportedModel: before any step, for a model no architecture knows (naming its
+            class and the known families), one its architecture refuses to finetune (or to
+            adapt with LoRA, or whose forward pass bypasses a LoRA adapter), or one with a
+            parameter its architecture cannot account for.
     """
     spec = ModelSpec.from_config(settings.model_spec)
     torch.manual_seed(settings.seed)
     model = build_model(spec, num_classes=num_classes)
-    if "lora" in parse_configuration(settings.configuration):
+    architecture = architecture_for(model)
+    lora = "lora" in parse_configuration(settings.configuration)
+    for stage in ("finetune", "lora") if lora else ("finetune",):
+        refusal = architecture.refusal(stage, model)
+        if refusal is not None:
+            raise UnsupportedModel(f"{stage} of {type(model).__name__}: {refusal}")
+    pre = preprocessing(model, spec)
+    if lora:
         # After the head, so the head's init is that of every other configuration.
         apply_lora(model, settings.lora_rank, settings.lora_alpha)
-    trained = freeze(model, settings.configuration)
-    pre = preprocessing(model, spec)
+        check_adapters_used(model, torch.zeros(1, 3, pre.input_size, pre.input_size))
+    parameters = ParameterMap(architecture, model)
+    trained = freeze(model, parameters, settings.configuration)
     model.to(device).train()
-    return RunModel(model, [(n, p) for n, p in model.named_parameters() if n in trained], pre)
+    trainable = [(n, p) for n, p in model.named_parameters() if n in trained]
+    return RunModel(model, trainable, pre, parameters)
 
 
 def build_optimizer(
@@ -390,7 +443,7 @@ def training_step(
         )
         loss.backward()
         total += loss.detach()
-    norms = group_grad_norms(run_model.trainable) if group_norms else {}
+    norms = group_grad_norms(run_model.trainable, run_model.parameters) if group_norms else {}
     grad_norm = torch.nn.utils.clip_grad_norm_(parameters, settings.clip_grad_norm)
     lr = warmup_cosine_lr(step_index, settings.lr, settings.warmup_steps, settings.steps)
     # One device-to-host copy for both numbers (one synchronisation per step, not two).

@@ -32,9 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "recommend",
         help="which components to finetune: plasticity and alternative criteria, ranked",
-        description="Rank ln1, mha, ln2, fc1, fc2 (and '+' combinations) of a timm ViT for "
-        "finetuning on a dataset: measured plasticity (mean, 95%% CI), relative gradient norm "
-        "and gradient SNR after a head warm-up, and a data-free weight statistic; recommend "
+        description="Rank ln1, mha, ln2, fc1, fc2 (and '+' combinations) of a vision "
+        "transformer (of a family vitplasticity knows) for finetuning on a dataset: measured "
+        "plasticity (mean, 95%% CI), relative gradient norm and gradient SNR after a head "
+        "warm-up, and a data-free weight statistic; recommend "
         "the best configuration under a trainable-parameter budget. A heuristic from the "
         "paper's finding (higher plasticity, better finetuning), not a finetuning result.",
     )

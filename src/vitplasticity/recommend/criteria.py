@@ -1,4 +1,4 @@
-"""The criteria that rank the components of a timm ViT for finetuning, one function each.
+"""The criteria that rank the components of a ViT for finetuning, one function each.
 
 Every criterion is measured once per *item* of each component and pooled afterwards, so that
 any configuration (a component, or a '+' combination such as ``mha+fc1``) is the mean over
@@ -16,7 +16,9 @@ the items of its parts:
   Section 4 bound (see :func:`weight_statistics`).
 
 A configuration's trainable parameters exclude the classifier head and the final norm, which
-every configuration trains (:func:`always_trained_parameters` counts those).
+every configuration trains (:func:`always_trained_parameters` counts those). Which parameter
+belongs to which component comes from the model's architecture
+(:class:`vitplasticity.architectures.ParameterMap`, by identity).
 """
 
 from __future__ import annotations
@@ -32,13 +34,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitplasticity import COMPONENTS
+from vitplasticity.architectures import ParameterMap, parameter_map, parse_configuration
 from vitplasticity.bounds import attention_head_norms, spectral_norm
-from vitplasticity.components import (
-    block_modules,
-    parameter_group,
-    parse_configuration,
-    trainable_parameter_names,
-)
+from vitplasticity.components import block_modules
 from vitplasticity.plasticity import Images, measure
 
 CRITERIA: tuple[str, ...] = (
@@ -108,23 +106,38 @@ def configuration_components(configuration: str) -> tuple[str, ...]:
 
 def component_parameter_names(model: nn.Module, component: str) -> list[str]:
     """The parameters ``component`` trains in every block, head and final norm excluded,
-    in ``named_parameters`` order."""
-    trained = trainable_parameter_names(model, component) - trainable_parameter_names(model, "head")
-    return [name for name, _ in model.named_parameters() if name in trained]
+    in ``named_parameters`` order.
+
+    Raises:
+        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
+    """
+    return parameter_map(model).component_names(component)
+
+
+def _count(model: nn.Module, names: set[str]) -> int:
+    return sum(p.numel() for name, p in model.named_parameters() if name in names)
 
 
 def trainable_parameters(model: nn.Module, configuration: str) -> int:
-    """Parameters that ``configuration`` trains beyond the head and final norm."""
-    trained = trainable_parameter_names(model, configuration) - trainable_parameter_names(
-        model, "head"
-    )
-    return sum(p.numel() for name, p in model.named_parameters() if name in trained)
+    """Parameters that ``configuration`` trains beyond the head and final norm.
+
+    Raises:
+        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
+    """
+    parameters = parameter_map(model)
+    beyond_head = parameters.trained_names(configuration) - parameters.trained_names("head")
+    return _count(model, beyond_head)
 
 
-def always_trained_parameters(model: nn.Module) -> int:
-    """Parameters of the classifier head and final norm, trained in every configuration."""
-    trained = trainable_parameter_names(model, "head")
-    return sum(p.numel() for name, p in model.named_parameters() if name in trained)
+def always_trained_parameters(model: nn.Module, parameters: ParameterMap | None = None) -> int:
+    """Parameters of the classifier head and final norm, trained in every configuration
+    (``parameters``: the model's map, when already built).
+
+    Raises:
+        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
+    """
+    parameters = parameter_map(model) if parameters is None else parameters
+    return _count(model, parameters.trained_names("head"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,18 +229,23 @@ def gradient_statistics(
       Accumulated with Welford's update in float64, so no per-batch gradient is kept.
 
     Args:
-        model: a timm ViT in eval mode with its classifier head.
+        model: a timm model of a known architecture, in eval mode, with its classifier head.
         batches: (images, labels) on the model's device; at least two for the SNR.
         names: parameter names to measure (any of the model's).
 
     Returns:
-        One row per name, columns :data:`TENSOR_SCHEMA` (component from
-        :func:`vitplasticity.components.parameter_group`; block null outside the blocks).
+        One row per name, columns :data:`TENSOR_SCHEMA`: component, the configuration that
+        trains the tensor (:attr:`vitplasticity.architectures.Owner.gradient_group`: a
+        component, ``emb``, ``head``, ``lora``, or ``other`` for ``full`` alone), and block,
+        the block that holds it (null outside the blocks), both from the model's
+        :class:`~vitplasticity.architectures.ParameterMap`.
 
     Raises:
         ValueError: for a model in training mode, an unknown name, or fewer than 2 batches.
+        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
     """
     _check_eval(model)
+    owners = parameter_map(model).owners
     parameters = dict(model.named_parameters())
     unknown = [name for name in names if name not in parameters]
     if unknown:
@@ -267,8 +285,8 @@ def gradient_statistics(
     return pl.DataFrame(
         {
             "parameter": list(names),
-            "component": [parameter_group(name) for name in names],
-            "block": [_block_index(name) for name in names],
+            "component": [owners[name].gradient_group for name in names],
+            "block": [owners[name].block for name in names],
             "numel": [p.numel() for p in tracked],
             "weight_norm": weight_norms.cpu().numpy(),
             "relative_gradient_norm": rgn,
@@ -277,11 +295,6 @@ def gradient_statistics(
         },
         schema=TENSOR_SCHEMA,
     )
-
-
-def _block_index(name: str) -> int | None:
-    head, _, rest = name.partition(".")
-    return int(rest.split(".", 1)[0]) if head == "blocks" else None
 
 
 def tensor_estimate(tensors: pl.DataFrame, components: Sequence[str], criterion: str) -> Estimate:
@@ -401,7 +414,7 @@ def measure_criteria(
     of every component's tensors.
 
     Args:
-        model: a timm VisionTransformer in eval mode, with a classifier head for the
+        model: a timm model of a known architecture in eval mode, with a classifier head for the
             downstream classes (seed the RNG before building it).
         reference: preprocessed reference images, as :func:`vitplasticity.plasticity.measure`
             takes them; ``downstream`` likewise (pair i: reference i, downstream i, cycled).
@@ -424,7 +437,8 @@ def measure_criteria(
         progress=progress,
     )
     head_warmup(model, warmup_batches, warmup_lr)
-    names = {c: component_parameter_names(model, c) for c in COMPONENTS}
+    parameters = parameter_map(model)
+    names = {c: parameters.component_names(c) for c in COMPONENTS}
     sizes = dict(model.named_parameters())
     tensors = gradient_statistics(
         model, gradient_batches, [n for c in COMPONENTS for n in names[c]]
@@ -434,5 +448,5 @@ def measure_criteria(
         tensors=tensors,
         weights=weights,
         component_parameters={c: sum(sizes[n].numel() for n in names[c]) for c in COMPONENTS},
-        always_trained=always_trained_parameters(model),
+        always_trained=always_trained_parameters(model, parameters),
     )

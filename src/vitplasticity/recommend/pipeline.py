@@ -17,7 +17,7 @@ import polars as pl
 import torch
 
 from vitplasticity import COMPONENTS
-from vitplasticity.adapters import TimmViT, adapter_for
+from vitplasticity.architectures import ParameterMap, UnsupportedModel, architecture_for
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import Split, encode_png, read_meta, read_split
 from vitplasticity.data.transforms import decoded_batches
@@ -232,8 +232,11 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
     model is built.
 
     Raises:
-        ValueError: for a bad setting (naming its flag), an empty split, too few reference
-            images, or a model that is not a timm VisionTransformer.
+        ValueError: for a bad setting (naming its flag), an empty split, or too few reference
+            images.
+        UnsupportedModel: for a model no architecture knows (naming its class and the known
+            families), one its architecture refuses to rank, or one with a parameter its
+            architecture cannot account for.
         FileNotFoundError: for a missing dataset or reference set.
     """
     settings.validate()
@@ -246,12 +249,11 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
     # has its own seed (models.init_seed).
     torch.manual_seed(settings.seed)
     model = build_model(spec, num_classes=num_classes).eval()
-    if type(adapter_for(model)) is not TimmViT:
-        raise ValueError(
-            f"{spec.timm_id}: recommend ranks the finetuning configurations of timm "
-            f"VisionTransformer models; {type(model).__name__} is not one"
-        )
-    TimmViT().blocks(model)  # names a missing component before any compute
+    architecture = architecture_for(model)
+    refusal = architecture.refusal("recommend", model)
+    if refusal is not None:
+        raise UnsupportedModel(f"recommend {spec.timm_id}: {refusal}")
+    ParameterMap(architecture, model)  # names a missing component before any compute
     model = model.to(device=device, dtype=dtype)
     pre = preprocessing(model, spec)
     n = settings.n_pairs
