@@ -21,6 +21,7 @@ from vitplasticity.architectures import UnsupportedModel, registry
 from vitplasticity.architectures.timm_vit import TimmVisionTransformer
 from vitplasticity.cli import main
 from vitplasticity.finetune import build_optimizer, build_run_model, training_step
+from vitplasticity.lora import check_adapters_used
 from vitplasticity.models import ModelSpec
 
 CPU = torch.device("cpu")
@@ -146,13 +147,30 @@ def test_gradient_norm_groups_follow_the_components(demo_dataset: Path) -> None:
     ],
     ids=lambda s: s.timm_id,
 )
-def test_lora_bypassed_by_the_attention_is_refused(model_spec: ModelSpec) -> None:
-    """With q/v biases timm's attention computes F.linear(x, qkv.weight, bias): the adapter
-    peft wraps around qkv is never called. (Before: the run trained proj's adapters alone.)"""
+def test_lora_reaches_qkv_despite_separate_biases(
+    model_spec: ModelSpec, demo_dataset: Path
+) -> None:
+    """With q/v biases timm's attention computes F.linear(x, qkv.weight, bias), which would
+    bypass the adapter peft wraps around qkv (before: the run trained proj's adapters alone,
+    and said completed). The architecture switches it to qkv(x) + bias: every qkv adapter
+    gets a gradient; a bypass that remains is refused by name."""
     pytest.importorskip("peft")
-    settings = settings_for(model_spec, configuration="lora")
+    settings = settings_for(model_spec, configuration="lora", batch_size=4, micro_batch_size=4)
+    run_model = build_run_model(settings, CLASSES, CPU)
+    optimizer = build_optimizer(run_model.trainable, settings)
+    images, labels = first_batch(demo_dataset, settings, run_model.preprocessing)
+    training_step(run_model, optimizer, images, labels, 0, settings, CPU)
+    grads = dict(run_model.trainable)
+    for block in range(2):
+        gradient = grads[f"blocks.{block}.attn.qkv.lora_B.default.weight"].grad
+        assert gradient is not None and gradient.abs().sum() > 0
+    model = run_model.model
+    model.blocks[0].attn.qkv_bias_separate = False  # the bypass timm takes by default
+    image = torch.zeros(
+        1, 3, run_model.preprocessing.input_size, run_model.preprocessing.input_size
+    )
     with pytest.raises(UnsupportedModel, match=r"never calls the adapted blocks\.0\.attn\.qkv"):
-        build_run_model(settings, CLASSES, CPU)
+        check_adapters_used(model, image)
 
 
 def test_lora_step_reaches_every_adapter(demo_dataset: Path) -> None:

@@ -61,8 +61,10 @@ def apply_lora(
         raise ValueError(
             f"LoRA targets {target_modules!r}: give a list of module names, not one string"
         )
+    architecture = architecture_for(model)
+    architecture.prepare_lora(model)  # e.g. Eva/Beit: the attention then calls qkv(x)
     if target_modules is None:
-        target_modules = architecture_for(model).lora_targets(model)
+        target_modules = architecture.lora_targets(model)
     targets = list(target_modules)
     modules = dict(model.named_modules())
     missing = [name for name in targets if name not in modules]
@@ -88,7 +90,8 @@ def check_adapters_used(model: nn.Module, inputs: torch.Tensor) -> None:
     """Check that a forward pass of ``inputs`` goes through every LoRA adapter of ``model``.
 
     An attention that multiplies by its linear's ``weight`` itself (timm's Eva and Beit with
-    q/v biases: ``F.linear(x, qkv.weight, qkv_bias)``) bypasses the adapter peft wrapped
+    q/v biases compute ``F.linear(x, qkv.weight, qkv_bias)`` unless the architecture's
+    ``prepare_lora`` switched them to ``qkv(x) + bias``) bypasses the adapter peft wrapped
     around that linear: the adapter would get no gradient and LoRA would silently train
     less than it says. The pass runs in eval mode without gradient (no dropout, so no draw
     from the RNG) and leaves the model's mode as it was.

@@ -290,6 +290,10 @@ class Architecture:
         }
         return [name for name, module in model.named_modules() if id(module) in targets]
 
+    def prepare_lora(self, model: nn.Module) -> None:
+        """Make every :meth:`lora_targets` module one the forward pass calls (the default: they
+        already are), before peft wraps them."""
+
     def refusal(self, stage: str, model: nn.Module) -> str | None:
         """Why ``stage`` (plasticity, bounds, finetune, recommend, lora) is not defined for
         ``model`` (None: it is)."""

@@ -23,6 +23,7 @@ from vitplasticity.architectures.base import (
     UnsupportedModel,
 )
 from vitplasticity.architectures.timm_common import (
+    call_qkv_for_lora,
     fused_attention_weights,
     mlp_fc1,
     mlp_from_parts,
@@ -113,6 +114,9 @@ class TimmBeit(Architecture):
         (ln1,), (mha,), (ln2,), fc1, (fc2,) = components.values()
         x = tokens + _scaled(block.gamma_1, self.attend(mha, ln1(tokens), embedded, index))
         return x + _scaled(block.gamma_2, mlp_from_parts(block.mlp, fc1, fc2, ln2(x)))
+
+    def prepare_lora(self, model: nn.Module) -> None:
+        call_qkv_for_lora(self.block_list(model))
 
     def mha_bound_refusal(self, model: nn.Module) -> str | None:
         relative = getattr(model, "rel_pos_bias", None) is not None or any(

@@ -4,6 +4,8 @@ alike (``patch_embed``, ``cls_token``, ``norm``, ``head``...)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -136,3 +138,17 @@ def fused_attention_weights(attention: nn.Module) -> AttentionWeights:
             attention.v_proj.weight,
         )
     return AttentionWeights(query, key, value, attention.proj.weight, attention.num_heads)
+
+
+def call_qkv_for_lora(blocks: Sequence[nn.Module]) -> None:
+    """timm's Eva and Beit attention with separate q/v biases computes ``F.linear(x,
+    qkv.weight, cat(q_bias, k_bias, v_bias))``, reading qkv's weight itself: a LoRA wrapper
+    around ``qkv`` would never be called. ``qkv_bias_separate`` makes it call ``qkv(x)`` and
+    add the biases after (the same map; rounding may differ in the last bit), so the adapter
+    is on the forward path."""
+    for block in blocks:
+        attention = block.attn
+        if getattr(attention, "q_bias", None) is not None and hasattr(
+            attention, "qkv_bias_separate"
+        ):
+            attention.qkv_bias_separate = True
