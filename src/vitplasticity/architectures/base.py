@@ -226,6 +226,11 @@ class Architecture:
         what block ``index`` gives it beside them (rotary positions, a mask)."""
         return attention(tokens)
 
+    def hook_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        """The tokens a component's module was called with: its first argument (some blocks
+        pass them to their attention by keyword)."""
+        return args[0]
+
     def hook_output(self, output: Any) -> torch.Tensor:
         """The tensor a component's module returns (some return a tuple)."""
         return output
