@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from vitplasticity.models import ModelSpec, build_model
 
 from .conftest import TINY_VIT_KWARGS
+from .helpers.tiny_models import TINY_MODELS, TinyModel
 
 TIMM_ID = "vit_tiny_patch16_224"
 # The transformers twin of TINY_VIT_KWARGS: 3 blocks, 48 wide, 3 heads, 32 px, 8 px patches.
@@ -136,6 +137,35 @@ def test_a_matching_checkpoint_loads_as_timm_loaded_it(tmp_path: Path, suffix: s
         if not name.startswith("head."):
             assert torch.equal(tensor, state[name]), name
     assert not torch.equal(loaded["head.weight"], state["head.weight"][:5])  # a new head
+
+
+@pytest.mark.parametrize("tiny", [m for m in TINY_MODELS if m.timm_id], ids=lambda m: m.id)
+def test_every_timm_family_loads_its_own_checkpoint(tmp_path: Path, tiny: TinyModel) -> None:
+    """Each registry family's tiny timm model, saved and loaded back: every backbone tensor
+    from the file through its module's checkpoint_filter_fn, and the model and RNG after it
+    as timm's own loading leaves them."""
+    assert tiny.timm_id is not None and tiny.kwargs is not None
+    source = tiny.build()
+    state = {key: value.contiguous() for key, value in source.state_dict().items()}
+    path = save(state, tmp_path / "model.safetensors")
+    torch.manual_seed(4)
+    ours = build_model(ModelSpec(tiny.timm_id, str(path), kwargs=tiny.kwargs), num_classes=3)
+    after_ours = torch.rand(3)
+    torch.manual_seed(4)
+    theirs = timm.create_model(
+        tiny.timm_id,
+        pretrained=True,
+        pretrained_cfg_overlay={"file": str(path)},
+        num_classes=3,
+        **tiny.kwargs,
+    )
+    assert torch.equal(torch.rand(3), after_ours)
+    loaded, reference = ours.state_dict(), theirs.state_dict()
+    assert list(loaded) == list(reference)
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, reference[name]), name
+        if not name.startswith("head."):
+            assert torch.equal(tensor, state[name]), name
 
 
 def test_original_dinov2_names_are_converted(tmp_path: Path) -> None:
