@@ -258,17 +258,46 @@ def preprocessing(model: nn.Module, spec: ModelSpec) -> Preprocessing:
         raise ValueError(
             f"normalize {spec.normalize!r}: expected 'pretrained', 'imagenet' or {{mean, std}}"
         )
-    # The model's own resolution wins over its pretrained_cfg (a tiny demo ViT at 32 px
-    # still carries the 224 px cfg of the architecture it was derived from).
-    patch_embed = getattr(model, "patch_embed", None)
-    img_size = getattr(patch_embed, "img_size", None) or cfg["input_size"][1:]
     return Preprocessing(
-        input_size=int(img_size[-1]),
+        input_size=input_resolution(model),
         crop_pct=float(spec.crop_pct if spec.crop_pct is not None else cfg.get("crop_pct", 1.0)),
         interpolation=str(cfg.get("interpolation", "bicubic")),
         mean=mean,  # type: ignore[arg-type]
         std=std,  # type: ignore[arg-type]
     )
+
+
+def input_resolution(model: nn.Module) -> int:
+    """The side of the square images the model takes.
+
+    The model's own resolution wins over its pretrained_cfg (a tiny demo ViT at 32 px still
+    carries the 224 px cfg of the architecture it was derived from).
+    """
+    patch_embed = getattr(model, "patch_embed", None)
+    img_size = (
+        getattr(patch_embed, "img_size", None)
+        or timm.data.resolve_data_config({}, model=model)["input_size"][1:]
+    )
+    return int(img_size[-1])
+
+
+def train_flops_per_image(timm_id: str, kwargs: dict[str, Any] | None = None) -> int:
+    """Training FLOPs of one image for the model ``timm_id`` (and ``kwargs``) at its input
+    resolution, counted by its architecture (``Architecture.train_flops_per_image``).
+
+    The model is built on the meta device: no weights, no memory, no arithmetic (a second
+    for a 7B model). The classifier is left out (``num_classes=0``), as the count leaves it.
+
+    Raises:
+        UnsupportedModel: no architecture knows the model (naming its class).
+    """
+    from vitplasticity.architectures import architecture_for
+
+    with torch.device("meta"):
+        model = timm.create_model(timm_id, pretrained=False, **{**(kwargs or {}), "num_classes": 0})
+        side = input_resolution(model)
+        images = torch.empty(1, 3, side, side)
+    return architecture_for(model).train_flops_per_image(model, images)
 
 
 def pick_device(requested: str = "auto") -> torch.device:
