@@ -17,15 +17,23 @@ from .helpers.tiny_models import TINY_MODELS
 KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3}
 
 
-def hand_count(patches: int = 16, width: int = 48, depth: int = 2, mlp: int = 192) -> int:
-    """Training FLOPs of one image, 2 per multiply-add, matrix products and convolutions only.
+def hand_count(
+    patches: int = 16,
+    width: int = 48,
+    depth: int = 2,
+    mlp: int = 192,
+    patch: int = 8,
+    prefix: int = 1,
+) -> int:
+    """Training FLOPs of one image of a pre-norm ViT (``prefix`` class and register tokens
+    before the patches), 2 per multiply-add, matrix products and convolutions only.
 
     A product's backward is two products of its size (gradient of the input and of the
     weight), so a block costs 3x its forward; the patch convolution's input is the image,
     whose gradient is not needed: forward + weight gradient, 2x.
     """
-    tokens = patches + 1
-    patch_conv = 2 * patches * width * (3 * 8 * 8)
+    tokens = patches + prefix
+    patch_conv = 2 * patches * width * (3 * patch * patch)
     linears = 2 * tokens * (width * 3 * width + width * width + width * mlp + mlp * width)
     attention = 2 * (2 * tokens * tokens * width)  # Q K^T and A V over all heads
     return 2 * patch_conv + depth * 3 * (linears + attention)
@@ -65,9 +73,12 @@ def test_frozen_parameters_are_counted_as_trained_and_left_frozen() -> None:
 def test_a_timm_id_is_counted_on_the_meta_device_at_its_resolution() -> None:
     assert train_flops_per_image("vit_tiny_patch16_224", KWARGS) == hand_count()
     # ViT-B/16 at 224 px: 196 patches, 768 wide, 12 blocks, MLP 3072.
-    base = hand_count(patches=196, width=768, depth=12, mlp=3072) - 2 * 2 * 196 * 768 * 192
-    base += 2 * 2 * 196 * 768 * (3 * 16 * 16)  # 16 px patches, not 8
+    base = hand_count(patches=196, width=768, depth=12, mlp=3072, patch=16)
     assert train_flops_per_image("vit_base_patch16_224") == base == 105_147_150_336
+    # DINOv3 ViT-S/16 at its 256 px: 256 patches after a class and 4 register tokens (its
+    # rotary positions and layer scales are elementwise: not counted).
+    dinov3 = hand_count(patches=256, width=384, depth=12, mlp=1536, patch=16, prefix=5)
+    assert train_flops_per_image("vit_small_patch16_dinov3") == dinov3
 
 
 @pytest.mark.parametrize("tiny", [m for m in TINY_MODELS if m.timm_id], ids=lambda m: m.id)
