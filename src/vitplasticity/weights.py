@@ -5,7 +5,8 @@ rate limits. So one local job per model (on the login node) downloads the checkp
 would load, through huggingface_hub (which honours HF_ENDPOINT, HF_TOKEN and HF_HOME), into
 ``<resources>/weights/<model>/model.safetensors``, with ``weights.json`` beside it: repo,
 file, revision asked for, commit it resolved to, sha256, size and URL. Compute jobs then load
-that file (``models.build_model`` with ``weights: <path>``) with HF_HUB_OFFLINE=1.
+that file (``models.build_model`` with ``weights: <path>``) with HF_HUB_OFFLINE=1, strictly:
+a file that is not the model's checkpoint stops them, naming the file and the keys.
 
 The local file is always a safetensors file: timm prefers the safetensors twin of a
 checkpoint (``model.safetensors`` for its default ``pytorch_model.bin``) and every timm hub
