@@ -408,3 +408,13 @@ def test_a_block_of_another_class_is_refused_by_name() -> None:
     model.encoder.layer[1].__class__ = PatchedLayer
     with pytest.raises(UnsupportedModel, match="block 1 of Dinov2Model is a PatchedLayer"):
         architecture_for(model).blocks(model)
+
+
+def test_lora_targets_are_the_attention_projections_by_full_name() -> None:
+    model = _case("hf_clip_vision_projection").build()
+    targets = architecture_for(model).lora_targets(model)
+    assert targets == [
+        f"vision_model.encoder.layers.{block}.self_attn.{name}"
+        for block in range(2)
+        for name in ("k_proj", "v_proj", "q_proj", "out_proj")
+    ]

@@ -1,6 +1,6 @@
 """transformers vision towers: ViT, DINOv2 (with or without registers), DINOv3, and the CLIP and
-SigLIP vision towers (docs/protocol.md, "Architectures"), with the classes that put a projection
-or a classifier on top of them.
+SigLIP vision towers (docs/protocol.md, section 3.1), with the classes that put a projection or
+a classifier on top of them.
 
 Every block is pre-norm, ``x + branch(attention(ln1(x)))`` then ``x + branch(mlp(ln2(x)))``;
 the module names are transformers 5's (older releases named ViT's and DINOv2's differently),
@@ -20,8 +20,8 @@ mode ``up``: the up projection alone). The branch around MHA and the MLP is ViT'
 DINOv2's and DINOv3's layer scale (``layer_scale1`` trained with MHA, ``layer_scale2`` with
 FC2, as timm's LayerScale) and drop path, nothing for CLIP and SigLIP. The embedding is the
 ``embeddings`` module (patch embedding, cls/register/mask tokens, position embedding) and
-CLIP's ``pre_layrnorm``; the head is the final norm (ViT's pooler, SigLIP's attention pooling
-head) and what a wrapper class adds (``classifier``, ``visual_projection``). DINOv3's positions
+CLIP's ``pre_layrnorm``; the head is the final norm, ViT's pooler, SigLIP's attention pooling
+head and what a wrapper class adds (``classifier``, ``visual_projection``). DINOv3's positions
 are rotary: its embedding hands every block the (cos, sin) of the patch grid.
 
 Matched by class name (transformers is optional and not imported to answer "no").
