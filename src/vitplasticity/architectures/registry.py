@@ -10,6 +10,13 @@ from torch import nn
 
 from vitplasticity.architectures.base import Architecture, UnsupportedModel
 from vitplasticity.architectures.hf_gpt2 import HFGPT2
+from vitplasticity.architectures.hf_vision import (
+    HFClipVision,
+    HFDinov2,
+    HFDinov3,
+    HFSiglipVision,
+    HFViT,
+)
 from vitplasticity.architectures.timm_beit import TimmBeit
 from vitplasticity.architectures.timm_eva import TimmEva
 from vitplasticity.architectures.timm_vit import TimmVisionTransformer
@@ -21,6 +28,11 @@ ARCHITECTURES: dict[str, Architecture] = {
         TimmEva(),
         TimmBeit(),
         HFGPT2(),
+        HFViT(),
+        HFDinov2(),
+        HFDinov3(),
+        HFClipVision(),
+        HFSiglipVision(),
     )
 }
 """Every known family by name, checked in this order."""
