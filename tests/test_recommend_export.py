@@ -39,6 +39,7 @@ MODELS = {
         "vit_small_patch16_dinov3_qkvb",  # timm Eva with q/v biases (attributes to set)
         "beitv2_base_patch16_224",  # timm Beit
         "gpt2_tiny",  # transformers GPT2 (Conv1D)
+        "hf_dinov2_swiglu",  # transformers Dinov2Model, SwiGLU (fc1 = gate_proj + up_proj)
     )
 }
 CONFIGURATIONS = ("ln1", "mha", "fc1", "mha+fc1", "ln1+ln2", "ln2+fc2")

@@ -24,6 +24,7 @@ MODELS = {
         "vit_small_plus_patch16_dinov3",
         "beitv2_base_patch16_224",
         "gpt2_tiny",
+        "hf_dinov2_swiglu",
     )
 }
 
