@@ -76,12 +76,17 @@ def check_forward(architecture: Architecture, model: nn.Module, inputs: torch.Te
     """embed + run_block reproduce the tokens the model's own forward feeds its blocks."""
     blocks = architecture.blocks(model)
     seen: dict[str, torch.Tensor] = {}
-    first = blocks[0].register_forward_hook(
-        lambda module, args, output: seen.setdefault("input", args[0])
-    )
-    last = blocks[-1].register_forward_hook(
-        lambda module, args, output: seen.setdefault("output", architecture.hook_output(output))
-    )
+
+    # A forward hook that returns a value replaces the module's output: these return None, so
+    # that the model's own pass (and run_block after it) runs unaltered.
+    def keep_input(module: nn.Module, args: tuple, output: object) -> None:
+        seen.setdefault("input", args[0])
+
+    def keep_output(module: nn.Module, args: tuple, output: object) -> None:
+        seen.setdefault("output", architecture.hook_output(output))
+
+    first = blocks[0].register_forward_hook(keep_input)
+    last = blocks[-1].register_forward_hook(keep_output)
     try:
         with torch.no_grad():
             model(inputs)
