@@ -226,6 +226,11 @@ class Architecture:
         what block ``index`` gives it beside them (rotary positions, a mask)."""
         return attention(tokens)
 
+    def hook_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        """The tensor a component's module receives (a forward hook's ``args`` and ``kwargs``):
+        its first positional argument. A family whose blocks pass it by keyword says which."""
+        return args[0]
+
     def hook_output(self, output: Any) -> torch.Tensor:
         """The tensor a component's module returns (some return a tuple)."""
         return output
