@@ -163,7 +163,8 @@ class _InSituRecorder:
         self, architecture: Architecture, blocks: list[nn.Module], n_pairs: int, fc1: str
     ) -> None:
         self.n_pairs = n_pairs
-        self._input_of, self._output_of = architecture.hook_input, architecture.hook_output
+        self._input_of = architecture.hook_input
+        self._output_of = architecture.hook_output
         self.numerators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
         self.denominators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
         # Per (block, component): the pair norms of each of its modules' outputs (a gated fc1
@@ -182,7 +183,6 @@ class _InSituRecorder:
         def record(
             module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: object
         ) -> None:
-            # transformers' decoder layers call their attention by keyword (hidden_states=).
             inputs, output = self._input_of(args, kwargs), self._output_of(output)
             if inputs is self._last_output:
                 denominator = self._last_norm

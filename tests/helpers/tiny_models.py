@@ -63,6 +63,110 @@ def _gpt2() -> TinyModel:
     return TinyModel("gpt2_tiny", "hf_gpt2", build, inputs)
 
 
+HF_VISION_TINY_CONFIG = {
+    "hidden_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 3,
+    "image_size": 32,
+    "patch_size": 8,
+    "attn_implementation": "eager",
+}
+"""What every tiny transformers vision config shares: 2 blocks of width 48, 3 heads, 32 px
+images in 16 patches of 8."""
+
+
+def _hf_vision(
+    case_id: str, family: str, model_class: str, config_class: str, **config
+) -> TinyModel:
+    """A tiny transformers vision model: ``model_class(config_class(...))``, random init."""
+
+    def build() -> nn.Module:
+        from vitplasticity.optional import require_transformers
+
+        transformers = require_transformers()
+        torch.manual_seed(0)
+        settings = {**HF_VISION_TINY_CONFIG, **config}
+        return getattr(transformers, model_class)(getattr(transformers, config_class)(**settings))
+
+    def inputs(n: int) -> torch.Tensor:
+        return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(n))
+
+    return TinyModel(case_id, family, build, inputs)
+
+
+HF_VISION_TINY_MODELS: list[TinyModel] = [
+    _hf_vision("hf_vit", "hf_vit", "ViTModel", "ViTConfig", intermediate_size=96),
+    _hf_vision(
+        "hf_vit_classifier",
+        "hf_vit",
+        "ViTForImageClassification",
+        "ViTConfig",
+        intermediate_size=96,
+        num_labels=5,
+    ),
+    _hf_vision("hf_dinov2", "hf_dinov2", "Dinov2Model", "Dinov2Config", mlp_ratio=2),
+    _hf_vision(
+        "hf_dinov2_swiglu",
+        "hf_dinov2",
+        "Dinov2Model",
+        "Dinov2Config",
+        mlp_ratio=2,
+        use_swiglu_ffn=True,
+    ),
+    _hf_vision(
+        "hf_dinov2_registers_classifier",
+        "hf_dinov2",
+        "Dinov2WithRegistersForImageClassification",
+        "Dinov2WithRegistersConfig",
+        mlp_ratio=2,
+        num_register_tokens=2,
+        num_labels=5,
+    ),
+    _hf_vision(
+        "hf_dinov3",
+        "hf_dinov3",
+        "DINOv3ViTModel",
+        "DINOv3ViTConfig",
+        intermediate_size=96,
+        num_register_tokens=2,
+        key_bias=True,
+    ),
+    _hf_vision(
+        "hf_dinov3_gated",
+        "hf_dinov3",
+        "DINOv3ViTModel",
+        "DINOv3ViTConfig",
+        intermediate_size=64,
+        num_register_tokens=4,
+        use_gated_mlp=True,
+        hidden_act="silu",
+    ),
+    _hf_vision(
+        "hf_clip_vision",
+        "hf_clip_vision",
+        "CLIPVisionModel",
+        "CLIPVisionConfig",
+        intermediate_size=96,
+    ),
+    _hf_vision(
+        "hf_clip_vision_projection",
+        "hf_clip_vision",
+        "CLIPVisionModelWithProjection",
+        "CLIPVisionConfig",
+        intermediate_size=96,
+        projection_dim=24,
+    ),
+    _hf_vision(
+        "hf_siglip_vision",
+        "hf_siglip_vision",
+        "SiglipVisionModel",
+        "SiglipVisionConfig",
+        intermediate_size=96,
+    ),
+]
+"""The transformers vision towers (and wrappers with a classifier or projection)."""
+
+
 HF_TEXT_TINY_CONFIG = {
     "hidden_size": 48,
     "num_hidden_layers": 2,
@@ -146,6 +250,7 @@ TINY_MODELS: list[TinyModel] = [
     _timm("beit_base_patch16_224", "timm_beit"),
     _timm("beitv2_base_patch16_224", "timm_beit"),
     _gpt2(),
+    *HF_VISION_TINY_MODELS,
     *(_hf_text(case_id) for case_id in HF_TEXT_TINY_MODELS),
 ]
 """Every family's tiny models; each family has at least one (tests/test_architectures.py)."""

@@ -12,6 +12,13 @@ from vitplasticity.architectures.base import Architecture, UnsupportedModel
 from vitplasticity.architectures.hf_gemma import HFGemma
 from vitplasticity.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.architectures.hf_llama import HFLlama
+from vitplasticity.architectures.hf_vision import (
+    HFClipVision,
+    HFDinov2,
+    HFDinov3,
+    HFSiglipVision,
+    HFViT,
+)
 from vitplasticity.architectures.timm_beit import TimmBeit
 from vitplasticity.architectures.timm_eva import TimmEva
 from vitplasticity.architectures.timm_vit import TimmVisionTransformer
@@ -25,6 +32,11 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFGPT2(),
         HFLlama(),
         HFGemma(),
+        HFViT(),
+        HFDinov2(),
+        HFDinov3(),
+        HFClipVision(),
+        HFSiglipVision(),
     )
 }
 """Every known family by name, checked in this order."""
