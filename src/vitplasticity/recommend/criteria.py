@@ -34,7 +34,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitplasticity import COMPONENTS
-from vitplasticity.architectures import ParameterMap, parameter_map, parse_configuration
+from vitplasticity.architectures import (
+    ParameterMap,
+    architecture_for,
+    parameter_map,
+    parse_configuration,
+)
 from vitplasticity.bounds import attention_head_norms, spectral_norm
 from vitplasticity.components import block_modules
 from vitplasticity.plasticity import Images, measure
@@ -197,19 +202,28 @@ def head_warmup(
     _check_eval(model)
     if not lr > 0:
         raise ValueError(f"warm-up learning rate must be > 0, got {lr}")
-    head = model.get_classifier()
+    architecture = architecture_for(model)
+    head = architecture.classifier(model)
     if not isinstance(head, nn.Module) or not list(head.parameters()):
         raise ValueError(f"{type(model).__name__} has no classifier head to warm up")
+    trained = {id(p) for p in head.parameters()}
+    flags = {p: p.requires_grad for p in model.parameters()}
     optimizer = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum, weight_decay=0.0)
     losses = []
-    for images, labels in batches:
-        with torch.no_grad():
-            features = model.forward_head(model.forward_features(images), pre_logits=True)
-        loss = F.cross_entropy(head(features), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    try:
+        # Only the head requires a gradient: the backbone and pooling run as without one, and
+        # the logits are the model's own (its pooling; a timm model: head(forward_head(...))).
+        for parameter in flags:
+            parameter.requires_grad_(id(parameter) in trained)
+        for images, labels in batches:
+            loss = F.cross_entropy(architecture.logits(model, images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    finally:
+        for parameter, flag in flags.items():
+            parameter.requires_grad_(flag)
     optimizer.zero_grad(set_to_none=True)
     return losses
 
@@ -245,7 +259,8 @@ def gradient_statistics(
         UnsupportedModel: for a model no architecture knows or cannot account for exactly.
     """
     _check_eval(model)
-    owners = parameter_map(model).owners
+    parameter_owners = parameter_map(model)
+    owners, architecture = parameter_owners.owners, parameter_owners.architecture
     parameters = dict(model.named_parameters())
     unknown = [name for name in names if name not in parameters]
     if unknown:
@@ -265,7 +280,7 @@ def gradient_statistics(
         count = 0
         for images, labels in batches:
             count += 1
-            loss = F.cross_entropy(model(images), labels)
+            loss = F.cross_entropy(architecture.logits(model, images), labels)
             gradients = torch.autograd.grad(loss, tracked)
             for index, gradient in enumerate(gradients):
                 g = gradient.detach().to(torch.float64)
