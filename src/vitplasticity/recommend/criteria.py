@@ -14,6 +14,13 @@ the items of its parts:
   sqrt(mean_b ||g_b - mean_b g_b||^2) (see :func:`gradient_statistics`).
 - ``weight_spectral`` (data-free): items are blocks; the weight factor of the paper's
   Section 4 bound (see :func:`weight_statistics`).
+- ``nfn`` (PLoP's normalised feature norm, Hayou et al., ICLR 2026): items are the linear maps
+  of every block (a gated FC1 is one map, gate and up together); per map, the mean output norm
+  on the task's real inputs over the same on Gaussian inputs of the same norms, from one
+  forward pass of the first gradient batch (:mod:`.nfn`). The norms (LN1, LN2) hold no linear
+  map: their NFN is n/a (NaN, ranked last and never recommended), and a configuration that
+  joins a norm to linear components has the NFN of its linear maps. PLoP finetunes the
+  *lowest* NFN first (:data:`.ranking.LOWER_FIRST`), the opposite end from the other criteria.
 
 A configuration's trainable parameters exclude the classifier head and the final norm, which
 every configuration trains (:func:`always_trained_parameters` counts those). Which parameter
@@ -23,6 +30,7 @@ belongs to which component comes from the model's architecture
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -38,12 +46,14 @@ from vitplasticity.architectures import ParameterMap, parameter_map, parse_confi
 from vitplasticity.bounds import attention_head_norms, spectral_norm
 from vitplasticity.components import block_modules
 from vitplasticity.plasticity import Images, measure
+from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics
 
 CRITERIA: tuple[str, ...] = (
     "plasticity",
     "relative_gradient_norm",
     "gradient_snr",
     "weight_spectral",
+    "nfn",
 )
 """Criterion names, as in the ``criterion`` column of the recommendation table."""
 
@@ -358,6 +368,25 @@ def weight_estimate(weights: pl.DataFrame, components: Sequence[str]) -> Estimat
 
 
 # ---------------------------------------------------------------------------------------------
+# PLoP's normalised feature norm
+
+
+def nfn_estimate(features: pl.DataFrame, components: Sequence[str]) -> Estimate:
+    """The NFN of a configuration: the unweighted mean over its linear maps (every block's).
+
+    A configuration made of norms alone has no map: NaN (n/a), never a number. Maps whose NFN
+    is not finite (an input of norm 0 throughout) are left out.
+    """
+    values = (
+        features.filter(pl.col("component").is_in(list(components)))["nfn"]
+        .to_numpy()
+        .astype(np.float64)
+    )
+    values = values[np.isfinite(values)]
+    return Estimate(float(values.mean()) if len(values) else math.nan, n_items=len(values))
+
+
+# ---------------------------------------------------------------------------------------------
 # Everything measured, pooled per configuration
 
 
@@ -375,6 +404,8 @@ class Measurements:
     """Trainable parameters of each component (head and final norm excluded)."""
     always_trained: int
     """Parameters of the head and final norm (trained by every configuration)."""
+    features: pl.DataFrame
+    """:func:`vitplasticity.recommend.nfn.feature_norm_statistics` rows (one per linear map)."""
 
     def trainable_parameters(self, configuration: str) -> int:
         """Trainable parameters of ``configuration`` beyond the head and final norm (its
@@ -391,6 +422,7 @@ class Measurements:
             ),
             "gradient_snr": tensor_estimate(self.tensors, parts, "gradient_snr"),
             "weight_spectral": weight_estimate(self.weights, parts),
+            "nfn": nfn_estimate(self.features, parts),
         }
 
 
@@ -406,12 +438,15 @@ def measure_criteria(
     batch_size: int = 64,
     protocol: str = "embedding",
     progress: Callable[[int], None] | None = None,
+    nfn_seed: int = NFN_SEED,
 ) -> Measurements:
     """Measure every criterion of the five components of ``model``.
 
     In order: the weight statistic and the plasticity (on the model as given), then the head
-    warm-up (:func:`head_warmup`, which changes the head only), then the gradient statistics
-    of every component's tensors.
+    warm-up (:func:`head_warmup`, which changes the head only), then the NFN of every linear
+    map on the first gradient batch (one forward pass without gradients; the warm-up did not
+    touch the maps), then the gradient statistics of every component's tensors (that batch
+    included).
 
     Args:
         model: a timm model of a known architecture in eval mode, with a classifier head for the
@@ -425,6 +460,10 @@ def measure_criteria(
         batch_size: plasticity pairs per forward pass.
         protocol: the plasticity protocol (embedding: the paper's).
         progress: called with the plasticity pairs done.
+        nfn_seed: the seed of NFN's random inputs.
+
+    Raises:
+        ValueError: for fewer than 2 gradient batches.
     """
     weights = weight_statistics(model)
     pairs = measure(
@@ -437,11 +476,16 @@ def measure_criteria(
         progress=progress,
     )
     head_warmup(model, warmup_batches, warmup_lr)
+    batches = iter(gradient_batches)
+    first = next(batches, None)
+    if first is None:
+        raise ValueError("gradient criteria need at least 2 batches, got 0")
+    features = feature_norm_statistics(model, first[0], seed=nfn_seed)
     parameters = parameter_map(model)
     names = {c: parameters.component_names(c) for c in COMPONENTS}
     sizes = dict(model.named_parameters())
     tensors = gradient_statistics(
-        model, gradient_batches, [n for c in COMPONENTS for n in names[c]]
+        model, itertools.chain([first], batches), [n for c in COMPONENTS for n in names[c]]
     )
     return Measurements(
         pairs=pairs,
@@ -449,4 +493,5 @@ def measure_criteria(
         weights=weights,
         component_parameters={c: sum(sizes[n].numel() for n in names[c]) for c in COMPONENTS},
         always_trained=always_trained_parameters(model, parameters),
+        features=features,
     )
