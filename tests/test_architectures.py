@@ -76,22 +76,25 @@ def check_forward(architecture: Architecture, model: nn.Module, inputs: torch.Te
     """embed + run_block reproduce the tokens the model's own forward feeds its blocks."""
     blocks = architecture.blocks(model)
     seen: dict[str, torch.Tensor] = {}
-    first = blocks[0].register_forward_hook(
-        lambda module, args, output: seen.setdefault("input", args[0])
-    )
+
+    def remember(key: str, value: torch.Tensor) -> None:
+        seen[key] = value  # returns None: a hook's return value would replace the block's output
+
+    first = blocks[0].register_forward_hook(lambda module, args, output: remember("input", args[0]))
     last = blocks[-1].register_forward_hook(
-        lambda module, args, output: seen.setdefault("output", architecture.hook_output(output))
+        lambda module, args, output: remember("output", architecture.hook_output(output))
     )
     try:
         with torch.no_grad():
             model(inputs)
-            embedded = architecture.embed(model, inputs)
-            tokens = embedded.tokens
-            for index, block in enumerate(blocks):
-                tokens = architecture.run_block(block, index, tokens, embedded)
-    finally:
+    finally:  # removed before run_block, which must not meet them
         first.remove()
         last.remove()
+    with torch.no_grad():
+        embedded = architecture.embed(model, inputs)
+        tokens = embedded.tokens
+        for index, block in enumerate(blocks):
+            tokens = architecture.run_block(block, index, tokens, embedded)
     torch.testing.assert_close(embedded.tokens, seen["input"], rtol=0, atol=TOLERANCE)
     torch.testing.assert_close(tokens, seen["output"], rtol=0, atol=TOLERANCE)
 

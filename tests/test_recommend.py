@@ -525,7 +525,7 @@ def test_cli_on_an_image_folder(tmp_path: Path) -> None:
     ]
     assert main(argv) == 0
     files = sorted(p.name for p in prefix.parent.iterdir())
-    assert files == ["pets.md", "pets.parquet", "pets.pdf", "pets.png"]
+    assert files == ["pets.json", "pets.md", "pets.parquet", "pets.pdf", "pets.png"]
     table = pl.read_parquet(f"{prefix}.parquet")
     assert table.schema == pl.Schema(TABLE_SCHEMA)
     assert table.height == 8 * len(CRITERIA)  # the default configurations x the criteria

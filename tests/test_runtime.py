@@ -1,11 +1,13 @@
 """vitplasticity.runtime: the wall time a finetuning, plasticity or recommend job asks SLURM
 for, against the estimate computed by hand in exact rational arithmetic from the documented
-constants."""
+constants and the training FLOPs counted by hand (tests/test_train_flops.py's formula)."""
 
 from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -13,18 +15,19 @@ import pytest
 import yaml
 
 from tests.test_config import paper_dry_run
+from tests.test_train_flops import hand_count
 from vitplasticity import runtime
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The documented training GFLOP per image (forward + backward): ViT-S/16 and ViT-B/16 as
-# counted (docs/benchmarks.md), the others 0.1x, 3.5x and 9.5x ViT-B/16.
-GFLOP = {
-    "tiny": Fraction("10.51"),
-    "small": Fraction("27.5"),
-    "base": Fraction("105.1"),
-    "large": Fraction("367.85"),
-    "huge": Fraction("998.45"),
+# Training FLOPs per image by hand: patches, width, depth, MLP width, patch size, tokens
+# before the patches (class + registers).
+FLOPS = {
+    "vit_tiny_patch16_224": hand_count(196, 192, 12, 768, 16),
+    "vit_base_patch16_224": hand_count(196, 768, 12, 3072, 16),
+    "vit_large_patch16_224": hand_count(196, 1024, 24, 4096, 16),
+    "vit_huge_patch14_224": hand_count(256, 1280, 32, 5120, 14),
+    "vit_base_patch16_dinov3": hand_count(256, 768, 12, 3072, 16, prefix=5),
 }
 # The documented sustained TFLOP/s on an A100-class GPU, by precision.
 TFLOPS = {
@@ -32,14 +35,6 @@ TFLOPS = {
     "fp32": Fraction(14),
     "float32": Fraction(14),
     "float64": Fraction(7),
-}
-# The step times (seconds per batch-512 step) of the model before the precision mattered,
-# which bf16 keeps for every size but small (now from its counted FLOPs, not 0.3x ViT-B).
-OLD_STEP = {
-    "tiny": Fraction(1, 20),
-    "base": Fraction(1, 2),
-    "large": Fraction(7, 4),
-    "huge": Fraction(19, 4),
 }
 BASE = "vit_base_patch16_224.orig_in21k"
 
@@ -49,13 +44,8 @@ def paper() -> dict:
     return yaml.safe_load((REPO / "config.yaml").read_text())
 
 
-def size_of(timm_id: str) -> str:
-    word = timm_id.split("_")[1] if "_" in timm_id else ""
-    return word if word in GFLOP else "huge"
-
-
 def seconds_per_image(timm_id: str, precision: str) -> Fraction:
-    return GFLOP[size_of(timm_id)] * 10**9 / (TFLOPS[precision] * 10**12)
+    return Fraction(FLOPS[timm_id.partition(".")[0]]) / (TFLOPS[precision] * 10**12)
 
 
 def exact_finetune(steps: int, batch_size: int, timm_id: str, precision: str, attempt: int) -> int:
@@ -84,21 +74,21 @@ def exact_recommend(
 
 
 def test_paper_vit_b_on_cifar10_in_fp32_asks_for_14_hours(paper: dict) -> None:
-    """config.yaml finetunes in fp32: 105.1 GFLOP x 512 / 14 TFLOP/s = 3.84 s per step;
-    10,000 steps x 1.3 = 49,967 s = 832 min 48 s, + 15 min: 847 min."""
+    """config.yaml finetunes in fp32: 105.147 GFLOP x 512 / 14 TFLOP/s = 3.845 s per step;
+    10,000 steps x 1.3 = 49,990 s = 833 min 10 s, + 15 min: 848 min."""
     steps = paper["datasets"]["cifar10"]["steps"]
     timm_id = paper["models"]["vit_base"]["timm_id"]
     batch_size = paper["finetune"]["batch_size"]
     precision = paper["finetune"]["precision"]
     assert (steps, batch_size, precision) == (10_000, 512, "fp32")
-    assert runtime.finetune_minutes(steps, batch_size, timm_id, precision) == 847
+    assert runtime.finetune_minutes(steps, batch_size, timm_id, precision) == 848
     # A TIMEOUT retry asks for the attempt's multiple.
-    assert runtime.finetune_minutes(steps, batch_size, timm_id, precision, attempt=2) == 1695
-    assert runtime.finetune_minutes(steps, batch_size, timm_id, precision, attempt=3) == 2543
+    assert runtime.finetune_minutes(steps, batch_size, timm_id, precision, attempt=2) == 1696
+    assert runtime.finetune_minutes(steps, batch_size, timm_id, precision, attempt=3) == 2544
 
 
 def test_paper_vit_b_on_cifar10_in_bf16_keeps_two_hours(paper: dict) -> None:
-    """bf16: 0.5 s per step, as before; 6,500 s = 108 min 20 s, + 15 min: 123 min."""
+    """bf16: 0.5002 s per step (0.5 s before); 6,503 s = 108 min 23 s, + 15 min: 123 min."""
     steps = paper["datasets"]["cifar10"]["steps"]
     timm_id = paper["models"]["vit_base"]["timm_id"]
     assert runtime.finetune_minutes(steps, 512, timm_id, "bf16") == 123
@@ -106,9 +96,7 @@ def test_paper_vit_b_on_cifar10_in_bf16_keeps_two_hours(paper: dict) -> None:
     assert runtime.finetune_minutes(steps, 512, timm_id, "bf16", attempt=3) == 370
 
 
-def test_bf16_keeps_the_old_step_times_and_fp32_is_7_7_times_slower() -> None:
-    for size, step in OLD_STEP.items():
-        assert 512 * runtime.image_seconds(f"vit_{size}_patch16_224", "bf16") == step
+def test_fp32_is_7_7_times_slower_than_bf16_and_float64_twice_fp32() -> None:
     fp32 = runtime.image_seconds(BASE, "fp32")
     assert fp32 / runtime.image_seconds(BASE, "bf16") == Fraction("107.6224") / 14
     assert 7.68 < float(fp32 / runtime.image_seconds(BASE, "bf16")) < 7.69
@@ -118,8 +106,8 @@ def test_bf16_keeps_the_old_step_times_and_fp32_is_7_7_times_slower() -> None:
 
 
 def test_paper_plasticity_of_vit_b(paper: dict) -> None:
-    """12,800 pairs x 2 images x 1 protocol = 25,600 forwards at a third of 105.1 GFLOP, at
-    14 TFLOP/s in float32, x 10 margin: 640.6 s, + 20 min: 30 min (in_situ too: 41 min);
+    """12,800 pairs x 2 images x 1 protocol = 25,600 forwards at a third of 105.147 GFLOP,
+    at 14 TFLOP/s in float32, x 10 margin: 640.9 s, + 20 min: 30 min (in_situ too: 41 min);
     in float64 twice the seconds."""
     p = paper["plasticity"]
     assert (p["n_pairs"], p["protocols"], p["dtype"]) == (12_800, ["embedding"], "float32")
@@ -160,7 +148,7 @@ def test_every_paper_job_matches_the_exact_estimate(paper: dict, attempt: int) -
 
 def test_recommend_of_the_paper_models_and_the_demo(paper: dict) -> None:
     """ViT-B, 12,800 pairs, the recommend block's defaults (batch 32, 50 warm-up steps, 8
-    gradient batches): 9,322.7 images of training work at 14 TFLOP/s, x 10 margin: 699.9 s,
+    gradient batches): 9,322.7 images of training work at 14 TFLOP/s, x 10 margin: 700.2 s,
     + 20 min: 31 min. The demo's tiny ViT (256 pairs, batch 16, 20 warm-up steps, 4
     batches) stays at the 20 min allowance."""
     rec = paper["recommend"]
@@ -172,23 +160,63 @@ def test_recommend_of_the_paper_models_and_the_demo(paper: dict) -> None:
     assert runtime.recommend_minutes(256, 16, 20, 4, "vit_tiny_patch16_224") == 20
 
 
-@pytest.mark.parametrize(
-    ("timm_id", "size"),
-    [
-        ("vit_tiny_patch16_224", "tiny"),
-        ("vit_small_patch16_224.augreg_in21k_ft_in1k", "small"),
-        ("vit_base_patch16_224.augreg2_in21k_ft_in1k", "base"),
-        ("vit_large_patch16_224.augreg_in21k_ft_in1k", "large"),
-        ("vit_huge_patch14_clip_224.laion2b_ft_in12k_in1k", "huge"),
-        ("vit_giant_patch14_dinov2.lvd142m", "huge"),  # not listed: the largest
-        ("deit3_medium_patch16_224", "huge"),
-        ("resnet50", "huge"),  # no size word at all
-    ],
-)
-def test_work_by_the_size_in_the_timm_id(timm_id: str, size: str) -> None:
-    for precision in TFLOPS:
-        expected = GFLOP[size] / (1000 * TFLOPS[precision])
-        assert runtime.image_seconds(timm_id, precision) == expected
+def test_the_work_is_the_architectures_count_whatever_the_tag() -> None:
+    """Listed architectures (the paper's and the demo's among them) by their hand counts,
+    their tags aside; DINOv3 ViT-B at its 256 px, not a 224 px ViT-B's."""
+    for timm_id in (BASE, "vit_base_patch16_224", "vit_base_patch16_224.augreg2_in21k_ft_in1k"):
+        assert runtime.train_gflop_per_image(timm_id) == Fraction(
+            FLOPS["vit_base_patch16_224"], 10**9
+        )
+    for architecture, flops in FLOPS.items():
+        assert runtime.TRAIN_FLOPS_PER_IMAGE[architecture] == flops
+        for precision in TFLOPS:
+            expected = Fraction(flops, 10**9) / (1000 * TFLOPS[precision])
+            assert runtime.image_seconds(f"{architecture}.any_tag", precision) == expected
+
+
+def test_an_unlisted_id_is_counted_and_an_unknown_family_refused() -> None:
+    """DeiT III ViT-M/16 is in no table: counted (196 patches, 512 wide, 12 blocks); the old
+    estimate gave it ViT-H's work. A ResNet has no architecture: refused by name."""
+    from vitplasticity.architectures import UnsupportedModel
+
+    assert "deit3_medium_patch16_224" not in runtime.TRAIN_FLOPS_PER_IMAGE
+    flops = hand_count(196, 512, 12, 2048, 16)
+    assert runtime.train_gflop_per_image("deit3_medium_patch16_224.fb_in1k") == Fraction(
+        flops, 10**9
+    )
+    with pytest.raises(UnsupportedModel, match="ResNet"):
+        runtime.train_gflop_per_image("resnet50")
+
+
+def test_listed_ids_import_neither_torch_nor_timm() -> None:
+    """Every job's runtime is evaluated when Snakemake builds its DAG, in every process."""
+    script = (
+        "import sys\n"
+        "from vitplasticity import runtime\n"
+        "for timm_id in sys.argv[1:]:\n"
+        "    runtime.finetune_minutes(10_000, 512, timm_id, 'fp32')\n"
+        "    runtime.plasticity_minutes(12_800, 2, timm_id, 'float64')\n"
+        "print(sorted(m for m in ('torch', 'timm') if m in sys.modules))\n"
+    )
+    ids = [f"{architecture}.tag" for architecture in runtime.TRAIN_FLOPS_PER_IMAGE]
+    result = subprocess.run(
+        [sys.executable, "-c", script, *ids], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_every_listed_count_is_the_architectures() -> None:
+    """The table cannot drift from the architectures, timm or torch: each entry recounted on
+    the meta device; and each architecture's tags share its input size, so that the tag
+    cannot change the count."""
+    from timm.models import get_arch_pretrained_cfgs
+
+    from vitplasticity.models import train_flops_per_image
+
+    for architecture, flops in runtime.TRAIN_FLOPS_PER_IMAGE.items():
+        assert train_flops_per_image(architecture) == flops, architecture
+        sizes = {cfg.input_size for cfg in get_arch_pretrained_cfgs(architecture).values()}
+        assert len(sizes) == 1, (architecture, sizes)
 
 
 def test_unknown_precision_is_named() -> None:
@@ -197,19 +225,19 @@ def test_unknown_precision_is_named() -> None:
 
 
 def test_larger_batches_models_and_precisions_ask_for_more() -> None:
-    # Half the batch, half the training time: 15 + 54 min 10 s.
+    # Half the batch, half the training time: 15 + 54 min 11 s.
     assert runtime.finetune_minutes(10_000, 256, BASE, "bf16") == 69
-    assert runtime.finetune_minutes(10_000, 512, "vit_large_patch16_224", "bf16") == 394
-    assert runtime.finetune_minutes(10_000, 512, "vit_large_patch16_224", "fp32") == 2929
+    assert runtime.finetune_minutes(10_000, 512, "vit_large_patch16_224", "bf16") == 395
+    assert runtime.finetune_minutes(10_000, 512, "vit_large_patch16_224", "fp32") == 2938
     # A job never asks for less than its fixed allowance.
     assert runtime.finetune_minutes(1, 1, "vit_tiny_patch16_224", "fp32") == 15
     assert runtime.plasticity_minutes(1, 1, "vit_tiny_patch16_224", "float64") == 20
 
 
 def test_a_cap_limits_the_request_and_none_leaves_it() -> None:
-    assert runtime.capped(847, None) == 847
-    assert runtime.capped(847, 2880) == 847
-    assert runtime.capped(15_838, 2880) == 2880
+    assert runtime.capped(848, None) == 848
+    assert runtime.capped(848, 2880) == 848
+    assert runtime.capped(15_916, 2880) == 2880
 
 
 @pytest.mark.slow
@@ -218,7 +246,7 @@ def test_the_paper_plan_asks_for_at_most_the_schedulers_cap(tmp_path: Path) -> N
     DomainNet run asks for the cap instead of ~11 days; ViT-B's cifar10 run keeps its own."""
     cap = 2880  # two days, a common partition limit
     runs = {
-        "sgd/vit_base/cifar10/mha/lr0.01_seed0": 847,
+        "sgd/vit_base/cifar10/mha/lr0.01_seed0": 848,
         "model_size/vit_huge/domainnet-clipart/mha/lr0.01_seed0": cap,
     }
     result = paper_dry_run(
@@ -236,4 +264,4 @@ def test_the_paper_plan_asks_for_at_most_the_schedulers_cap(tmp_path: Path) -> N
     assert asked == runs
     # Uncapped, ViT-H would ask for far more than the partition allows.
     huge = runtime.finetune_minutes(20_000, 512, "vit_huge_patch14_224.orig_in21k", "fp32")
-    assert huge == 15_838 > 5 * cap  # 11 days
+    assert huge == 15_916 > 5 * cap  # 11 days

@@ -143,11 +143,27 @@ def checkpoint() -> tuple[bytes, dict[str, torch.Tensor]]:
     return save(state), state
 
 
+@pytest.fixture(scope="module")
+def transformers_checkpoint() -> bytes:
+    """A tiny transformers ViTModel's state dict: another model's names, as safetensors bytes."""
+    from safetensors.torch import save
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
+    )
+    return save({k: v.contiguous() for k, v in ViTModel(config).state_dict().items()})
+
+
 @pytest.fixture
-def hub(checkpoint: tuple[bytes, dict]) -> Iterator[FakeHub]:
+def hub(checkpoint: tuple[bytes, dict], transformers_checkpoint: bytes) -> Iterator[FakeHub]:
     data, _ = checkpoint
     server = FakeHub(
-        {REPO_ID: {"model.safetensors": data}, "acme/bin-only": {"pytorch_model.bin": b"x"}},
+        {
+            REPO_ID: {"model.safetensors": data},
+            "acme/bin-only": {"pytorch_model.bin": b"x"},
+            "acme/transformers-vit": {"model.safetensors": transformers_checkpoint},
+        },
         gated=("meta/gated",),
     )
     yield server
@@ -289,26 +305,33 @@ def hub_env(hub_url: str, hf_home: Path) -> dict[str, str]:
     return env
 
 
-def test_build_model_passes_the_revision_to_timm(
+def test_build_model_loads_the_hub_revision_strictly(
     hub: FakeHub, checkpoint: tuple[bytes, dict], tmp_path: Path
 ) -> None:
-    """``weights: hub`` with a revision: timm fetches that revision (through HF_ENDPOINT), and
-    the provenance finds the file timm loaded in the huggingface_hub cache."""
+    """``weights: hub`` with a revision: that revision's file is fetched (through HF_ENDPOINT)
+    and loaded, the provenance finds it in the huggingface_hub cache; a hub file that is not
+    the model's is an error naming the cached file and its keys, as a local file is."""
     data, state = checkpoint
     script = (
         "import json, sys\n"
         "from safetensors.torch import save_file\n"
         "from vitplasticity.models import ModelSpec, build_model\n"
         "from vitplasticity.provenance import weights_record\n"
-        "spec = json.loads(sys.argv[1])\n"
+        "spec, other = json.loads(sys.argv[1]), json.loads(sys.argv[3])\n"
         "model = build_model(ModelSpec.from_config(spec), num_classes=0)\n"
         "save_file({k: v.contiguous() for k, v in model.state_dict().items()}, sys.argv[2])\n"
         "print(json.dumps(weights_record(spec)))\n"
+        "try:\n"
+        "    build_model(ModelSpec.from_config(other), num_classes=3)\n"
+        "except ValueError as error:\n"
+        "    print(json.dumps(str(error)))\n"
     )
     spec = {"timm_id": TIMM_ID, "weights": "hub", "revision": COMMIT, "kwargs": KWARGS}
+    overlay = {"hf_hub_id": "acme/transformers-vit"}
+    other = {**spec, "kwargs": {**KWARGS, "pretrained_cfg_overlay": overlay}}
     out = tmp_path / "loaded.safetensors"
     result = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(spec), str(out)],
+        [sys.executable, "-c", script, json.dumps(spec), str(out), json.dumps(other)],
         env=hub_env(hub.url, tmp_path / "hf"),
         capture_output=True,
         text=True,
@@ -316,10 +339,18 @@ def test_build_model_passes_the_revision_to_timm(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert hub.file_requests()[0][1] == f"/{REPO_ID}/resolve/{COMMIT}/model.safetensors"
-    for name, tensor in load_file(out).items():
+    loaded = load_file(out)
+    assert set(loaded) == {k for k in state if not k.startswith("head.")}
+    for name, tensor in loaded.items():
         assert torch.equal(tensor, state[name]), name
-    record = json.loads(result.stdout.strip().splitlines()[-1])
+    printed = result.stdout.strip().splitlines()
+    record = json.loads(printed[-2])
     assert record["sha256"] == hashlib.sha256(data).hexdigest() and record["commit"] == COMMIT
+    error = json.loads(printed[-1])
+    cached = tmp_path / f"hf/hub/models--acme--transformers-vit/snapshots/{COMMIT}"
+    assert error.startswith(f"{cached}/model.safetensors does not match {TIMM_ID}: "), error
+    assert "30 missing keys (cls_token, pos_embed, " in error, error
+    assert "unexpected keys (embeddings.cls_token, " in error, error
 
 
 HUB_PRESET = f"""

@@ -15,3 +15,13 @@ FC1_MODES: tuple[str, ...] = ("stage", "up")
 stage (gate and up projections together, their outputs concatenated; the default); ``up``, the
 up projection alone (the reference code's DINOv3 ablation). A plain MLP has one fc1 either way
 (docs/protocol.md, "Architectures")."""
+
+
+def __getattr__(name: str) -> object:
+    """``vitplasticity.select`` (:func:`vitplasticity.selection.select`), imported on first
+    use: ``import vitplasticity`` loads no torch."""
+    if name == "select":
+        from vitplasticity.selection import select
+
+        return select
+    raise AttributeError(f"module 'vitplasticity' has no attribute {name!r}")

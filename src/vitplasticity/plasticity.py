@@ -163,6 +163,7 @@ class _InSituRecorder:
         self, architecture: Architecture, blocks: list[nn.Module], n_pairs: int, fc1: str
     ) -> None:
         self.n_pairs = n_pairs
+        self._input_of = architecture.hook_input
         self._output_of = architecture.hook_output
         self.numerators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
         self.denominators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
@@ -172,15 +173,17 @@ class _InSituRecorder:
         self._last_output: torch.Tensor | None = None
         self._last_norm: torch.Tensor | None = None
         self._handles = [
-            module.register_forward_hook(self._hook(b, c, len(modules)))
+            module.register_forward_hook(self._hook(b, c, len(modules)), with_kwargs=True)
             for b, block in enumerate(blocks)
             for c, modules in enumerate(architecture.components(block, fc1).values())
             for module in modules
         ]
 
     def _hook(self, block: int, component: int, n_parts: int) -> Callable[..., None]:
-        def record(module: nn.Module, args: tuple[torch.Tensor, ...], output: object) -> None:
-            inputs, output = args[0], self._output_of(output)
+        def record(
+            module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: object
+        ) -> None:
+            inputs, output = self._input_of(args, kwargs), self._output_of(output)
             if inputs is self._last_output:
                 denominator = self._last_norm
             else:

@@ -1,42 +1,78 @@
 """The wall time (minutes) a finetuning, plasticity or recommend job asks a scheduler for.
 
-Pure functions of config values (plain Python, no torch import): the workflow's rules send
-them to SLURM as each job's ``runtime`` resource. They live here, not in the workflow
-profile, because a profile's resource expressions cannot read the config. Each estimate is
-scaled by the retry attempt: a job killed at its time limit is resubmitted asking for more,
-and a finetuning retry resumes from its checkpoint.
+Pure functions of config values: the workflow's rules send them to SLURM as each job's
+``runtime`` resource. They live here, not in the workflow profile, because a profile's
+resource expressions cannot read the config. Each estimate is scaled by the retry attempt: a
+job killed at its time limit is resubmitted asking for more, and a finetuning retry resumes
+from its checkpoint.
 
-The model: a job's work in training FLOPs (forward + backward of one image, by ViT size,
-``TRAIN_GFLOP_PER_IMAGE``) over a sustained throughput on one A100-class GPU that depends on
-the precision the job computes in (``SUSTAINED_TFLOPS``). Both are estimates, not
-measurements: no GPU was available to the session that wrote this; ``python -m
+The model: a job's work in training FLOPs (forward + backward of one image at the model's
+input resolution) over a sustained throughput on one A100-class GPU that depends on the
+precision the job computes in (``SUSTAINED_TFLOPS``). The throughput is an estimate, not a
+measurement: no GPU was available to the session that wrote this; ``python -m
 benchmarks.run --device cuda`` (docs/benchmarks.md) measures images/s and the FLOPs per
 image on a real one. The arithmetic is exact (fractions), rounded down once at the end.
+
+The FLOPs per image are the model's architecture's own count
+(``Architecture.train_flops_per_image``: the embedding and every block, forward and
+backward, on the meta device), never guessed from the id:
+
+- ``TRAIN_FLOPS_PER_IMAGE`` holds that count for the timm architectures config.yaml names
+  or suggests (tests/test_runtime.py recounts every entry, so it cannot drift from the
+  architectures, timm or torch). Looking one up imports nothing: Snakemake evaluates every
+  job's runtime when it builds the DAG (about 1,600 evaluations in a dry run of the paper's
+  workflow), in the main process, in every dry run and again in every SLURM job, which
+  re-parses the Snakefile; the whole dry run takes about 9 s.
+- Any other timm id is counted when its first job's runtime is asked for in a process (once
+  per process and id). That imports torch and timm, measured at 1.9 s and 4.2 s (timm
+  includes torch) on the 2-core machine that wrote this, against 0.02 s for this module,
+  and builds the model on the meta device (0.4 s for ViT-B, 2 s for DINOv3 7B): a few
+  seconds more per Snakemake process, for models the table does not list. A model that no
+  architecture knows is refused there (UnsupportedModel, naming its class).
+
+The id's tag does not change the count (each listed architecture's tags share its input
+size; the test checks it). The model entry's ``kwargs`` are not seen: a model shrunk by them
+(the demo's 32 px ViT) asks for its architecture's time, more than it needs; one enlarged by
+them (a larger ``img_size``) would ask for too little.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
-# Training FLOPs of one 224 px image, forward + backward (2 FLOPs per multiply-add), in
-# GFLOP, by ViT size (the second word of a timm id: vit_base_patch16_224 -> base). ViT-S/16
-# and ViT-B/16 are counted by torch.utils.flop_counter (docs/benchmarks.md; DESIGN.md's
-# "52.7 GFLOP" for ViT-B/16 counts multiply-adds). The others are set relative to ViT-B/16,
-# as the step times of the previous model were: ViT-Ti/16 0.1x, ViT-L/16 3.5x, ViT-H/14 9.5x.
-# A size not listed gets the largest, so that an unknown model is never cut short.
-_BASE_GFLOP = Fraction("105.1")
-TRAIN_GFLOP_PER_IMAGE: dict[str, Fraction] = {
-    "tiny": _BASE_GFLOP / 10,
-    "small": Fraction("27.5"),
-    "base": _BASE_GFLOP,
-    "large": _BASE_GFLOP * Fraction(7, 2),
-    "huge": _BASE_GFLOP * Fraction(19, 2),
+# Training FLOPs of one image (forward + backward, 2 FLOPs per multiply-add) at the input
+# resolution of each timm architecture, as its architecture counts them (models.
+# train_flops_per_image). The old estimate read a size word from the id and assumed 224 px:
+# DINOv2 at 518 px came out at a tenth of its count, DINOv3 7B ("7b", an unknown word) at a
+# tenth of it too.
+TRAIN_FLOPS_PER_IMAGE: dict[str, int] = {
+    # ViT at 224 px: the paper's ViT-B/16, ViT-L/16, ViT-H/14 (docs/protocol.md), the demo's
+    # ViT-Ti/16 (its kwargs shrink it), ViT-S/16.
+    "vit_tiny_patch16_224": 7_463_144_448,
+    "vit_small_patch16_224": 27_475_384_320,
+    "vit_base_patch16_224": 105_147_150_336,
+    "vit_large_patch16_224": 369_013_850_112,
+    "vit_huge_patch14_224": 1_003_377_623_040,
+    # DINOv3 at 256 px (config.yaml's optional dinov3_base and the sizes it suggests).
+    "vit_small_patch16_dinov3": 37_320_726_528,
+    "vit_small_plus_patch16_dinov3": 48_404_699_136,
+    "vit_base_patch16_dinov3": 141_145_288_704,
+    "vit_large_patch16_dinov3": 493_811_171_328,
+    "vit_huge_plus_patch16_dinov3": 1_348_145_479_680,
+    "vit_7b_patch16_dinov3": 10_646_400_663_552,
+    # DINOv2 at 518 px.
+    "vit_small_patch14_dinov2": 279_562_217_472,
+    "vit_base_patch14_dinov2": 908_205_871_104,
+    "vit_large_patch14_dinov2": 3_039_174_377_472,
+    "vit_giant_patch14_dinov2": 10_697_584_877_568,
 }
 # Sustained throughput (TFLOP/s) of a training step on one A100-class GPU, by the precision
 # the job computes in (finetune.precision; plasticity.dtype).
 # - bf16: 107.6224, the rate the previous model's ViT-B/16 step of 0.5 s at batch 512 implied
-#   (512 x 105.1 GFLOP / 0.5 s); 34% of the A100's 312 TFLOP/s dense bf16 tensor-core peak.
+#   (512 x 105.1 GFLOP / 0.5 s; counted exactly, 105.147 GFLOP, the step is 0.5002 s); 34%
+#   of the A100's 312 TFLOP/s dense bf16 tensor-core peak.
 # - fp32: 14, ~72% of the A100's 19.5 TFLOP/s fp32 peak (NVIDIA A100 datasheet). fp32 means
 #   no tensor cores: TF32 is off by default (torch.backends.cuda.matmul.allow_tf32 is False)
 #   and nothing in vitplasticity turns it on. A ViT-B/16 step of 512 takes 3.84 s, 7.7x bf16's.
@@ -67,17 +103,33 @@ PLASTICITY_FIXED_MINUTES = 20
 RECOMMEND_PRECISION = "fp32"
 
 
-def model_size(timm_id: str) -> str:
-    """The size word of a timm ViT id (``vit_base_patch16_224.augreg_in21k`` -> ``base``);
-    ``""`` for an id without one."""
-    return timm_id.split("_")[1] if "_" in timm_id else ""
+def train_gflop_per_image(timm_id: str) -> Fraction:
+    """The training GFLOP of one image of ``timm_id`` (its tag aside): the table's count, or
+    the architecture's count of the model built on the meta device (torch and timm imported
+    then; see the module's docstring).
+
+    Raises:
+        UnsupportedModel: no architecture knows the model (naming its class).
+    """
+    architecture = timm_id.partition(".")[0]
+    flops = TRAIN_FLOPS_PER_IMAGE.get(architecture)
+    if flops is None:
+        flops = _counted_flops(timm_id)
+    return Fraction(flops, 10**9)
+
+
+@functools.cache
+def _counted_flops(timm_id: str) -> int:
+    from vitplasticity.models import train_flops_per_image
+
+    return train_flops_per_image(timm_id)
 
 
 def image_seconds(timm_id: str, precision: str) -> Fraction:
     """Estimated seconds of one image's training forward + backward on one GPU.
 
     Args:
-        timm_id: the model's timm id; sizes not in ``TRAIN_GFLOP_PER_IMAGE`` get the largest.
+        timm_id: the model's timm id (:func:`train_gflop_per_image`).
         precision: ``fp32`` or ``bf16`` (``finetune.precision``), ``float32`` or ``float64``
             (``plasticity.dtype``).
 
@@ -88,8 +140,7 @@ def image_seconds(timm_id: str, precision: str) -> Fraction:
     if name not in SUSTAINED_TFLOPS:
         known = sorted([*SUSTAINED_TFLOPS, *PRECISION_ALIASES])
         raise ValueError(f"unknown precision {precision!r} (known: {', '.join(known)})")
-    gflop = TRAIN_GFLOP_PER_IMAGE.get(model_size(timm_id), max(TRAIN_GFLOP_PER_IMAGE.values()))
-    return gflop / (1000 * SUSTAINED_TFLOPS[name])
+    return train_gflop_per_image(timm_id) / (1000 * SUSTAINED_TFLOPS[name])
 
 
 def _minutes(fixed: int, seconds: Fraction, attempt: int) -> int:

@@ -5,7 +5,8 @@ rate limits. So one local job per model (on the login node) downloads the checkp
 would load, through huggingface_hub (which honours HF_ENDPOINT, HF_TOKEN and HF_HOME), into
 ``<resources>/weights/<model>/model.safetensors``, with ``weights.json`` beside it: repo,
 file, revision asked for, commit it resolved to, sha256, size and URL. Compute jobs then load
-that file (``models.build_model`` with ``weights: <path>``) with HF_HUB_OFFLINE=1.
+that file (``models.build_model`` with ``weights: <path>``) with HF_HUB_OFFLINE=1, strictly:
+a file that is not the model's checkpoint stops them, naming the file and the keys.
 
 The local file is always a safetensors file: timm prefers the safetensors twin of a
 checkpoint (``model.safetensors`` for its default ``pytorch_model.bin``) and every timm hub
@@ -151,16 +152,80 @@ def fetch(
         RuntimeError: the hub cannot be reached and the file is not in the cache.
     """
     import huggingface_hub
-    from huggingface_hub import errors
 
     source = hub_file(timm_id, revision, kwargs, model)
     endpoint = endpoint or huggingface_hub.constants.ENDPOINT
+    cached = download(source, model, timm_id, endpoint, cache_dir)
+    where = f"models.{model} ({timm_id})"
+
+    # The cache layout is snapshots/<commit>/<filename>, its files links to blobs/<etag>.
+    commit = cached.parents[source.filename.count("/")].name
+    out_dir = Path(out_dir)
+    target = out_dir / LOCAL_FILENAME
+    sha256, size = _copy_hashing(cached, target)
+    blob = cached.resolve().name
+    if _SHA256.fullmatch(blob) and blob != sha256:
+        target.unlink()
+        raise RuntimeError(
+            f"{where}: {cached} has sha256 {sha256}, the hub says {blob}; remove it from the "
+            "huggingface_hub cache and fetch again"
+        )
+    record = {
+        "model": model,
+        "timm_id": timm_id,
+        "repo_id": source.repo_id,
+        "filename": source.filename,
+        "revision": source.revision,
+        "commit": commit if _COMMIT.fullmatch(commit) else None,
+        "url": huggingface_hub.hf_hub_url(
+            source.repo_id,
+            source.filename,
+            revision=commit if _COMMIT.fullmatch(commit) else source.revision,
+            endpoint=endpoint,
+        ),
+        "sha256": sha256,
+        "size": size,
+        "fetched": datetime.now(UTC).isoformat(timespec="seconds"),
+        "huggingface_hub": huggingface_hub.__version__,
+    }
+    from vitplasticity.io import write_json
+
+    write_json(out_dir / RECORD_FILENAME, record)
+    return record
+
+
+def download(
+    source: HubFile,
+    model: str,
+    timm_id: str,
+    endpoint: str | None = None,
+    cache_dir: str | Path | None = None,
+) -> Path:
+    """The path of ``source`` in the huggingface_hub cache, downloaded there if need be.
+
+    With HF_HUB_OFFLINE=1 it is found in the cache or not at all.
+
+    Args:
+        source: the repo, file and revision (:func:`hub_file`).
+        model: the model's config key and ``timm_id`` its timm id, for messages.
+        endpoint: the hub URL (default: HF_ENDPOINT, else huggingface.co).
+        cache_dir: the huggingface_hub cache (default: HF_HUB_CACHE / HF_HOME's).
+
+    Raises:
+        ValueError: a repo, revision or file that does not exist, or a gated repo without
+            access, naming ``models.<model>`` and the URL.
+        RuntimeError: the hub cannot be reached and the file is not in the cache.
+    """
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    endpoint = endpoint or huggingface_hub.constants.ENDPOINT
+    where = f"models.{model} ({timm_id})"
     url = huggingface_hub.hf_hub_url(
         source.repo_id, source.filename, revision=source.revision, endpoint=endpoint
     )
-    where = f"models.{model} ({timm_id})"
     try:
-        cached = Path(
+        return Path(
             huggingface_hub.hf_hub_download(
                 source.repo_id,
                 source.filename,
@@ -197,41 +262,6 @@ def fetch(
         ) from error
     except errors.HfHubHTTPError as error:
         raise RuntimeError(f"{where}: {url}: {error}") from error
-
-    # The cache layout is snapshots/<commit>/<filename>, its files links to blobs/<etag>.
-    commit = cached.parents[source.filename.count("/")].name
-    out_dir = Path(out_dir)
-    target = out_dir / LOCAL_FILENAME
-    sha256, size = _copy_hashing(cached, target)
-    blob = cached.resolve().name
-    if _SHA256.fullmatch(blob) and blob != sha256:
-        target.unlink()
-        raise RuntimeError(
-            f"{where}: {cached} has sha256 {sha256}, the hub says {blob}; remove it from the "
-            "huggingface_hub cache and fetch again"
-        )
-    record = {
-        "model": model,
-        "timm_id": timm_id,
-        "repo_id": source.repo_id,
-        "filename": source.filename,
-        "revision": source.revision,
-        "commit": commit if _COMMIT.fullmatch(commit) else None,
-        "url": huggingface_hub.hf_hub_url(
-            source.repo_id,
-            source.filename,
-            revision=commit if _COMMIT.fullmatch(commit) else source.revision,
-            endpoint=endpoint,
-        ),
-        "sha256": sha256,
-        "size": size,
-        "fetched": datetime.now(UTC).isoformat(timespec="seconds"),
-        "huggingface_hub": huggingface_hub.__version__,
-    }
-    from vitplasticity.io import write_json
-
-    write_json(out_dir / RECORD_FILENAME, record)
-    return record
 
 
 def _copy_hashing(source: Path, target: Path) -> tuple[str, int]:

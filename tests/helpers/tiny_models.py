@@ -63,6 +63,178 @@ def _gpt2() -> TinyModel:
     return TinyModel("gpt2_tiny", "hf_gpt2", build, inputs)
 
 
+HF_VISION_TINY_CONFIG = {
+    "hidden_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 3,
+    "image_size": 32,
+    "patch_size": 8,
+    "attn_implementation": "eager",
+}
+"""What every tiny transformers vision config shares: 2 blocks of width 48, 3 heads, 32 px
+images in 16 patches of 8."""
+
+
+def _hf_vision(
+    case_id: str, family: str, model_class: str, config_class: str, **config
+) -> TinyModel:
+    """A tiny transformers vision model: ``model_class(config_class(...))``, random init."""
+
+    def build() -> nn.Module:
+        from vitplasticity.optional import require_transformers
+
+        transformers = require_transformers()
+        torch.manual_seed(0)
+        settings = {**HF_VISION_TINY_CONFIG, **config}
+        return getattr(transformers, model_class)(getattr(transformers, config_class)(**settings))
+
+    def inputs(n: int) -> torch.Tensor:
+        return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(n))
+
+    return TinyModel(case_id, family, build, inputs)
+
+
+HF_VISION_TINY_MODELS: list[TinyModel] = [
+    _hf_vision("hf_vit", "hf_vit", "ViTModel", "ViTConfig", intermediate_size=96),
+    _hf_vision(
+        "hf_vit_classifier",
+        "hf_vit",
+        "ViTForImageClassification",
+        "ViTConfig",
+        intermediate_size=96,
+        num_labels=5,
+    ),
+    _hf_vision("hf_dinov2", "hf_dinov2", "Dinov2Model", "Dinov2Config", mlp_ratio=2),
+    _hf_vision(
+        "hf_dinov2_swiglu",
+        "hf_dinov2",
+        "Dinov2Model",
+        "Dinov2Config",
+        mlp_ratio=2,
+        use_swiglu_ffn=True,
+    ),
+    _hf_vision(
+        "hf_dinov2_registers_classifier",
+        "hf_dinov2",
+        "Dinov2WithRegistersForImageClassification",
+        "Dinov2WithRegistersConfig",
+        mlp_ratio=2,
+        num_register_tokens=2,
+        num_labels=5,
+    ),
+    _hf_vision(
+        "hf_dinov3",
+        "hf_dinov3",
+        "DINOv3ViTModel",
+        "DINOv3ViTConfig",
+        intermediate_size=96,
+        num_register_tokens=2,
+        key_bias=True,
+    ),
+    _hf_vision(
+        "hf_dinov3_gated",
+        "hf_dinov3",
+        "DINOv3ViTModel",
+        "DINOv3ViTConfig",
+        intermediate_size=64,
+        num_register_tokens=4,
+        use_gated_mlp=True,
+        hidden_act="silu",
+    ),
+    _hf_vision(
+        "hf_clip_vision",
+        "hf_clip_vision",
+        "CLIPVisionModel",
+        "CLIPVisionConfig",
+        intermediate_size=96,
+    ),
+    _hf_vision(
+        "hf_clip_vision_projection",
+        "hf_clip_vision",
+        "CLIPVisionModelWithProjection",
+        "CLIPVisionConfig",
+        intermediate_size=96,
+        projection_dim=24,
+    ),
+    _hf_vision(
+        "hf_siglip_vision",
+        "hf_siglip_vision",
+        "SiglipVisionModel",
+        "SiglipVisionConfig",
+        intermediate_size=96,
+    ),
+]
+"""The transformers vision towers (and wrappers with a classifier or projection)."""
+
+
+HF_TEXT_TINY_CONFIG = {
+    "hidden_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 3,
+    "num_key_value_heads": 1,  # grouped-query attention: 3 query heads share one key/value
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "vocab_size": 64,
+    "max_position_embeddings": 16,
+    "attn_implementation": "eager",
+}
+"""A tiny decoder LM config (Llama, Mistral, Qwen, Gemma): 2 layers of width 48, 3 query heads
+and 1 key/value head of 16, 64 token ids, 16 positions. The sliding windows below (4) are
+shorter than the test sequences (12 tokens), so that a wrong per-layer mask shows."""
+
+HF_TEXT_TINY_MODELS: dict[str, tuple[str, str, str, dict]] = {
+    # id: (family, config class, model class, config beyond HF_TEXT_TINY_CONFIG)
+    "llama_tiny": ("hf_llama", "LlamaConfig", "LlamaModel", {}),
+    "mistral_tiny": (
+        "hf_llama",
+        "MistralConfig",
+        "MistralModel",
+        {"sliding_window": 4, "num_key_value_heads": 3},  # every layer slides; plain MHA
+    ),
+    "qwen2_tiny": (
+        "hf_llama",
+        "Qwen2Config",
+        "Qwen2Model",
+        {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},  # layer 1
+    ),
+    "qwen3_tiny": ("hf_llama", "Qwen3Config", "Qwen3Model", {}),  # q_norm / k_norm
+    "llama_causal_lm_tiny": (
+        "hf_llama",
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {"attention_bias": True, "mlp_bias": True},  # untied lm_head, biases everywhere
+    ),
+    "gemma2_tiny": ("hf_gemma", "Gemma2Config", "Gemma2Model", {"sliding_window": 4}),
+    "gemma3_tiny": (
+        "hf_gemma",
+        "Gemma3TextConfig",
+        "Gemma3TextModel",
+        # local (sliding, rope theta 1e4) then global (full, rope theta 1e6) layer
+        {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+}
+"""The transformers decoder LMs of the hf_llama and hf_gemma families, built from their config
+class with :data:`HF_TEXT_TINY_CONFIG` (no hub)."""
+
+
+def _hf_text(case_id: str) -> TinyModel:
+    family, config_class, model_class, extra = HF_TEXT_TINY_MODELS[case_id]
+
+    def build() -> nn.Module:
+        from vitplasticity.optional import require_transformers
+
+        transformers = require_transformers()
+        torch.manual_seed(0)
+        config = getattr(transformers, config_class)(**{**HF_TEXT_TINY_CONFIG, **extra})
+        return getattr(transformers, model_class)(config)
+
+    def inputs(n: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(n)
+        return torch.randint(0, HF_TEXT_TINY_CONFIG["vocab_size"], (n, 12), generator=generator)
+
+    return TinyModel(case_id, family, build, inputs)
+
+
 TINY_MODELS: list[TinyModel] = [
     _timm("vit_tiny_patch16_224", "timm_vit", patch_size=8),
     _timm("deit3_small_patch16_224", "timm_vit", patch_size=8),
@@ -78,6 +250,8 @@ TINY_MODELS: list[TinyModel] = [
     _timm("beit_base_patch16_224", "timm_beit"),
     _timm("beitv2_base_patch16_224", "timm_beit"),
     _gpt2(),
+    *HF_VISION_TINY_MODELS,
+    *(_hf_text(case_id) for case_id in HF_TEXT_TINY_MODELS),
 ]
 """Every family's tiny models; each family has at least one (tests/test_architectures.py)."""
 

@@ -13,6 +13,7 @@ rule recommend:
         weights=lambda w: weights_files(w.model),
     output:
         markdown=f"{RESULTS}/recommend/{{model}}/{{dataset}}.md",
+        export=f"{RESULTS}/recommend/{{model}}/{{dataset}}.json",
         table=f"{RESULTS}/recommend/{{model}}/{{dataset}}.parquet",
         png=f"{RESULTS}/recommend/{{model}}/{{dataset}}.png",
         pdf=f"{RESULTS}/recommend/{{model}}/{{dataset}}.pdf",

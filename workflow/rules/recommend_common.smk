@@ -27,7 +27,8 @@ def recommend_or_plasticity(key):
 
 
 def recommend_targets():
-    """Report, table and figure of every recommend (model, dataset); none unless enabled."""
+    """Report, decision, table and figure of every recommend (model, dataset); none unless
+    enabled."""
     if not RECOMMEND["enabled"]:
         return []
     models = recommend_or_plasticity("models")
@@ -36,7 +37,7 @@ def recommend_targets():
         f"{RESULTS}/recommend/{{model}}/{{dataset}}.{{ext}}",
         model=models,
         dataset=datasets,
-        ext=["md", "parquet", "png", "pdf"],
+        ext=["md", "json", "parquet", "png", "pdf"],
     )
 
 

@@ -226,6 +226,11 @@ class Architecture:
         what block ``index`` gives it beside them (rotary positions, a mask)."""
         return attention(tokens)
 
+    def hook_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        """The tokens a component's module was called with: its first argument (some blocks
+        pass them to their attention by keyword)."""
+        return args[0]
+
     def hook_output(self, output: Any) -> torch.Tensor:
         """The tensor a component's module returns (some return a tuple)."""
         return output
@@ -298,3 +303,40 @@ class Architecture:
         """Why ``stage`` (plasticity, bounds, finetune, recommend, lora) is not defined for
         ``model`` (None: it is)."""
         return None
+
+    # --- cost ---------------------------------------------------------------------------------
+
+    def train_flops_per_image(self, model: nn.Module, inputs: torch.Tensor) -> int:
+        """Training FLOPs of one input: the embedding and every block, forward and backward,
+        every parameter trained (``full``, the most a configuration trains), averaged over
+        the batch ``inputs``.
+
+        Counted by ``torch.utils.flop_counter`` (matrix products and convolutions, 2 FLOPs per
+        multiply-add; norms, activations and softmax are not counted), with attention on
+        torch's math kernel: the fused kernels do the same products, but the counter sees
+        none of the CPU one's. The head (a linear map of the pooled features) is left out. On
+        the meta device (model and inputs) it takes no memory and no arithmetic: the runtime
+        estimate counts a 7B model so in seconds. The model's parameters are left as they were.
+        """
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.utils.flop_counter import FlopCounterMode
+
+        frozen = [p for p in model.parameters() if not p.requires_grad]
+        for parameter in frozen:
+            parameter.requires_grad_(True)
+        try:
+            with (
+                FlopCounterMode(display=False) as counter,
+                sdpa_kernel([SDPBackend.MATH]),
+                torch.enable_grad(),
+            ):
+                embedded = self.embed(model, inputs)
+                tokens = embedded.tokens
+                for index, block in enumerate(self.blocks(model)):
+                    tokens = self.run_block(block, index, tokens, embedded)
+                # Gradients returned, not accumulated: no parameter's .grad changes.
+                torch.autograd.grad(tokens.sum(), list(model.parameters()), allow_unused=True)
+        finally:
+            for parameter in frozen:
+                parameter.requires_grad_(False)
+        return counter.get_total_flops() // len(inputs)

@@ -2,8 +2,9 @@
 
 Parses the flags into :class:`vitplasticity.recommend.pipeline.RecommendSettings`, prepares an
 --image-folder into a temporary folder, and calls the stage (:mod:`vitplasticity.recommend`),
-which writes ``<prefix>.md`` (ranked table + recommendation), ``<prefix>.parquet`` (one row per
-configuration and criterion) and ``<prefix>.png``/``.pdf``.
+which writes ``<prefix>.md`` (ranked table + recommendation), ``<prefix>.json`` (the decision:
+its parameter names and PEFT configs), ``<prefix>.parquet`` (one row per configuration and
+criterion) and ``<prefix>.png``/``.pdf``.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--demo", action="store_true", help="label the outputs as a demo")
     parser.add_argument(
-        "--out-prefix", required=True, help="writes PREFIX.md, .parquet, .png and .pdf"
+        "--out-prefix", required=True, help="writes PREFIX.md, .json, .parquet, .png and .pdf"
     )
     parser.set_defaults(handler=run_recommend)
 

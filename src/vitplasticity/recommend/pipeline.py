@@ -21,7 +21,7 @@ from vitplasticity.architectures import ParameterMap, UnsupportedModel, architec
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import Split, encode_png, read_meta, read_split
 from vitplasticity.data.transforms import decoded_batches
-from vitplasticity.io import atomic_path, write_parquet
+from vitplasticity.io import atomic_path, write_json, write_parquet
 from vitplasticity.models import ModelSpec, Preprocessing, build_model, pick_device, preprocessing
 from vitplasticity.progress import ProgressReporter
 from vitplasticity.provenance import provenance
@@ -31,6 +31,7 @@ from vitplasticity.recommend.criteria import (
     configuration_components,
     measure_criteria,
 )
+from vitplasticity.recommend.export import build_export
 from vitplasticity.recommend.ranking import (
     Recommendation,
     build_table,
@@ -150,6 +151,8 @@ class Result:
     """The reference set in words (a fallback says so and why it differs from the paper)."""
     record: dict[str, Any]
     """The resolved settings and provenance, for the Parquet footer."""
+    export: dict[str, Any]
+    """The decision as data that applies without vitplasticity (:mod:`.export`)."""
 
 
 def read_dataset(dataset_dir: str | os.PathLike[str]) -> tuple[Split, Split, int]:
@@ -321,12 +324,21 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
         "always_trained_parameters": measurements.always_trained,
         "component_parameters": measurements.component_parameters,
     }
-    return Result(settings, table, recommendation, measurements, reference_label, record)
+    export = build_export(
+        model,
+        recommendation.configuration,
+        model_name=settings.model,
+        model_entry=asdict(spec),
+        dataset=settings.dataset,
+        recommendation=asdict(recommendation),
+    )
+    return Result(settings, table, recommendation, measurements, reference_label, record, export)
 
 
 def write_outputs(result: Result, prefix: str | os.PathLike[str]) -> None:
-    """Write ``prefix``.png/.pdf (figure), .md (report) and .parquet (table, with the record
-    in its footer), each atomically."""
+    """Write ``prefix``.png/.pdf (figure), .md (report), .json (the decision with its
+    parameter names and PEFT configs) and .parquet (table, with the record in its footer),
+    each atomically."""
     from vitplasticity.recommend.figure import save_figure
     from vitplasticity.report.style import DEMO_NOTE
 
@@ -352,5 +364,6 @@ def write_outputs(result: Result, prefix: str | os.PathLike[str]) -> None:
     )
     with atomic_path(f"{prefix}.md") as tmp:
         tmp.write_text(text)
+    write_json(f"{prefix}.json", result.export)
     write_parquet(f"{prefix}.parquet", result.table, result.record)
-    log.info("wrote %s.{md,parquet,png,pdf}: %s", prefix, result.recommendation)
+    log.info("wrote %s.{md,json,parquet,png,pdf}: %s", prefix, result.recommendation)

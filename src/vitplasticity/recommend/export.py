@@ -1,0 +1,427 @@
+"""recommend's decision as data that applies without vitplasticity: the ``PREFIX.json`` file.
+
+:func:`build_export` describes one configuration (``mha+fc1``) of one model: the exact names
+of the parameters it trains (:class:`~vitplasticity.architectures.ParameterMap`, by identity),
+split into the chosen components' and the head and final norm's (which every configuration
+trains, docs/protocol.md), their counts, and PEFT configs to pass to peft as they are:
+
+- ``peft.lora.config``: ``peft.LoraConfig`` fields. ``target_modules`` are the fully qualified
+  names of the chosen linear components' modules (MHA: the architecture's ``lora_targets``,
+  the attention linears; FC1: the MLP's first linear stage, gate and up of a gated MLP; FC2),
+  at the paper's rank 8 and alpha 16 (docs/protocol.md, "LoRA baseline");
+  ``modules_to_save`` trains copies of the chosen norms and of the head and final norm, so
+  this one config stands for the whole configuration, its linear weights in low rank.
+  ``peft.lora.set_attributes`` are module attributes to set first, so that the forward pass
+  calls every adapted linear (:meth:`~vitplasticity.architectures.Architecture.prepare_lora`:
+  timm Eva and Beit with q/v biases otherwise read ``qkv.weight`` themselves, bypassing
+  the adapter).
+- ``peft.ln_tuning.config``: ``peft.LNTuningConfig`` fields: the chosen norms, and the head
+  and final norm in ``modules_to_save``.
+
+peft selects a ``target_modules`` entry by equality or as a dotted suffix of a module's name,
+and a ``modules_to_save`` entry as a plain suffix (``norm`` also selects
+``blocks.0.attn.q_norm``). Every name is checked against the model's modules under those
+rules: a part (a component, or the head) that cannot be named exactly has no PEFT form, and
+``peft.forms`` says so with the reason instead of dropping it; each form also lists the
+parameters of its part that it leaves frozen (a linear's bias beside its LoRA adapter, a
+LayerScale), since LoRA trains a low-rank update of a weight, not the component.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from vitplasticity.architectures import Architecture, ParameterMap
+
+FORMAT = "vitplasticity.recommend.export/1"
+"""What the file is and its version, its ``format`` key."""
+
+LORA_RANK = 8
+LORA_ALPHA = 16
+"""The paper's LoRA baseline: rank 8, alpha 16 (docs/protocol.md, "LoRA baseline")."""
+
+NORM_COMPONENTS: tuple[str, ...] = ("ln1", "ln2")
+"""The components peft tunes as norms (LNTuningConfig); the others are linear (LoRA)."""
+
+
+def build_export(
+    model: nn.Module,
+    configuration: str | None,
+    *,
+    model_name: str,
+    model_entry: Mapping[str, Any],
+    dataset: str | None = None,
+    recommendation: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON-ready description of ``configuration`` on ``model`` (see the module's
+    docstring). ``model`` is left as it was.
+
+    Args:
+        model: the model the names are of (the same class, sizes and head as the one to
+            finetune: the names and counts are this model's).
+        configuration: components joined by ``+`` (``mha+fc1``); None when no configuration
+            fits the budget (the head and final norm alone, linear probing).
+        model_name: the model's name in the outputs.
+        model_entry: its config.yaml ``models`` entry.
+        dataset: the dataset the recommendation is for.
+        recommendation: how it was chosen (criterion, budget...), copied as it is.
+
+    Raises:
+        ValueError: for a configuration that is not made of the five components.
+        UnsupportedModel: for a model no architecture knows or cannot account for exactly,
+            linear targets of two kinds (``nn.Linear`` and transformers' ``Conv1D``: no one
+            ``fan_in_fan_out``), or an architecture whose LoRA targets are not its MHA's.
+    """
+    from vitplasticity.architectures import ParameterMap, architecture_for
+    from vitplasticity.recommend.criteria import configuration_components
+
+    components = () if configuration is None else configuration_components(configuration)
+    architecture = architecture_for(model)
+    parameters = ParameterMap(architecture, model)
+    names = _Names(model)
+    chosen = {c: parameters.component_names(c) for c in components}
+    always = _head_names(parameters)
+    forms = _peft_forms(architecture, model, parameters, names, components)
+    lora, ln_tuning = _peft_configs(architecture, model, forms)
+    sizes = names.sizes
+    counts = {
+        "components": {c: sum(sizes[n] for n in chosen[c]) for c in components},
+        "configuration": sum(sizes[n] for c in components for n in chosen[c]),
+        "always_trained": sum(sizes[n] for n in always),
+        "model": sum(sizes.values()),
+    }
+    counts["trained"] = counts["configuration"] + counts["always_trained"]
+    if lora is not None:
+        counts["lora_adapters"] = _adapter_count(model, lora["config"]["target_modules"])
+    return {
+        "format": FORMAT,
+        "model": {
+            "name": model_name,
+            "entry": dict(model_entry),
+            "class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "architecture": architecture.name,
+        },
+        "dataset": dataset,
+        "recommendation": None if recommendation is None else dict(recommendation),
+        "configuration": configuration,
+        "components": list(components),
+        "parameters": {"components": chosen, "always_trained": always},
+        "counts": counts,
+        "peft": {"lora": lora, "ln_tuning": ln_tuning, "forms": forms},
+        "usage": _usage(configuration, lora, ln_tuning),
+    }
+
+
+class _Names:
+    """The model's module and parameter names, by identity."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.modules = [name for name, _ in model.named_modules(remove_duplicate=False)]
+        self.of_module = {id(module): name for name, module in model.named_modules()}
+        self.parameters = [name for name, _ in model.named_parameters()]
+        self.of_parameter = {id(p): name for name, p in model.named_parameters()}
+        self.sizes = {name: p.numel() for name, p in model.named_parameters()}
+        self.holds_parameters = {
+            name
+            for name, module in model.named_modules(remove_duplicate=False)
+            if next(module.parameters(), None) is not None
+        }
+
+    def of(self, modules: Iterable[nn.Module]) -> list[str]:
+        """Names of ``modules``, in ``named_modules`` order."""
+        wanted = {id(module) for module in modules}
+        return [name for key, name in self.of_module.items() if key in wanted]
+
+    def parameters_of(self, modules: Iterable[nn.Module]) -> list[str]:
+        """Names of the parameters held by ``modules``, in ``named_parameters`` order."""
+        wanted = {self.of_parameter[id(p)] for module in modules for p in module.parameters()}
+        return [name for name in self.parameters if name in wanted]
+
+
+def _is_linear(module: nn.Module) -> bool:
+    """What LoRA adapts: ``nn.Linear`` and transformers' ``Conv1D`` (GPT2)."""
+    from torch import nn
+
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def _peft_forms(
+    architecture: Architecture,
+    model: nn.Module,
+    parameters: ParameterMap,
+    names: _Names,
+    components: Sequence[str],
+) -> dict[str, dict[str, Any]]:
+    """Per chosen component and for the head: its PEFT form and the parameters the form
+    leaves frozen, or no form and why."""
+    blocks = architecture.blocks(model)
+    forms: dict[str, dict[str, Any]] = {}
+    head = architecture.head(model)
+    held = [names.of_parameter[id(p)] for p in head.parameters if p is not None]
+    if held:
+        forms["head"] = _no_form(f"parameters held outside a module ({', '.join(held)})")
+    else:
+        forms["head"] = _saved_form("modules_to_save", names, head.modules, _head_names(parameters))
+    saved = forms["head"].get("modules", [])
+    for component in (c for c in components if c in NORM_COMPONENTS):
+        modules = [m for block in blocks for m in architecture.components(block)[component]]
+        forms[component] = _saved_form(
+            "ln_tuning", names, modules, parameters.component_names(component), saved=saved
+        )
+    saved = [m for form in forms.values() if form["form"] for m in form["modules"]]
+    for component in (c for c in components if c not in NORM_COMPONENTS):
+        forms[component] = _lora_form(
+            architecture, model, parameters, names, blocks, component, saved
+        )
+    return forms
+
+
+def _head_names(parameters: ParameterMap) -> list[str]:
+    """The head and final norm's parameters, in ``named_parameters`` order."""
+    return [n for n, owner in parameters.owners.items() if owner.trained_by == "head"]
+
+
+def _no_form(reason: str) -> dict[str, Any]:
+    return {"form": None, "reason": reason}
+
+
+def _saved_form(
+    form: str,
+    names: _Names,
+    modules: Iterable[nn.Module],
+    trained: Sequence[str],
+    *,
+    saved: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """A part peft trains as copies of whole modules: the modules that hold parameters,
+    checked under modules_to_save's suffix rule (a norm is in the LoRA config's), and for
+    LNTuning's targets (``saved`` given: the head's modules_to_save beside them) under
+    ``target_modules``' dotted one and the exclusion of what ``saved`` covers."""
+    modules = [m for m in modules if next(m.parameters(), None) is not None]
+    if not modules:
+        return _no_form("it holds no parameters")
+    entries = names.of(modules)
+    extra = [
+        name
+        for name in _modules_to_save_matches(names.modules, entries)
+        if name in names.holds_parameters and name not in entries
+    ]
+    if saved is not None:
+        extra += [n for n in _target_matches(names.modules, entries) if n not in entries]
+        skipped = [e for e in entries if _excluded_by_modules_to_save(e, saved)]
+        if skipped:
+            return _no_form(
+                f"peft would skip {', '.join(skipped[:4])}: their names fall under a "
+                "modules_to_save entry"
+            )
+    if extra:
+        return _no_form(
+            f"peft would also train {', '.join(sorted(set(extra))[:4])}: a module whose name "
+            f"ends as an entry of {', '.join(entries[:4])} does"
+        )
+    covered = set(names.parameters_of(modules))
+    return {
+        "form": form,
+        "modules": entries,
+        "frozen": [n for n in trained if n not in covered],
+    }
+
+
+def _lora_form(
+    architecture: Architecture,
+    model: nn.Module,
+    parameters: ParameterMap,
+    names: _Names,
+    blocks: Sequence[nn.Module],
+    component: str,
+    saved: Sequence[str],
+) -> dict[str, Any]:
+    """A linear component: LoRA on its linear modules (MHA: the architecture's lora_targets).
+
+    Raises:
+        UnsupportedModel: when a LoRA target's weight is not the component's.
+    """
+    from vitplasticity.architectures import UnsupportedModel
+
+    trained = parameters.component_names(component)
+    if component == "mha":
+        targets = architecture.lora_targets(model)
+    else:
+        modules = [m for block in blocks for m in architecture.components(block)[component]]
+        targets = names.of(sub for module in modules for sub in module.modules() if _is_linear(sub))
+    if not targets:
+        return _no_form(f"{component} holds no linear module (nn.Linear or Conv1D) to adapt")
+    adapted = [f"{target}.weight" for target in targets]
+    foreign = [name for name in adapted if name not in trained]
+    if foreign:
+        raise UnsupportedModel(
+            f"{type(model).__name__}: the {architecture.title} LoRA targets' weights "
+            f"{', '.join(foreign[:4])} are not {component}'s parameters"
+        )
+    extra = [n for n in _target_matches(names.modules, targets) if n not in targets]
+    if extra:
+        return _no_form(
+            f"peft would also adapt {', '.join(extra[:4])}: a module whose name ends as a "
+            f"target's ({', '.join(targets[:4])}) does"
+        )
+    skipped = [t for t in targets if _excluded_by_modules_to_save(t, saved)]
+    if skipped:
+        return _no_form(
+            f"peft would skip {', '.join(skipped[:4])}: their names fall under a "
+            "modules_to_save entry"
+        )
+    return {
+        "form": "lora",
+        "modules": targets,
+        "adapted": adapted,
+        "frozen": [n for n in trained if n not in adapted],
+    }
+
+
+def _target_matches(module_names: Iterable[str], targets: Iterable[str]) -> list[str]:
+    """The modules a ``target_modules`` list selects: a name equal to an entry or ending in
+    ``.`` + an entry (peft's ``check_target_module_exists``)."""
+    wanted = set(targets)
+    found = []
+    for name in module_names:
+        parts = name.split(".")
+        if any(".".join(parts[i:]) in wanted for i in range(len(parts))):
+            found.append(name)
+    return found
+
+
+def _modules_to_save_matches(module_names: Iterable[str], entries: Iterable[str]) -> list[str]:
+    """The modules a ``modules_to_save`` list selects: a name ending in an entry, dot or not
+    (peft's ``_set_trainable``)."""
+    entries = tuple(entries)
+    return [name for name in module_names if name.endswith(entries)]
+
+
+def _excluded_by_modules_to_save(target: str, entries: Iterable[str]) -> bool:
+    """Whether peft leaves ``target`` without an adapter because a ``modules_to_save`` entry
+    covers it (peft's pattern, entries unescaped as peft has them)."""
+    return any(re.match(rf"(^|.*\.){entry}($|\..*)", target) for entry in entries)
+
+
+def _peft_configs(
+    architecture: Architecture, model: nn.Module, forms: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The LoRA config (with the attributes to set first) and the LNTuning config, each None
+    when the configuration has no part of that form.
+
+    Raises:
+        UnsupportedModel: for LoRA targets of two kinds (no one ``fan_in_fan_out``).
+    """
+    from vitplasticity.architectures import UnsupportedModel
+
+    def modules(form: str) -> list[str]:
+        return [m for f in forms.values() if f["form"] == form for m in f["modules"]]
+
+    head = modules("modules_to_save") or None
+    lora = ln_tuning = None
+    norms = modules("ln_tuning")
+    if norms:
+        ln_tuning = {"config": {"target_modules": norms, "modules_to_save": head}}
+    targets = modules("lora")
+    if targets:
+        by_name = dict(model.named_modules())
+        # transformers' Conv1D stores its weight (in, out): peft must know, and one config
+        # holds one flag.
+        transposed = {type(by_name[t]).__name__ == "Conv1D" for t in targets}
+        if len(transposed) > 1:
+            raise UnsupportedModel(
+                f"{type(model).__name__}: LoRA targets mix nn.Linear and Conv1D modules; one "
+                "LoraConfig has one fan_in_fan_out"
+            )
+        config = {
+            "r": LORA_RANK,
+            "lora_alpha": LORA_ALPHA,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": transposed.pop(),
+            "target_modules": targets,
+            "modules_to_save": (norms + (head or [])) or None,
+        }
+        lora = {"config": config, "set_attributes": _lora_preparation(architecture, model)}
+    return lora, ln_tuning
+
+
+def _scalar_attributes(model: nn.Module) -> dict[str, Any]:
+    """Every module's plain (bool, int, float, str) attributes, by dotted path."""
+    found = {}
+    for name, module in model.named_modules():
+        for attribute, value in vars(module).items():
+            if not attribute.startswith("_") and isinstance(value, (bool, int, float, str)):
+                found[f"{name}.{attribute}" if name else attribute] = value
+    return found
+
+
+def _lora_preparation(architecture: Architecture, model: nn.Module) -> dict[str, Any]:
+    """The attributes :meth:`Architecture.prepare_lora` sets, found by running it and setting
+    them back, so that a user sets them without vitplasticity.
+
+    Raises:
+        UnsupportedModel: when it changes more than plain attributes (modules, parameters).
+    """
+    from vitplasticity.architectures import UnsupportedModel
+
+    before = _scalar_attributes(model)
+    structure = [id(x) for x in (*model.modules(), *model.parameters())]
+    architecture.prepare_lora(model)
+    after = _scalar_attributes(model)
+    changed = {path: value for path, value in after.items() if before.get(path, ...) != value}
+    for path in changed:
+        owner, _, attribute = path.rpartition(".")
+        module = model.get_submodule(owner)
+        if path in before:
+            setattr(module, attribute, before[path])
+        else:
+            delattr(module, attribute)
+    if [id(x) for x in (*model.modules(), *model.parameters())] != structure:
+        raise UnsupportedModel(
+            f"{architecture.title}: preparing {type(model).__name__} for LoRA changes its "
+            "modules or parameters, which the export cannot state as attributes to set"
+        )
+    return changed
+
+
+def _adapter_count(model: nn.Module, targets: Sequence[str]) -> int:
+    """LoRA adapter parameters at :data:`LORA_RANK`: r (in + out) per adapted linear."""
+    from vitplasticity.architectures.base import linear_weight
+
+    by_name = dict(model.named_modules())
+    return sum(LORA_RANK * sum(linear_weight(by_name[t])[0].shape) for t in targets)
+
+
+def _usage(
+    configuration: str | None, lora: Mapping[str, Any] | None, ln_tuning: Mapping[str, Any] | None
+) -> list[str]:
+    """How to apply the file, in sentences."""
+    if configuration is None:
+        return [
+            "No configuration fits the budget: train the head and final norm alone "
+            "(parameters.always_trained)."
+        ]
+    sentences = [
+        "Without PEFT: train exactly parameters.components and parameters.always_trained and "
+        "freeze the rest (with vitplasticity installed: "
+        f"vitplasticity.select(model, {configuration!r}))."
+    ]
+    if lora is not None:
+        sentences.append(
+            "LoRA: set each of peft.lora.set_attributes on the model (module path, then "
+            "attribute), then peft.get_peft_model(model, peft.LoraConfig(**peft.lora.config)); "
+            "it adapts the linear components' weights in low rank and trains copies of the "
+            "modules_to_save; each form's 'frozen' parameters stay frozen."
+        )
+    if ln_tuning is not None:
+        sentences.append(
+            "Norms alone: peft.get_peft_model(model, peft.LNTuningConfig(**peft.ln_tuning.config))."
+        )
+    sentences.append("A part whose peft.forms entry has no form is not in the PEFT configs.")
+    return sentences
