@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterator, Sequence
+import textwrap
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -524,12 +525,38 @@ def _log_ticks(low: float, high: float, most: int = 5) -> list[float]:
     return ticks
 
 
+NOTE_CHARACTERS_PER_INCH = 28
+"""Characters per line and inch of figure width of the undefined-bounds note (xx-small)."""
+
+
+def _undefined_note(
+    figure: Any, axes: list[Any], settings: FigureSettings, undefined: Mapping[str, str]
+) -> None:
+    """Say which components have no bound, and why, in the last of ``axes`` (taken out of
+    the list), widened over the rest of its row: a reason is a sentence, not a label."""
+    note = axes.pop()
+    ncols = note.get_subplotspec().get_gridspec().ncols
+    row, column = divmod(len(axes), ncols)
+    if column < ncols - 1:  # the note's panel and the hidden ones after it become one
+        grid = note.get_subplotspec().get_gridspec()
+        note.remove()
+        note = figure.add_subplot(grid[row, column:])
+    note.set_axis_off()
+    width = settings.width_in * (ncols - column) / ncols * NOTE_CHARACTERS_PER_INCH
+    lines = []
+    for component, reason in undefined.items():
+        lines += textwrap.wrap(f"No bound for {label(component)}: {reason}", int(width))
+    note.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize="xx-small")
+    note.set_title("Undefined", color="0.3", fontweight="bold")
+
+
 def bounds_figure(
     table: pl.DataFrame,
     outputs: Sequence[str | os.PathLike[str]],
     settings: FigureSettings = FigureSettings(),
     demo: bool = False,
     title: str = "",
+    undefined: Mapping[str, str] | None = None,
 ) -> None:
     """Each component's plasticity bound (solid) and measured mean plasticity (dashed, open
     markers; the embedding protocol's, which the bounds are stated for) against block, one
@@ -537,16 +564,21 @@ def bounds_figure(
 
     One panel each, because bounds of different components can coincide (ln1 and ln2 of a
     random-init model). ``table`` is a ``bounds`` stage table (``block``, ``component``,
-    ``bound``, and ``measured_mean`` when plasticity was measured).
+    ``bound``, and ``measured_mean`` when plasticity was measured). ``undefined`` maps each
+    component without a bound to the reason (the ``bounds`` stage's metadata): it has no
+    panel, and a last panel says which and why.
     """
-    order = _components_present(table["component"].to_list())
+    undefined = dict(undefined or {})
+    order = [c for c in _components_present(table["component"].to_list()) if c not in undefined]
     data = table.sort("block")
     blocks = sorted(set(data["block"].to_list()))
     ticks = blocks if len(blocks) <= 12 else blocks[:: max(1, len(blocks) // 8)]
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     ncols = 2
-    figure, axes = panels(len(order), settings, ncols=ncols, aspect=0.75)
+    figure, axes = panels(len(order) + bool(undefined), settings, ncols=ncols, aspect=0.75)
+    if undefined:
+        _undefined_note(figure, axes, settings, undefined)
     for ax, component in zip(axes, order, strict=True):
         rows = data.filter(pl.col("component") == component)
         line = {"color": colour(component), "linewidth": 1.0, "markersize": 2.5}
@@ -579,7 +611,7 @@ def bounds_figure(
         ax.set_xlabel("Block" if index + ncols >= len(axes) else "")
     name = f"{title}: " if title else ""
     figure.legend(
-        *axes[0].get_legend_handles_labels(),
+        *(axes[0].get_legend_handles_labels() if axes else ([], [])),
         title=f"{name}upper bound vs. measured plasticity",
         loc="outside lower center",
         ncols=2,
