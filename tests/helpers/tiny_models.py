@@ -43,6 +43,14 @@ TINY_MODELS: list[TinyModel] = [
     _timm("vit_base_patch16_clip_224", "timm_vit", patch_size=8),
     _timm("vit_base_patch16_siglip_224", "timm_vit", patch_size=8),
     _timm("vit_small_patch14_reg4_dinov2", "timm_vit", image=28, patch_size=7),
+    _timm("vit_small_patch16_dinov3", "timm_eva"),
+    _timm("vit_small_plus_patch16_dinov3", "timm_eva"),
+    _timm("vit_small_patch16_dinov3_qkvb", "timm_eva"),
+    _timm("eva02_tiny_patch14_224", "timm_eva", image=28),
+    _timm("vit_base_patch16_rope_reg1_gap_256", "timm_eva"),
+    _timm("vit_base_patch16_rope_mixed_224", "timm_eva"),
+    _timm("beit_base_patch16_224", "timm_beit"),
+    _timm("beitv2_base_patch16_224", "timm_beit"),
 ]
 """Every family's tiny models; each family has at least one (tests/test_architectures.py)."""
 

@@ -9,10 +9,17 @@ from __future__ import annotations
 from torch import nn
 
 from vitplasticity.architectures.base import Architecture, UnsupportedModel
+from vitplasticity.architectures.timm_beit import TimmBeit
+from vitplasticity.architectures.timm_eva import TimmEva
 from vitplasticity.architectures.timm_vit import TimmVisionTransformer
 
 ARCHITECTURES: dict[str, Architecture] = {
-    architecture.name: architecture for architecture in (TimmVisionTransformer(),)
+    architecture.name: architecture
+    for architecture in (
+        TimmVisionTransformer(),
+        TimmEva(),
+        TimmBeit(),
+    )
 }
 """Every known family by name, checked in this order."""
 

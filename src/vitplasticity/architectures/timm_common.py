@@ -9,6 +9,7 @@ from torch import nn
 
 from vitplasticity.architectures.base import (
     AttentionWeights,
+    Declared,
     Owned,
     UndefinedStage,
     UnsupportedModel,
@@ -95,6 +96,15 @@ def mlp_from_parts(
         (linear,) = fc1
         hidden = mlp.act(linear(x))
     return mlp.drop2(fc2(mlp.norm(mlp.drop1(hidden))))
+
+
+def mlp_norm_declared(block: nn.Module, index: int) -> list[Declared]:
+    """A norm inside the MLP between fc1 and fc2 (EVA-02's scale_mlp): trained with FC2,
+    whose input it normalises."""
+    norm = getattr(block.mlp, "norm", None)
+    if norm is None or not any(True for _ in norm.parameters()):
+        return []
+    return [Declared("mlp_norm", "fc2", Owned((norm,)), index)]
 
 
 def fused_attention_weights(attention: nn.Module) -> AttentionWeights:

@@ -29,18 +29,10 @@ from vitplasticity.architectures.timm_common import (
     fused_attention_weights,
     mlp_fc1,
     mlp_from_parts,
+    mlp_norm_declared,
     timm_embedding,
     timm_head,
 )
-
-
-def mlp_norm_declared(block: nn.Module, index: int) -> list[Declared]:
-    """A norm inside the MLP between fc1 and fc2 (EVA-02's scale_mlp): trained with FC2,
-    whose input it normalises."""
-    norm = getattr(block.mlp, "norm", None)
-    if norm is None or not any(True for _ in norm.parameters()):
-        return []
-    return [Declared("mlp_norm", "fc2", Owned((norm,)), index)]
 
 
 class TimmVisionTransformer(Architecture):
