@@ -525,29 +525,40 @@ def _log_ticks(low: float, high: float, most: int = 5) -> list[float]:
     return ticks
 
 
-NOTE_CHARACTERS_PER_INCH = 28
-"""Characters per line and inch of figure width of the undefined-bounds note (xx-small)."""
+NOTE_ROW_HEIGHT = 0.6
+"""Height of the undefined-bounds note's row, in panel rows (about ten lines of its text)."""
 
 
-def _undefined_note(
-    figure: Any, axes: list[Any], settings: FigureSettings, undefined: Mapping[str, str]
-) -> None:
-    """Say which components have no bound, and why, in the last of ``axes`` (taken out of
-    the list), widened over the rest of its row: a reason is a sentence, not a label."""
-    note = axes.pop()
-    ncols = note.get_subplotspec().get_gridspec().ncols
-    row, column = divmod(len(axes), ncols)
-    if column < ncols - 1:  # the note's panel and the hidden ones after it become one
-        grid = note.get_subplotspec().get_gridspec()
+def _undefined_note(figure: Any, note: Any, undefined: Mapping[str, str]) -> None:
+    """Say in panel ``note``, the first of the figure's last row, which components have no
+    bound and why: the panel widened over the row (a reason is a sentence, not a label) and
+    the text wrapped to its width once the other panels are laid out."""
+    grid = note.get_subplotspec().get_gridspec()
+    if grid.ncols > 1:
         note.remove()
-        note = figure.add_subplot(grid[row, column:])
+        note = figure.add_subplot(grid[grid.nrows - 1, :])
     note.set_axis_off()
-    width = settings.width_in * (ncols - column) / ncols * NOTE_CHARACTERS_PER_INCH
-    lines = []
-    for component, reason in undefined.items():
-        lines += textwrap.wrap(f"No bound for {label(component)}: {reason}", int(width))
-    note.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize="xx-small")
-    note.set_title("Undefined", color="0.3", fontweight="bold")
+    note.set_title("Undefined bounds", color="0.3", fontweight="bold")
+    figure.draw_without_rendering()  # lays the panels out: the note's width is known
+    limit = note.get_window_extent().width
+    text = note.text(0.0, 1.0, "", va="top", ha="left", fontsize="xx-small")
+    for characters in range(120, 15, -5):  # the longest lines that fit the panel
+        lines = [
+            line
+            for component, reason in undefined.items()
+            for line in textwrap.wrap(f"No bound for {label(component)}: {reason}", characters)
+        ]
+        text.set_text("\n".join(lines))
+        if text.get_window_extent().width <= limit:
+            break
+    # A longer note than the row holds: the row and the figure grow by the difference.
+    space, needed = note.get_window_extent().height, text.get_window_extent().height
+    if needed > space:
+        ratios = list(grid.get_height_ratios())
+        ratios[-1] *= needed / space
+        grid.set_height_ratios(ratios)
+        width, height = figure.get_size_inches()
+        figure.set_size_inches(width, height + (needed - space) / figure.dpi)
 
 
 def bounds_figure(
@@ -576,9 +587,20 @@ def bounds_figure(
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     ncols = 2
-    figure, axes = panels(len(order) + bool(undefined), settings, ncols=ncols, aspect=0.75)
-    if undefined:
-        _undefined_note(figure, axes, settings, undefined)
+    if not undefined:
+        figure, axes = panels(len(order), settings, ncols=ncols, aspect=0.75)
+        note = None
+    else:  # the panels, then a lower row for the note
+        rows = math.ceil(len(order) / ncols)
+        figure, axes = panels(rows * ncols + 1, settings, ncols=ncols, aspect=0.75)
+        note = axes[-1]
+        for ax in axes[len(order) : -1]:
+            ax.set_visible(False)
+        axes = axes[: len(order)]
+        note.get_subplotspec().get_gridspec().set_height_ratios([1] * rows + [NOTE_ROW_HEIGHT])
+        width, height = figure.get_size_inches()
+        row_height = height / (rows + 1)
+        figure.set_size_inches(width, height - (1 - NOTE_ROW_HEIGHT) * row_height)
     for ax, component in zip(axes, order, strict=True):
         rows = data.filter(pl.col("component") == component)
         line = {"color": colour(component), "linewidth": 1.0, "markersize": 2.5}
@@ -618,4 +640,6 @@ def bounds_figure(
         fontsize="x-small",
         title_fontsize="x-small",
     )
+    if note is not None:
+        _undefined_note(figure, note, undefined)
     finish(figure, demo, outputs, settings)
