@@ -302,3 +302,44 @@ def test_measured_plasticity_below_bounds(model_id: str, refused: set[str]) -> N
         assert violations.height == 0, violations
         mha = joined.filter(pl.col("component") == "mha")
         assert (mha["worst"] <= mha["bound_energy"]).all(), mha
+
+
+# ---------------------------------------------------------------------------------------------
+# The workflow with a DINOv3 model in plasticity.models
+
+DINOV3_CONFIG = """\
+models:
+  demo_dinov3:
+    timm_id: vit_small_patch16_dinov3
+    weights: random
+    normalize: pretrained
+    kwargs: {img_size: 32, embed_dim: 48, depth: 2, num_heads: 3}
+plasticity:
+  models: [demo_vit, demo_dinov3]
+"""
+
+
+@pytest.mark.slow
+def test_workflow_bounds_of_a_dinov3_model(tmp_path: Path) -> None:
+    """The bounds job and its figure on the mini preset with a DINOv3 model (the bounds job
+    crashed with a TypeError before): LN and FC rows beside the measured plasticity, the MHA
+    refusal in the footer and the figure."""
+    from tests.test_workflow import snakemake
+    from vitplasticity.io import read_parquet_metadata
+
+    extra = tmp_path / "dinov3.yaml"
+    # SVG: the figure's text can be read back.
+    extra.write_text(DINOV3_CONFIG + "report:\n  figures:\n    formats: [png, svg]\n")
+    workdir = tmp_path / "run"
+    results = workdir / "results/demo"
+    targets = ["bounds/demo_dinov3.parquet", "figures/bounds_demo_dinov3.svg"]
+    result = snakemake(workdir, *(f"results/demo/{t}" for t in targets), extra_configfiles=(extra,))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+
+    table = pl.read_parquet(results / targets[0])
+    assert set(table["component"]) == {"ln1", "ln2", "fc1", "fc2"}
+    assert table.height == 2 * 4 and table["measured_mean"].is_not_null().all()
+    assert (table["measured_max"] <= table["bound"]).all()
+    assert "rotary position" in read_parquet_metadata(results / targets[0])["undefined"]["mha"]
+    svg = (results / targets[1]).read_text()
+    assert "No bound for MHA:" in svg and "Eva rotates" in svg

@@ -228,10 +228,10 @@ def bounds_architecture(model: nn.Module) -> Architecture:
     try:
         architecture = architecture_for(model)
     except UnsupportedModel as error:
-        families = ", ".join(a.title for a in ARCHITECTURES.values())
+        families = ", nor a ".join(a.title for a in ARCHITECTURES.values())
         raise UnsupportedModel(
-            f"bounds: {type(model).__name__} is not a model of any known family (not a "
-            f"{families}): {error}"
+            f"bounds: {type(model).__name__} ({type(model).__module__}) is not a {families}; "
+            "no vitplasticity architecture knows this model class"
         ) from error
     refusal = architecture.refusal("bounds", model)
     if refusal is not None:
