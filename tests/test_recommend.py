@@ -375,7 +375,12 @@ def _measurements(values: dict[str, float], parameters: dict[str, int]) -> Measu
     weights = pl.DataFrame(
         [{"component": c, "weight_spectral": float(i)} for i, c in enumerate(COMPONENTS)]
     )
-    return Measurements(pairs, tensors, weights, dict(parameters), always_trained=7)
+    features = pl.DataFrame(  # NFN: one map per linear component, none for the norms
+        [{"component": c, "nfn": values[c]} for c in ("mha", "fc1", "fc2")]
+    )
+    return Measurements(
+        pairs, tensors, weights, dict(parameters), always_trained=7, features=features
+    )
 
 
 PARAMETERS = {"ln1": 10, "mha": 100, "ln2": 10, "fc1": 50, "fc2": 50}
@@ -523,7 +528,7 @@ def test_cli_on_an_image_folder(tmp_path: Path) -> None:
     assert files == ["pets.json", "pets.md", "pets.parquet", "pets.pdf", "pets.png"]
     table = pl.read_parquet(f"{prefix}.parquet")
     assert table.schema == pl.Schema(TABLE_SCHEMA)
-    assert table.height == 8 * 4  # the default configurations x the criteria
+    assert table.height == 8 * len(CRITERIA)  # the default configurations x the criteria
     assert set(table["model"]) == {"tiny"} and set(table["dataset"]) == {"pets"}
     for criterion in CRITERIA:
         ranks = table.filter(pl.col("criterion") == criterion)["rank"].sort().to_list()

@@ -23,13 +23,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import timm
 import torch
 from torch import nn
 
 from vitplasticity.weights import download, hub_file
+
+if TYPE_CHECKING:
+    from vitplasticity.hf_models import HFModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +80,10 @@ class Preprocessing:
         return round(self.input_size / self.crop_pct)
 
 
-def build_model(spec: ModelSpec, num_classes: int = 0) -> nn.Module:
+def build_model(spec: ModelSpec | HFModelSpec, num_classes: int = 0) -> nn.Module:
     """Create the model of ``spec`` with a fresh ``num_classes``-way head (0: no head).
+
+    A ``family: transformers`` spec is built by :func:`vitplasticity.hf_models.build_hf_model`.
 
     ``weights: random`` draws the backbone from ``init_seed`` (:func:`_random_init`). A
     weights file, or the hub file of ``weights: hub`` (fetched into, or found offline in, the
@@ -96,6 +101,10 @@ def build_model(spec: ModelSpec, num_classes: int = 0) -> nn.Module:
         RuntimeError: ``weights: hub`` when the hub cannot be reached and the file is not in
             the cache.
     """
+    if getattr(spec, "family", None) == "transformers":  # an HFModelSpec
+        from vitplasticity.hf_models import build_hf_model
+
+        return build_hf_model(spec, num_classes)  # type: ignore[arg-type]
     if spec.weights == "random":
         return _random_init(spec, num_classes)
     kwargs = {**spec.kwargs, "num_classes": num_classes}
@@ -245,8 +254,13 @@ def _random_init(spec: ModelSpec, num_classes: int) -> nn.Module:
     return model
 
 
-def preprocessing(model: nn.Module, spec: ModelSpec) -> Preprocessing:
-    """Preprocessing from the model's pretrained_cfg, with the normalisation ``spec`` asks for."""
+def preprocessing(model: nn.Module, spec: ModelSpec | HFModelSpec) -> Preprocessing:
+    """Preprocessing from the model's pretrained_cfg, with the normalisation ``spec`` asks for
+    (a ``family: transformers`` spec: :func:`vitplasticity.hf_models.hf_preprocessing`)."""
+    if getattr(spec, "family", None) == "transformers":  # an HFModelSpec
+        from vitplasticity.hf_models import hf_preprocessing
+
+        return hf_preprocessing(model, spec)  # type: ignore[arg-type]
     cfg = timm.data.resolve_data_config({}, model=model)
     if spec.normalize == "pretrained":
         mean, std = tuple(cfg["mean"]), tuple(cfg["std"])

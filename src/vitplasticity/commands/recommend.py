@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # Restated from vitplasticity.recommend.pipeline, so that --help does not import torch.
 DEFAULT_CONFIGURATIONS = ("ln1", "mha", "ln2", "fc1", "fc2", "mha+fc1", "ln1+ln2", "fc1+fc2")
 REFERENCE_FALLBACKS = ("pool", "synthetic")
-CRITERIA = ("plasticity", "relative_gradient_norm", "gradient_snr", "weight_spectral")
+CRITERIA = ("plasticity", "relative_gradient_norm", "gradient_snr", "weight_spectral", "nfn")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,9 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Rank ln1, mha, ln2, fc1, fc2 (and '+' combinations) of a vision "
         "transformer (of a family vitplasticity knows) for finetuning on a dataset: measured "
         "plasticity (mean, 95%% CI), relative gradient norm and gradient SNR after a head "
-        "warm-up, and a data-free weight statistic; recommend "
-        "the best configuration under a trainable-parameter budget. A heuristic from the "
-        "paper's finding (higher plasticity, better finetuning), not a finetuning result.",
+        "warm-up, a data-free weight statistic, and PLoP's normalised feature norm (NFN, lowest "
+        "first); recommend the best configuration under a trainable-parameter budget. A "
+        "heuristic from the paper's finding (higher plasticity, better finetuning), not a "
+        "finetuning result.",
     )
     model = parser.add_argument_group("model (--model-spec, or --timm-id with its options)")
     model.add_argument("--model-spec", type=json_argument, help="a config.yaml models entry (JSON)")

@@ -1,10 +1,10 @@
 """Which components should I finetune? The paper's answer for any model and dataset, in minutes.
 
 :mod:`.criteria` measures, per component of a timm ViT, its plasticity (the paper's
-criterion) and three alternatives side by side; :mod:`.ranking` ranks configurations per
-criterion, picks one under a trainable-parameter budget and writes the Markdown report;
-:mod:`.figure` draws them; :mod:`.pipeline` is the stage (read the data, build the model,
-measure, choose, write) that the ``vitplasticity recommend`` command calls.
+criterion) and four alternatives side by side (PLoP's NFN in :mod:`.nfn`); :mod:`.ranking`
+ranks configurations per criterion, picks one under a trainable-parameter budget and writes
+the Markdown report; :mod:`.figure` draws them; :mod:`.pipeline` is the stage (read the data,
+build the model, measure, choose, write) that the ``vitplasticity recommend`` command calls.
 """
 
 from vitplasticity.recommend.criteria import CRITERIA, Measurements, measure_criteria

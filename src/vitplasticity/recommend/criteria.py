@@ -14,6 +14,13 @@ the items of its parts:
   sqrt(mean_b ||g_b - mean_b g_b||^2) (see :func:`gradient_statistics`).
 - ``weight_spectral`` (data-free): items are blocks; the weight factor of the paper's
   Section 4 bound (see :func:`weight_statistics`).
+- ``nfn`` (PLoP's normalised feature norm, Hayou et al., ICLR 2026): items are the linear maps
+  of every block (a gated FC1 is one map, gate and up together); per map, the mean output norm
+  on the task's real inputs over the same on Gaussian inputs of the same norms, from one
+  forward pass of the first gradient batch (:mod:`.nfn`). The norms (LN1, LN2) hold no linear
+  map: their NFN is n/a (NaN, ranked last and never recommended), and a configuration that
+  joins a norm to linear components has the NFN of its linear maps. PLoP finetunes the
+  *lowest* NFN first (:data:`.ranking.LOWER_FIRST`), the opposite end from the other criteria.
 
 A configuration's trainable parameters exclude the classifier head and the final norm, which
 every configuration trains (:func:`always_trained_parameters` counts those). Which parameter
@@ -23,6 +30,8 @@ belongs to which component comes from the model's architecture
 
 from __future__ import annotations
 
+import itertools
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -34,16 +43,28 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitplasticity import COMPONENTS
-from vitplasticity.architectures import ParameterMap, parameter_map, parse_configuration
-from vitplasticity.bounds import attention_head_norms, spectral_norm
-from vitplasticity.components import block_modules
+from vitplasticity.architectures import (
+    ParameterMap,
+    UndefinedStage,
+    architecture_for,
+    parameter_map,
+    parse_configuration,
+)
+from vitplasticity.bounds import (
+    attention_head_norms,
+    layernorm_refusal,
+    spectral_norm,
+    stacked_weight,
+)
 from vitplasticity.plasticity import Images, measure
+from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics
 
 CRITERIA: tuple[str, ...] = (
     "plasticity",
     "relative_gradient_norm",
     "gradient_snr",
     "weight_spectral",
+    "nfn",
 )
 """Criterion names, as in the ``criterion`` column of the recommendation table."""
 
@@ -197,19 +218,28 @@ def head_warmup(
     _check_eval(model)
     if not lr > 0:
         raise ValueError(f"warm-up learning rate must be > 0, got {lr}")
-    head = model.get_classifier()
+    architecture = architecture_for(model)
+    head = architecture.classifier(model)
     if not isinstance(head, nn.Module) or not list(head.parameters()):
         raise ValueError(f"{type(model).__name__} has no classifier head to warm up")
+    trained = {id(p) for p in head.parameters()}
+    flags = {p: p.requires_grad for p in model.parameters()}
     optimizer = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum, weight_decay=0.0)
     losses = []
-    for images, labels in batches:
-        with torch.no_grad():
-            features = model.forward_head(model.forward_features(images), pre_logits=True)
-        loss = F.cross_entropy(head(features), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    try:
+        # Only the head requires a gradient: the backbone and pooling run as without one, and
+        # the logits are the model's own (its pooling; a timm model: head(forward_head(...))).
+        for parameter in flags:
+            parameter.requires_grad_(id(parameter) in trained)
+        for images, labels in batches:
+            loss = F.cross_entropy(architecture.logits(model, images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    finally:
+        for parameter, flag in flags.items():
+            parameter.requires_grad_(flag)
     optimizer.zero_grad(set_to_none=True)
     return losses
 
@@ -245,7 +275,8 @@ def gradient_statistics(
         UnsupportedModel: for a model no architecture knows or cannot account for exactly.
     """
     _check_eval(model)
-    owners = parameter_map(model).owners
+    parameter_owners = parameter_map(model)
+    owners, architecture = parameter_owners.owners, parameter_owners.architecture
     parameters = dict(model.named_parameters())
     unknown = [name for name in names if name not in parameters]
     if unknown:
@@ -265,7 +296,7 @@ def gradient_statistics(
         count = 0
         for images, labels in batches:
             count += 1
-            loss = F.cross_entropy(model(images), labels)
+            loss = F.cross_entropy(architecture.logits(model, images), labels)
             gradients = torch.autograd.grad(loss, tracked)
             for index, gradient in enumerate(gradients):
                 g = gradient.detach().to(torch.float64)
@@ -319,31 +350,74 @@ def tensor_estimate(tensors: pl.DataFrame, components: Sequence[str], criterion:
 def weight_statistics(model: nn.Module) -> pl.DataFrame:
     """The weight factor of the paper's plasticity bound, per (block, component), in float64.
 
+    The components' modules come from the model's architecture
+    (:func:`vitplasticity.architectures.architecture_for`):
+
     - ln1, ln2: ||gamma||_inf (the LayerNorm bound ||gamma||_inf / sigma without the data's
       sigma);
-    - fc1, fc2: ||W||_2, the largest singular value (the linear bound itself);
+    - fc1, fc2: ||W||_2, the largest singular value (the linear bound itself); a gated MLP's
+      FC1 is the map to its gate and up projections together, W = [W_gate; W_up] (the
+      modules' (out, in) weights stacked along rows), as plasticity measures it;
     - mha: sum_h ||O^h||_2 ||V^h||_2 (the weight factor of both MHA bounds, without their
       data terms n, r and ||A^h||: the Lipschitz constant of the heads' value-output path
-      with the attention pattern held fixed, up to ||P||_2 <= sqrt(n)).
+      with the attention pattern held fixed, up to ||P||_2 <= sqrt(n)), from the
+      architecture's per-head weights (``attention_weights``).
 
-    Computed with :mod:`vitplasticity.bounds` (``spectral_norm``, ``attention_head_norms``).
+    Rotary positions (DINOv3, EVA-02, the rope ViTs) change only the attention pattern, so the
+    MHA statistic is still that value-output factor there, although the paper's MHA bound is
+    not defined (:func:`vitplasticity.bounds.undefined_bounds`). A statistic that is not
+    defined for the model (a norm that is not a LayerNorm; attention whose value-output path
+    the architecture cannot give as per-head V and O: normalised queries and keys, a
+    normalised or gated output) is refused for that component: its rows hold NaN and one
+    warning names the component and why. NaN, not absent rows: :func:`weight_estimate` is
+    then NaN for every configuration that contains the component (reported "n/a", ranked
+    last, never recommended nor joined into a union), where absent rows would make
+    ``mha+fc1`` the mean of fc1 alone.
+
+    Computed with :mod:`vitplasticity.bounds` (``spectral_norm``, ``stacked_weight``,
+    ``attention_head_norms``).
 
     Raises:
-        ValueError: when ``model`` has no timm ViT blocks.
+        UnsupportedModel: for a model no architecture knows or cannot account for (a
+            ValueError).
+        UndefinedStage: for a family that refuses the recommend stage (a ValueError).
     """
-    blocks = getattr(model, "blocks", None)
-    if blocks is None or not len(blocks):
-        raise ValueError(f"{type(model).__name__} is not a timm VisionTransformer (no blocks)")
+    architecture = architecture_for(model)
+    refusal = architecture.refusal("recommend", model)
+    if refusal is not None:
+        raise UndefinedStage(
+            f"the weight statistic of {type(model).__name__} ({architecture.title}) is not "
+            f"defined: {refusal}"
+        )
+    undefined: dict[str, str] = {}
     rows = []
-    for index, block in enumerate(blocks):
-        for component, module in block_modules(block).items():
+    for index, block in enumerate(architecture.blocks(model)):
+        for component, modules in architecture.components(block).items():
+            value = math.nan
             if component in ("ln1", "ln2"):
-                value = module.weight.detach().to(torch.float64).abs().max().item()
+                (norm,) = modules
+                reason = layernorm_refusal(norm)
+                if reason is None:  # gamma = 1 in a LayerNorm without affine parameters
+                    gamma = norm.weight
+                    value = 1.0 if gamma is None else gamma.detach().double().abs().max().item()
             elif component in ("fc1", "fc2"):
-                value = spectral_norm(module.weight)
+                reason, value = None, spectral_norm(stacked_weight(modules))
             else:
-                value = sum(o * v for o, v, _ in attention_head_norms(module))
+                try:
+                    heads = attention_head_norms(architecture.attention_weights(modules[0]))
+                except UndefinedStage as error:
+                    reason = str(error)
+                else:
+                    reason, value = None, sum(o * v for o, v, _ in heads)
+            if reason is not None:
+                undefined.setdefault(component, reason)
             rows.append({"block": index, "component": component, "weight_spectral": value})
+    if undefined:
+        logging.getLogger(__name__).warning(
+            "%s: weight statistic refused (NaN) for %s",
+            type(model).__name__,
+            "; ".join(f"{component} ({reason})" for component, reason in undefined.items()),
+        )
     return pl.DataFrame(rows, schema=WEIGHT_SCHEMA)
 
 
@@ -354,6 +428,25 @@ def weight_estimate(weights: pl.DataFrame, components: Sequence[str]) -> Estimat
         .to_numpy()
         .astype(np.float64)
     )
+    return Estimate(float(values.mean()) if len(values) else math.nan, n_items=len(values))
+
+
+# ---------------------------------------------------------------------------------------------
+# PLoP's normalised feature norm
+
+
+def nfn_estimate(features: pl.DataFrame, components: Sequence[str]) -> Estimate:
+    """The NFN of a configuration: the unweighted mean over its linear maps (every block's).
+
+    A configuration made of norms alone has no map: NaN (n/a), never a number. Maps whose NFN
+    is not finite (an input of norm 0 throughout) are left out.
+    """
+    values = (
+        features.filter(pl.col("component").is_in(list(components)))["nfn"]
+        .to_numpy()
+        .astype(np.float64)
+    )
+    values = values[np.isfinite(values)]
     return Estimate(float(values.mean()) if len(values) else math.nan, n_items=len(values))
 
 
@@ -375,6 +468,8 @@ class Measurements:
     """Trainable parameters of each component (head and final norm excluded)."""
     always_trained: int
     """Parameters of the head and final norm (trained by every configuration)."""
+    features: pl.DataFrame
+    """:func:`vitplasticity.recommend.nfn.feature_norm_statistics` rows (one per linear map)."""
 
     def trainable_parameters(self, configuration: str) -> int:
         """Trainable parameters of ``configuration`` beyond the head and final norm (its
@@ -391,6 +486,7 @@ class Measurements:
             ),
             "gradient_snr": tensor_estimate(self.tensors, parts, "gradient_snr"),
             "weight_spectral": weight_estimate(self.weights, parts),
+            "nfn": nfn_estimate(self.features, parts),
         }
 
 
@@ -406,12 +502,15 @@ def measure_criteria(
     batch_size: int = 64,
     protocol: str = "embedding",
     progress: Callable[[int], None] | None = None,
+    nfn_seed: int = NFN_SEED,
 ) -> Measurements:
     """Measure every criterion of the five components of ``model``.
 
     In order: the weight statistic and the plasticity (on the model as given), then the head
-    warm-up (:func:`head_warmup`, which changes the head only), then the gradient statistics
-    of every component's tensors.
+    warm-up (:func:`head_warmup`, which changes the head only), then the NFN of every linear
+    map on the first gradient batch (one forward pass without gradients; the warm-up did not
+    touch the maps), then the gradient statistics of every component's tensors (that batch
+    included).
 
     Args:
         model: a timm model of a known architecture in eval mode, with a classifier head for the
@@ -425,6 +524,10 @@ def measure_criteria(
         batch_size: plasticity pairs per forward pass.
         protocol: the plasticity protocol (embedding: the paper's).
         progress: called with the plasticity pairs done.
+        nfn_seed: the seed of NFN's random inputs.
+
+    Raises:
+        ValueError: for fewer than 2 gradient batches.
     """
     weights = weight_statistics(model)
     pairs = measure(
@@ -437,11 +540,16 @@ def measure_criteria(
         progress=progress,
     )
     head_warmup(model, warmup_batches, warmup_lr)
+    batches = iter(gradient_batches)
+    first = next(batches, None)
+    if first is None:
+        raise ValueError("gradient criteria need at least 2 batches, got 0")
+    features = feature_norm_statistics(model, first[0], seed=nfn_seed)
     parameters = parameter_map(model)
     names = {c: parameters.component_names(c) for c in COMPONENTS}
     sizes = dict(model.named_parameters())
     tensors = gradient_statistics(
-        model, gradient_batches, [n for c in COMPONENTS for n in names[c]]
+        model, itertools.chain([first], batches), [n for c in COMPONENTS for n in names[c]]
     )
     return Measurements(
         pairs=pairs,
@@ -449,4 +557,5 @@ def measure_criteria(
         weights=weights,
         component_parameters={c: sum(sizes[n].numel() for n in names[c]) for c in COMPONENTS},
         always_trained=always_trained_parameters(model, parameters),
+        features=features,
     )

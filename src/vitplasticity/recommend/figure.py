@@ -2,9 +2,10 @@
 
 Configurations run down the shared y axis in the order of the chosen criterion (best on
 top), each bar in its component's colour (:mod:`vitplasticity.report.style`; combinations
-grey), plasticity with its 95% CI, each bar labelled with its rank by that panel's criterion.
-The recommended configuration's name is bold; the budget is a dashed line on the parameter
-panel. Saved as PNG and PDF with :func:`vitplasticity.report.figures.save` (atomic).
+grey), plasticity with its 95% CI, each bar labelled with its rank by that panel's criterion
+(rank 1 is the lowest NFN: its panel says so) or "n/a" where the criterion has no value (the
+norms' NFN). The recommended configuration's name is bold; the budget is a dashed line on the
+parameter panel. Saved as PNG and PDF with :func:`vitplasticity.report.figures.save` (atomic).
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from typing import Any
 import polars as pl
 
 from vitplasticity.recommend.criteria import CRITERIA
-from vitplasticity.recommend.ranking import CRITERION_LABELS, Recommendation, configuration_label
+from vitplasticity.recommend.ranking import (
+    CRITERION_LABELS,
+    LOWER_FIRST,
+    Recommendation,
+    configuration_label,
+)
 from vitplasticity.report.figures import FigureSettings, save
 from vitplasticity.report.style import apply_theme, colour, mark_demo
 
@@ -71,7 +77,8 @@ def draw(
             data = {row["configuration"]: row for row in rows.iter_rows(named=True)}
             values = [data[name]["value"] for name in order]
             ranks = [data[name]["rank"] for name in order]
-            ax.set_xlabel(CRITERION_LABELS[panel])
+            lowest = " (rank 1: lowest)" if panel in LOWER_FIRST else ""
+            ax.set_xlabel(CRITERION_LABELS[panel] + lowest)
         frame = pl.DataFrame({"configuration": labels, "value": values})
         sns.barplot(
             frame.to_pandas(),
@@ -86,15 +93,15 @@ def draw(
             _error_bars(ax, [data[name] for name in order])
         if ranks is not None:
             for y, (value, rank) in enumerate(zip(values, ranks, strict=True)):
-                if math.isfinite(value):
-                    ax.annotate(
-                        f"{rank}",
-                        (value, y),
-                        xytext=(3, 0),
-                        textcoords="offset points",
-                        va="center",
-                        fontsize="x-small",
-                    )
+                finite = math.isfinite(value)
+                ax.annotate(
+                    f"{rank}" if finite else "n/a",
+                    (value if finite else 0.0, y),
+                    xytext=(3, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize="x-small",
+                )
         ax.set_ylabel("")
         ax.margins(x=0.18)
     _bold_recommendation(axes[0], recommendation)

@@ -2,7 +2,8 @@
 its Markdown report.
 
 The table is long: one row per (configuration, criterion), columns :data:`TABLE_SCHEMA`.
-Within a criterion, rank 1 is the highest value (finetune it first); a NaN value ranks last;
+Within a criterion, rank 1 is the configuration to finetune first: the highest value, except
+for the criteria of :data:`LOWER_FIRST` (NFN), where it is the lowest; a NaN value ranks last;
 ties go to the configuration with fewer trainable parameters, then to the order given.
 """
 
@@ -36,8 +37,15 @@ CRITERION_LABELS: dict[str, str] = {
     "relative_gradient_norm": "relative gradient norm",
     "gradient_snr": "gradient SNR",
     "weight_spectral": "weight spectral",
+    "nfn": "NFN",
 }
 """How each criterion is printed in the report and the figure."""
+
+LOWER_FIRST: frozenset[str] = frozenset({"nfn"})
+"""Criteria whose *lowest* value is finetuned first. PLoP (Hayou et al., ICLR 2026) places its
+adapters on the modules of lowest normalised feature norm, the least aligned with the task's
+inputs, and shows the highest ones (its PLoP^-1) do worse: for NFN, higher is *not* better.
+Every other criterion ranks its highest value first (plasticity: the paper's finding)."""
 
 COMPONENT_NAMES: dict[str, str] = {
     "ln1": "LN1",
@@ -81,6 +89,11 @@ def parse_budget(text: str | int | None) -> int | None:
     return value
 
 
+def preference(criterion: str) -> float:
+    """+1 when ``criterion``'s highest value is finetuned first, -1 when its lowest is."""
+    return -1.0 if criterion in LOWER_FIRST else 1.0
+
+
 def configuration_label(configuration: str) -> str:
     """The printed name of a configuration: "MHA+FC1"."""
     return "+".join(COMPONENT_NAMES.get(part, part) for part in configuration.split("+"))
@@ -119,14 +132,15 @@ def build_table(
 
 
 def _rank(rows: list[dict], order: Sequence[str]) -> None:
-    """Set each row's ``rank`` within its criterion (1 = highest value), in place."""
+    """Set each row's ``rank`` within its criterion (1 = finetune first: the highest value, the
+    lowest for :data:`LOWER_FIRST`), in place."""
     position = {name: index for index, name in enumerate(order)}
 
     def key(row: dict) -> tuple:
         finite = math.isfinite(row["value"])
         return (
             not finite,
-            -row["value"] if finite else 0.0,
+            -preference(row["criterion"]) * row["value"] if finite else 0.0,
             row["trainable_parameters"],
             position[row["configuration"]],
         )
@@ -172,16 +186,18 @@ def greedy_union(
 ) -> Recommendation:
     """Join components best first while their total parameters fit ``budget``.
 
-    Components are taken in decreasing ``values`` (NaN ones never); one that would exceed
-    the budget is skipped and the next tried (greedy knapsack by value, not value per
-    parameter: the criterion says what to train first, not what it is worth per parameter).
-    The union is named in forward order ("mha+fc1").
+    Components are taken in decreasing ``values`` (increasing for a criterion of
+    :data:`LOWER_FIRST`; NaN ones never); one that would exceed the budget is skipped and the
+    next tried (greedy knapsack by value, not value per parameter: the criterion says what to
+    train first, not what it is worth per parameter). The union is named in forward order
+    ("mha+fc1").
     """
     chosen: list[str] = []
     total = 0
+    sign = preference(criterion)
     ordered = sorted(
         (c for c in values if math.isfinite(values[c])),
-        key=lambda c: (-values[c], parameters[c], COMPONENTS.index(c)),
+        key=lambda c: (-sign * values[c], parameters[c], COMPONENTS.index(c)),
     )
     for component in ordered:
         if total + parameters[component] <= budget:
@@ -196,6 +212,16 @@ def greedy_union(
 def _check_criterion(criterion: str) -> None:
     if criterion not in CRITERIA:
         raise ValueError(f"unknown criterion {criterion!r}; known: {', '.join(CRITERIA)}")
+
+
+NFN_NOTE = (
+    "NFN (PLoP's normalised feature norm, Hayou et al., ICLR 2026: a linear map's mean output "
+    "norm on the task's inputs over that on random inputs of the same norms) ranks its *lowest* "
+    "value first, as PLoP adapts the modules least aligned with the task: the opposite end from "
+    "plasticity and the other criteria. LN1 and LN2 hold no linear map and have no NFN (n/a); "
+    "a configuration joining one to linear components has the NFN of its linear maps."
+)
+"""The report's note on NFN, below the table."""
 
 
 def _number(value: float | None) -> str:
@@ -261,7 +287,7 @@ def markdown(
     lines += [
         "",
         "Each cell: value [95% CI where there is one] (rank by that criterion; 1 = finetune "
-        "first).",
+        "first). " + NFN_NOTE,
         "",
         _recommendation_text(recommendation, by_config, order, always_trained),
         "",
@@ -276,11 +302,19 @@ def _recommendation_text(
     always_trained: int,
 ) -> str:
     criterion = CRITERION_LABELS[recommendation.criterion]
-    heuristic = (
-        "This is a heuristic from the paper's finding that components of higher plasticity "
-        "gain more from finetuning (Odonnat et al., arXiv 2602.06883), not a finetuning "
-        "result: confirm it with a short run, above all when the criteria disagree."
-    )
+    lower = recommendation.criterion in LOWER_FIRST
+    if lower:
+        heuristic = (
+            "This is PLoP's heuristic that the modules least aligned with the task's inputs "
+            "(lowest NFN) gain most from adaptation (Hayou et al., ICLR 2026), not a finetuning "
+            "result: confirm it with a short run, above all when the criteria disagree."
+        )
+    else:
+        heuristic = (
+            "This is a heuristic from the paper's finding that components of higher plasticity "
+            "gain more from finetuning (Odonnat et al., arXiv 2602.06883), not a finetuning "
+            "result: confirm it with a short run, above all when the criteria disagree."
+        )
     if recommendation.configuration is None:
         return (
             f"**No configuration fits the budget of {recommendation.budget:,} trainable "
@@ -299,12 +333,14 @@ def _recommendation_text(
     ]
     if recommendation.combined:
         sentences.append(
-            f"It joins the components in decreasing {criterion} for as long as their "
-            "parameters fit the budget (a greedy union)."
+            f"It joins the components in {'increasing' if lower else 'decreasing'} {criterion} "
+            "for as long as their parameters fit the budget (a greedy union)."
         )
     else:
         among = "" if recommendation.budget is None else " among those that fit the budget"
-        sentences.append(f"It is the configuration of highest {criterion}{among}.")
+        sentences.append(
+            f"It is the configuration of {'lowest' if lower else 'highest'} {criterion}{among}."
+        )
     others = [
         f"{CRITERION_LABELS[c]} {by_config[(recommendation.configuration, c)]['rank']}"
         for c in CRITERIA

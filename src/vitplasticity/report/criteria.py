@@ -8,10 +8,12 @@ that is larger for the configuration the criterion predicts to be better:
 
 - ``recommend``: ``vitplasticity recommend`` tables (one row per configuration and criterion,
   ``value`` and ``rank``, 1 = best). The score is the ``value``, oriented by the ranks
-  (``value`` when rank 1 holds the highest value, ``-value`` when it holds the lowest): the
-  correlation then sees the criterion's own ties, not the table's tie-breaks (it breaks ties
-  by parameter count). A non-finite value is no score; ranks that follow the values in
-  neither direction are an error.
+  (``value`` when rank 1 holds the highest value, ``-value`` when it holds the lowest, as
+  PLoP's NFN does: it finetunes the least aligned modules first): the correlation then sees
+  the criterion's own ties, not the table's tie-breaks (it breaks ties by parameter count). A
+  non-finite value is no score (the norms' NFN: a norm holds no linear map, so NFN's
+  correlation is over the other configurations, and the table and figure say so); ranks
+  that follow the values in neither direction are an error.
 - ``plasticity``: the measured plasticity summaries (``results/plasticity/<model>/<dataset>_
   summary.parquet``). The score of a component is its mean plasticity over the blocks (every
   pair of every block, as :func:`.tables.plasticity_ranking`), higher = better: the paper's
@@ -136,8 +138,14 @@ CRITERION_LABELS: dict[str, str] = {
     "relative_gradient_norm": "Rel. grad.",
     "gradient_snr": "Grad. SNR",
     "weight_spectral": "Spectral",
+    "nfn": "NFN",
 }
 """Short names of known criteria in tables and figures (others print as they are named)."""
+
+NO_SCORE_REASONS: dict[str, str] = {
+    "nfn": "a norm holds no linear map, so it has no NFN",
+}
+"""Why a criterion has no score for some configurations by design (said in ``note``)."""
 
 
 def criterion_label(name: str) -> str:
@@ -433,8 +441,14 @@ def correlate_datasets(
                 [measured[c] for c in names],
                 min_configurations,
             )
+            unscored = [c for c in present if c in measured and c not in scores]
             notes = [
-                *(f"no score for {c}" for c in present if c in measured and c not in scores),
+                *(f"no score for {c}" for c in unscored),
+                *(
+                    [NO_SCORE_REASONS[criterion]]
+                    if unscored and criterion in NO_SCORE_REASONS
+                    else []
+                ),
                 *(f"no accuracy for {c}" for c in present if c in scores and c not in measured),
                 *([result["note"]] if result["note"] else []),
             ]
@@ -679,6 +693,29 @@ def best_criterion_lines(result: pl.DataFrame) -> list[str]:
             )
         lines.append(f"{experiment}/{model}: best criterion {' and '.join(parts)} [{reason}]")
     return lines
+
+
+def unscored_configurations(result: pl.DataFrame) -> dict[tuple[str, str], list[str]]:
+    """Per (model, criterion): the configurations that another criterion's correlation on some
+    dataset includes but this criterion's does not (it has no score for them: the norms for
+    NFN), in the canonical order; criteria that miss none are absent.
+
+    Args:
+        result: an :func:`analyse` result (its ``dataset`` rows are read).
+    """
+    per_dataset = result.filter(pl.col("level") == "dataset")
+    missing: dict[tuple[str, str], set[str]] = {}
+    for part in per_dataset.partition_by("experiment", "model", "dataset", maintain_order=True):
+        compared = {
+            criterion: set(filter(None, (names or "").split(",")))
+            for criterion, names in part.select("criterion", "configurations").iter_rows()
+        }
+        everyone = set().union(*compared.values())
+        model = part["model"][0]
+        for criterion, names in compared.items():
+            if everyone - names:
+                missing.setdefault((model, criterion), set()).update(everyone - names)
+    return {key: configuration_order(sorted(names)) for key, names in missing.items()}
 
 
 def single_experiment(result: pl.DataFrame) -> str:

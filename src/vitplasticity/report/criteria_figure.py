@@ -12,8 +12,13 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from vitplasticity.report.criteria import criterion_label, single_experiment
+from vitplasticity.report.criteria import (
+    criterion_label,
+    single_experiment,
+    unscored_configurations,
+)
 from vitplasticity.report.figures import FigureSettings, finish, fixed_jitter, panels
+from vitplasticity.report.style import label
 
 BEST_COLOUR = "#D55E00"
 """The best criterion's mean (the palette's vermillion)."""
@@ -26,7 +31,9 @@ def criteria_figure(
     demo: bool = False,
 ) -> None:
     """Per criterion, each dataset's Spearman rho (points) and their mean (a bar); one panel
-    per model. Undefined rhos are left out and counted beside the criterion's name.
+    per model. Undefined rhos are left out and counted beside the criterion's name; so are the
+    configurations a criterion has no value for ("NFN (no LN1, LN2)": its rho is over the
+    others).
 
     Args:
         result: one experiment's :func:`.criteria.analyse` result.
@@ -43,6 +50,7 @@ def criteria_figure(
     summary = result.filter(pl.col("level") == "summary")
     criteria = per_dataset["criterion"].unique(maintain_order=True).to_list()
     models = per_dataset["model"].unique(maintain_order=True).to_list()
+    unscored = unscored_configurations(result)
     figure, axes = panels(len(models), settings, ncols=1, aspect=0.12 * len(criteria) + 0.25)
     for ax, model in zip(axes, models, strict=True):
         rows = per_dataset.filter(pl.col("model") == model)
@@ -50,7 +58,13 @@ def criteria_figure(
             rows.group_by("criterion").agg(pl.col("spearman_rho").is_nan().sum()).iter_rows()
         )
         ticks = [
-            criterion_label(c) + (f" ({undefined[c]} n/a)" if undefined.get(c) else "")
+            criterion_label(c)
+            + (
+                f" (no {', '.join(label(n) for n in unscored[(model, c)])})"
+                if (model, c) in unscored
+                else ""
+            )
+            + (f" ({undefined[c]} n/a)" if undefined.get(c) else "")
             for c in criteria
         ]
         data = rows.filter(pl.col("spearman_rho").is_finite()).with_columns(

@@ -17,10 +17,12 @@ import polars as pl
 
 from vitplasticity import COMPONENTS, __version__
 from vitplasticity.report.criteria import (
+    NO_SCORE_REASONS,
     RESULT_SCHEMA,
     criterion_label,
     minimum_p,
     single_experiment,
+    unscored_configurations,
 )
 from vitplasticity.report.style import DEMO_NOTE, configuration_order, label
 
@@ -439,6 +441,7 @@ def _criteria_layout(
     pairwise = result.filter(pl.col("level") == "pairwise")
     criteria = per_dataset["criterion"].unique(maintain_order=True).to_list()
     models = per_dataset["model"].unique(maintain_order=True).to_list()
+    unscored = unscored_configurations(result)
     lines = [
         rf"\begin{{tabular}}{{l{'c' * len(criteria)}}}",
         r"\toprule",
@@ -521,6 +524,9 @@ def _criteria_layout(
             }
             p_best = [p_value(versus[c]) if c in versus else MISSING for c in criteria]
             row(model, (r"$p$ (best $>$)", "p (best >)"), p_best, p_best)
+        if any((model, c) in unscored for c in criteria):
+            names = [", ".join(label(n) for n in unscored.get((model, c), [])) for c in criteria]
+            row(model, ("n/a", "n/a"), [escape(n) for n in names], [n or MISSING for n in names])
         n_max = max([n_max, *(r["n"] for r in by.values())])
     lines += [r"\bottomrule", r"\end{tabular}"]
     return lines, records, n_max
@@ -532,7 +538,9 @@ def criteria_table(result: pl.DataFrame, demo: bool = False) -> str:
     Wilcoxon p of rho > 0, and the p of the best criterion > each other.
 
     A rho carries an asterisk when the criterion's top configuration is the most accurate one
-    (a top-1 hit); the best criterion's mean rho is bold. One block per model.
+    (a top-1 hit); the best criterion's mean rho is bold. One block per model. When a criterion
+    has no value for some configurations (NFN for the norms), a last ``n/a`` row names them
+    under it and the caption says why: its rho is over the others.
 
     Args:
         result: one experiment's :func:`..criteria.analyse` result.
@@ -541,6 +549,12 @@ def criteria_table(result: pl.DataFrame, demo: bool = False) -> str:
     experiment = single_experiment(result)
     lines, _, n_max = _criteria_layout(result)
     several = result.filter(pl.col("level") == "dataset")["criterion"].n_unique() > 1
+    unscored = sorted({c for _, c in unscored_configurations(result)})
+    reasons = [
+        f"{escape(criterion_label(c))}: {escape(NO_SCORE_REASONS[c])}"
+        for c in unscored
+        if c in NO_SCORE_REASONS
+    ]
     caption = (
         rf"Rank correlation of each criterion with the selected-LR test accuracy over the "
         rf"configurations of each dataset in experiment \texttt{{{escape(experiment)}}}: "
@@ -556,13 +570,21 @@ def criteria_table(result: pl.DataFrame, demo: bool = False) -> str:
         )
         + r". Best criterion (highest mean $\rho$) in bold"
         + (r", tested against each other one ($p$, best $>$)." if several else ".")
+        + (
+            " n/a: the configurations a criterion has no value for, left out of its $\\rho$"
+            + (f" ({'; '.join(reasons)})" if reasons else "")
+            + "."
+            if unscored
+            else ""
+        )
     )
     return _wrap(lines, caption, f"{experiment}-criteria", demo, f"{experiment}_criteria.parquet")
 
 
 def criteria_csv(result: pl.DataFrame, demo: bool = False) -> str:
     """:func:`criteria_table`'s rows as CSV, the numbers as printed there: per model and row
-    (each dataset, Mean rho, Mean tau, Hit rate, n, p (rho > 0), p (best >)), each
+    (each dataset, Mean rho, Mean tau, Hit rate, n, p (rho > 0), p (best >), and n/a: the
+    configurations a criterion has no value for, where one has none), each
     criterion's value; ``Top-1 hit`` lists the criteria marked with an asterisk on a dataset
     row, ``Best`` the bold one(s) on the Mean rho row."""
     single_experiment(result)
