@@ -369,6 +369,7 @@ def test_user_names_and_free_form_mappings_are_not_keys(paper_config: dict) -> N
                 },
                 "tiny": {
                     "family": "transformers",
+                    "hf_id": "tiny",
                     "weights": "random",
                     "config": {"model_type": "gpt2", "n_layer": 1},
                 },
@@ -685,7 +686,7 @@ def test_every_family_of_the_readme_example_is_accepted(paper_config: dict) -> N
         "crop_pct": None,
     }
     assert models["clip_b16"]["model_class"] == "CLIPVisionModel"
-    assert models["tiny_llama"]["hf_id"] is None and models["tiny_llama"]["weights"] == "random"
+    assert models["tiny_llama"]["weights"] == "random"
     assert config["text_plasticity"]["run_models"] == ["qwen3_small", "tiny_llama"]
     # The example's image models can be measured and finetuned like the paper's.
     stages = {
@@ -823,17 +824,14 @@ def test_the_old_layout_stops_snakemake_before_planning(tmp_path: Path) -> None:
 
 
 LLAMA = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1}
+RANDOM_LLAMA = {"family": "transformers", "hf_id": "llm", "weights": "random", "config": LLAMA}
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
         (
-            {"models": {"m": {"family": "transformers"}}},
-            "models.m.hf_id: missing (weights: hub fetches the hub repo it names)",
-        ),
-        (
-            {"models": {"m": {"family": "transformers", "weights": "random"}}},
+            {"models": {"m": {"family": "transformers", "hf_id": "m", "weights": "random"}}},
             "models.m.config.model_type: missing (weights: random builds the model from its "
             "config alone, e.g. model_type: dinov2)",
         ),
@@ -858,7 +856,7 @@ LLAMA = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1}
         ),
         (
             {
-                "models": {"llm": {"family": "transformers", "weights": "random", "config": LLAMA}},
+                "models": {"llm": RANDOM_LLAMA},
                 "plasticity": {"models": ["vit_base", "llm"]},
             },
             "plasticity.models: 'llm' is a text model (config.model_type 'llama'): measure it "
@@ -866,7 +864,7 @@ LLAMA = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1}
         ),
         (
             {
-                "models": {"llm": {"family": "transformers", "weights": "random", "config": LLAMA}},
+                "models": {"llm": RANDOM_LLAMA},
                 "experiments": {"adam": {"models": ["llm"]}},
             },
             "experiments.adam.models: 'llm' is a text model",
@@ -887,9 +885,9 @@ def test_text_models_pass_the_cross_checks(paper_config: dict) -> None:
     """A random-init Llama, a hub GPT2 and a saved folder: text models by model_type, or
     told only when their job builds them (the hub and folder entries)."""
     models = {
-        "llm": {"family": "transformers", "weights": "random", "config": LLAMA},
+        "llm": RANDOM_LLAMA,
         "gpt2": {"family": "transformers", "hf_id": "gpt2"},
-        "mine": {"family": "transformers", "weights": "/models/my-qwen3"},
+        "mine": {"family": "transformers", "hf_id": "my-qwen3", "weights": "/models/my-qwen3"},
     }
     override = {"models": models, "text_plasticity": {"run_models": list(models)}}
     validated(merged(paper_config, override))
@@ -899,4 +897,4 @@ def test_every_model_entry_of_a_shipped_config_names_its_family() -> None:
     for name, config in shipped_configs().items():
         for model, entry in config["models"].items():
             assert entry.get("family") in MODEL_ID_KEYS, (name, model)
-            assert MODEL_ID_KEYS[entry["family"]] in entry or entry.get("weights") != "hub"
+            assert MODEL_ID_KEYS[entry["family"]] in entry, (name, model)

@@ -1,6 +1,6 @@
 """Build the timm model a config entry names, and the preprocessing that goes with it.
 
-A model entry (config.yaml ``models.<name>``) has ``timm_id``, ``weights`` ("hub", "random",
+A timm model entry (config.yaml ``models.<name>``, ``family: timm``) has ``timm_id``, ``weights`` ("hub", "random",
 or a path to a local .safetensors / .pth / .bin file), ``normalize`` ("pretrained": the
 checkpoint's pretrained_cfg; "imagenet": ImageNet mean/std as the reference code did; or an
 explicit ``{mean: [...], std: [...]}``), and ``kwargs`` passed on to ``timm.create_model``
@@ -14,6 +14,9 @@ the model, holds one the model does not have, or holds one of another shape (a t
 ViTModel file, a timm file of another depth or width) is an error naming the file and the
 keys, raised when the model is built, before any compute. timm's own loading would log the
 missing keys and leave those tensors a random init.
+
+A ``family: transformers`` entry is read by :meth:`ModelSpec.from_config` too, into the spec of
+:mod:`vitplasticity.hf_models`, which builds it.
 """
 
 from __future__ import annotations
@@ -40,9 +43,13 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+TIMM_FAMILY = "timm"
+"""The ``family`` of a timm model's config entry (a spec without one is a timm spec)."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """One entry of config.yaml's ``models``."""
+    """One ``family: timm`` entry of config.yaml's ``models``."""
 
     timm_id: str
     weights: str = "hub"
@@ -53,14 +60,36 @@ class ModelSpec:
     revision: str = "main"
 
     @classmethod
-    def from_config(cls, entry: dict[str, Any]) -> ModelSpec:
-        """Build from a config mapping, rejecting unknown keys by name."""
+    def from_config(cls, entry: dict[str, Any]) -> ModelSpec | HFModelSpec:
+        """The spec of a ``models`` entry, rejecting unknown keys by name.
+
+        ``family: timm``, or no family (a compute job's spec of a timm model leaves it out:
+        workflow/rules/common.smk), gives a :class:`ModelSpec`; ``family: transformers`` the
+        :class:`~vitplasticity.hf_models.HFModelSpec` of :mod:`vitplasticity.hf_models`, so
+        that every stage that reads a spec reads both families.
+
+        Raises:
+            ValueError: naming an unknown family or key, or a missing ``timm_id``.
+        """
+        family = entry.get("family", TIMM_FAMILY)
+        if family == "transformers":
+            from vitplasticity.hf_models import HFModelSpec
+
+            return HFModelSpec.from_config(entry)
+        if family != TIMM_FAMILY:
+            raise ValueError(
+                f"model entry family {family!r}: expected {TIMM_FAMILY!r} or 'transformers'"
+            )
+        entry = {key: value for key, value in entry.items() if key != "family"}
         known = {"timm_id", "weights", "normalize", "crop_pct", "init_seed", "kwargs", "revision"}
         unknown = set(entry) - known
         if unknown:
-            raise ValueError(f"unknown model keys {sorted(unknown)}; known: {sorted(known)}")
+            raise ValueError(
+                f"unknown model keys {sorted(unknown)} (family: {TIMM_FAMILY}); "
+                f"known: {sorted(known | {'family'})}"
+            )
         if "timm_id" not in entry:
-            raise ValueError("model entry lacks 'timm_id'")
+            raise ValueError(f"model entry (family: {TIMM_FAMILY}) lacks 'timm_id'")
         return cls(**entry)
 
 
