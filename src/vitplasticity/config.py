@@ -285,7 +285,8 @@ def model_inputs(entry: Mapping[str, Any]) -> str | None:
 
 
 def model_problems(config: Mapping[str, Any]) -> list[str]:
-    """One message per model entry that lacks what its weights need, and per model named by
+    """One message per model entry that lacks what its weights need (a random-init
+    transformers model: config.model_type), and per model named by
     a stage that cannot take its inputs (images for plasticity, finetuning and recommend;
     token ids for text plasticity), where the entry tells (:func:`model_inputs`)."""
     models = config["models"]
@@ -293,12 +294,7 @@ def model_problems(config: Mapping[str, Any]) -> list[str]:
     for name, entry in models.items():
         if entry.get(FAMILY_KEY) != "transformers":
             continue
-        weights = entry.get("weights", "hub")
-        if weights == "hub" and not entry.get("hf_id"):
-            problems.append(
-                f"models.{name}.hf_id: missing (weights: hub fetches the hub repo it names)"
-            )
-        if weights == "random" and not (entry.get("config") or {}).get("model_type"):
+        if entry.get("weights") == "random" and not (entry.get("config") or {}).get("model_type"):
             problems.append(
                 f"models.{name}.config.model_type: missing (weights: random builds the model "
                 "from its config alone, e.g. model_type: dinov2)"
