@@ -487,3 +487,13 @@ def read_record(weights_file: str | Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     return json.loads(path.read_text())
+
+
+def read_snapshot_record(folder: str | Path) -> dict[str, Any] | None:
+    """The weights stage's record of a transformers snapshot in ``folder`` (None when there is
+    none, or the record is a timm file's)."""
+    path = Path(folder) / RECORD_FILENAME
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    return record if isinstance(record.get("files"), list) else None

@@ -247,25 +247,38 @@ def scheduler_minutes(minutes):
     return runtime.capped(minutes, config["scheduler"]["max_runtime_minutes"])
 
 
-def one_run_minutes(wildcards, attempt):
+def model_minutes(model, estimate):
+    """The wall time of a job of ``model``: ``estimate(timm_id)``, capped. vitplasticity.runtime
+    counts the FLOPs of timm architectures only: a transformers model's job asks for
+    scheduler.max_runtime_minutes, or, where that is null, for no runtime (Snakemake leaves
+    the resource out: the partition's default time)."""
+    entry = config["models"][model]
+    if entry["family"] != "timm":
+        return config["scheduler"]["max_runtime_minutes"]
+    return scheduler_minutes(estimate(entry["timm_id"]))
+
+
+def one_run_minutes(wildcards, attempt, timm_id):
     return runtime.finetune_minutes(
         config["datasets"][wildcards.dataset]["steps"],
         config["finetune"]["batch_size"],
-        config["models"][wildcards.model]["timm_id"],
+        timm_id,
         config["finetune"]["precision"],
         attempt,
     )
 
 
 def finetune_runtime(wildcards, attempt):
-    return scheduler_minutes(one_run_minutes(wildcards, attempt))
+    return model_minutes(wildcards.model, lambda timm_id: one_run_minutes(wildcards, attempt, timm_id))
 
 
 def plasticity_runtime(wildcards, attempt):
     p = config["plasticity"]
-    timm_id = config["models"][wildcards.model]["timm_id"]
-    return scheduler_minutes(
-        runtime.plasticity_minutes(p["n_pairs"], len(p["protocols"]), timm_id, p["dtype"], attempt)
+    return model_minutes(
+        wildcards.model,
+        lambda timm_id: runtime.plasticity_minutes(
+            p["n_pairs"], len(p["protocols"]), timm_id, p["dtype"], attempt
+        ),
     )
 
 
@@ -305,4 +318,6 @@ def pack_lora_flags(pack):
 
 
 def pack_runtime(pack):
-    return lambda w, attempt: scheduler_minutes(pack.runtime(one_run_minutes(w, attempt)))
+    return lambda w, attempt: model_minutes(
+        w.model, lambda timm_id: pack.runtime(one_run_minutes(w, attempt, timm_id))
+    )

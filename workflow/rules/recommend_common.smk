@@ -42,14 +42,16 @@ def recommend_targets():
 
 
 def recommend_runtime(wildcards, attempt):
-    """Minutes for one recommend job: vitplasticity.runtime's estimate from the block."""
-    return scheduler_minutes(
-        runtime.recommend_minutes(
+    """Minutes for one recommend job: vitplasticity.runtime's estimate from the block
+    (common.smk's model_minutes: a transformers model's job asks for the cap)."""
+    return model_minutes(
+        wildcards.model,
+        lambda timm_id: runtime.recommend_minutes(
             recommend_or_plasticity("n_pairs"),
             RECOMMEND["batch_size"],
             RECOMMEND["warmup_steps"],
             RECOMMEND["batches"],
-            config["models"][wildcards.model]["timm_id"],
+            timm_id,
             attempt,
-        )
+        ),
     )
