@@ -20,9 +20,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from vitplasticity.io import read_parquet_metadata
 from vitplasticity.weights import RECORD_FILENAME, fetch_snapshot
 
 from .test_weights import COMMIT, FakeHub, git_blob_id, hub_env
+from .test_workflow import PRESETS, planned_jobs
 
 transformers = pytest.importorskip("transformers")
 
@@ -284,3 +286,95 @@ def test_the_folder_loads_offline_with_the_served_tensors(
         assert set(loaded) == set(reference), name
         for key, tensor in reference.items():
             assert torch.equal(loaded[key], tensor), (name, key)
+
+
+def snakemake(
+    workdir: Path, env: dict[str, str], edit: str, *args: str
+) -> subprocess.CompletedProcess:
+    """snakemake on the mini preset with ``edit`` (YAML) merged over it, in ``workdir``."""
+    configfile = workdir.parent / "hf.yaml"
+    configfile.write_text(edit)
+    command = [str(Path(sys.executable).parent / "snakemake")]
+    command += ["--snakefile", str(PRESETS[0].parent / "Snakefile"), "--directory", str(workdir)]
+    command += ["--configfile", *map(str, PRESETS), str(configfile), "--cores", "2", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+
+
+REFERENCE_TEXT = "".join(f"Document {i}: the quick brown fox, {i * 7} times.\n" for i in range(8))
+
+
+@pytest.mark.slow
+def test_snapshot_weights_stage_end_to_end(
+    hub: FakeHub, gpt2_repo: dict[str, bytes], dinov2_repo: dict[str, bytes], tmp_path: Path
+) -> None:
+    """Through snakemake: one weights_snapshot job per transformers model fetches its snapshot;
+    then a text plasticity job (GPT2, its tokenizer from the folder) and a plasticity job
+    (DINOv2, its image processor from the folder) run with the hub gone and an empty cache,
+    and record each file's sha256 and the hub commit."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    reference = tmp_path / "wiki.txt"
+    reference.write_text(REFERENCE_TEXT)
+    edit = f"""
+models:
+  hub_gpt2: {{family: transformers, hf_id: {GPT2_REPO}}}
+  hub_dino: {{family: transformers, hf_id: {DINOV2_REPO}}}
+plasticity:
+  models: [hub_dino]
+  datasets: [demo-stripes]
+experiments:
+  sgd: {{models: [hub_dino], datasets: [demo-stripes], configurations: [mha]}}
+  adam: {{enabled: false}}
+recommend: {{enabled: false}}
+text_plasticity:
+  enabled: true
+  run_models: [hub_gpt2]
+  reference: {reference}
+  datasets: {{wiki: {reference}}}
+  sequence_length: 16
+  n_pairs: 4
+"""
+    online = hub_env(hub.url, tmp_path / "hf-login")
+    result = snakemake(workdir, online, edit, "weights_all")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    folders = {name: workdir / "resources/demo/weights" / name for name in ("hub_gpt2", "hub_dino")}
+    for name, repo in (("hub_gpt2", gpt2_repo), ("hub_dino", dinov2_repo)):
+        record = json.loads((folders[name] / RECORD_FILENAME).read_text())
+        expected = fetched(repo)
+        assert record["commit"] == COMMIT
+        assert {f["path"]: f["sha256"] for f in record["files"]} == {
+            n: hashlib.sha256(d).hexdigest() for n, d in expected.items()
+        }
+        assert set(folder_files(folders[name])) == {*expected, RECORD_FILENAME}
+
+    # Fetched once: nothing to redo; a new revision fetches again.
+    assert planned_jobs(snakemake(workdir, online, edit, "-n", "weights_all")) == {}
+    pinned = edit.replace(f"hf_id: {DINOV2_REPO}}}", f"hf_id: {DINOV2_REPO}, revision: {COMMIT}}}")
+    assert (
+        planned_jobs(snakemake(workdir, online, pinned, "-n", "weights_all")).get(
+            "weights_snapshot"
+        )
+        == 1
+    )
+
+    # The compute jobs: hub stopped, a fresh HF_HOME (no cache to fall back on).
+    hub.stop()
+    offline = hub_env(hub.url, tmp_path / "hf-compute")
+    targets = [
+        "results/demo/plasticity_text/hub_gpt2/wiki.parquet",
+        "results/demo/plasticity/hub_dino/demo-stripes.parquet",
+    ]
+    result = snakemake(workdir, offline, edit, *targets)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    for target, name in zip(targets, ("hub_gpt2", "hub_dino"), strict=True):
+        found = read_parquet_metadata(workdir / target)["provenance"]
+        record = json.loads((folders[name] / RECORD_FILENAME).read_text())
+        assert found["weights"]["source"] == "folder"
+        assert [(f["path"], f["sha256"]) for f in found["weights"]["files"]] == [
+            (f["path"], f["sha256"]) for f in record["files"]
+        ]
+        assert found["weights"]["hub"]["commit"] == COMMIT
+        spec = found["settings"]["model_spec"]
+        assert spec["weights"] == f"resources/demo/weights/{name}" and "revision" not in spec
+    text_settings = read_parquet_metadata(workdir / targets[0])["provenance"]["settings"]
+    assert text_settings["tokenizer"] == "resources/demo/weights/hub_gpt2"

@@ -279,7 +279,14 @@ def test_the_local_file_loads_the_served_tensors_and_is_in_provenance(
         "source": "random",
         "init_seed": 4,
     }
-    assert weights_record({"source": "hub", "hf_id": "gpt2"}) is None  # a text model's spec
+    assert weights_record({"hf_id": "gpt2"}) is None  # a spec without weights
+    transformers_hub = {"family": "transformers", "hf_id": "gpt2", "weights": "hub"}
+    assert weights_record(transformers_hub) == {
+        "source": "hub",
+        "repo_id": "gpt2",
+        "revision": "main",
+        "sha256": None,
+    }
 
 
 @pytest.mark.parametrize(
@@ -395,6 +402,7 @@ def test_build_model_loads_the_hub_revision_strictly(
 HUB_PRESET = f"""
 models:
   hub_vit:
+    family: timm
     timm_id: {TIMM_ID}
     weights: hub
     normalize: pretrained

@@ -252,8 +252,9 @@ def fetch_snapshot(
             cached file whose bytes are not the hub's.
     """
     import huggingface_hub
+    from huggingface_hub import constants  # a submodule: not imported with the package
 
-    endpoint = endpoint or huggingface_hub.constants.ENDPOINT
+    endpoint = endpoint or constants.ENDPOINT
     where = f"models.{model} ({hf_id})"
     with _snapshot_errors(model, where, hf_id, revision, endpoint):
         snapshot = Path(
