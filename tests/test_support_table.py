@@ -55,7 +55,9 @@ def read_table() -> tuple[dict[str, str], dict[tuple[str, str], str]]:
     ]
     tested = {row[0].strip("`"): row[1].strip("`") for row in rows}
     cells = {
-        (row[0].strip("`"), stage): cell for row in rows for stage, cell in zip(STAGES, row[2:])
+        (row[0].strip("`"), stage): cell
+        for row in rows
+        for stage, cell in zip(STAGES, row[2:], strict=True)
     }
     return tested, cells
 
