@@ -44,6 +44,8 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,8 +214,9 @@ def build_hf_model(spec: HFModelSpec, num_classes: int = 0) -> nn.Module:
 
     Raises:
         ImportError: naming the optional extra when transformers is missing.
-        FileNotFoundError: for weights that are neither "hub", "random" nor a folder, or a
-            folder without config.json.
+        FileNotFoundError: for weights that are neither "hub", "random" nor a folder, a
+            folder without config.json, or hub files that cannot be fetched (offline: not in
+            the cache), naming the hub id and revision.
         ValueError: for a checkpoint of another model type than the class's (naming the folder
             and both types); missing, unexpected or differently shaped weights (naming the
             folder and the first keys); an unknown model class; ``num_classes`` on a class
@@ -319,9 +322,10 @@ def saved_config(spec: HFModelSpec) -> dict[str, Any]:
     """
     if spec.weights == "hub":
         transformers = require_transformers()
-        config, _ = transformers.PretrainedConfig.get_config_dict(
-            spec.hf_id, revision=spec.revision, local_files_only=hub_offline()
-        )
+        with _named_hub_errors(spec):
+            config, _ = transformers.PretrainedConfig.get_config_dict(
+                spec.hf_id, revision=spec.revision, local_files_only=hub_offline()
+            )
         return config
     path = Path(spec.weights) / "config.json"
     if not path.is_file():
@@ -336,6 +340,22 @@ def saved_config(spec: HFModelSpec) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
     return config
+
+
+@contextmanager
+def _named_hub_errors(spec: HFModelSpec) -> Iterator[None]:
+    """transformers' errors for a hub file it cannot get (its OSError names the endpoint,
+    not the repo), as FileNotFoundError naming the model, its revision and HF_HUB_OFFLINE."""
+    try:
+        yield
+    except OSError as error:
+        if spec.weights != "hub":
+            raise
+        offline = " with HF_HUB_OFFLINE set (the cache only)" if hub_offline() else ""
+        raise FileNotFoundError(
+            f"model {spec.source!r} (hf_id {spec.hf_id}, revision {spec.revision}): its files "
+            f"could not be fetched{offline}: {error}"
+        ) from error
 
 
 def load_strict(
@@ -356,15 +376,16 @@ def load_strict(
     where: dict[str, Any] = {}
     if spec.weights == "hub":
         where = {"revision": spec.revision, "local_files_only": hub_offline()}
-    model, info = model_class.from_pretrained(
-        spec.hf_id if spec.weights == "hub" else spec.weights,
-        output_loading_info=True,
-        ignore_mismatched_sizes=True,  # reported below, by name
-        dtype=dtype,
-        **where,
-        **TOWER_KWARGS.get(model_class.__name__, {}),
-        **overrides,
-    )
+    with _named_hub_errors(spec):
+        model, info = model_class.from_pretrained(
+            spec.hf_id if spec.weights == "hub" else spec.weights,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,  # reported below, by name
+            dtype=dtype,
+            **where,
+            **TOWER_KWARGS.get(model_class.__name__, {}),
+            **overrides,
+        )
     droppable = CHECKPOINT_HEADS.get(model_class.__name__, ()) + (
         OTHER_TOWER_KEYS.get(model_type, ()) if model_type in DUAL_ENCODERS.values() else ()
     )
@@ -459,9 +480,7 @@ def with_classifier(transformers: Any, tower: nn.Module, num_classes: int) -> nn
             config = copy.deepcopy(tower.config)
             config.num_labels = num_classes
         else:  # CLIP, SigLIP: the dual encoder's config, around the tower's
-            config = model_class.config_class(
-                vision_config=tower.config.to_dict(), num_labels=num_classes
-            )
+            config = _dual_encoder_config(transformers, model_class, tower, num_classes)
         with torch.device("meta"):
             model = model_class(config)
         setattr(model, attribute, tower)
@@ -475,6 +494,27 @@ def with_classifier(transformers: Any, tower: nn.Module, num_classes: int) -> nn
     return model
 
 
+def _dual_encoder_config(
+    transformers: Any, model_class: type, tower: nn.Module, num_classes: int
+) -> Any:
+    """The dual encoder's config that ``model_class`` takes, around the tower's config.
+
+    Its text config is the default one and is never built; SigLIP's default text config makes
+    transformers warn about its token ids, which says nothing about this model: that warning
+    is not shown.
+    """
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        return model_class.config_class(
+            vision_config=tower.config.to_dict(),  # a copy: the tower's config stays its own
+            num_labels=num_classes,
+            attn_implementation=tower.config._attn_implementation,
+        )
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
 def new_head(template: nn.Module, tower: nn.Module) -> nn.Linear:
     """A new linear classifier of ``template``'s shape on the tower's device and dtype, drawn
     from the caller's RNG: truncated normal (std 0.02) weight, zero bias (timm's ViT head init,
@@ -482,12 +522,9 @@ def new_head(template: nn.Module, tower: nn.Module) -> nn.Linear:
     if not isinstance(template, nn.Linear):
         raise UnsupportedModel(f"classifier {type(template).__name__}: expected a Linear")
     reference = next(tower.parameters())
-    head = nn.Linear(
-        template.in_features,
-        template.out_features,
-        device=reference.device,
-        dtype=reference.dtype,
-    )
+    # Built on the meta device: nn.Linear's own init would draw from the RNG first.
+    head = nn.Linear(template.in_features, template.out_features, device="meta")
+    head = head.to_empty(device=reference.device).to(reference.dtype)
     with torch.no_grad():
         nn.init.trunc_normal_(head.weight, std=0.02)
         nn.init.zeros_(head.bias)
