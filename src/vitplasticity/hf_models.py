@@ -145,6 +145,11 @@ class HFModelSpec:
     crop_pct: float | None = None
     """Overrides the image processor's eval crop fraction."""
 
+    @property
+    def model_id(self) -> str:
+        """What names the model in messages: its hub id."""
+        return self.hf_id
+
     @classmethod
     def from_config(cls, entry: dict[str, Any]) -> HFModelSpec:
         """Build from a config mapping, checking it without touching the disk or the hub.

@@ -59,6 +59,11 @@ class ModelSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     revision: str = "main"
 
+    @property
+    def model_id(self) -> str:
+        """What names the model in messages: its timm id."""
+        return self.timm_id
+
     @classmethod
     def from_config(cls, entry: dict[str, Any]) -> ModelSpec | HFModelSpec:
         """The spec of a ``models`` entry, rejecting unknown keys by name.

@@ -152,7 +152,7 @@ def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings
         flag = "--dataset-dir" if args.dataset_dir is not None else "--image-folder"
         raise FileNotFoundError(f"{flag}: folder not found: {source}")
     settings = RecommendSettings(
-        model=args.model or spec.timm_id,
+        model=args.model or spec.model_id,
         dataset=args.dataset or Path(source).resolve().name,
         model_spec=spec,
         reference=args.reference,

@@ -255,7 +255,7 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
     architecture = architecture_for(model)
     refusal = architecture.refusal("recommend", model)
     if refusal is not None:
-        raise UnsupportedModel(f"recommend {spec.timm_id}: {refusal}")
+        raise UnsupportedModel(f"recommend {spec.model_id}: {refusal}")
     ParameterMap(architecture, model)  # names a missing component before any compute
     model = model.to(device=device, dtype=dtype)
     pre = preprocessing(model, spec)
