@@ -24,6 +24,15 @@ r and E are their extreme values. The attention bounds ignore biases, as the pap
 key and value biases cancel in every difference, the query bias does not (zero in random-init
 timm models, small in the paper's checkpoints). Everything is computed in float64.
 
+Which modules a component is comes from the model's architecture
+(:func:`vitplasticity.architectures.architecture_for`). A component whose bound the paper does
+not state for the model gets no rows, and the reason is given instead (:func:`undefined_bounds`):
+a norm that is not a LayerNorm (RMSNorm divides by the root mean square, not the std about the
+mean), and MHA where the architecture refuses it (rotary positions, normalised queries and
+keys, a normalised or gated output). A gated MLP's FC1 is its gate and up projections together,
+as plasticity measures it: the map x -> [W_gate x; W_up x], whose bound is the spectral norm of
+the stacked (out, in) weights [W_gate; W_up].
+
 :func:`model_bounds` is the workflow's ``bounds`` stage: a model's config entry, the reference
 set file and the measured plasticity files in, the bounds beside the measurements out.
 """
@@ -42,8 +51,16 @@ import polars as pl
 import torch
 from torch import nn
 
-from vitplasticity.adapters import TimmViT
-from vitplasticity.components import block_modules
+from vitplasticity import COMPONENTS
+from vitplasticity.architectures import (
+    ARCHITECTURES,
+    Architecture,
+    AttentionWeights,
+    UndefinedStage,
+    UnsupportedModel,
+    architecture_for,
+)
+from vitplasticity.architectures.base import linear_weight
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models import ModelSpec, build_model, pick_device, preprocessing
@@ -128,13 +145,58 @@ def spectral_norm(matrix: torch.Tensor) -> float:
     return torch.linalg.matrix_norm(matrix.detach().to(torch.float64), ord=2).item()
 
 
-def attention_head_norms(attention: nn.Module) -> list[tuple[float, float, float]]:
-    """(||O^h||_2, ||V^h||_2, ||A^h||_2) of every head of a timm Attention module."""
-    heads = attention.num_heads
-    qkv = attention.qkv.weight.detach().to(torch.float64)  # (3 h d_h, d): q, k, v along rows
-    proj = attention.proj.weight.detach().to(torch.float64)  # (d, h d_h)
-    d_h = qkv.shape[0] // (3 * heads)
-    query, key, value = qkv.split(heads * d_h)
+def stacked_weight(modules: Sequence[nn.Module]) -> torch.Tensor:
+    """The (out, in) weights of linear ``modules`` that share one input, stacked along rows, in
+    float64: the map whose output is the concatenation of theirs (a gated MLP's FC1 stage,
+    [W_gate; W_up]), as plasticity measures it.
+
+    Raises:
+        UnsupportedModel: for a module that is not linear, or modules of different input
+            widths (their outputs are not one map of one input).
+    """
+    weights = [linear_weight(module)[0].detach().to(torch.float64) for module in modules]
+    widths = {weight.shape[1] for weight in weights}
+    if len(widths) != 1:
+        names = ", ".join(type(module).__name__ for module in modules)
+        raise UnsupportedModel(f"{names}: input widths {sorted(widths)} differ")
+    return weights[0] if len(weights) == 1 else torch.cat(weights)
+
+
+def check_heads(weights: AttentionWeights) -> None:
+    """Check that ``weights`` are ``num_heads`` heads of query, key and value rows each, and an
+    output projection taking their concatenation.
+
+    Raises:
+        UndefinedStage: otherwise (grouped keys and values, for instance): the paper's MHA
+            bound is per head, with one key and value head per query head.
+    """
+    query, key, value, output = weights.query, weights.key, weights.value, weights.output
+    shapes = ", ".join(str(tuple(w.shape)) for w in (query, key, value))
+    if not (query.shape == key.shape == value.shape) or query.shape[0] % weights.num_heads:
+        raise UndefinedStage(
+            f"query, key and value weights of shapes {shapes} are not {weights.num_heads} heads "
+            "each: the paper's per-head MHA bound needs one key and value head per query head"
+        )
+    if output.shape[1] != query.shape[0]:
+        raise UndefinedStage(
+            f"the output projection takes {output.shape[1]} features, the heads give "
+            f"{query.shape[0]}"
+        )
+
+
+def attention_head_norms(weights: AttentionWeights) -> list[tuple[float, float, float]]:
+    """(||O^h||_2, ||V^h||_2, ||A^h||_2) of every head of one attention module.
+
+    Raises:
+        UndefinedStage: as :func:`check_heads`.
+    """
+    check_heads(weights)
+    heads = weights.num_heads
+    query, key, value = (
+        w.detach().to(torch.float64) for w in (weights.query, weights.key, weights.value)
+    )  # (h d_h, d) each: head h is rows h*d_h:(h+1)*d_h
+    proj = weights.output.detach().to(torch.float64)  # (d, h d_h)
+    d_h = query.shape[0] // heads
     norms = []
     for h in range(heads):
         rows = slice(h * d_h, (h + 1) * d_h)
@@ -145,81 +207,175 @@ def attention_head_norms(attention: nn.Module) -> list[tuple[float, float, float
     return norms
 
 
+def layernorm_refusal(norm: nn.Module) -> str | None:
+    """Why the paper's LayerNorm bound does not apply to ``norm`` (None: it does)."""
+    if isinstance(norm, nn.LayerNorm):
+        return None
+    return (
+        f"{type(norm).__name__} is not a LayerNorm: the bound ||gamma||_inf / sigma is stated for "
+        "LayerNorm, sigma the smallest token std about the token's mean"
+    )
+
+
+def bounds_architecture(model: nn.Module) -> Architecture:
+    """The architecture of ``model``, after checking that its family has bounds at all.
+
+    Raises:
+        UnsupportedModel: naming the model's class, for a model no architecture knows.
+        UndefinedStage: naming the model and its family, when the family refuses the stage
+            (a text model).
+    """
+    try:
+        architecture = architecture_for(model)
+    except UnsupportedModel as error:
+        families = ", nor a ".join(a.title for a in ARCHITECTURES.values())
+        raise UnsupportedModel(
+            f"bounds: {type(model).__name__} ({type(model).__module__}) is not a {families}; "
+            "no vitplasticity architecture knows this model class"
+        ) from error
+    refusal = architecture.refusal("bounds", model)
+    if refusal is not None:
+        raise UndefinedStage(
+            f"bounds of {type(model).__name__} ({architecture.title}) are not defined: {refusal}"
+        )
+    return architecture
+
+
+def undefined_bounds(model: nn.Module, architecture: Architecture | None = None) -> dict[str, str]:
+    """Per component whose bound is not defined for ``model``, why (in :data:`COMPONENTS`
+    order; empty when every bound is defined).
+
+    A component refused in one block is refused in all: a partial curve would pass for the
+    component's bound. MHA is refused where the architecture says the paper's bound does not
+    hold for the model (rotary positions) or cannot give the heads' Q, K, V, O (normalised
+    queries and keys, a normalised or gated output).
+
+    Raises:
+        UnsupportedModel, UndefinedStage: as :func:`bounds_architecture`; UnsupportedModel also
+            for blocks the architecture cannot account for.
+    """
+    architecture = architecture or bounds_architecture(model)
+    reasons: dict[str, str] = {}
+    mha_refusal = architecture.mha_bound_refusal(model)
+    if mha_refusal is not None:
+        reasons["mha"] = mha_refusal
+    for block in architecture.blocks(model):
+        parts = architecture.components(block)
+        for component in ("ln1", "ln2"):
+            (norm,) = parts[component]
+            refusal = layernorm_refusal(norm)
+            if refusal is not None:
+                reasons.setdefault(component, refusal)
+        if "mha" not in reasons:
+            try:
+                check_heads(architecture.attention_weights(parts["mha"][0]))
+            except UndefinedStage as error:
+                reasons["mha"] = str(error)
+    return {c: reasons[c] for c in COMPONENTS if c in reasons}
+
+
+def _log_undefined(model: nn.Module, undefined: dict[str, str]) -> None:
+    if undefined:
+        log.warning(
+            "%s: no bound for %s",
+            type(model).__name__,
+            "; ".join(f"{component} ({reason})" for component, reason in undefined.items()),
+        )
+
+
 def _row(block: int, component: str, bound: float, **quantities: float | int | None) -> dict:
     row = dict.fromkeys(BOUND_SCHEMA)
     row.update(block=block, component=component, bound=bound, **quantities)
     return row
 
 
-def bounds_from_statistics(model: nn.Module, stats: TokenStatistics) -> pl.DataFrame:
-    """The bounds of every (block, component) of ``model`` for sequences summarised by ``stats``.
-
-    Raises:
-        ValueError: when ``model`` has no ``blocks`` of timm ViT blocks.
-    """
-    blocks = getattr(model, "blocks", None)
-    if blocks is None or not len(blocks):
-        raise ValueError(f"{type(model).__name__} is not a timm VisionTransformer (no blocks)")
+def _mha_row(index: int, heads: list[tuple[float, float, float]], stats: TokenStatistics) -> dict:
     n, r, energy = stats.n_tokens, stats.radius, stats.energy
+    bound = sum(o * v * math.sqrt(3 * n + (12 * n + 3) * r**4 * a**2) for o, v, a in heads)
+    bound_energy = sum(o * v * (math.sqrt(n) + ENERGY_ALPHA**2 * energy * a) for o, v, a in heads)
+    return _row(
+        index,
+        "mha",
+        bound,
+        bound_energy=bound_energy,
+        n_tokens=n,
+        radius=r,
+        energy=energy,
+        alpha=ENERGY_ALPHA,
+    )
+
+
+def _bound_rows(
+    architecture: Architecture,
+    model: nn.Module,
+    stats: TokenStatistics,
+    undefined: dict[str, str],
+) -> pl.DataFrame:
     rows = []
-    for index, block in enumerate(blocks):
-        try:
-            modules = block_modules(block)
-        except AttributeError as error:
-            raise ValueError(f"block {index} is not a timm ViT block: {error}") from error
-        width = modules["ln1"].weight.shape[0]
+    for index, block in enumerate(architecture.blocks(model)):
+        parts = architecture.components(block)
+        width = linear_weight(parts["fc1"][0])[0].shape[1]
         if width != stats.width:
             raise ValueError(f"tokens have {stats.width} features, block {index} expects {width}")
-        for component, module in modules.items():
+        for component, modules in parts.items():
+            if component in undefined:
+                continue
             if component in ("ln1", "ln2"):
-                gamma_inf = module.weight.detach().to(torch.float64).abs().max().item()
-                sigma = math.sqrt(stats.min_variance + module.eps)
+                (norm,) = modules
+                gamma_inf = (
+                    1.0  # a LayerNorm without affine parameters: gamma = 1
+                    if norm.weight is None
+                    else norm.weight.detach().to(torch.float64).abs().max().item()
+                )
+                sigma = math.sqrt(stats.min_variance + norm.eps)
                 rows.append(
                     _row(index, component, gamma_inf / sigma, gamma_inf=gamma_inf, sigma=sigma)
                 )
             elif component in ("fc1", "fc2"):
-                norm = spectral_norm(module.weight)
+                norm = spectral_norm(stacked_weight(modules))
                 rows.append(_row(index, component, norm, spectral_norm=norm))
             else:
-                heads = attention_head_norms(module)
-                bound = sum(
-                    o * v * math.sqrt(3 * n + (12 * n + 3) * r**4 * a**2) for o, v, a in heads
-                )
-                bound_energy = sum(
-                    o * v * (math.sqrt(n) + ENERGY_ALPHA**2 * energy * a) for o, v, a in heads
-                )
-                rows.append(
-                    _row(
-                        index,
-                        component,
-                        bound,
-                        bound_energy=bound_energy,
-                        n_tokens=n,
-                        radius=r,
-                        energy=energy,
-                        alpha=ENERGY_ALPHA,
-                    )
-                )
+                (attention,) = modules
+                heads = attention_head_norms(architecture.attention_weights(attention))
+                rows.append(_mha_row(index, heads, stats))
     return pl.DataFrame(rows, schema=BOUND_SCHEMA)
+
+
+def bounds_from_statistics(model: nn.Module, stats: TokenStatistics) -> pl.DataFrame:
+    """The bounds of every (block, component) of ``model`` for sequences summarised by ``stats``.
+
+    A component in :func:`undefined_bounds` gets no rows (logged once, with the reason).
+
+    Raises:
+        UnsupportedModel: for a model no architecture knows or cannot account for.
+        UndefinedStage: for a family without bounds (a text model).
+        ValueError: when the tokens' width is not the model's.
+    """
+    architecture = bounds_architecture(model)
+    undefined = undefined_bounds(model, architecture)
+    _log_undefined(model, undefined)
+    return _bound_rows(architecture, model, stats, undefined)
 
 
 def upper_bounds(model: nn.Module, tokens: torch.Tensor | Iterable[torch.Tensor]) -> pl.DataFrame:
     """Upper bounds on the plasticity of every component of every block.
 
     Args:
-        model: a timm VisionTransformer.
+        model: a model of a registered architecture (a timm ViT, Eva, ...).
         tokens: embedding-output sequences (N, n, d), or an iterable of such batches: the set
             whose extreme values (smallest token std, largest token norm, largest sequence
             energy) the bounds assume of both inputs of every pair.
 
     Returns:
-        One row per (block, component), columns :data:`BOUND_SCHEMA`: ``bound``, the
-        energy-based MHA bound ``bound_energy`` (null for the other components), and the
-        quantities used (gamma_inf and sigma for LayerNorms; spectral_norm for fc1/fc2;
-        n_tokens, radius, energy and alpha for MHA).
+        One row per (block, component) whose bound is defined (:func:`undefined_bounds` says
+        which are not, and why), columns :data:`BOUND_SCHEMA`: ``bound``, the energy-based
+        MHA bound ``bound_energy`` (null for the other components), and the quantities used
+        (gamma_inf and sigma for LayerNorms; spectral_norm for fc1/fc2; n_tokens, radius,
+        energy and alpha for MHA).
 
     Raises:
-        ValueError: for malformed tokens or a model that is not a timm ViT.
+        ValueError: for malformed tokens, or (:class:`UnsupportedModel`,
+            :class:`UndefinedStage`) a model without bounds.
     """
     return bounds_from_statistics(model, TokenStatistics.from_tokens(tokens))
 
@@ -283,11 +439,19 @@ def measured_plasticity(files: Sequence[str | os.PathLike[str]]) -> pl.DataFrame
 
 @dataclass(frozen=True)
 class BoundsResult:
-    """The ``bounds`` stage's table with its footer metadata, and the token statistics used."""
+    """The ``bounds`` stage's table with its footer metadata, and the token statistics used.
+
+    ``metadata["undefined"]`` (present only when a component's bound is not defined for the
+    model) maps each such component to the reason (:func:`undefined_bounds`)."""
 
     table: pl.DataFrame
     metadata: dict[str, Any]
     stats: TokenStatistics
+
+    @property
+    def undefined(self) -> dict[str, str]:
+        """Per component without a bound, why (empty when every bound is defined)."""
+        return dict(self.metadata.get("undefined", {}))
 
 
 def model_bounds(
@@ -305,10 +469,16 @@ def model_bounds(
     outputs of the first ``n_images`` reference images, joined with the plasticity measured
     in ``plasticity_files`` (:func:`measured_plasticity`): the ``bounds`` stage.
 
+    The components whose bound is not defined for the model (:func:`undefined_bounds`) get
+    no rows; they are logged once and named, with the reason, in the metadata's
+    ``undefined``.
+
     Raises:
         ValueError: for a bad argument (naming its CLI flag) or too few reference images,
             before the model is built.
         FileNotFoundError: for a missing reference set or plasticity file.
+        UnsupportedModel, UndefinedStage: for a model without bounds (no known family, or a
+            family that refuses the stage), before any image is decoded.
     """
     if n_images < 1:
         raise ValueError(f"--n-images must be >= 1, got {n_images}")
@@ -325,21 +495,25 @@ def model_bounds(
 
     # float64 throughout: the bounds' extreme values come from these tokens.
     model = build_model(spec, num_classes=0).eval().to(device=target, dtype=torch.float64)
-    adapter = TimmViT()
-    adapter.blocks(model)  # names a missing part before any image is decoded
+    # Refusals (a family without bounds, a part it cannot account for, a component whose
+    # bound is not defined) are known before any image is decoded.
+    architecture = bounds_architecture(model)
+    undefined = undefined_bounds(model, architecture)
+    _log_undefined(model, undefined)
     pre = preprocessing(model, spec)
 
     def tokens(progress: ProgressReporter) -> Iterator[torch.Tensor]:
         done = 0
         with torch.inference_mode():
             for batch in decoded_batches(images[:n_images], pre, batch_size):
-                yield adapter.embed(model, batch.to(device=target, dtype=torch.float64)).tokens
+                inputs = batch.to(device=target, dtype=torch.float64)
+                yield architecture.embed(model, inputs).tokens
                 done += len(batch)
                 progress(done)
 
     with ProgressReporter(n_images, f"bounds {model_name}: embedding") as progress:
         stats = TokenStatistics.from_tokens(tokens(progress))
-    table = bounds_from_statistics(model.cpu(), stats).join(
+    table = _bound_rows(architecture, model.cpu(), stats, undefined).join(
         measured, on=["block", "component"], how="left"
     )
     _warn_above_bounds(table, measured)
@@ -354,6 +528,8 @@ def model_bounds(
         "preprocessing": asdict(pre),
     }
     metadata = {"provenance": provenance(settings, target), "model": model_name, "demo": bool(demo)}
+    if undefined:  # absent when every bound is defined: the paper's outputs stay as they were
+        metadata["undefined"] = undefined
     table = table.select(pl.lit(model_name).alias("model"), pl.all())
     return BoundsResult(table, metadata, stats)
 

@@ -18,7 +18,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="theoretical plasticity bounds per block and component",
         description="Compute the paper's upper bounds (LayerNorm, linear, MHA and the "
         "energy-based MHA bound) from the model's weights and the embedding outputs of the "
-        "reference images, beside the measured plasticity (embedding protocol).",
+        "reference images, beside the measured plasticity (embedding protocol). A component "
+        "whose bound the paper does not define for the model (MHA with rotary positions, a "
+        "norm that is not a LayerNorm) gets no rows; the log, the table's footer "
+        "('undefined') and the figure say which and why.",
     )
     parser.add_argument("--model", required=True, help="model name (config key)")
     parser.add_argument(
@@ -63,14 +66,17 @@ def run_bounds(args: argparse.Namespace) -> int:
         from vitplasticity.report.figures import bounds_figure
 
         outputs = [f"{args.figure_prefix}.{suffix}" for suffix in ("pdf", "png")]
-        bounds_figure(result.table, outputs, demo=args.demo, title=args.model)
+        bounds_figure(
+            result.table, outputs, demo=args.demo, title=args.model, undefined=result.undefined
+        )
     stats = result.stats
     log.info(
-        "wrote %s (min token std %.3g, r=%.3g, E=%.3g over %d sequences)",
+        "wrote %s (min token std %.3g, r=%.3g, E=%.3g over %d sequences)%s",
         args.out,
         math.sqrt(stats.min_variance),
         stats.radius,
         stats.energy,
         stats.n_sequences,
+        "".join(f"; no bound for {c}: {reason}" for c, reason in result.undefined.items()),
     )
     return 0

@@ -216,6 +216,17 @@ def _read_curves(paths: Sequence[str]) -> Any:
     return pl.concat(frames, how="diagonal_relaxed"), demo
 
 
+def _undefined_bounds(paths: Sequence[str]) -> dict[str, str]:
+    """The components without a bound, and why, that the bounds tables ``paths`` name in
+    their footer (the ``bounds`` stage's ``undefined``)."""
+    from vitplasticity.io import read_parquet_metadata
+
+    undefined: dict[str, str] = {}
+    for path in paths:
+        undefined.update(read_parquet_metadata(path).get("undefined", {}))
+    return undefined
+
+
 def run_figure(args: argparse.Namespace) -> int:
     from vitplasticity.report import figures
 
@@ -235,10 +246,12 @@ def run_figure(args: argparse.Namespace) -> int:
         draw = {
             "plasticity-boxplot": figures.plasticity_boxplot,
             "plasticity-depth": figures.plasticity_depth,
-            "bounds": figures.bounds_figure,
         }.get(args.kind)
         if draw is not None:
             draw(frame, args.out, settings, demo, args.title)
+        elif args.kind == "bounds":
+            undefined = _undefined_bounds(args.inputs)
+            figures.bounds_figure(frame, args.out, settings, demo, args.title, undefined)
         elif args.kind == "accuracy":
             figures.accuracy_bars(frame, args.out, settings, demo)
         else:

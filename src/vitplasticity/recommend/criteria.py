@@ -31,6 +31,7 @@ belongs to which component comes from the model's architecture
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -43,9 +44,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitplasticity import COMPONENTS
-from vitplasticity.architectures import ParameterMap, parameter_map, parse_configuration
-from vitplasticity.bounds import attention_head_norms, spectral_norm
-from vitplasticity.components import block_modules
+from vitplasticity.architectures import (
+    ParameterMap,
+    UndefinedStage,
+    architecture_for,
+    parameter_map,
+    parse_configuration,
+)
+from vitplasticity.bounds import (
+    attention_head_norms,
+    layernorm_refusal,
+    spectral_norm,
+    stacked_weight,
+)
 from vitplasticity.plasticity import Images, measure
 from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics
 
@@ -344,31 +355,74 @@ def tensor_estimate(tensors: pl.DataFrame, components: Sequence[str], criterion:
 def weight_statistics(model: nn.Module) -> pl.DataFrame:
     """The weight factor of the paper's plasticity bound, per (block, component), in float64.
 
+    The components' modules come from the model's architecture
+    (:func:`vitplasticity.architectures.architecture_for`):
+
     - ln1, ln2: ||gamma||_inf (the LayerNorm bound ||gamma||_inf / sigma without the data's
       sigma);
-    - fc1, fc2: ||W||_2, the largest singular value (the linear bound itself);
+    - fc1, fc2: ||W||_2, the largest singular value (the linear bound itself); a gated MLP's
+      FC1 is the map to its gate and up projections together, W = [W_gate; W_up] (the
+      modules' (out, in) weights stacked along rows), as plasticity measures it;
     - mha: sum_h ||O^h||_2 ||V^h||_2 (the weight factor of both MHA bounds, without their
       data terms n, r and ||A^h||: the Lipschitz constant of the heads' value-output path
-      with the attention pattern held fixed, up to ||P||_2 <= sqrt(n)).
+      with the attention pattern held fixed, up to ||P||_2 <= sqrt(n)), from the
+      architecture's per-head weights (``attention_weights``).
 
-    Computed with :mod:`vitplasticity.bounds` (``spectral_norm``, ``attention_head_norms``).
+    Rotary positions (DINOv3, EVA-02, the rope ViTs) change only the attention pattern, so the
+    MHA statistic is still that value-output factor there, although the paper's MHA bound is
+    not defined (:func:`vitplasticity.bounds.undefined_bounds`). A statistic that is not
+    defined for the model (a norm that is not a LayerNorm; attention whose value-output path
+    the architecture cannot give as per-head V and O: normalised queries and keys, a
+    normalised or gated output) is refused for that component: its rows hold NaN and one
+    warning names the component and why. NaN, not absent rows: :func:`weight_estimate` is
+    then NaN for every configuration that contains the component (reported "n/a", ranked
+    last, never recommended nor joined into a union), where absent rows would make
+    ``mha+fc1`` the mean of fc1 alone.
+
+    Computed with :mod:`vitplasticity.bounds` (``spectral_norm``, ``stacked_weight``,
+    ``attention_head_norms``).
 
     Raises:
-        ValueError: when ``model`` has no timm ViT blocks.
+        UnsupportedModel: for a model no architecture knows or cannot account for (a
+            ValueError).
+        UndefinedStage: for a family that refuses the recommend stage (a ValueError).
     """
-    blocks = getattr(model, "blocks", None)
-    if blocks is None or not len(blocks):
-        raise ValueError(f"{type(model).__name__} is not a timm VisionTransformer (no blocks)")
+    architecture = architecture_for(model)
+    refusal = architecture.refusal("recommend", model)
+    if refusal is not None:
+        raise UndefinedStage(
+            f"the weight statistic of {type(model).__name__} ({architecture.title}) is not "
+            f"defined: {refusal}"
+        )
+    undefined: dict[str, str] = {}
     rows = []
-    for index, block in enumerate(blocks):
-        for component, module in block_modules(block).items():
+    for index, block in enumerate(architecture.blocks(model)):
+        for component, modules in architecture.components(block).items():
+            value = math.nan
             if component in ("ln1", "ln2"):
-                value = module.weight.detach().to(torch.float64).abs().max().item()
+                (norm,) = modules
+                reason = layernorm_refusal(norm)
+                if reason is None:  # gamma = 1 in a LayerNorm without affine parameters
+                    gamma = norm.weight
+                    value = 1.0 if gamma is None else gamma.detach().double().abs().max().item()
             elif component in ("fc1", "fc2"):
-                value = spectral_norm(module.weight)
+                reason, value = None, spectral_norm(stacked_weight(modules))
             else:
-                value = sum(o * v for o, v, _ in attention_head_norms(module))
+                try:
+                    heads = attention_head_norms(architecture.attention_weights(modules[0]))
+                except UndefinedStage as error:
+                    reason = str(error)
+                else:
+                    reason, value = None, sum(o * v for o, v, _ in heads)
+            if reason is not None:
+                undefined.setdefault(component, reason)
             rows.append({"block": index, "component": component, "weight_spectral": value})
+    if undefined:
+        logging.getLogger(__name__).warning(
+            "%s: weight statistic refused (NaN) for %s",
+            type(model).__name__,
+            "; ".join(f"{component} ({reason})" for component, reason in undefined.items()),
+        )
     return pl.DataFrame(rows, schema=WEIGHT_SCHEMA)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterator, Sequence
+import textwrap
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -524,12 +525,49 @@ def _log_ticks(low: float, high: float, most: int = 5) -> list[float]:
     return ticks
 
 
+NOTE_ROW_HEIGHT = 0.6
+"""Height of the undefined-bounds note's row, in panel rows (about ten lines of its text)."""
+
+
+def _undefined_note(figure: Any, note: Any, undefined: Mapping[str, str]) -> None:
+    """Say in panel ``note``, the first of the figure's last row, which components have no
+    bound and why: the panel widened over the row (a reason is a sentence, not a label) and
+    the text wrapped to its width once the other panels are laid out."""
+    grid = note.get_subplotspec().get_gridspec()
+    if grid.ncols > 1:
+        note.remove()
+        note = figure.add_subplot(grid[grid.nrows - 1, :])
+    note.set_axis_off()
+    note.set_title("Undefined bounds", color="0.3", fontweight="bold")
+    figure.draw_without_rendering()  # lays the panels out: the note's width is known
+    limit = note.get_window_extent().width
+    text = note.text(0.0, 1.0, "", va="top", ha="left", fontsize="xx-small")
+    for characters in range(120, 15, -5):  # the longest lines that fit the panel
+        lines = [
+            line
+            for component, reason in undefined.items()
+            for line in textwrap.wrap(f"No bound for {label(component)}: {reason}", characters)
+        ]
+        text.set_text("\n".join(lines))
+        if text.get_window_extent().width <= limit:
+            break
+    # A longer note than the row holds: the row and the figure grow by the difference.
+    space, needed = note.get_window_extent().height, text.get_window_extent().height
+    if needed > space:
+        ratios = list(grid.get_height_ratios())
+        ratios[-1] *= needed / space
+        grid.set_height_ratios(ratios)
+        width, height = figure.get_size_inches()
+        figure.set_size_inches(width, height + (needed - space) / figure.dpi)
+
+
 def bounds_figure(
     table: pl.DataFrame,
     outputs: Sequence[str | os.PathLike[str]],
     settings: FigureSettings = FigureSettings(),
     demo: bool = False,
     title: str = "",
+    undefined: Mapping[str, str] | None = None,
 ) -> None:
     """Each component's plasticity bound (solid) and measured mean plasticity (dashed, open
     markers; the embedding protocol's, which the bounds are stated for) against block, one
@@ -537,16 +575,32 @@ def bounds_figure(
 
     One panel each, because bounds of different components can coincide (ln1 and ln2 of a
     random-init model). ``table`` is a ``bounds`` stage table (``block``, ``component``,
-    ``bound``, and ``measured_mean`` when plasticity was measured).
+    ``bound``, and ``measured_mean`` when plasticity was measured). ``undefined`` maps each
+    component without a bound to the reason (the ``bounds`` stage's metadata): it has no
+    panel, and a last panel says which and why.
     """
-    order = _components_present(table["component"].to_list())
+    undefined = dict(undefined or {})
+    order = [c for c in _components_present(table["component"].to_list()) if c not in undefined]
     data = table.sort("block")
     blocks = sorted(set(data["block"].to_list()))
     ticks = blocks if len(blocks) <= 12 else blocks[:: max(1, len(blocks) // 8)]
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     ncols = 2
-    figure, axes = panels(len(order), settings, ncols=ncols, aspect=0.75)
+    if not undefined:
+        figure, axes = panels(len(order), settings, ncols=ncols, aspect=0.75)
+        note = None
+    else:  # the panels, then a lower row for the note
+        rows = math.ceil(len(order) / ncols)
+        figure, axes = panels(rows * ncols + 1, settings, ncols=ncols, aspect=0.75)
+        note = axes[-1]
+        for ax in axes[len(order) : -1]:
+            ax.set_visible(False)
+        axes = axes[: len(order)]
+        note.get_subplotspec().get_gridspec().set_height_ratios([1] * rows + [NOTE_ROW_HEIGHT])
+        width, height = figure.get_size_inches()
+        row_height = height / (rows + 1)
+        figure.set_size_inches(width, height - (1 - NOTE_ROW_HEIGHT) * row_height)
     for ax, component in zip(axes, order, strict=True):
         rows = data.filter(pl.col("component") == component)
         line = {"color": colour(component), "linewidth": 1.0, "markersize": 2.5}
@@ -579,11 +633,13 @@ def bounds_figure(
         ax.set_xlabel("Block" if index + ncols >= len(axes) else "")
     name = f"{title}: " if title else ""
     figure.legend(
-        *axes[0].get_legend_handles_labels(),
+        *(axes[0].get_legend_handles_labels() if axes else ([], [])),
         title=f"{name}upper bound vs. measured plasticity",
         loc="outside lower center",
         ncols=2,
         fontsize="x-small",
         title_fontsize="x-small",
     )
+    if note is not None:
+        _undefined_note(figure, note, undefined)
     finish(figure, demo, outputs, settings)
