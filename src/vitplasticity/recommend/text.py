@@ -29,9 +29,9 @@ module's parameters and says where they sit in the causal LM.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -407,7 +407,8 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
             indices = batch_indices(step, settings.batch_size, len(user), settings.seed)
             yield torch.from_numpy(user[indices]).to(device)
 
-    weights = weight_statistics(ranked)
+    with _warnings("vitplasticity.recommend.criteria") as refused:
+        weights = weight_statistics(ranked)
     with ProgressReporter(n, f"plasticity {settings.model}/{settings.dataset}") as progress:
         pairs = measure(
             ranked,
@@ -495,10 +496,35 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
         ),
         "loss": "next-token cross-entropy (token t from the tokens before it)",
     }
-    notes = _notes(settings, measurements, len(user), lm, ranked, prefix)
+    head = [prefix + name for name in _module_names(ranked, architecture.head(ranked).modules)]
+    notes = _notes(settings, measurements, len(user), lm, ranked, prefix, head, refused)
     return TextResult(
         settings, table, recommendation, measurements, reference_label, notes, record, export
     )
+
+
+def _module_names(model: nn.Module, modules: Sequence[nn.Module]) -> list[str]:
+    """The names of ``modules`` in ``model``, in ``named_modules`` order."""
+    wanted = {id(module) for module in modules}
+    return [name for name, module in model.named_modules() if id(module) in wanted]
+
+
+@contextmanager
+def _warnings(logger: str) -> Iterator[list[str]]:
+    """The warnings ``logger`` emits inside the block (they still reach the log too): the
+    weight statistic says there why it is n/a for a component, and the report quotes it."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logging.getLogger(logger).removeHandler(handler)
 
 
 def _notes(
@@ -508,10 +534,13 @@ def _notes(
     lm: nn.Module,
     ranked: nn.Module,
     prefix: str,
+    head: Sequence[str],
+    refused: Sequence[str],
 ) -> list[str]:
-    """The report's text-specific paragraphs: the data, the loss, what has no weight statistic."""
+    """The report's text-specific paragraphs: the data, the loss, what "the classifier head and
+    final norm" are here, and why a weight statistic is n/a."""
     files = ", ".join(f"`{Path(t).name}`" for t in settings.texts)
-    head = "its LM head and final norm" if ranked is lm else f"{type(ranked).__name__}'s final norm"
+    tied = lm.get_output_embeddings().weight is lm.get_input_embeddings().weight
     notes = [
         f"User text: {files} ({n_user:,} sequences of {settings.sequence_length} tokens, taken "
         f"in turn from each file). Plasticity pairs reference sequence i with user sequence i "
@@ -519,24 +548,28 @@ def _notes(
         f"are of the next-token cross-entropy of {type(lm).__name__} on {settings.batches} "
         f"batches of {settings.batch_size} user sequences, NFN of the first batch. No head "
         "warm-up: the LM head is pretrained (the image recommend warms up a new classifier "
-        f"first). The head and final norm above are {head}.",
+        "first).",
+        f"Here the classifier head and final norm are {', '.join(f'`{n}`' for n in head)}"
+        + (
+            "; the LM head is tied to the token embedding, which only the emb and full "
+            "configurations train."
+            if tied
+            else "."
+        ),
     ]
     undefined = [
-        component
+        configuration_label(component)
         for component in COMPONENTS
-        if all(
-            math.isnan(v)
-            for v in measurements.weights.filter(pl.col("component") == component)[
-                "weight_spectral"
-            ]
-        )
+        if measurements.weights.filter(pl.col("component") == component)["weight_spectral"]
+        .is_nan()
+        .all()
     ]
     if undefined:
+        why = " ".join(refused) if refused else "the log says why"
+        why += "" if why.endswith(".") else "."
         notes.append(
-            "Weight spectral is n/a for "
-            + ", ".join(configuration_label(c) for c in undefined)
-            + f": not defined for {type(ranked).__name__} (the log says why), so every "
-            "configuration containing one is n/a for it."
+            f"Weight spectral is n/a for {', '.join(undefined)}, and so for every configuration "
+            f"that contains one: {why}"
         )
     if prefix:
         notes.append(
