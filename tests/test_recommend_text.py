@@ -472,7 +472,10 @@ def test_an_image_model_is_refused_by_name(tmp_path: Path) -> None:
 
 def test_a_bare_model_with_an_untied_head_is_refused_by_name(tmp_path: Path) -> None:
     reference, users = _write_texts(tmp_path)
-    with pytest.raises(UnsupportedModel, match=r"LlamaModel has no LM head .*tie_word_embeddings"):
+    with pytest.raises(
+        UnsupportedModel,
+        match=r"LlamaModel has no LM head .*tie_word_embeddings.*model_class: LlamaForCausalLM",
+    ):
         recommend_text(_settings(reference, users), model=_tiny("llama_tiny"))
 
 

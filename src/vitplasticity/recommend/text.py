@@ -194,12 +194,6 @@ def causal_lm(model: nn.Module) -> nn.Module:
         return model
     name = type(model).__name__
     config = model.config
-    if not getattr(config, "tie_word_embeddings", False):
-        raise UnsupportedModel(
-            f"{name} has no LM head and its config unties it (tie_word_embeddings false): the "
-            "head's weights are not in a bare model, and the next-token loss needs them; name "
-            "the causal-LM class (e.g. LlamaForCausalLM) in the model entry"
-        )
     from vitplasticity.optional import require_transformers
 
     require_transformers()
@@ -211,6 +205,12 @@ def causal_lm(model: nn.Module) -> nn.Module:
         raise UnsupportedModel(
             f"{name}: transformers has no causal-LM class for {type(config).__name__}"
         ) from None
+    if not getattr(config, "tie_word_embeddings", False):
+        raise UnsupportedModel(
+            f"{name} has no LM head and its config unties it (tie_word_embeddings false): the "
+            "head's weights are not in a bare model, and the next-token loss needs them; name "
+            f"the causal-LM class in the model entry (model_class: {lm_class.__name__})"
+        )
     with torch.device("meta"):
         lm = lm_class(config)
     setattr(lm, lm.base_model_prefix, model)
@@ -219,7 +219,8 @@ def causal_lm(model: nn.Module) -> nn.Module:
     if left:
         raise UnsupportedModel(
             f"{name}: its causal LM {lm_class.__name__} holds {', '.join(left[:4])} beyond the "
-            "base model and the tied head; name the causal-LM class in the model entry"
+            "base model and the tied head; name the causal-LM class in the model entry "
+            f"(model_class: {lm_class.__name__})"
         )
     return lm.train(model.training)
 
