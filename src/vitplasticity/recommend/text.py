@@ -43,7 +43,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitplasticity import COMPONENTS
-from vitplasticity.architectures import ParameterMap, UnsupportedModel, architecture_for
+from vitplasticity.architectures import (
+    ParameterMap,
+    UnsupportedModel,
+    architecture_for,
+    parameter_map,
+)
 from vitplasticity.io import atomic_path, write_json, write_parquet
 from vitplasticity.progress import ProgressReporter
 from vitplasticity.recommend.criteria import (
@@ -331,6 +336,78 @@ def build_text_model(model_spec: dict[str, Any]) -> nn.Module:
 
 
 # ---------------------------------------------------------------------------------------------
+# The criteria
+
+
+def measure_text_criteria(
+    lm: nn.Module,
+    reference: torch.Tensor,
+    downstream: torch.Tensor,
+    gradient_batches: Sequence[torch.Tensor],
+    *,
+    n_pairs: int,
+    batch_size: int = 64,
+    protocol: str = "embedding",
+    progress: Callable[[int], None] | None = None,
+) -> Measurements:
+    """Measure every criterion of the five components of a causal LM, on token ids.
+
+    The text counterpart of :func:`.criteria.measure_criteria`, on the module
+    :func:`ranked_module` finds in ``lm``: the weight statistic, the plasticity, the NFN of the
+    first gradient batch, then the relative gradient norm and gradient SNR of the next-token
+    loss (:func:`next_token_loss`) over the gradient batches. No head warm-up: the LM head is
+    pretrained, and nothing is trained.
+
+    Args:
+        lm: a causal LM (:func:`causal_lm`) in eval mode, on the batches' device.
+        reference: reference token ids (N, L); ``downstream`` likewise (pair i: reference i,
+            downstream i, cycled).
+        gradient_batches: token-id batches (B, L) of the user's text (>= 2).
+        n_pairs: plasticity pairs.
+        batch_size: plasticity pairs per forward pass.
+        protocol: the plasticity protocol (embedding: the paper's).
+        progress: called with the plasticity pairs done.
+
+    Raises:
+        ValueError: for fewer than 2 gradient batches.
+        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
+    """
+    from vitplasticity.plasticity import measure
+
+    if len(gradient_batches) < 2:
+        raise ValueError(f"gradient criteria need at least 2 batches, got {len(gradient_batches)}")
+    ranked = ranked_module(lm)
+    parameters = parameter_map(ranked)
+    weights = weight_statistics(ranked)
+    pairs = measure(
+        ranked,
+        reference,
+        downstream,
+        protocol=protocol,
+        batch_size=batch_size,
+        n_pairs=n_pairs,
+        progress=progress,
+    )
+    features = feature_norm_statistics(ranked, gradient_batches[0])
+    names = {c: parameters.component_names(c) for c in COMPONENTS}
+    tensors = gradient_statistics(
+        ranked,
+        gradient_batches,
+        [name for c in COMPONENTS for name in names[c]],
+        loss=next_token_loss(lm),
+    )
+    sizes = dict(ranked.named_parameters())
+    return Measurements(
+        pairs=pairs,
+        tensors=tensors,
+        weights=weights,
+        component_parameters={c: sum(sizes[name].numel() for name in names[c]) for c in names},
+        always_trained=always_trained_parameters(ranked, parameters),
+        features=features,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # The stage
 
 
@@ -354,7 +431,6 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
     from vitplasticity.data.loader import batch_indices
     from vitplasticity.data.text import cycled, load_tokenizer, read_sequences
     from vitplasticity.models import pick_device
-    from vitplasticity.plasticity import measure
     from vitplasticity.provenance import provenance
 
     settings.validate()
@@ -368,7 +444,7 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
     refusal = architecture.refusal("recommend", ranked)
     if refusal is not None:
         raise UnsupportedModel(f"recommend-text {settings.model}: {refusal}")
-    parameters = ParameterMap(architecture, ranked)  # names a missing component before compute
+    ParameterMap(architecture, ranked)  # names a missing component before any compute
     length, n = settings.sequence_length, settings.n_pairs
     limit = positions(ranked)
     if limit is not None and length > limit:
@@ -408,36 +484,20 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
             indices = batch_indices(step, settings.batch_size, len(user), settings.seed)
             yield torch.from_numpy(user[indices]).to(device)
 
-    with _warnings("vitplasticity.recommend.criteria") as refused:
-        weights = weight_statistics(ranked)
-    with ProgressReporter(n, f"plasticity {settings.model}/{settings.dataset}") as progress:
-        pairs = measure(
-            ranked,
+    with (
+        _warnings("vitplasticity.recommend.criteria") as refused,
+        ProgressReporter(n, f"plasticity {settings.model}/{settings.dataset}") as progress,
+    ):
+        measurements = measure_text_criteria(
+            lm,
             torch.from_numpy(references),
             torch.from_numpy(cycled(user, n)),
-            protocol=settings.protocol,
-            batch_size=settings.batch_size,
+            list(batches()),
             n_pairs=n,
+            batch_size=settings.batch_size,
+            protocol=settings.protocol,
             progress=progress,
         )
-    gradient_batches = list(batches())
-    features = feature_norm_statistics(ranked, gradient_batches[0])
-    names = {c: parameters.component_names(c) for c in COMPONENTS}
-    tensors = gradient_statistics(
-        ranked,
-        gradient_batches,
-        [name for c in COMPONENTS for name in names[c]],
-        loss=next_token_loss(lm),
-    )
-    sizes = dict(ranked.named_parameters())
-    measurements = Measurements(
-        pairs=pairs,
-        tensors=tensors,
-        weights=weights,
-        component_parameters={c: sum(sizes[name].numel() for name in names[c]) for c in names},
-        always_trained=always_trained_parameters(ranked, parameters),
-        features=features,
-    )
 
     configurations = list(settings.configurations)
     if settings.combine:
