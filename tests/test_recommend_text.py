@@ -12,13 +12,17 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 import torch
+import yaml
 from polars.testing import assert_frame_equal
 
 from tests.helpers.tiny_models import (
@@ -47,6 +51,7 @@ from vitplasticity.text_plasticity import measure_text
 
 transformers = require_transformers()
 
+REPO = Path(__file__).resolve().parents[1]
 VOCAB = 64  # the tiny configs' vocab_size: byte ids mod 64
 LENGTH = 12  # tokens per sequence (the tiny configs have 16 positions)
 
@@ -520,3 +525,80 @@ def test_the_command_refuses_before_writing(
         assert main(_cli(tmp_path, reference, [short])) == 2
     assert "short.txt: 4 tokens, fewer than one sequence of 12" in caplog.text
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The workflow
+
+
+def _snakemake(tmp_path: Path, override: dict, *args: str) -> subprocess.CompletedProcess:
+    configfile = tmp_path / "text.yaml"
+    configfile.write_text(yaml.safe_dump(override))
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(
+        [
+            str(bindir / "snakemake"),
+            *args,
+            "--directory",
+            str(tmp_path),
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--configfile",
+            str(REPO / "config.yaml"),
+            str(REPO / "workflow/presets/demo.yaml"),
+            str(configfile),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _text_override(tmp_path: Path, enabled: bool) -> dict:
+    reference, users = _write_texts(tmp_path / "text")
+    return {
+        "text_plasticity": {
+            "enabled": True,
+            "run_models": ["tiny_gpt2"],
+            "models": {"tiny_gpt2": {"source": "random", "config": GPT2_TINY_CONFIG}},
+            "reference": str(reference),
+            "datasets": {"notes": str(users[0]), "mail": str(users[1])},
+            "sequence_length": LENGTH,
+            "n_pairs": 6,
+            "batch_size": 4,
+        },
+        "recommend": {"enabled": enabled, "batch_size": 4, "batches": 2, "budget": "40K"},
+    }
+
+
+@pytest.mark.slow
+def test_the_workflow_runs_recommend_text_per_text_model_and_dataset(tmp_path: Path) -> None:
+    override = _text_override(tmp_path, enabled=True)
+    result = _snakemake(tmp_path, override, "-n", "-p", "all")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    table = output[output.index("Job stats:") :].split("\n\n")[0]
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+    assert counts["recommend_text"] == 2
+    for dataset in ("notes", "mail"):
+        assert f"results/demo/recommend_text/tiny_gpt2/{dataset}.json" in output
+    # Each setting reaches the command line: recommend's, and text_plasticity's for the text.
+    assert "--tokenizer auto --sequence-length 12 --n-pairs 6 --batch-size 4" in output
+    assert "--batches 2 --budget 40K --criterion plasticity" in output
+
+    # Not enabled: no text recommend in `all`.
+    result = _snakemake(tmp_path, _text_override(tmp_path, enabled=False), "-n", "all")
+    assert result.returncode == 0 and "recommend_text" not in result.stdout + result.stderr
+
+    # One job run for real: the report, the decision and the table.
+    target = "results/demo/recommend_text/tiny_gpt2/mail.json"
+    result = _snakemake(tmp_path, override, "--cores", "1", target)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    export = json.loads((tmp_path / target).read_text())
+    assert export["text"]["prefix"] == "transformer." and export["dataset"] == "mail"
+    meta = read_parquet_metadata(tmp_path / target.replace(".json", ".parquet"))
+    assert meta["demo"] is True and meta["recommendation"]["budget"] == 40_000
