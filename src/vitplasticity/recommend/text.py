@@ -50,6 +50,7 @@ from vitplasticity.architectures import (
     parameter_map,
 )
 from vitplasticity.io import atomic_path, write_json, write_parquet
+from vitplasticity.plasticity import PROTOCOLS
 from vitplasticity.progress import ProgressReporter
 from vitplasticity.recommend.criteria import (
     CRITERIA,
@@ -72,8 +73,6 @@ from vitplasticity.recommend.ranking import (
 )
 
 log = logging.getLogger(__name__)
-
-PROTOCOLS: tuple[str, ...] = ("embedding", "in_situ")
 
 
 @dataclass(frozen=True)
@@ -301,11 +300,9 @@ def user_sequences(
     from vitplasticity.data.text import read_sequences
 
     per_file = [read_sequences(p, tokenize, sequence_length, max_sequences) for p in paths]
-    order = sorted(
-        ((index, position) for position, s in enumerate(per_file) for index in range(len(s))),
-    )
-    taken = [per_file[position][index] for index, position in order[:max_sequences]]
-    return np.stack(taken)
+    # (row, file) pairs sorted: row 0 of every file in file order, then row 1...
+    order = sorted((row, file) for file, rows in enumerate(per_file) for row in range(len(rows)))
+    return np.stack([per_file[file][row] for row, file in order[:max_sequences]])
 
 
 def resolve_tokenizer(requested: str, model_spec: dict[str, Any]) -> str:
