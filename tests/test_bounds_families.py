@@ -310,6 +310,7 @@ def test_measured_plasticity_below_bounds(model_id: str, refused: set[str]) -> N
 DINOV3_CONFIG = """\
 models:
   demo_dinov3:
+    family: timm
     timm_id: vit_small_patch16_dinov3
     weights: random
     normalize: pretrained

@@ -16,6 +16,7 @@ from snakemake.utils import validate
 
 from vitplasticity.config import (
     DATASET_KEYS,
+    MODEL_ID_KEYS,
     ConfigError,
     check_config,
     check_keys,
@@ -232,6 +233,7 @@ def test_every_shipped_config_has_only_known_keys() -> None:
 
 
 SYNTHETIC = {"source": "synthetic", "steps": 1, "val_every": 1}
+DINOV2 = {"family": "transformers", "hf_id": "facebook/dinov2-small", "revision": "main"}
 
 
 @pytest.mark.parametrize(
@@ -279,9 +281,14 @@ SYNTHETIC = {"source": "synthetic", "steps": 1, "val_every": 1}
             "sequence_length",
         ),
         (
-            {"text_plasticity": {"models": {"gpt2": {"hfid": "gpt2"}}}},
-            "text_plasticity.models.gpt2.hfid",
+            {"models": {"dino": {**DINOV2, "hfid": "facebook/dinov2-small"}}},
+            "models.dino.hfid",
             "hf_id",
+        ),
+        (
+            {"models": {"dino": {**DINOV2, "model_clas": "X"}}},
+            "models.dino.model_clas",
+            "model_class",
         ),
         ({"finetune": {"warmup_step": 5}}, "finetune.warmup_step", "warmup_steps"),
         ({"finetune": {"lora": {"rnak": 4}}}, "finetune.lora.rnak", "rank"),
@@ -339,7 +346,7 @@ def test_every_unknown_key_is_listed_at_once(paper_config: dict) -> None:
     with pytest.raises(ConfigError) as error:
         check_keys(config, SCHEMA_DICT)
     message = str(error.value)
-    assert "4 unknown key(s)" in message
+    assert "4 unknown or outdated key(s)" in message
     assert "datasets.cifar10.archvie: unknown key; did you mean 'archive'?" in message
     assert "plasticity.n_pair: unknown key; did you mean 'n_pairs'?" in message
     assert "finetune.lora.rnak: unknown key; did you mean 'rank'?" in message
@@ -354,8 +361,19 @@ def test_user_names_and_free_form_mappings_are_not_keys(paper_config: dict) -> N
     config = merged(
         paper_config,
         {
-            "models": {"my_vit": {"timm_id": "vit_tiny_patch16_224", "kwargs": {"depth": 2}}},
-            "text_plasticity": {"models": {"tiny": {"source": "random", "config": {"n_layer": 1}}}},
+            "models": {
+                "my_vit": {
+                    "family": "timm",
+                    "timm_id": "vit_tiny_patch16_224",
+                    "kwargs": {"depth": 2},
+                },
+                "tiny": {
+                    "family": "transformers",
+                    "hf_id": "tiny",
+                    "weights": "random",
+                    "config": {"model_type": "gpt2", "n_layer": 1},
+                },
+            },
             "experiments": {"sgd": {"lrs_by_dataset": {"pet": [0.1]}}},
         },
     )
@@ -532,8 +550,6 @@ SETTINGS_BLOCKS = (
     "recommend",
     "scheduler",
 )
-# Optional keys whose absence means what no constant can say.
-DERIVED_DEFAULTS = {"text_plasticity.run_models"}  # every model of text_plasticity.models
 
 
 def schema_block(path: str) -> dict:
@@ -543,17 +559,19 @@ def schema_block(path: str) -> dict:
     return node
 
 
-@pytest.mark.parametrize("block", [*SETTINGS_BLOCKS, "models"])
+MODEL_FAMILIES = ("timm_model", "transformers_model")
+
+
+@pytest.mark.parametrize("block", [*SETTINGS_BLOCKS, *MODEL_FAMILIES])
 def test_every_optional_setting_has_its_default_in_the_schema(block: str) -> None:
-    node = schema_block(block)
-    node = node["additionalProperties"] if block == "models" else node
+    """Every optional key of a settings block, and of each family's model entry, has its
+    default beside it (where Snakemake's validate fills it in: not behind a $ref)."""
+    node = SCHEMA_DICT["definitions"][block] if block in MODEL_FAMILIES else schema_block(block)
     required = set(node.get("required", []))
     missing = [
         key
         for key, item in node["properties"].items()
-        if key not in required
-        and "default" not in item
-        and f"{block}.{key}" not in DERIVED_DEFAULTS
+        if key not in required and "default" not in item
     ]
     assert not missing, f"{block}: optional keys without a schema default: {missing}"
 
@@ -598,7 +616,7 @@ def test_an_absent_optional_block_gets_its_defaults(paper_config: dict) -> None:
     validate(config, SCHEMA)
     assert config["finetune"]["lora"] == paper_config["finetune"]["lora"]  # r 8, alpha 16
     text = config["text_plasticity"]
-    assert text["enabled"] is False and text["models"] == {} and text["datasets"] == {}
+    assert text["enabled"] is False and text["run_models"] == [] and text["datasets"] == {}
     assert text["protocols"] == ["embedding"] and text["n_pairs"] == 12800
 
 
@@ -619,12 +637,264 @@ def test_absent_report_and_recommend_blocks_get_their_defaults(paper_config: dic
 
 def test_rules_read_settings_without_fallbacks() -> None:
     """No `.get(key, default)` in the workflow's rules: a default written there as well as in
-    the schema would drift from it. Only the derived default of DERIVED_DEFAULTS remains."""
-    allowed = {'text.get("run_models", list(text["models"]))'}
+    the schema would drift from it."""
     found = [
         f"{path.name}:{number}: {line.strip()}"
         for path in sorted((REPO / "workflow").rglob("*.smk"))
         for number, line in enumerate(path.read_text().splitlines(), 1)
-        if re.search(r"\.get\(", line) and not any(a in line for a in allowed)
+        if re.search(r"\.get\(", line)
     ]
     assert not found, "\n".join(found)
+
+
+# --- models: one block, a family per entry -------------------------------------------------------
+
+
+def readme_models_example() -> dict:
+    """The YAML example of README's "Naming a model" section."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Naming a model") :]
+    return yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+
+
+def validated(config: dict) -> dict:
+    """``config`` through the Snakefile's checks, in its order; returns it with defaults."""
+    check_keys(config, SCHEMA_DICT)
+    validate(config, SCHEMA)
+    check_config(config)
+    return config
+
+
+def test_every_family_of_the_readme_example_is_accepted(paper_config: dict) -> None:
+    example = readme_models_example()
+    assert {entry["family"] for entry in example["models"].values()} == set(MODEL_ID_KEYS)
+    config = validated(merged(paper_config, example))
+    models = config["models"]
+    # Each family gets its own defaults, none of the other's.
+    definitions = SCHEMA_DICT["definitions"]
+    assert set(models["dinov3_base"]) == set(definitions["timm_model"]["properties"])
+    assert set(models["dinov2_small"]) == set(definitions["transformers_model"]["properties"])
+    assert models["dinov2_small"] == {
+        "family": "transformers",
+        "hf_id": "facebook/dinov2-small",
+        "weights": "hub",
+        "revision": "main",
+        "config": {},
+        "model_class": None,
+        "init_seed": 0,
+        "normalize": "pretrained",
+        "crop_pct": None,
+    }
+    assert models["clip_b16"]["model_class"] == "CLIPVisionModel"
+    assert models["tiny_llama"]["weights"] == "random"
+    assert config["text_plasticity"]["run_models"] == ["qwen3_small", "tiny_llama"]
+    # The example's image models can be measured and finetuned like the paper's.
+    stages = {
+        "plasticity": {"models": ["vit_base", "dinov3_base", "dinov2_small", "clip_b16"]},
+        "experiments": {"sgd": {"models": ["dinov2_small", "clip_b16"]}},
+    }
+    validated(merged(merged(paper_config, example), stages))
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"family": "timm", "timm_id": "vit_tiny_patch16_224", "hf_id": "x"},
+            "models.m.hf_id: not a key of family 'timm' (a key of transformers; timm accepts: "
+            "crop_pct, family, init_seed, kwargs, normalize, revision, timm_id, weights)",
+        ),
+        (
+            {"family": "timm", "timm_id": "vit_tiny_patch16_224", "config": {"depth": 2}},
+            "models.m.config: not a key of family 'timm' (a key of transformers; timm accepts: "
+            "crop_pct, family, init_seed, kwargs, normalize, revision, timm_id, weights)",
+        ),
+        (
+            {**DINOV2, "kwargs": {"depth": 2}},
+            "models.m.kwargs: not a key of family 'transformers' (a key of timm; transformers "
+            "accepts: config, crop_pct, family, hf_id, init_seed, model_class, normalize, "
+            "revision, weights)",
+        ),
+        (
+            {**DINOV2, "timm_id": "vit_small_patch14_dinov2"},
+            "models.m.timm_id: not a key of family 'transformers' (a key of timm; transformers "
+            "accepts: config, crop_pct, family, hf_id, init_seed, model_class, normalize, "
+            "revision, weights)",
+        ),
+        (
+            {**DINOV2, "tokenizer": "x"},
+            "models.m.tokenizer: unknown key (valid here: config, crop_pct, family, hf_id, "
+            "init_seed, model_class, normalize, revision, weights)",
+        ),
+        (
+            {"family": "hf", "hf_id": "x"},
+            "models.m.family: unknown family 'hf' (families: timm, transformers)",
+        ),
+    ],
+)
+def test_a_key_of_the_wrong_family_names_the_familys_keys(
+    paper_config: dict, entry: dict, message: str
+) -> None:
+    config = merged(paper_config, {"models": {"m": entry}})
+    assert unknown_keys(config, SCHEMA_DICT) == [message]
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_keys(config, SCHEMA_DICT)
+
+
+OLD_TIMM = {"timm_id": "vit_tiny_patch16_224", "weights": "random"}
+OLD_TEXT = {"source": "random", "hf_id": "gpt2", "config": {"n_layer": 2}, "init_seed": 0}
+
+
+@pytest.mark.parametrize(
+    ("override", "messages"),
+    [
+        (
+            {"models": {"old_vit": OLD_TIMM}},
+            [
+                "models.old_vit: no family: key (every model entry names its family now): add "
+                "family: timm (its timm_id names a timm model)"
+            ],
+        ),
+        (
+            {"models": {"old_vit": {**OLD_TIMM, "kwarg": {}}}},
+            [
+                "models.old_vit: no family: key (every model entry names its family now): add "
+                "family: timm (its timm_id names a timm model)",
+                "models.old_vit.kwarg: unknown key; did you mean 'kwargs'?",
+            ],
+        ),
+        (
+            {"text_plasticity": {"models": {"gpt2": OLD_TEXT}}},
+            [
+                "text_plasticity.models: no longer a key: text models are models like any other "
+                "now: move each entry under models: with family: transformers (hf_id, weights, "
+                "config, init_seed) and name it in text_plasticity.run_models"
+            ],
+        ),
+        (
+            {"models": {"gpt2": OLD_TEXT}},
+            [
+                "models.gpt2: no family: key (every model entry names its family now): add "
+                "family: transformers (its hf_id names a transformers model)",
+                "models.gpt2.source: no longer a key: the old text-model key: write weights: hub "
+                "| random | <saved model folder> (with family: transformers)",
+            ],
+        ),
+        (
+            {"models": {"gpt2": {**OLD_TEXT, "family": "transformers"}}},
+            [
+                "models.gpt2.source: no longer a key: the old text-model key: write weights: hub "
+                "| random | <saved model folder> (with family: transformers)"
+            ],
+        ),
+        (
+            {"models": {"m": {"weights": "random"}}},
+            [
+                "models.m: no family: key; add family: timm (with timm_id) or family: "
+                "transformers (with hf_id)"
+            ],
+        ),
+    ],
+)
+def test_old_keys_are_rejected_naming_the_replacement(
+    paper_config: dict, override: dict, messages: list[str]
+) -> None:
+    config = merged(paper_config, override)
+    assert unknown_keys(config, SCHEMA_DICT) == messages
+    with pytest.raises(ConfigError, match=re.escape(messages[0])):
+        check_keys(config, SCHEMA_DICT)
+
+
+def test_the_old_layout_stops_snakemake_before_planning(tmp_path: Path) -> None:
+    """A config written for the timm-only models block and text_plasticity.models: every old
+    key named with its replacement, before any job is planned."""
+    edit = yaml.safe_dump(
+        {
+            "models": {"old_vit": OLD_TIMM},
+            "text_plasticity": {"run_models": ["gpt2"], "models": {"gpt2": OLD_TEXT}},
+        }
+    )
+    result = paper_dry_run(tmp_path, "all", edit=edit)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "2 unknown or outdated key(s)" in out
+    assert "models.old_vit: no family: key" in out and "add family: timm" in out
+    assert "text_plasticity.models: no longer a key" in out
+    assert "Building DAG" not in out
+
+
+LLAMA = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1}
+RANDOM_LLAMA = {"family": "transformers", "hf_id": "llm", "weights": "random", "config": LLAMA}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            {"models": {"m": {"family": "transformers", "hf_id": "m", "weights": "random"}}},
+            "models.m.config.model_type: missing (weights: random builds the model from its "
+            "config alone, e.g. model_type: dinov2)",
+        ),
+        (
+            {"text_plasticity": {"run_models": ["gpt3"]}},
+            "text_plasticity.run_models: unknown model 'gpt3'",
+        ),
+        (
+            {"text_plasticity": {"run_models": ["vit_base"]}},
+            "text_plasticity.run_models: 'vit_base' is a timm model; text plasticity measures "
+            "transformers text models (family: transformers)",
+        ),
+        (
+            {
+                "models": {
+                    "dino": {**DINOV2, "weights": "random", "config": {"model_type": "dinov2"}}
+                },
+                "text_plasticity": {"run_models": ["dino"]},
+            },
+            "text_plasticity.run_models: 'dino' is a vision model (config.model_type 'dinov2'), "
+            "not a text model",
+        ),
+        (
+            {
+                "models": {"llm": RANDOM_LLAMA},
+                "plasticity": {"models": ["vit_base", "llm"]},
+            },
+            "plasticity.models: 'llm' is a text model (config.model_type 'llama'): measure it "
+            "with text_plasticity.run_models",
+        ),
+        (
+            {
+                "models": {"llm": RANDOM_LLAMA},
+                "experiments": {"adam": {"models": ["llm"]}},
+            },
+            "experiments.adam.models: 'llm' is a text model",
+        ),
+    ],
+)
+def test_models_are_cross_checked_against_their_weights_and_stages(
+    paper_config: dict, override: dict, message: str
+) -> None:
+    config = merged(paper_config, override)
+    assert unknown_keys(config, SCHEMA_DICT) == []
+    validate(config, SCHEMA)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_config(config)
+
+
+def test_text_models_pass_the_cross_checks(paper_config: dict) -> None:
+    """A random-init Llama, a hub GPT2 and a saved folder: text models by model_type, or
+    told only when their job builds them (the hub and folder entries)."""
+    models = {
+        "llm": RANDOM_LLAMA,
+        "gpt2": {"family": "transformers", "hf_id": "gpt2"},
+        "mine": {"family": "transformers", "hf_id": "my-qwen3", "weights": "/models/my-qwen3"},
+    }
+    override = {"models": models, "text_plasticity": {"run_models": list(models)}}
+    validated(merged(paper_config, override))
+
+
+def test_every_model_entry_of_a_shipped_config_names_its_family() -> None:
+    for name, config in shipped_configs().items():
+        for model, entry in config["models"].items():
+            assert entry.get("family") in MODEL_ID_KEYS, (name, model)
+            assert MODEL_ID_KEYS[entry["family"]] in entry, (name, model)

@@ -375,14 +375,20 @@ def test_attention_weights_are_the_heads_of_the_attention(case_id: str) -> None:
 
 
 @pytest.mark.parametrize("case", HF_VISION_TINY_MODELS, ids=lambda case: case.id)
-def test_finetuning_stages_are_refused_by_name(case: TinyModel) -> None:
+def test_finetuning_stages_need_a_classification_class(case: TinyModel) -> None:
+    """finetune and recommend take a tower in its classification class (a bare tower, or
+    CLIP's with a projection, is refused by name); LoRA, plasticity and bounds any."""
     model = case.build()
     architecture = architecture_for(model)
-    for stage in ("finetune", "lora", "recommend"):
+    classifier = case.id.endswith("_classifier")
+    for stage in ("finetune", "recommend"):
         refusal = architecture.refusal(stage, model)
-        assert "finetuning transformers vision models: not yet supported" in refusal
-    assert architecture.refusal("plasticity", model) is None
-    assert architecture.refusal("bounds", model) is None
+        if classifier:
+            assert refusal is None, stage
+        else:
+            assert f"{type(model).__name__} has no classification head" in refusal, stage
+    for stage in ("lora", "plasticity", "bounds"):
+        assert architecture.refusal(stage, model) is None, stage
 
 
 @pytest.mark.parametrize(

@@ -81,6 +81,21 @@ LLAMA_PATTERNS = {
 }
 
 
+def _entry(model_type: str, config: dict, **keys) -> dict:
+    """A models: entry of a random-init transformers model (family: transformers)."""
+    return {
+        "family": "transformers",
+        "hf_id": f"tiny-{model_type}",
+        "weights": "random",
+        "config": {"model_type": model_type, **config},
+        **keys,
+    }
+
+
+GPT2_ENTRY = _entry("gpt2", GPT2_TINY_CONFIG)
+LLAMA_ENTRY = _entry("llama", HF_TEXT_TINY_CONFIG, model_class="LlamaForCausalLM")
+
+
 def _tiny(case_id: str) -> torch.nn.Module:
     return next(t for t in TINY_MODELS if t.id == case_id).build()
 
@@ -115,7 +130,7 @@ def _settings(reference: Path, users: list[Path], **changes) -> TextRecommendSet
     values = {
         "model": "tiny",
         "dataset": "notes",
-        "model_spec": {"source": "random"},
+        "model_spec": {"family": "transformers", "hf_id": "tiny", "weights": "random"},
         "reference": str(reference),
         "texts": tuple(str(u) for u in users),
         "tokenizer": "bytes",
@@ -281,7 +296,7 @@ def test_plasticity_equals_the_text_plasticity_stage(tmp_path: Path) -> None:
     mail = users[1]
     # Fewer user sequences than pairs: both cycle them.
     assert len(read_sequences(mail, byte_tokenizer(VOCAB), LENGTH)) < 12
-    spec = {"source": "random", "config": GPT2_TINY_CONFIG, "init_seed": 4}
+    spec = {**GPT2_ENTRY, "init_seed": 4}
     settings = _settings(reference, [mail], model_spec=spec, n_pairs=12, batch_size=5)
     result = recommend_text(settings)
     stage = measure_text(
@@ -373,8 +388,9 @@ def test_a_bare_model_is_wrapped_in_its_causal_lm_around_the_same_modules() -> N
 # The outputs and the command
 
 
-def _cli(tmp_path: Path, reference: Path, users: list[Path], *extra: str) -> list[str]:
-    spec = {"source": "random", "config": GPT2_TINY_CONFIG, "init_seed": 0}
+def _cli(
+    tmp_path: Path, reference: Path, users: list[Path], *extra: str, spec: dict = GPT2_ENTRY
+) -> list[str]:
     return [
         "recommend-text",
         "--model",
@@ -475,6 +491,35 @@ def test_an_image_model_is_refused_by_name(tmp_path: Path) -> None:
         recommend_text(_settings(reference, users), model=vit)
 
 
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"family": "timm", "timm_id": "vit_tiny_patch16_224", "weights": "random"},
+            "model 'vit' is a timm model (family: timm), an image model",
+        ),
+        (
+            _entry(
+                "dinov2",
+                {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2},
+                model_class="Dinov2Model",
+            ),
+            "Dinov2Model (transformers Dinov2Model) takes images",
+        ),
+    ],
+)
+def test_the_command_refuses_an_image_model_entry_by_name(
+    tmp_path: Path, spec: dict, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    reference, users = _write_texts(tmp_path / "text")
+    argv = _cli(tmp_path, reference, users, spec=spec)
+    argv[argv.index("--model") + 1] = "vit"
+    with caplog.at_level(logging.ERROR):
+        assert main(argv) == 2
+    assert message in caplog.text
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_bare_model_with_an_untied_head_is_refused_by_name(tmp_path: Path) -> None:
     reference, users = _write_texts(tmp_path)
     with pytest.raises(
@@ -560,10 +605,10 @@ def _snakemake(tmp_path: Path, override: dict, *args: str) -> subprocess.Complet
 def _text_override(tmp_path: Path, enabled: bool) -> dict:
     reference, users = _write_texts(tmp_path / "text")
     return {
+        "models": {"tiny_gpt2": GPT2_ENTRY, "tiny_llama": LLAMA_ENTRY},
         "text_plasticity": {
             "enabled": True,
-            "run_models": ["tiny_gpt2"],
-            "models": {"tiny_gpt2": {"source": "random", "config": GPT2_TINY_CONFIG}},
+            "run_models": ["tiny_gpt2", "tiny_llama"],
             "reference": str(reference),
             "datasets": {"notes": str(users[0]), "mail": str(users[1])},
             "sequence_length": LENGTH,
@@ -576,29 +621,43 @@ def _text_override(tmp_path: Path, enabled: bool) -> dict:
 
 @pytest.mark.slow
 def test_the_workflow_runs_recommend_text_per_text_model_and_dataset(tmp_path: Path) -> None:
+    """models: entries (a GPT2, a Llama causal LM) -> text plasticity -> recommend, through
+    Snakemake: planned per text model and dataset, then a Llama job run for real."""
     override = _text_override(tmp_path, enabled=True)
     result = _snakemake(tmp_path, override, "-n", "-p", "all")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     table = output[output.index("Job stats:") :].split("\n\n")[0]
     counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
-    assert counts["recommend_text"] == 2
-    for dataset in ("notes", "mail"):
-        assert f"results/demo/recommend_text/tiny_gpt2/{dataset}.json" in output
+    assert counts["recommend_text"] == 4 and counts["text_plasticity"] == 4
+    for model in ("tiny_gpt2", "tiny_llama"):
+        for dataset in ("notes", "mail"):
+            assert f"results/demo/recommend_text/{model}/{dataset}.json" in output
     # Each setting reaches the command line: recommend's, and text_plasticity's for the text.
     assert "--tokenizer auto --sequence-length 12 --n-pairs 6 --batch-size 4" in output
     assert "--batches 2 --budget 40K --criterion plasticity" in output
+    assert "HF_HUB_OFFLINE=1 vitplasticity recommend-text --model tiny_llama" in output
 
     # Not enabled: no text recommend in `all`.
     result = _snakemake(tmp_path, _text_override(tmp_path, enabled=False), "-n", "all")
     assert result.returncode == 0 and "recommend_text" not in result.stdout + result.stderr
 
-    # One job run for real: the report, the decision and the table.
-    target = "results/demo/recommend_text/tiny_gpt2/mail.json"
-    result = _snakemake(tmp_path, override, "--cores", "1", target)
+    # The Llama's text plasticity and recommend run for real.
+    plasticity = "results/demo/plasticity_text/tiny_llama/mail_summary.parquet"
+    target = "results/demo/recommend_text/tiny_llama/mail.json"
+    result = _snakemake(tmp_path, override, "--cores", "1", plasticity, target)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     export = json.loads((tmp_path / target).read_text())
-    assert export["text"]["prefix"] == "transformer." and export["dataset"] == "mail"
+    assert export["dataset"] == "mail" and export["model"]["entry"]["hf_id"] == "tiny-llama"
+    assert export["model"]["class"].endswith("LlamaForCausalLM") and export["text"]["prefix"] == ""
     meta = read_parquet_metadata(tmp_path / target.replace(".json", ".parquet"))
     assert meta["demo"] is True and meta["recommendation"]["budget"] == 40_000
+    # The recommendation's plasticity pairs are the text-plasticity stage's.
+    summary = pl.read_parquet(tmp_path / plasticity)
+    assert summary["n_pairs"].unique().to_list() == [6]
+    table = pl.read_parquet(tmp_path / target.replace(".json", ".parquet"))
+    ln1 = table.filter((pl.col("configuration") == "ln1") & (pl.col("criterion") == "plasticity"))
+    pairs = pl.read_parquet(tmp_path / plasticity.replace("_summary", ""))
+    expected = pairs.filter(pl.col("component") == "ln1")["ratio"].mean()
+    assert ln1["value"].item() == pytest.approx(expected, rel=1e-12)

@@ -1,5 +1,6 @@
-"""GPT2 text plasticity: tokenizing and cutting text files, the text-plasticity CLI against
-plasticity.measure called directly, and the workflow's text_plasticity jobs (dry run)."""
+"""Text plasticity: tokenizing and cutting text files, the text-plasticity CLI on a GPT2
+``models:`` entry against plasticity.measure called directly, the entries it refuses, and the
+workflow's text_plasticity jobs (dry run)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,19 @@ def tiny_gpt2_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def saved_entry(folder: Path) -> dict:
+    """The models: entry of a saved model folder."""
+    return {"family": "transformers", "hf_id": "tiny", "weights": str(folder)}
+
+
+def random_entry(seed: int = 0) -> dict:
+    """The models: entry of a random-init tiny GPT2."""
+    config = {"model_type": "gpt2", **TINY_GPT2}
+    return {"family": "transformers", "hf_id": "tiny", "weights": "random", "config": config} | {
+        "init_seed": seed
+    }
+
+
 def run_cli(tmp_path: Path, folder: Path, *extra: str, reference: Path, text: Path) -> int:
     return main(
         [
@@ -101,7 +115,7 @@ def run_cli(tmp_path: Path, folder: Path, *extra: str, reference: Path, text: Pa
             "--model",
             "tiny",
             "--model-spec",
-            f'{{"source": "{folder}"}}',
+            json.dumps(saved_entry(folder)),
             "--reference",
             str(reference),
             "--text",
@@ -188,15 +202,20 @@ def test_cli_matches_measure_called_directly(tmp_path: Path, tiny_gpt2_folder: P
 
 
 def test_random_init_depends_on_init_seed_alone(tmp_path: Path) -> None:
-    """source: random builds GPT2Config(**config) seeded by init_seed, whatever the global RNG."""
+    """weights: random builds GPT2Config(**config) seeded by init_seed, whatever the global RNG."""
     transformers = pytest.importorskip("transformers")
     reference = write(tmp_path / "wiki.txt", REFERENCE_TEXT)
     text = write(tmp_path / "downstream.txt", DOWNSTREAM_TEXT)
 
     def cli_ratios(seed: int) -> pl.DataFrame:
         torch.manual_seed(1000 + seed)  # the global state must not matter
-        spec = {"source": "random", "config": TINY_GPT2, "init_seed": seed}
-        argv = ["text-plasticity", "--model", "tiny", "--model-spec", json.dumps(spec)]
+        argv = [
+            "text-plasticity",
+            "--model",
+            "tiny",
+            "--model-spec",
+            json.dumps(random_entry(seed)),
+        ]
         argv += ["--reference", str(reference), "--text", str(text), "--sequence-length", "8"]
         argv += ["--n-pairs", "3", "--device", "cpu", "--out", str(tmp_path / "p.parquet")]
         assert main([*argv, "--summary", str(tmp_path / "s.parquet")]) == 0
@@ -242,30 +261,60 @@ def test_cli_names_the_bad_input(
     assert not (tmp_path / "pairs.parquet").exists()
 
 
-def test_cli_names_a_missing_file_and_a_bad_spec(
+def test_cli_names_a_missing_file(
     tmp_path: Path, tiny_gpt2_folder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     text = write(tmp_path / "downstream.txt", DOWNSTREAM_TEXT)
     assert run_cli(tmp_path, tiny_gpt2_folder, reference=tmp_path / "nowiki.txt", text=text) == 2
     assert "--reference: text file not found" in caplog.text and "nowiki.txt" in caplog.text
-    code = main(
-        [
-            "text-plasticity",
-            "--model",
-            "tiny",
-            "--model-spec",
-            '{"source": "random", "weights": "hub"}',
-            "--reference",
-            str(text),
-            "--text",
-            str(text),
-            "--out",
-            str(tmp_path / "p.parquet"),
-            "--summary",
-            str(tmp_path / "s.parquet"),
-        ]
-    )
-    assert code == 2 and "unknown keys ['weights']" in caplog.text
+
+
+TINY_DINOV2 = {
+    "model_type": "dinov2",
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "image_size": 32,
+    "patch_size": 8,
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"source": "random", "config": TINY_GPT2},
+            "--model-spec of model 'tiny': 'source' is the old text-model key; write weights: "
+            "hub | random | <saved model folder> (with family: transformers)",
+        ),
+        (
+            {"timm_id": "vit_tiny_patch16_224", "weights": "random"},
+            "--model-spec of model 'tiny': family 'timm'; text plasticity measures transformers "
+            "text models (family: transformers)",
+        ),
+        (
+            {"family": "transformers", "hf_id": "tiny", "weights": "random", "tokenizer": "x"},
+            "unknown model keys ['tokenizer'] (family: transformers)",
+        ),
+        (
+            {"family": "transformers", "hf_id": "tiny", "weights": "random", "config": TINY_DINOV2},
+            "model 'tiny' (Dinov2Model, hf_dinov2) takes images, not token ids: measure it with "
+            "plasticity.models, not text_plasticity.run_models",
+        ),
+    ],
+)
+def test_cli_refuses_a_spec_that_is_not_a_text_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, spec: dict, message: str
+) -> None:
+    """Before any pair is measured."""
+    argv = ["text-plasticity", "--model", "tiny", "--model-spec", json.dumps(spec)]
+    argv += ["--reference", str(write(tmp_path / "r.txt", REFERENCE_TEXT))]
+    argv += ["--text", str(write(tmp_path / "t.txt", DOWNSTREAM_TEXT))]
+    argv += ["--out", str(tmp_path / "p.parquet"), "--summary", str(tmp_path / "s.parquet")]
+    assert main(argv) == 2
+    assert message in caplog.text, caplog.text
+    assert not (tmp_path / "p.parquet").exists()
 
 
 def dry_run(tmp_path: Path, override: dict, target: str) -> subprocess.CompletedProcess:
@@ -300,10 +349,10 @@ def dry_run(tmp_path: Path, override: dict, target: str) -> subprocess.Completed
 def test_dry_run_lists_the_text_jobs_when_enabled(tmp_path: Path) -> None:
     reference = write(tmp_path / "wiki.txt", REFERENCE_TEXT)
     override = {
+        "models": {"tiny_gpt2": random_entry()},
         "text_plasticity": {
             "enabled": True,
             "run_models": ["tiny_gpt2"],
-            "models": {"tiny_gpt2": {"source": "random", "config": TINY_GPT2}},
             "reference": str(reference),
             "datasets": {
                 "news": str(write(tmp_path / "news.txt", DOWNSTREAM_TEXT)),
@@ -311,7 +360,7 @@ def test_dry_run_lists_the_text_jobs_when_enabled(tmp_path: Path) -> None:
             },
             "sequence_length": 16,
             "n_pairs": 4,
-        }
+        },
     }
     result = dry_run(tmp_path, override, "all")
     output = result.stdout + result.stderr
@@ -321,16 +370,25 @@ def test_dry_run_lists_the_text_jobs_when_enabled(tmp_path: Path) -> None:
     assert counts["text_plasticity"] == 2
     for dataset in ("news", "code"):
         assert f"plasticity_text/tiny_gpt2/{dataset}_summary.parquet" in output
-    # Each config value reaches the command line (-p prints the shell commands).
+    # Each config value reaches the command line (-p prints the shell commands), the model's
+    # entry as its spec; the job runs offline.
     assert "--tokenizer auto --sequence-length 16 --n-pairs 4 --batch-size 64" in output
     assert "--demo" in output
+    # The schema's defaults filled in, revision (which only the weights stage reads) left out.
+    spec = {**random_entry(), "crop_pct": None, "model_class": None, "normalize": "pretrained"}
+    command = "HF_HUB_OFFLINE=1 vitplasticity text-plasticity --model tiny_gpt2 --model-spec"
+    assert f"{command} '{json.dumps(spec, sort_keys=True)}'" in output
 
-    # Enabled without a reference file, or naming an undefined model: the workflow stops
+    # Naming an undefined model, or enabled without a reference file: the workflow stops
     # naming the key.
-    del override["text_plasticity"]["reference"]
     override["text_plasticity"]["run_models"] = ["gpt3"]
     result = dry_run(tmp_path, override, "text_plasticity_all")
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "text_plasticity.reference: no reference text file" in output
     assert "text_plasticity.run_models: unknown model 'gpt3'" in output
+    override["text_plasticity"]["run_models"] = ["tiny_gpt2"]
+    del override["text_plasticity"]["reference"]
+    result = dry_run(tmp_path, override, "text_plasticity_all")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "text_plasticity.reference: no reference text file" in output

@@ -104,7 +104,8 @@ def test_another_model_type_is_an_error_naming_folder_and_both_types(
 def test_text_plasticity_refuses_a_saved_llama_folder(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The stage end to end: a Llama folder as ``source`` exits 2 naming it, writes nothing."""
+    """The stage end to end: a Llama folder given to a GPT2Model entry exits 2 naming it,
+    writes nothing."""
     folder = saved(_llama(), tmp_path / "llama_folder")
     text = tmp_path / "text.txt"
     text.write_text("some text to measure, long enough for a few sequences.\n" * 20)
@@ -114,7 +115,14 @@ def test_text_plasticity_refuses_a_saved_llama_folder(
             "--model",
             "tiny",
             "--model-spec",
-            json.dumps({"source": str(folder)}),
+            json.dumps(
+                {
+                    "family": "transformers",
+                    "hf_id": "tiny",
+                    "weights": str(folder),
+                    "model_class": "GPT2Model",
+                }
+            ),
             "--reference",
             str(text),
             "--text",

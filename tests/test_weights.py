@@ -3,9 +3,14 @@
 A local HTTP server on 127.0.0.1 stands in for the hub. It speaks the protocol
 huggingface_hub's ``hf_hub_download`` uses: ``HEAD {endpoint}/{repo}/resolve/{revision}/{file}``
 answered like an LFS file (302 with X-Repo-Commit, X-Linked-Etag = the sha256, X-Linked-Size,
-Location on another host: ``localhost``, the "CDN"), then ``GET`` of that location; errors as
-404/403 with the hub's X-Error-Code. It serves a tiny random-init ViT's state dict under the
-repo timm names for ``vit_tiny_patch16_224.augreg_in21k_ft_in1k``.
+Location on another host: ``localhost``, the "CDN"), then ``GET`` of that location, or for a
+small git file (not .safetensors / .bin) like the hub does: 200 with ETag = its git blob id;
+errors as 404/403 with the hub's X-Error-Code. For ``snapshot_download`` it also answers the
+API calls ``GET /api/models/{repo}/revision/{revision}`` (the commit) and
+``GET /api/models/{repo}/tree/{commit}`` (every file with its size, blob id and LFS sha256).
+It serves a tiny random-init ViT's state dict under the repo timm names for
+``vit_tiny_patch16_224.augreg_in21k_ft_in1k`` (tests/test_hf_weights.py serves transformers
+snapshots with it).
 """
 
 from __future__ import annotations
@@ -37,6 +42,17 @@ TIMM_ID = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 REPO_ID = f"timm/{TIMM_ID}"
 KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2}
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def git_blob_id(data: bytes) -> str:
+    """The id git gives a file's bytes (the hub's ETag of a non-LFS file)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def is_lfs(filename: str) -> bool:
+    """Whether the stand-in hub stores ``filename`` in LFS (weights, as the hub's
+    .gitattributes do), else as a git file."""
+    return filename.endswith((".safetensors", ".bin"))
 
 
 class FakeHub:
@@ -96,19 +112,27 @@ class FakeHub:
             if data is None:
                 return send(404, {})
             return send(200, {"ETag": f'"{path.removeprefix("/blobs/")}"'}, data)
-        parts = path.strip("/").split("/")
-        if len(parts) < 5 or parts[2] != "resolve":
+        api = path.startswith("/api/models/")
+        parts = path.removeprefix("/api/models").strip("/").split("/")
+        if api and len(parts) >= 4 and parts[2] in ("revision", "tree"):
+            repo, revision, filename = "/".join(parts[:2]), parts[3], ""
+        elif not api and len(parts) >= 5 and parts[2] == "resolve":
+            repo, revision, filename = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
+        else:
             return send(404, {})
-        repo, revision, filename = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
         if repo in self.gated:
             return send(403, {"X-Error-Code": "GatedRepo", "X-Error-Message": "restricted"})
         if repo not in self.repos:
             return send(404, {"X-Error-Code": "RepoNotFound", "X-Error-Message": "not found"})
         if revision not in ("main", COMMIT):
             return send(404, {"X-Error-Code": "RevisionNotFound", "X-Error-Message": "bad rev"})
+        if api:
+            return send(200, {"Content-Type": "application/json"}, self.api_answer(repo, parts[2]))
         data = self.repos[repo].get(filename)
         if data is None:
             return send(404, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT})
+        if not is_lfs(filename):  # a git file: served here, its ETag the blob id
+            return send(200, {"X-Repo-Commit": COMMIT, "ETag": f'"{git_blob_id(data)}"'}, data)
         sha256 = hashlib.sha256(data).hexdigest()
         return send(
             302,
@@ -120,6 +144,21 @@ class FakeHub:
                 "Location": f"http://localhost:{self.port}/blobs/{sha256}",
             },
         )
+
+    def api_answer(self, repo: str, call: str) -> bytes:
+        """The JSON of ``repo_info`` (``revision``) or of ``list_repo_tree`` (``tree``)."""
+        files = self.repos[repo]
+        if call == "revision":
+            siblings = [{"rfilename": name} for name in files]
+            return json.dumps({"id": repo, "sha": COMMIT, "siblings": siblings}).encode()
+        tree = []
+        for name, data in files.items():
+            entry = {"type": "file", "path": name, "size": len(data), "oid": git_blob_id(data)}
+            if is_lfs(name):
+                lfs = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data)}
+                entry["lfs"] = {**lfs, "pointerSize": 134}
+            tree.append(entry)
+        return json.dumps(tree).encode()
 
     def file_requests(self) -> list[tuple[str, str]]:
         """The requests for weights: resolve and blob URLs. (huggingface_hub 2.x may also GET
@@ -240,7 +279,14 @@ def test_the_local_file_loads_the_served_tensors_and_is_in_provenance(
         "source": "random",
         "init_seed": 4,
     }
-    assert weights_record({"source": "hub", "hf_id": "gpt2"}) is None  # a text model's spec
+    assert weights_record({"hf_id": "gpt2"}) is None  # a spec without weights
+    transformers_hub = {"family": "transformers", "hf_id": "gpt2", "weights": "hub"}
+    assert weights_record(transformers_hub) == {
+        "source": "hub",
+        "repo_id": "gpt2",
+        "revision": "main",
+        "sha256": None,
+    }
 
 
 @pytest.mark.parametrize(
@@ -356,6 +402,7 @@ def test_build_model_loads_the_hub_revision_strictly(
 HUB_PRESET = f"""
 models:
   hub_vit:
+    family: timm
     timm_id: {TIMM_ID}
     weights: hub
     normalize: pretrained

@@ -2,8 +2,9 @@
 import, so the Snakefile can use it on every node cheaply).
 
 ``check_keys`` runs first: every key at every level must be one the schema defines (a dataset
-entry's keys depend on its ``source``), and each unknown one is named with the nearest valid
-key. The JSON schema then checks types and ranges; ``check_config`` checks what a schema
+entry's keys depend on its ``source``, a model entry's on its ``family``), and each unknown one
+is named with the nearest valid key; a key of an earlier config layout is named with what to
+write instead. The JSON schema then checks types and ranges; ``check_config`` checks what a schema
 cannot: that every name an experiment uses is defined, that grids are not empty, that a
 dataset's ``url``/``archive``/``checksums`` fit its files; and this module expands an
 experiment into its runs.
@@ -60,6 +61,24 @@ DATASET_KEYS: dict[str, tuple[str, ...]] = {
 # Keys written for another one that string similarity cannot guess.
 KEY_HINTS: dict[str, str] = {"md5": "checksums", "sha256": "checksums", "hash": "checksums"}
 
+# The key a model entry's family is chosen by, and the key that names the model in each family
+# (an entry without a family is told which family its id key belongs to).
+FAMILY_KEY = "family"
+MODEL_ID_KEYS: dict[str, str] = {"timm": "timm_id", "transformers": "hf_id"}
+# Keys of earlier config layouts (key paths, ``*`` for a user-chosen name), each with what to
+# write instead: a config written for them is told how to update, not offered a near key.
+REPLACED_KEYS: dict[str, str] = {
+    "text_plasticity.models": (
+        "text models are models like any other now: move each entry under models: with "
+        "family: transformers (hf_id, weights, config, init_seed) and name it in "
+        "text_plasticity.run_models"
+    ),
+    "models.*.source": (
+        "the old text-model key: write weights: hub | random | <saved model folder> "
+        "(with family: transformers)"
+    ),
+}
+
 
 def load_schema(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The workflow's JSON schema (YAML) as a mapping."""
@@ -96,36 +115,94 @@ def _unknown_key(where: str, key: str, allowed: list[str]) -> str:
     return f"{where}: unknown key (valid here: {', '.join(sorted(allowed))})"
 
 
+def _family_branches(node: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The branches of a model entry, each applying to one family (``if: {properties: {family:
+    {const: F}}}``, ``then``: F's object): {F: F's object}; {} for any other node."""
+    branches: dict[str, Any] = {}
+    for branch in node.get("allOf", ()):
+        const = branch.get("if", {}).get("properties", {}).get(FAMILY_KEY, {}).get("const")
+        if const is not None and "then" in branch:
+            branches[const] = _resolve(branch["then"], schema)
+    return branches
+
+
+def _model_family(
+    value: Mapping[str, Any], families: dict[str, Any], where: str, problems: list[str]
+) -> str | None:
+    """The family of the model entry ``value`` at ``where``; appends the message when it has
+    none or an unknown one (guessing it from the id key, so that its keys are still checked)."""
+    family = value.get(FAMILY_KEY)
+    if family in families:
+        return family
+    if family is not None:
+        problems.append(
+            f"{where}.{FAMILY_KEY}: unknown family {family!r} (families: {', '.join(families)})"
+        )
+        return None
+    guessed = [name for name, key in MODEL_ID_KEYS.items() if key in value]
+    if "source" in value:  # an entry of the old text_plasticity.models block
+        guessed = ["transformers"]
+    if len(guessed) == 1:
+        problems.append(
+            f"{where}: no {FAMILY_KEY}: key (every model entry names its family now): add "
+            f"{FAMILY_KEY}: {guessed[0]} (its {MODEL_ID_KEYS[guessed[0]]} names a "
+            f"{guessed[0]} model)"
+        )
+        return guessed[0]
+    options = " or ".join(f"{FAMILY_KEY}: {f} (with {k})" for f, k in MODEL_ID_KEYS.items())
+    problems.append(f"{where}: no {FAMILY_KEY}: key; add {options}")
+    return None
+
+
 def _walk(
-    value: Any, node: Mapping[str, Any], schema: Mapping[str, Any], path: str, problems: list[str]
+    value: Any,
+    node: Mapping[str, Any],
+    schema: Mapping[str, Any],
+    path: str,
+    problems: list[str],
+    pattern: str = "",
 ) -> None:
-    """Append a message for every key below ``value`` that ``node`` does not define."""
+    """Append a message for every key below ``value`` that ``node`` does not define
+    (``pattern``: ``path`` with user-chosen names as ``*``)."""
     node = _resolve(node, schema)
     if isinstance(value, list) and isinstance(node.get("items"), Mapping):
         for index, item in enumerate(value):
-            _walk(item, node["items"], schema, f"{path}[{index}]", problems)
+            _walk(item, node["items"], schema, f"{path}[{index}]", problems, pattern)
         return
     if not isinstance(value, Mapping) or not isinstance(node, Mapping):
         return
+    kind, choice, keys_of = "", None, {}
+    families = _family_branches(node, schema)
+    if families:  # a model entry: the keys of its family
+        kind, keys_of = FAMILY_KEY, {f: list(b.get("properties", {})) for f, b in families.items()}
+        choice = _model_family(value, families, path, problems)
+        if choice is None:
+            return
+        node = families[choice]
     node = _object_branch(node)
     properties: Mapping[str, Any] = node.get("properties", {})
     extra = node.get("additionalProperties", True)
     allowed = list(properties)
     source = value.get("source") if path.startswith("datasets.") and path.count(".") == 1 else None
     if source in DATASET_KEYS:
+        kind, choice, keys_of = "source", source, dict(DATASET_KEYS)
         allowed = [key for key in allowed if key in DATASET_KEYS[source]]
     for key, item in value.items():
         where = f"{path}.{key}" if path else str(key)
-        if key in allowed:
-            _walk(item, properties[key], schema, where, problems)
-        elif key in properties:  # a key of another dataset source
-            users = [s for s, keys in DATASET_KEYS.items() if key in keys]
+        key_pattern = f"{pattern}.{key}" if pattern else str(key)
+        if key_pattern in REPLACED_KEYS:
+            problems.append(f"{where}: no longer a key: {REPLACED_KEYS[key_pattern]}")
+        elif key in allowed:
+            _walk(item, properties[key], schema, where, problems, key_pattern)
+        elif choice is not None and any(key in keys for keys in keys_of.values()):
+            # a key of another dataset source or model family
+            users = [name for name, keys in keys_of.items() if key in keys]
             problems.append(
-                f"{where}: not a key of source {source!r} (a key of {', '.join(users)}; "
-                f"{source} accepts: {', '.join(sorted(allowed))})"
+                f"{where}: not a key of {kind} {choice!r} (a key of {', '.join(users)}; "
+                f"{choice} accepts: {', '.join(sorted(allowed))})"
             )
         elif isinstance(extra, Mapping):  # a mapping of user-chosen names
-            _walk(item, extra, schema, where, problems)
+            _walk(item, extra, schema, where, problems, f"{pattern}.*" if pattern else "*")
         elif extra is False:
             problems.append(_unknown_key(where, str(key), allowed))
 
@@ -134,12 +211,15 @@ def unknown_keys(config: Mapping[str, Any], schema: Mapping[str, Any]) -> list[s
     """One message per key of ``config`` that ``schema`` does not define, at every level.
 
     A closed object (``additionalProperties: false``) accepts its ``properties`` only; a
-    dataset entry accepts the keys of its ``source`` (``DATASET_KEYS``). Free-form mappings
-    (``models.<m>.kwargs``, ``text_plasticity.models.<m>.config``) are not checked.
+    dataset entry accepts the keys of its ``source`` (``DATASET_KEYS``), a model entry those
+    of its ``family`` (the schema's branch for it). Free-form mappings (``models.<m>.kwargs``,
+    ``models.<m>.config``) are not checked. A key of an earlier layout
+    (:data:`REPLACED_KEYS`) and a model entry without a family are named with what to write
+    instead.
 
     Returns:
         Messages naming the full key path (``datasets.cifar10.archvie``) and the nearest
-        valid key, in config order.
+        valid key (or the replacement), in config order.
     """
     problems: list[str] = []
     _walk(config, schema, schema, "", problems)
@@ -159,16 +239,100 @@ def check_keys(
         schema: the JSON schema, or the path of its YAML file.
 
     Raises:
-        ConfigError: listing every unknown key with its nearest valid one.
+        ConfigError: listing every unknown key with its nearest valid one, and every key of
+            an earlier layout with its replacement.
     """
     if not isinstance(schema, Mapping):
         schema = load_schema(schema)
     problems = unknown_keys(config, schema)
     if problems:
         raise ConfigError(
-            f"invalid config: {len(problems)} unknown key(s) (config.yaml with the presets, "
+            f"invalid config: {len(problems)} unknown or outdated key(s) (config.yaml with the presets, "
             "--configfile and --config merged over it):\n  " + "\n  ".join(problems)
         )
+
+
+# The transformers model types of the registered families (vitplasticity.architectures), by
+# what they take: how a model entry tells a text model from a vision one without importing
+# torch (its config.model_type, set with weights: random). Other entries are checked by the
+# job that builds the model.
+TEXT_MODEL_TYPES = frozenset(
+    {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"}
+)
+VISION_MODEL_TYPES = frozenset(
+    {
+        "vit",
+        "dinov2",
+        "dinov2_with_registers",
+        "dinov3_vit",
+        "clip",
+        "clip_vision_model",
+        "siglip",
+        "siglip_vision_model",
+    }
+)
+
+
+def model_inputs(entry: Mapping[str, Any]) -> str | None:
+    """What the model of config entry ``entry`` takes: "images", "tokens", or None when the
+    entry does not tell (a transformers model whose config.json only its job reads)."""
+    if entry.get(FAMILY_KEY) == "timm":
+        return "images"
+    model_type = (entry.get("config") or {}).get("model_type")
+    if model_type in TEXT_MODEL_TYPES:
+        return "tokens"
+    return "images" if model_type in VISION_MODEL_TYPES else None
+
+
+def model_problems(config: Mapping[str, Any]) -> list[str]:
+    """One message per model entry that lacks what its weights need (a random-init
+    transformers model: config.model_type), and per model named by
+    a stage that cannot take its inputs (images for plasticity, finetuning and recommend;
+    token ids for text plasticity), where the entry tells (:func:`model_inputs`)."""
+    models = config["models"]
+    problems = []
+    for name, entry in models.items():
+        if entry.get(FAMILY_KEY) != "transformers":
+            continue
+        if entry.get("weights") == "random" and not (entry.get("config") or {}).get("model_type"):
+            problems.append(
+                f"models.{name}.config.model_type: missing (weights: random builds the model "
+                "from its config alone, e.g. model_type: dinov2)"
+            )
+    image_users = {"plasticity.models": config["plasticity"]["models"]}
+    recommend = config.get("recommend") or {}
+    if recommend.get("models"):
+        image_users["recommend.models"] = recommend["models"]
+    for experiment in enabled_experiments(dict(config)):
+        image_users[f"experiments.{experiment}.models"] = config["experiments"][experiment].get(
+            "models", []
+        )
+    for key, names in image_users.items():
+        for name in names:
+            if name in models and model_inputs(models[name]) == "tokens":
+                problems.append(
+                    f"{key}: {name!r} is a text model (config.model_type "
+                    f"{models[name]['config']['model_type']!r}): measure it with "
+                    "text_plasticity.run_models"
+                )
+    text_models = (config.get("text_plasticity") or {}).get("run_models") or []
+    for name in text_models:
+        if name not in models:
+            problems.append(
+                f"text_plasticity.run_models: unknown model {name!r} "
+                f"(defined: {', '.join(sorted(models))})"
+            )
+        elif models[name].get(FAMILY_KEY) != "transformers":
+            problems.append(
+                f"text_plasticity.run_models: {name!r} is a {models[name].get(FAMILY_KEY)} "
+                "model; text plasticity measures transformers text models (family: transformers)"
+            )
+        elif model_inputs(models[name]) == "images":
+            problems.append(
+                f"text_plasticity.run_models: {name!r} is a vision model (config.model_type "
+                f"{models[name]['config']['model_type']!r}), not a text model"
+            )
+    return problems
 
 
 def lr_label(lr: float) -> str:
@@ -289,6 +453,7 @@ def check_config(config: dict[str, Any]) -> None:
 
     plasticity = config["plasticity"]
     unknown("model", plasticity["models"], models, "plasticity.models")
+    problems += model_problems(config)
     unknown("dataset", plasticity["datasets"], datasets, "plasticity.datasets")
     reference = config["reference"]
     if reference["source"] == "dataset" and reference.get("dataset") not in datasets:

@@ -46,6 +46,7 @@ import torch.nn.functional as functional
 from torch import nn
 
 from vitplasticity.architectures import (
+    Architecture,
     Owner,
     ParameterMap,
     UnsupportedModel,
@@ -66,9 +67,10 @@ from vitplasticity.config import Run
 from vitplasticity.data import loader, store
 from vitplasticity.data.transforms import normalize
 from vitplasticity.finetune_settings import TrainingSettings
+from vitplasticity.hf_models import model_spec
 from vitplasticity.io import write_json, write_parquet
 from vitplasticity.lora import apply_lora, check_adapters_used
-from vitplasticity.models import ModelSpec, Preprocessing, build_model, pick_device, preprocessing
+from vitplasticity.models import Preprocessing, build_model, pick_device, preprocessing
 from vitplasticity.provenance import provenance
 from vitplasticity.schedule import warmup_cosine_lr
 from vitplasticity.settings import bad_setting
@@ -281,12 +283,18 @@ class RunModel:
     preprocessing: Preprocessing
     parameters: ParameterMap
 
+    @property
+    def architecture(self) -> Architecture:
+        """The model's architecture (how its logits are computed: :meth:`Architecture.logits`)."""
+        return self.parameters.architecture
+
 
 def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.device) -> RunModel:
     """Build the model seeded by the run seed (the new head's init), freeze, move to ``device``.
 
     Rebuilding with the same settings gives bit-identical parameters, which is why a
-    checkpoint only needs the trained ones.
+    checkpoint only needs the trained ones. A ``family: transformers`` model is its vision
+    tower in its classification class (:func:`vitplasticity.hf_models.build_hf_model`).
 
     Raises:
         UnsupportedModel: before any step, for a model no architecture knows (naming its
@@ -294,7 +302,7 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
             adapt with LoRA, or whose forward pass bypasses a LoRA adapter), or one with a
             parameter its architecture cannot account for.
     """
-    spec = ModelSpec.from_config(settings.model_spec)
+    spec = model_spec(settings.model_spec)
     torch.manual_seed(settings.seed)
     model = build_model(spec, num_classes=num_classes)
     architecture = architecture_for(model)
@@ -378,6 +386,7 @@ def _autocast(device: torch.device, precision: str) -> torch.autocast:
 
 def _evaluate(
     model: nn.Module,
+    architecture: Architecture,
     data: loader.EvalSet,
     pre: Preprocessing,
     device: torch.device,
@@ -388,7 +397,8 @@ def _evaluate(
     loss_sum, correct = 0.0, 0
     with torch.inference_mode(), _autocast(device, settings.precision):
         for images, labels in data.batches(EVAL_BATCH_FACTOR * settings.micro_batch_size):
-            logits = model(normalize(images.to(device), pre)).float()  # (B, classes)
+            images = normalize(images.to(device), pre)
+            logits = architecture.logits(model, images).float()  # (B, classes)
             labels = labels.to(device)
             loss_sum += float(functional.cross_entropy(logits, labels, reduction="sum"))
             correct += int((logits.argmax(dim=1) == labels).sum())
@@ -437,7 +447,7 @@ def training_step(
     for start in range(0, settings.batch_size, settings.micro_batch_size):
         chunk = slice(start, start + settings.micro_batch_size)
         with _autocast(device, settings.precision):
-            logits = model(images[chunk]).float()  # (m, classes)
+            logits = run_model.architecture.logits(model, images[chunk]).float()  # (m, classes)
         loss = functional.cross_entropy(logits, labels[chunk]) * (
             settings.micro_batch_size / settings.batch_size
         )
@@ -636,10 +646,13 @@ def train_row(step: int, result: StepResult) -> dict[str, Any]:
 def evaluation_point(context: RunContext, step: int, lr: float) -> dict[str, Any]:
     """The metrics row of a validation point: loss and accuracy on val, accuracy on test."""
     model, pre = context.run_model.model, context.run_model.preprocessing
+    architecture = context.run_model.architecture
     val_loss, val_accuracy = _evaluate(
-        model, context.val_set, pre, context.device, context.settings
+        model, architecture, context.val_set, pre, context.device, context.settings
     )
-    _, test_accuracy = _evaluate(model, context.test_set, pre, context.device, context.settings)
+    _, test_accuracy = _evaluate(
+        model, architecture, context.test_set, pre, context.device, context.settings
+    )
     log.info("step %d val %.4f test %.4f", step, val_accuracy, test_accuracy)
     return {
         "step": step,

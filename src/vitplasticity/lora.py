@@ -94,7 +94,9 @@ def check_adapters_used(model: nn.Module, inputs: torch.Tensor) -> None:
     ``prepare_lora`` switched them to ``qkv(x) + bias``) bypasses the adapter peft wrapped
     around that linear: the adapter would get no gradient and LoRA would silently train
     less than it says. The pass runs in eval mode without gradient (no dropout, so no draw
-    from the RNG) and leaves the model's mode as it was.
+    from the RNG), through the model's classifier
+    (:meth:`~vitplasticity.architectures.Architecture.logits`), and leaves the model's mode as
+    it was.
 
     Raises:
         UnsupportedModel: naming the adapted modules the forward pass never calls.
@@ -107,10 +109,11 @@ def check_adapters_used(model: nn.Module, inputs: torch.Tensor) -> None:
         for name in adapted
     ]
     training = model.training
+    architecture = architecture_for(model)
     try:
         model.eval()
         with torch.no_grad():
-            model(inputs)
+            architecture.logits(model, inputs)
     finally:
         for handle in handles:
             handle.remove()

@@ -1,6 +1,6 @@
 """Build the timm model a config entry names, and the preprocessing that goes with it.
 
-A model entry (config.yaml ``models.<name>``) has ``timm_id``, ``weights`` ("hub", "random",
+A timm model entry (config.yaml ``models.<name>``, ``family: timm``) has ``timm_id``, ``weights`` ("hub", "random",
 or a path to a local .safetensors / .pth / .bin file), ``normalize`` ("pretrained": the
 checkpoint's pretrained_cfg; "imagenet": ImageNet mean/std as the reference code did; or an
 explicit ``{mean: [...], std: [...]}``), and ``kwargs`` passed on to ``timm.create_model``
@@ -14,6 +14,9 @@ the model, holds one the model does not have, or holds one of another shape (a t
 ViTModel file, a timm file of another depth or width) is an error naming the file and the
 keys, raised when the model is built, before any compute. timm's own loading would log the
 missing keys and leave those tensors a random init.
+
+A ``family: transformers`` entry is read by :meth:`ModelSpec.from_config` too, into the spec of
+:mod:`vitplasticity.hf_models`, which builds it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import timm
 import torch
@@ -31,15 +34,22 @@ from torch import nn
 
 from vitplasticity.weights import download, hub_file
 
+if TYPE_CHECKING:
+    from vitplasticity.hf_models import HFModelSpec
+
 log = logging.getLogger(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+TIMM_FAMILY = "timm"
+"""The ``family`` of a timm model's config entry (a spec without one is a timm spec)."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """One entry of config.yaml's ``models``."""
+    """One ``family: timm`` entry of config.yaml's ``models``."""
 
     timm_id: str
     weights: str = "hub"
@@ -50,14 +60,36 @@ class ModelSpec:
     revision: str = "main"
 
     @classmethod
-    def from_config(cls, entry: dict[str, Any]) -> ModelSpec:
-        """Build from a config mapping, rejecting unknown keys by name."""
+    def from_config(cls, entry: dict[str, Any]) -> ModelSpec | HFModelSpec:
+        """The spec of a ``models`` entry, rejecting unknown keys by name.
+
+        ``family: timm``, or no family (a compute job's spec of a timm model leaves it out:
+        workflow/rules/common.smk), gives a :class:`ModelSpec`; ``family: transformers`` the
+        :class:`~vitplasticity.hf_models.HFModelSpec` of :mod:`vitplasticity.hf_models`, so
+        that every stage that reads a spec reads both families.
+
+        Raises:
+            ValueError: naming an unknown family or key, or a missing ``timm_id``.
+        """
+        family = entry.get("family", TIMM_FAMILY)
+        if family == "transformers":
+            from vitplasticity.hf_models import HFModelSpec
+
+            return HFModelSpec.from_config(entry)
+        if family != TIMM_FAMILY:
+            raise ValueError(
+                f"model entry family {family!r}: expected {TIMM_FAMILY!r} or 'transformers'"
+            )
+        entry = {key: value for key, value in entry.items() if key != "family"}
         known = {"timm_id", "weights", "normalize", "crop_pct", "init_seed", "kwargs", "revision"}
         unknown = set(entry) - known
         if unknown:
-            raise ValueError(f"unknown model keys {sorted(unknown)}; known: {sorted(known)}")
+            raise ValueError(
+                f"unknown model keys {sorted(unknown)} (family: {TIMM_FAMILY}); "
+                f"known: {sorted(known | {'family'})}"
+            )
         if "timm_id" not in entry:
-            raise ValueError("model entry lacks 'timm_id'")
+            raise ValueError(f"model entry (family: {TIMM_FAMILY}) lacks 'timm_id'")
         return cls(**entry)
 
 
@@ -77,8 +109,10 @@ class Preprocessing:
         return round(self.input_size / self.crop_pct)
 
 
-def build_model(spec: ModelSpec, num_classes: int = 0) -> nn.Module:
+def build_model(spec: ModelSpec | HFModelSpec, num_classes: int = 0) -> nn.Module:
     """Create the model of ``spec`` with a fresh ``num_classes``-way head (0: no head).
+
+    A ``family: transformers`` spec is built by :func:`vitplasticity.hf_models.build_hf_model`.
 
     ``weights: random`` draws the backbone from ``init_seed`` (:func:`_random_init`). A
     weights file, or the hub file of ``weights: hub`` (fetched into, or found offline in, the
@@ -96,6 +130,10 @@ def build_model(spec: ModelSpec, num_classes: int = 0) -> nn.Module:
         RuntimeError: ``weights: hub`` when the hub cannot be reached and the file is not in
             the cache.
     """
+    if getattr(spec, "family", None) == "transformers":  # an HFModelSpec
+        from vitplasticity.hf_models import build_hf_model
+
+        return build_hf_model(spec, num_classes)  # type: ignore[arg-type]
     if spec.weights == "random":
         return _random_init(spec, num_classes)
     kwargs = {**spec.kwargs, "num_classes": num_classes}
@@ -245,8 +283,13 @@ def _random_init(spec: ModelSpec, num_classes: int) -> nn.Module:
     return model
 
 
-def preprocessing(model: nn.Module, spec: ModelSpec) -> Preprocessing:
-    """Preprocessing from the model's pretrained_cfg, with the normalisation ``spec`` asks for."""
+def preprocessing(model: nn.Module, spec: ModelSpec | HFModelSpec) -> Preprocessing:
+    """Preprocessing from the model's pretrained_cfg, with the normalisation ``spec`` asks for
+    (a ``family: transformers`` spec: :func:`vitplasticity.hf_models.hf_preprocessing`)."""
+    if getattr(spec, "family", None) == "transformers":  # an HFModelSpec
+        from vitplasticity.hf_models import hf_preprocessing
+
+        return hf_preprocessing(model, spec)  # type: ignore[arg-type]
     cfg = timm.data.resolve_data_config({}, model=model)
     if spec.normalize == "pretrained":
         mean, std = tuple(cfg["mean"]), tuple(cfg["std"])

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from vitplasticity.weights import hub_file, read_record, sha256_file
+from vitplasticity.weights import hub_file, read_record, read_snapshot_record, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +80,10 @@ def weights_record(model_spec: Any) -> dict[str, Any] | None:
     """What a result's model weights were, from its model spec (config ``models.<name>``).
 
     A weights file: its path, size and sha256, with the weights stage's hub record (repo,
-    revision, commit, URL) when ``weights.json`` beside it has the same sha256. ``random``:
-    the init seed. ``hub``: the file timm loaded from the huggingface_hub cache, where it is
-    found there. None for a spec without ``weights`` (GPT2's).
+    revision, commit, URL) when ``weights.json`` beside it has the same sha256. A weights
+    folder (a transformers model): each weights and config file's path, size and sha256
+    (:func:`_folder_record`). ``random``: the init seed. ``hub``: the file timm loaded from
+    the huggingface_hub cache, where it is found there. None for a spec without ``weights``.
     """
     if not isinstance(model_spec, Mapping) or "weights" not in model_spec:
         return None
@@ -92,6 +93,8 @@ def weights_record(model_spec: Any) -> dict[str, Any] | None:
     if weights == "hub":
         return {"source": "hub", **_hub_cache_record(model_spec)}
     path = Path(weights)
+    if path.is_dir():
+        return _folder_record(path)
     if not path.is_file():
         return {"source": "file", "path": weights, "sha256": None}
     record: dict[str, Any] = {"source": "file", **_file_record(path)}
@@ -106,9 +109,41 @@ def weights_record(model_spec: Any) -> dict[str, Any] | None:
     return {**record, "hub": {key: fetched.get(key) for key in keys}}
 
 
+def _folder_record(folder: Path) -> dict[str, Any]:
+    """A weights folder's files: those the weights stage's ``weights.json`` lists (with its
+    hub record when every file still has the sha256 recorded), else the folder's config.json
+    and safetensors files, each with its path, size and sha256."""
+    fetched = read_snapshot_record(folder)
+    names = (
+        [str(entry["path"]) for entry in fetched["files"]]
+        if fetched
+        else sorted(
+            p.relative_to(folder).as_posix()
+            for p in folder.rglob("*")
+            if p.is_file() and (p.name == "config.json" or ".safetensors" in p.name)
+        )
+    )
+    files = [
+        {**_file_record(folder / name), "path": name} for name in names if (folder / name).is_file()
+    ]
+    record: dict[str, Any] = {"source": "folder", "path": str(folder), "files": files}
+    if fetched is None:
+        return record
+    recorded = {str(entry["path"]): entry.get("sha256") for entry in fetched["files"]}
+    if {f["path"]: f["sha256"] for f in files} != recorded:
+        # A file was replaced or removed after the weights stage wrote it: its record is stale.
+        log.warning("%s: files differ from %s's; hub record left out", folder, "weights.json")
+        return record
+    keys = ("repo_id", "revision", "commit", "url", "fetched")
+    return {**record, "hub": {key: fetched.get(key) for key in keys}}
+
+
 def _hub_cache_record(model_spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The repo, revision and cached file (with sha256) of a ``weights: hub`` model."""
+    """The repo, revision and cached file (with sha256) of a timm ``weights: hub`` model; a
+    transformers one's repo and revision (its files: the weights stage's folder records them)."""
     revision = str(model_spec.get("revision", "main"))
+    if model_spec.get("family") == "transformers":
+        return {"repo_id": model_spec.get("hf_id"), "revision": revision, "sha256": None}
     try:
         from huggingface_hub import try_to_load_from_cache
 

@@ -1,9 +1,11 @@
-"""The plasticity stage on text: every component's plasticity of a GPT2 model between pairs of
-token sequences cut from text files.
+"""The plasticity stage on text: every component's plasticity of a transformers text model
+(GPT2, Llama, Mistral, Qwen2/3, Gemma 2/3) between pairs of token sequences cut from text files.
 
 The text counterpart of :func:`vitplasticity.plasticity.measure_dataset`: pair i is reference
 sequence i with downstream sequence i (cycled), both cut from text files
-(:mod:`vitplasticity.data.text`); the tables have the image plasticity's schema. Torch and
+(:mod:`vitplasticity.data.text`); the tables have the image plasticity's schema. The model is
+a ``models:`` entry (``family: transformers``) built by :mod:`vitplasticity.hf_models`; in the
+workflow its weights (and tokenizer) are the weights stage's folder, loaded offline. Torch and
 transformers are imported when a measurement starts, so that the CLI's ``--help`` stays fast.
 """
 
@@ -15,48 +17,78 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vitplasticity.hf_models import HFModelSpec
     from vitplasticity.plasticity import Measurement
 
 log = logging.getLogger(__name__)
 
-TEXT_MODEL_KEYS = frozenset({"source", "hf_id", "config", "init_seed"})
-"""Keys of a ``text_plasticity.models`` entry."""
-
 AUTO_TOKENIZER = "auto"
-"""Tokenizer setting: ``bytes`` for a random-init model, else the model's hf_id tokenizer."""
+"""Tokenizer setting: ``bytes`` for a random-init model, else the model's own tokenizer (its
+weights folder, or its hub id)."""
 
 
-def gpt2_entry(spec: Any) -> dict[str, Any]:
-    """The :func:`vitplasticity.text_models.build_gpt2` entry of a ``text_plasticity.models`` entry.
+def text_model_spec(model_name: str, entry: Any) -> HFModelSpec:
+    """The spec of text model ``model_name``'s ``models:`` entry (``family: transformers``).
 
     Raises:
-        ValueError: when ``spec`` is not a mapping or has an unknown key, naming it.
+        ValueError: when ``entry`` is not a mapping, is of another family, carries the old
+            text-model key ``source``, or has an unknown key (naming it).
     """
-    if not isinstance(spec, dict):
-        raise ValueError(f"--model-spec: expected a JSON object, got {spec!r}")
-    unknown = set(spec) - TEXT_MODEL_KEYS
-    if unknown:
+    from vitplasticity.hf_models import HFModelSpec
+
+    if not isinstance(entry, dict):
+        raise ValueError(f"--model-spec: expected a JSON object, got {entry!r}")
+    if "source" in entry:
         raise ValueError(
-            f"--model-spec: unknown keys {sorted(unknown)}; known: {sorted(TEXT_MODEL_KEYS)}"
+            f"--model-spec of model {model_name!r}: 'source' is the old text-model key; "
+            "write weights: hub | random | <saved model folder> (with family: transformers)"
         )
-    return {
-        "family": "gpt2",
-        "hf_id": spec.get("hf_id", "gpt2"),
-        "weights": spec.get("source", "hub"),
-        "config": dict(spec.get("config") or {}),
-    }
+    if entry.get("family") != "transformers":
+        raise ValueError(
+            f"--model-spec of model {model_name!r}: family {entry.get('family', 'timm')!r}; "
+            "text plasticity measures transformers text models (family: transformers)"
+        )
+    return HFModelSpec.from_config(entry)
 
 
-def tokenizer_name(requested: str, entry: dict[str, Any]) -> str:
+def tokenizer_name(requested: str, spec: HFModelSpec) -> str:
     """The tokenizer to load: ``auto`` resolves to ``bytes`` for random-init weights, else
-    to the model's hf_id (a local model folder: that folder)."""
+    to the model's own (its weights folder; for ``weights: hub``, its hub id)."""
     from vitplasticity.data.text import BYTE_TOKENIZER
 
     if requested != AUTO_TOKENIZER:
         return requested
-    if entry["weights"] == "random":
+    if spec.weights == "random":
         return BYTE_TOKENIZER
-    return entry["hf_id"] if entry["weights"] == "hub" else entry["weights"]
+    return spec.hf_id if spec.weights == "hub" else spec.weights
+
+
+def check_text_model(model_name: str, model: Any) -> None:
+    """Raise unless ``model``'s architecture takes token ids (a vision tower takes images).
+
+    Raises:
+        UnsupportedModel: no architecture knows the model (naming its class).
+        ValueError: naming the model and its class when it takes images.
+    """
+    from vitplasticity.architectures import architecture_for
+
+    architecture = architecture_for(model)
+    if architecture.inputs != "tokens":
+        raise ValueError(
+            f"model {model_name!r} ({type(model).__name__}, {architecture.name}) takes "
+            f"{architecture.inputs}, not token ids: measure it with plasticity.models, not "
+            "text_plasticity.run_models"
+        )
+
+
+def max_positions(config: Any) -> int | None:
+    """The longest sequence the model's config allows (GPT2's n_positions, else
+    max_position_embeddings); None when it states none."""
+    for key in ("n_positions", "max_position_embeddings"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def measure_text(
@@ -75,23 +107,25 @@ def measure_text(
     dtype: str = "float32",
     demo: bool = False,
 ) -> Measurement:
-    """The plasticity of GPT2 model ``model_name`` (its ``text_plasticity.models`` entry
-    ``model_spec``) between a reference and a downstream text file: the ``text-plasticity``
-    stage. ``dataset`` names the downstream data (default: the file's stem).
+    """The plasticity of text model ``model_name`` (its ``models:`` entry ``model_spec``,
+    ``family: transformers``) between a reference and a downstream text file: the
+    ``text-plasticity`` stage. ``dataset`` names the downstream data (default: the file's stem).
 
     Raises:
-        ValueError: for a bad argument (naming its CLI flag), a sequence longer than the
-            model's positions, fewer reference sequences than ``n_pairs``, or a ``source``
-            that is not a complete GPT2 checkpoint (:func:`~vitplasticity.text_models.build_gpt2`).
-        FileNotFoundError: for a missing text file, or a ``source`` folder without config.json.
+        ValueError: for a bad argument (naming its CLI flag), a spec that is not a
+            transformers entry (:func:`text_model_spec`), a model that takes images, a
+            sequence longer than the model's positions, fewer reference sequences than
+            ``n_pairs``, or weights that are not a complete checkpoint of the model
+            (:func:`~vitplasticity.hf_models.build_hf_model`).
+        FileNotFoundError: for a missing text file, or a weights folder without config.json.
     """
     import torch
 
     from vitplasticity.data.text import cycled, load_tokenizer, read_sequences
+    from vitplasticity.hf_models import build_hf_model
     from vitplasticity.models import pick_device
     from vitplasticity.plasticity import check_protocols, measure_protocols, measurement
     from vitplasticity.progress import ProgressReporter
-    from vitplasticity.text_models import build_gpt2
 
     # Every argument and file is checked before the model runs.
     protocols = check_protocols(protocols)
@@ -102,22 +136,21 @@ def measure_text(
     ):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
-    entry = gpt2_entry(model_spec)
+    spec = text_model_spec(model_name, model_spec)
     for flag, path in (("--reference", reference), ("--text", text)):
         if not Path(path).is_file():
             raise FileNotFoundError(f"{flag}: text file not found: {path}")
     target = pick_device(device)
     # A random init depends on init_seed alone: every job of the model measures the same weights.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(model_spec.get("init_seed", 0)))
-        model = build_gpt2(entry)
-    positions = model.config.n_positions
-    if sequence_length > positions:
+    model = build_hf_model(spec, num_classes=0)
+    check_text_model(model_name, model)
+    positions = max_positions(model.config)
+    if positions is not None and sequence_length > positions:
         raise ValueError(
             f"--sequence-length {sequence_length} exceeds the {positions} positions of "
             f"model {model_name!r}"
         )
-    tokenizer = tokenizer_name(tokenizer, entry)
+    tokenizer = tokenizer_name(tokenizer, spec)
     tokenize = load_tokenizer(tokenizer, model.config.vocab_size)
     n, length = n_pairs, sequence_length
     references = read_sequences(reference, tokenize, length, max_sequences=n)

@@ -1,12 +1,20 @@
 """The weights stage: fetch a model's pretrained checkpoint once, for compute jobs offline.
 
 Compute nodes of many clusters have no internet, and 1,500 jobs asking the hub at once invite
-rate limits. So one local job per model (on the login node) downloads the checkpoint timm
-would load, through huggingface_hub (which honours HF_ENDPOINT, HF_TOKEN and HF_HOME), into
-``<resources>/weights/<model>/model.safetensors``, with ``weights.json`` beside it: repo,
-file, revision asked for, commit it resolved to, sha256, size and URL. Compute jobs then load
-that file (``models.build_model`` with ``weights: <path>``) with HF_HUB_OFFLINE=1, strictly:
-a file that is not the model's checkpoint stops them, naming the file and the keys.
+rate limits. So one local job per model (on the login node) downloads its weights through
+huggingface_hub (which honours HF_ENDPOINT, HF_TOKEN and HF_HOME) into
+``<resources>/weights/<model>/``, with ``weights.json`` beside them, and compute jobs load
+them from there with HF_HUB_OFFLINE=1, strictly: weights that are not the model's stop them,
+naming the file and the keys.
+
+- A timm model (:func:`fetch`): the checkpoint timm would load, as ``model.safetensors``;
+  ``weights.json`` records repo, file, revision asked for, commit it resolved to, sha256, size
+  and URL. Compute jobs get ``weights: <that file>``.
+- A transformers model (:func:`fetch_snapshot`): a snapshot of the repo at the revision, the
+  files ``from_pretrained`` reads (:data:`SNAPSHOT_PATTERNS`: config.json, the safetensors
+  shards and their index, the image processor and tokenizer files), in the repo's layout;
+  ``weights.json``, written last, records repo, revision asked for, commit resolved and each
+  file's path, sha256 and size. Compute jobs get ``weights: <the folder>``.
 
 The local file is always a safetensors file: timm prefers the safetensors twin of a
 checkpoint (``model.safetensors`` for its default ``pytorch_model.bin``) and every timm hub
@@ -17,10 +25,12 @@ Importing this module imports neither torch nor timm: the workflow's rules use i
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,10 +38,24 @@ from typing import Any
 
 LOCAL_FILENAME = "model.safetensors"
 RECORD_FILENAME = "weights.json"
+# The files of a transformers repo that from_pretrained reads for a model, its image
+# processor and its tokenizer; never pickled weights (pytorch_model.bin) nor other formats.
+SNAPSHOT_PATTERNS = (
+    "config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "preprocessor_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "vocab*",
+    "merges.txt",
+)
+SHARD_INDEX = "model.safetensors.index.json"
 # The timm.create_model kwargs that change where pretrained weights come from: the weights
 # stage depends on these (and on timm_id and revision) only.
 SOURCE_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+_GIT_OID = _COMMIT  # a git blob id: sha1 of "blob <size>\0" + the bytes
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
 
@@ -194,6 +218,177 @@ def fetch(
     return record
 
 
+def fetch_snapshot(
+    model: str,
+    hf_id: str,
+    out_dir: str | Path,
+    *,
+    revision: str = "main",
+    endpoint: str | None = None,
+    cache_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Download a snapshot of transformers model ``model`` into ``out_dir``; return its record.
+
+    The files of ``hf_id`` at ``revision`` that match :data:`SNAPSHOT_PATTERNS` go through
+    the huggingface_hub cache (a second fetch of the same commit downloads nothing) and are
+    copied into ``out_dir`` in the repo's layout, atomically, each checked against the id the
+    hub gave it (an LFS file's sha256, a git file's blob id) while its sha256 is computed.
+    Snapshot files already in ``out_dir`` that this snapshot lacks are removed (a revision
+    with fewer shards leaves none behind). ``weights.json`` is written last, atomically.
+
+    Args:
+        model: the model's config key (for messages and the record).
+        hf_id: its hub repo id (config ``models.<model>.hf_id``).
+        out_dir: the model's folder, ``<resources>/weights/<model>``.
+        revision: branch, tag or commit (config ``models.<model>.revision``).
+        endpoint: the hub URL (default: HF_ENDPOINT, else huggingface.co).
+        cache_dir: the huggingface_hub cache (default: HF_HUB_CACHE / HF_HOME's).
+
+    Raises:
+        ValueError: a repo or revision that does not exist, a gated repo without access, or
+            a snapshot without config.json, without safetensors weights or missing a shard
+            its index names, naming ``models.<model>`` and the repo.
+        RuntimeError: the hub cannot be reached and the snapshot is not in the cache, or a
+            cached file whose bytes are not the hub's.
+    """
+    import huggingface_hub
+    from huggingface_hub import constants  # a submodule: not imported with the package
+
+    endpoint = endpoint or constants.ENDPOINT
+    where = f"models.{model} ({hf_id})"
+    with _snapshot_errors(model, where, hf_id, revision, endpoint):
+        snapshot = Path(
+            huggingface_hub.snapshot_download(
+                repo_id=hf_id,
+                revision=revision,
+                allow_patterns=list(SNAPSHOT_PATTERNS),
+                endpoint=endpoint,
+                cache_dir=cache_dir,
+            )
+        )
+    files = sorted(
+        path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*") if path.is_file()
+    )
+    _check_snapshot(files, snapshot, where, revision)
+    commit = snapshot.name
+    out_dir = Path(out_dir)
+    _remove_stale_files(out_dir, keep=set(files))
+    records = []
+    for name in files:
+        cached = snapshot / name
+        sha256, size = _copy_hashing(cached, out_dir / name)
+        problem = _cache_mismatch(cached, sha256)
+        if problem:
+            (out_dir / name).unlink()
+            raise RuntimeError(
+                f"{where}: {cached} {problem}; remove it from the huggingface_hub cache and "
+                "fetch again"
+            )
+        records.append({"path": name, "sha256": sha256, "size": size})
+    pinned = commit if _COMMIT.fullmatch(commit) else revision
+    record = {
+        "model": model,
+        "repo_id": hf_id,
+        "revision": revision,
+        "commit": commit if _COMMIT.fullmatch(commit) else None,
+        "url": f"{endpoint}/{hf_id}/tree/{pinned}",
+        "files": records,
+        "fetched": datetime.now(UTC).isoformat(timespec="seconds"),
+        "huggingface_hub": huggingface_hub.__version__,
+    }
+    from vitplasticity.io import write_json
+
+    write_json(out_dir / RECORD_FILENAME, record)
+    return record
+
+
+@contextlib.contextmanager
+def _snapshot_errors(
+    model: str, where: str, hf_id: str, revision: str, endpoint: str
+) -> Iterator[None]:
+    """huggingface_hub's errors of a snapshot download, as errors naming the model and repo."""
+    from huggingface_hub import errors
+
+    url = f"{endpoint}/{hf_id}"
+    try:
+        yield
+    except errors.GatedRepoError as error:
+        raise ValueError(
+            f"{where}: {hf_id} is gated: accept its terms on the hub and set HF_TOKEN "
+            f"({url}: HTTP {error.response.status_code})"
+        ) from error
+    except errors.RepositoryNotFoundError as error:
+        raise ValueError(
+            f"{where}: hub repo {hf_id} not found at {endpoint} (a private or gated repo "
+            f"needs HF_TOKEN) ({url}: HTTP {error.response.status_code})"
+        ) from error
+    except errors.RevisionNotFoundError as error:
+        raise ValueError(
+            f"models.{model}.revision {revision!r}: no such revision of {hf_id} ({url})"
+        ) from error
+    except errors.LocalEntryNotFoundError as error:
+        raise RuntimeError(
+            f"{where}: cannot reach the hub at {endpoint} for {hf_id}, and its snapshot is not "
+            "(completely) in the huggingface_hub cache; run the weights jobs where there is "
+            "internet (a login node), or check HF_ENDPOINT and proxy settings "
+            f"({error.__cause__ or error})"
+        ) from error
+    except errors.HfHubHTTPError as error:
+        raise RuntimeError(f"{where}: {url}: {error}") from error
+
+
+def _check_snapshot(files: list[str], snapshot: Path, where: str, revision: str) -> None:
+    """Raise unless the snapshot holds config.json and complete safetensors weights."""
+    at = f"at revision {revision!r}"
+    if "config.json" not in files:
+        raise ValueError(f"{where}: the repo has no config.json {at}: not a transformers model")
+    weights = [name for name in files if name.endswith(".safetensors")]
+    if not weights:
+        raise ValueError(
+            f"{where}: the repo has no safetensors weights {at} (pickled pytorch_model.bin "
+            "files are not fetched): load it once with from_pretrained, save_pretrained it "
+            "and set weights: <that folder>"
+        )
+    for index in (name for name in files if name.endswith(".safetensors.index.json")):
+        shards = set(json.loads((snapshot / index).read_text()).get("weight_map", {}).values())
+        folder = index.rpartition("/")[0]
+        missing = sorted(s for s in shards if f"{folder}/{s}".lstrip("/") not in files)
+        if missing:
+            raise ValueError(f"{where}: {index} names shards the repo lacks {at}: {missing}")
+
+
+def _cache_mismatch(cached: Path, sha256: str) -> str | None:
+    """What is wrong with a cached file of ``sha256``, by the id its blob is named by: an LFS
+    file's sha256, a git file's blob id (sha1 of "blob <size>\\0" + bytes); None if it agrees."""
+    blob = cached.resolve().name
+    if _SHA256.fullmatch(blob):
+        return None if blob == sha256 else f"has sha256 {sha256}, the hub says {blob}"
+    if _GIT_OID.fullmatch(blob):
+        data = cached.read_bytes()
+        oid = hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+        return None if blob == oid else f"has git blob id {oid}, the hub says {blob}"
+    return None
+
+
+def _remove_stale_files(out_dir: Path, keep: set[str]) -> None:
+    """Remove ``out_dir``'s record and the snapshot files (:data:`SNAPSHOT_PATTERNS`) that
+    ``keep`` lacks: a former revision's shards. (Snakemake removes the record, the rule's
+    output, before the job: the files it listed cannot be told from it.)"""
+    (out_dir / RECORD_FILENAME).unlink(missing_ok=True)
+    if not out_dir.is_dir():
+        return
+    for path in out_dir.rglob("*"):
+        name = path.relative_to(out_dir).as_posix()
+        if path.is_file() and name not in keep and _snapshot_file(name):
+            path.unlink()
+
+
+def _snapshot_file(name: str) -> bool:
+    """Whether a repo file of path ``name`` is one a snapshot fetches (huggingface_hub's
+    matching: fnmatch, whose ``*`` also matches ``/``)."""
+    return any(fnmatch.fnmatch(name, pattern) for pattern in SNAPSHOT_PATTERNS)
+
+
 def download(
     source: HubFile,
     model: str,
@@ -293,3 +488,13 @@ def read_record(weights_file: str | Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     return json.loads(path.read_text())
+
+
+def read_snapshot_record(folder: str | Path) -> dict[str, Any] | None:
+    """The weights stage's record of a transformers snapshot in ``folder`` (None when there is
+    none, or the record is a timm file's)."""
+    path = Path(folder) / RECORD_FILENAME
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    return record if isinstance(record.get("files"), list) else None

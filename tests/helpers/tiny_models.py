@@ -94,6 +94,24 @@ def _hf_vision(
     return TinyModel(case_id, family, build, inputs)
 
 
+def _hf_classifier(case_id: str, family: str, model_type: str, **config) -> TinyModel:
+    """A tiny transformers vision tower in its classification class with a 5-way head, built as
+    finetuning builds it (``vitplasticity.hf_models.build_hf_model``), random init."""
+
+    def build() -> nn.Module:
+        from vitplasticity.hf_models import HFModelSpec, build_hf_model
+
+        settings = {"model_type": model_type, **HF_VISION_TINY_CONFIG, **config}
+        spec = HFModelSpec(hf_id=f"tiny/{model_type}", weights="random", config=settings)
+        torch.manual_seed(0)
+        return build_hf_model(spec, num_classes=5)
+
+    def inputs(n: int) -> torch.Tensor:
+        return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(n))
+
+    return TinyModel(case_id, family, build, inputs)
+
+
 HF_VISION_TINY_MODELS: list[TinyModel] = [
     _hf_vision("hf_vit", "hf_vit", "ViTModel", "ViTConfig", intermediate_size=96),
     _hf_vision(
@@ -163,8 +181,23 @@ HF_VISION_TINY_MODELS: list[TinyModel] = [
         "SiglipVisionConfig",
         intermediate_size=96,
     ),
+    _hf_classifier("hf_dinov2_classifier", "hf_dinov2", "dinov2", mlp_ratio=2),
+    _hf_classifier(
+        "hf_dinov3_classifier",
+        "hf_dinov3",
+        "dinov3_vit",
+        intermediate_size=96,
+        num_register_tokens=2,
+    ),
+    _hf_classifier(
+        "hf_clip_classifier", "hf_clip_vision", "clip_vision_model", intermediate_size=96
+    ),
+    _hf_classifier(
+        "hf_siglip_classifier", "hf_siglip_vision", "siglip_vision_model", intermediate_size=96
+    ),
 ]
-"""The transformers vision towers (and wrappers with a classifier or projection)."""
+"""The transformers vision towers (and wrappers with a classifier or projection); the
+``_classifier`` ones are what finetune and recommend take."""
 
 
 HF_TEXT_TINY_CONFIG = {

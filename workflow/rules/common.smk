@@ -70,22 +70,46 @@ def reference_file():
     return f"{RESOURCES}/reference/{config['reference']['name']}.parquet"
 
 
+def family_models(family):
+    """The names of the models of ``family`` (models.<name>.family)."""
+    return [name for name, entry in config["models"].items() if entry["family"] == family]
+
+
+def names_pattern(names):
+    """A wildcard constraint matching exactly ``names`` (none: a pattern that matches nothing)."""
+    return "|".join(re.escape(name) for name in names) or "(?!)"
+
+
+def weights_folder(model):
+    """Where the weights stage puts ``model``'s files: <resources>/weights/<model>."""
+    return f"{RESOURCES}/weights/{model}"
+
+
 def weights_files(model):
-    """The weights stage's file and record of a `weights: hub` model; [] for random or a path."""
-    if config["models"][model]["weights"] != "hub":
+    """The weights stage's outputs of a `weights: hub` model, which its compute jobs read: a
+    timm model's file and record; a transformers model's record (written last, it lists the
+    snapshot's files beside it: the folder's sentinel). [] for random or local weights."""
+    entry = config["models"][model]
+    if entry["weights"] != "hub":
         return []
-    return [f"{RESOURCES}/weights/{model}/{name}" for name in (LOCAL_FILENAME, RECORD_FILENAME)]
+    names = (LOCAL_FILENAME, RECORD_FILENAME) if entry["family"] == "timm" else (RECORD_FILENAME,)
+    return [f"{weights_folder(model)}/{name}" for name in names]
 
 
 def compute_model_spec(model):
     """The model's config entry as a compute job gets it (JSON): `weights: hub` becomes the
-    weights stage's local file, and `revision` (which only the weights stage reads) is left out,
-    so that models not fetched from the hub keep their spec."""
-    entry = {k: v for k, v in config["models"][model].items() if k != "revision"}
-    files = weights_files(model)
-    if files:
-        entry["weights"] = files[0]
-    return as_json(entry)
+    weights stage's local file (timm) or folder (transformers), and `revision` (which only the
+    weights stage reads) is left out, so that models not fetched from the hub keep their spec.
+    A timm entry also leaves out `family: timm`, which a spec without a family means: the
+    paper's commands, and the specs its results record, are those of the timm-only layout."""
+    entry = config["models"][model]
+    left_out = ("revision", "family") if entry["family"] == "timm" else ("revision",)
+    spec = {k: v for k, v in entry.items() if k not in left_out}
+    if entry["weights"] == "hub":
+        spec["weights"] = (
+            weights_files(model)[0] if entry["family"] == "timm" else weights_folder(model)
+        )
+    return as_json(spec)
 
 
 def weights_source_kwargs(model):
@@ -95,11 +119,13 @@ def weights_source_kwargs(model):
 
 
 def weights_targets():
-    """The weights stage's outputs of every `weights: hub` model that a plasticity job or an
-    enabled experiment uses."""
+    """The weights stage's outputs of every `weights: hub` model that a plasticity job, an
+    enabled experiment or enabled text plasticity uses."""
     used = list(config["plasticity"]["models"])
     for name in enabled_experiments(config):
         used += config["experiments"][name]["models"]
+    if config["text_plasticity"]["enabled"]:
+        used += config["text_plasticity"]["run_models"]
     return [path for model in dict.fromkeys(used) for path in weights_files(model)]
 
 
@@ -125,32 +151,22 @@ def plasticity_pairs(model):
 
 def text_plasticity_settings():
     """The text_plasticity block; with enabled true, checks that the reference file and at
-    least one model and dataset are named."""
+    least one model and dataset are named (vitplasticity.config.check_config has checked that
+    the models are transformers models of models:)."""
     text = config["text_plasticity"]
     if text["enabled"]:
         problems = [
             f"text_plasticity.{key}: {what} (text_plasticity.enabled is true)"
             for key, what in (
                 ("reference", "no reference text file"),
-                ("models", "no model"),
+                ("run_models", "no model"),
                 ("datasets", "no dataset"),
             )
             if not text[key]
         ]
-        models = text["models"]
-        problems += [
-            f"text_plasticity.run_models: unknown model {name!r} (defined: {', '.join(sorted(models))})"
-            for name in text_plasticity_models(text)
-            if name not in models
-        ]
         if problems:
             raise ValueError("; ".join(problems))
     return text
-
-
-def text_plasticity_models(text):
-    """text_plasticity.run_models; every model of text_plasticity.models when it is absent."""
-    return text.get("run_models", list(text["models"]))
 
 
 def text_plasticity_setting(key):
@@ -164,7 +180,7 @@ def text_plasticity_targets():
         return []
     return [
         f"{RESULTS}/plasticity_text/{model}/{dataset}{suffix}.parquet"
-        for model in text_plasticity_models(text)
+        for model in text["run_models"]
         for dataset in text["datasets"]
         for suffix in ("", "_summary")
     ]
@@ -172,10 +188,6 @@ def text_plasticity_targets():
 
 def text_dataset_file(wildcards):
     return text_plasticity_settings()["datasets"][wildcards.dataset]
-
-
-def text_model_spec(wildcards):
-    return as_json(text_plasticity_settings()["models"][wildcards.model])
 
 
 def bounds_targets():
@@ -235,25 +247,38 @@ def scheduler_minutes(minutes):
     return runtime.capped(minutes, config["scheduler"]["max_runtime_minutes"])
 
 
-def one_run_minutes(wildcards, attempt):
+def model_minutes(model, estimate):
+    """The wall time of a job of ``model``: ``estimate(timm_id)``, capped. vitplasticity.runtime
+    counts the FLOPs of timm architectures only: a transformers model's job asks for
+    scheduler.max_runtime_minutes, or, where that is null, for no runtime (Snakemake leaves
+    the resource out: the partition's default time)."""
+    entry = config["models"][model]
+    if entry["family"] != "timm":
+        return config["scheduler"]["max_runtime_minutes"]
+    return scheduler_minutes(estimate(entry["timm_id"]))
+
+
+def one_run_minutes(wildcards, attempt, timm_id):
     return runtime.finetune_minutes(
         config["datasets"][wildcards.dataset]["steps"],
         config["finetune"]["batch_size"],
-        config["models"][wildcards.model]["timm_id"],
+        timm_id,
         config["finetune"]["precision"],
         attempt,
     )
 
 
 def finetune_runtime(wildcards, attempt):
-    return scheduler_minutes(one_run_minutes(wildcards, attempt))
+    return model_minutes(wildcards.model, lambda timm_id: one_run_minutes(wildcards, attempt, timm_id))
 
 
 def plasticity_runtime(wildcards, attempt):
     p = config["plasticity"]
-    timm_id = config["models"][wildcards.model]["timm_id"]
-    return scheduler_minutes(
-        runtime.plasticity_minutes(p["n_pairs"], len(p["protocols"]), timm_id, p["dtype"], attempt)
+    return model_minutes(
+        wildcards.model,
+        lambda timm_id: runtime.plasticity_minutes(
+            p["n_pairs"], len(p["protocols"]), timm_id, p["dtype"], attempt
+        ),
     )
 
 
@@ -293,4 +318,6 @@ def pack_lora_flags(pack):
 
 
 def pack_runtime(pack):
-    return lambda w, attempt: scheduler_minutes(pack.runtime(one_run_minutes(w, attempt)))
+    return lambda w, attempt: model_minutes(
+        w.model, lambda timm_id: pack.runtime(one_run_minutes(w, attempt, timm_id))
+    )

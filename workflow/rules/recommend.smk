@@ -60,6 +60,7 @@ rule recommend_text:
     input:
         reference=lambda w: text_plasticity_settings()["reference"],
         text=text_dataset_file,
+        weights=lambda w: weights_files(w.model),
     output:
         markdown=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.md",
         export=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.json",
@@ -69,7 +70,7 @@ rule recommend_text:
     benchmark:
         f"{RESULTS}/benchmarks/recommend_text/{{model}}/{{dataset}}.tsv"
     params:
-        model_spec=recommend_text_model_spec,
+        model_spec=lambda w: compute_model_spec(w.model),
         tokenizer=text_plasticity_setting("tokenizer"),
         sequence_length=text_plasticity_setting("sequence_length"),
         n_pairs=recommend_text_n_pairs(),
@@ -83,10 +84,12 @@ rule recommend_text:
         device=RECOMMEND["device"],
         demo_flag=DEMO_FLAG,
         out_prefix=lambda w, output: output.table.removesuffix(".parquet"),
+    wildcard_constraints:
+        model=names_pattern(family_models("transformers")),
     conda:
         ENV
     shell:
-        "vitplasticity recommend-text"
+        f"{OFFLINE} vitplasticity recommend-text"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --dataset {wildcards.dataset} --reference {input.reference:q} --text {input.text:q}"
         " --tokenizer {params.tokenizer:q} --sequence-length {params.sequence_length}"

@@ -50,7 +50,7 @@ def recommend_text_targets():
         return []
     return expand(
         f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.{{ext}}",
-        model=text_plasticity_models(text),
+        model=text["run_models"],
         dataset=list(text["datasets"]),
         ext=["md", "json", "parquet"],
     )
@@ -62,20 +62,17 @@ def recommend_text_n_pairs():
     return text_plasticity_setting("n_pairs") if value is None else value
 
 
-def recommend_text_model_spec(wildcards):
-    """The text model's entry, as its text-plasticity job gets it."""
-    return text_model_spec(wildcards)
-
-
 def recommend_runtime(wildcards, attempt):
-    """Minutes for one recommend job: vitplasticity.runtime's estimate from the block."""
-    return scheduler_minutes(
-        runtime.recommend_minutes(
+    """Minutes for one recommend job: vitplasticity.runtime's estimate from the block
+    (common.smk's model_minutes: a transformers model's job asks for the cap)."""
+    return model_minutes(
+        wildcards.model,
+        lambda timm_id: runtime.recommend_minutes(
             recommend_or_plasticity("n_pairs"),
             RECOMMEND["batch_size"],
             RECOMMEND["warmup_steps"],
             RECOMMEND["batches"],
-            config["models"][wildcards.model]["timm_id"],
+            timm_id,
             attempt,
-        )
+        ),
     )

@@ -219,6 +219,24 @@ class Architecture:
         """The embedding output of ``inputs``: what the first block receives."""
         raise NotImplementedError
 
+    def logits(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        """The classifier's logits (B, classes) of a model with a classification head: what
+        finetuning, the recommend criteria and the LoRA check run (the default: ``model(inputs)``,
+        a timm model's forward)."""
+        return model(inputs)
+
+    def classifier(self, model: nn.Module) -> nn.Module:
+        """The classification head alone (the linear map of the pooled features), which the
+        recommend head warm-up trains (the default: timm's ``get_classifier()``).
+
+        Raises:
+            UnsupportedModel: for a model without one.
+        """
+        get_classifier = getattr(model, "get_classifier", None)
+        if get_classifier is None:
+            raise UnsupportedModel(f"{type(model).__name__} has no classifier head")
+        return get_classifier()
+
     def attend(
         self, attention: nn.Module, tokens: torch.Tensor, embedded: Embedded, index: int
     ) -> torch.Tensor:

@@ -24,6 +24,11 @@ CLIP's ``pre_layrnorm``; the head is the final norm, ViT's pooler, SigLIP's atte
 head and what a wrapper class adds (``classifier``, ``visual_projection``). DINOv3's positions
 are rotary: its embedding hands every block the (cos, sin) of the patch grid.
 
+Finetuning and recommend take a tower in its classification class, whose forward pass pools
+the tower's output its own way (ViTForImageClassification, Dinov2ForImageClassification, ...,
+and :class:`vitplasticity.hf_models.DINOv3ViTClassifier` for DINOv3, which transformers lacks):
+:meth:`HFVisionTower.logits` is ``model(pixel_values=inputs).logits``.
+
 Matched by class name (transformers is optional and not imported to answer "no").
 transformers attention modules return (output, weights) and CLIP's and SigLIP's blocks pass
 them the tokens by keyword: :meth:`HFVisionTower.hook_input` and ``hook_output`` say where.
@@ -60,17 +65,11 @@ has ``up_proj`` and ``down_proj``."""
 WRAPPER_HEADS: tuple[str, ...] = ("classifier", "visual_projection")
 """What a class wrapping a tower adds on top of it: trained by every configuration."""
 
-NOT_YET = (
-    "finetuning transformers vision models: not yet supported (the new classification head on "
-    "the pooled output is not built yet)"
+NO_CLASSIFIER = (
+    "{model} has no classification head: finetuning and recommend take a vision tower in its "
+    "classification class (models.build_model with num_classes > 0, vitplasticity.hf_models)"
 )
-
-_REFUSALS: dict[str, str] = {
-    "finetune": NOT_YET,
-    "lora": NOT_YET,
-    "recommend": f"recommend warms up and differentiates a new classification head; {NOT_YET}",
-}
-"""The stages a transformers vision model is refused by, and why."""
+"""Why finetune and recommend refuse a bare tower (or one with a projection, CLIP's)."""
 
 
 def mlp_layout(mlp: nn.Module) -> tuple[str, ...]:
@@ -280,8 +279,31 @@ class HFVisionTower(Architecture):
         query, key, value, output = (getattr(attention, name).weight for name in projections)
         return AttentionWeights(query, key, value, output, heads)
 
+    def has_classifier(self, model: nn.Module) -> bool:
+        """Whether ``model`` is a classification class around the tower (a ``classifier``)."""
+        return self.tower(model) is not model and isinstance(
+            getattr(model, "classifier", None), nn.Module
+        )
+
+    def logits(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        """The classification class's logits: its forward pass returns an output object.
+
+        Raises:
+            UnsupportedModel: for a model without a classification head.
+        """
+        if not self.has_classifier(model):
+            raise UnsupportedModel(NO_CLASSIFIER.format(model=type(model).__name__))
+        return model(pixel_values=inputs).logits
+
+    def classifier(self, model: nn.Module) -> nn.Module:
+        if not self.has_classifier(model):
+            raise UnsupportedModel(NO_CLASSIFIER.format(model=type(model).__name__))
+        return model.classifier
+
     def refusal(self, stage: str, model: nn.Module) -> str | None:
-        return _REFUSALS.get(stage)
+        if stage in ("finetune", "recommend") and not self.has_classifier(model):
+            return NO_CLASSIFIER.format(model=type(model).__name__)
+        return None
 
 
 class LayerScaled(HFVisionTower):
@@ -355,11 +377,13 @@ class HFDinov2(LayerScaled):
 
 
 class HFDinov3(LayerScaled):
-    """transformers ``DINOv3ViTModel``: rotary positions, register tokens, plain or gated MLP."""
+    """transformers ``DINOv3ViTModel`` (and :class:`vitplasticity.hf_models.DINOv3ViTClassifier`,
+    its classifier: cls token and mean patch token, as DINOv2's): rotary positions, register
+    tokens, plain or gated MLP."""
 
     name = "hf_dinov3"
     title = "transformers DINOv3ViTModel"
-    towers = (("DINOv3ViTModel", ""),)
+    towers = (("DINOv3ViTModel", ""), ("DINOv3ViTClassifier", "dinov3"))
     layer_classes = ("DINOv3ViTLayer",)
     blocks_at = "model.layer"
     head_parts = ("norm",)

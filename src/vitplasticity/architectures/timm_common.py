@@ -4,14 +4,17 @@ alike (``patch_embed``, ``cls_token``, ``norm``, ``head``...)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from vitplasticity.architectures.base import (
+    Architecture,
     AttentionWeights,
     Declared,
+    Embedded,
     Owned,
     UndefinedStage,
     UnsupportedModel,
@@ -152,3 +155,102 @@ def call_qkv_for_lora(blocks: Sequence[nn.Module]) -> None:
             attention, "qkv_bias_separate"
         ):
             attention.qkv_bias_separate = True
+
+
+class TimmPreNormFamily(Architecture):
+    """What timm's pre-norm families (VisionTransformer, Eva, Beit) share: blocks
+    ``blocks.N`` of one class computing ``x + s1(attn(norm1(x)))`` then ``x +
+    s2(mlp(norm2(x)))``, s1 and s2 the family's LayerScale (or none). LN1 is ``norm1``, MHA
+    ``attn`` (all of it), LN2 ``norm2``, FC1 the MLP's first linear stage, FC2 ``mlp.fc2``; the
+    embedding and head are the top-level parts timm names alike."""
+
+    model_class: tuple[str, str] = ("", "")
+    """(module, class) of the family's models."""
+    block_class: tuple[str, str] = ("", "")
+    """(module, class) of its blocks: any other block is refused."""
+    block_description: str = ""
+    """What such a block is, for the refusal of another one."""
+
+    @staticmethod
+    def _load(where: tuple[str, str]) -> type:
+        module, name = where
+        return getattr(importlib.import_module(module), name)
+
+    def matches(self, model: nn.Module) -> bool:
+        return isinstance(model, self._load(self.model_class))
+
+    def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
+        return list(getattr(model, "blocks", []))
+
+    def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
+        if type(block) is not self._load(self.block_class):
+            raise UnsupportedModel(
+                f"block {index} of {type(model).__name__} is a {type(block).__name__}, not "
+                f"{self.block_description}"
+            )
+        super().check_block(block, index, model)
+
+    def components(self, block: nn.Module, fc1: str = "stage") -> dict[str, tuple[nn.Module, ...]]:
+        return {
+            "ln1": (block.norm1,),
+            "mha": (block.attn,),
+            "ln2": (block.norm2,),
+            "fc1": mlp_fc1(block.mlp, fc1),
+            "fc2": (block.mlp.fc2,),
+        }
+
+    def embedding(self, model: nn.Module) -> Owned:
+        return timm_embedding(model)
+
+    def head(self, model: nn.Module) -> Owned:
+        return timm_head(model)
+
+    def scale_attention(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The attention branch's LayerScale (identity without one)."""
+        raise NotImplementedError
+
+    def scale_mlp(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The MLP branch's LayerScale (identity without one)."""
+        raise NotImplementedError
+
+    def compose_block(
+        self,
+        block: nn.Module,
+        components: dict[str, tuple[nn.Module, ...]],
+        tokens: torch.Tensor,
+        embedded: Embedded,
+        index: int,
+    ) -> torch.Tensor:
+        (ln1,), (mha,), (ln2,), fc1, (fc2,) = components.values()
+        x = tokens + self.scale_attention(block, self.attend(mha, ln1(tokens), embedded, index))
+        return x + self.scale_mlp(block, mlp_from_parts(block.mlp, fc1, fc2, ln2(x)))
+
+    def attention_weights(self, attention: nn.Module) -> AttentionWeights:
+        return fused_attention_weights(attention)
+
+
+class TimmGammaFamily(TimmPreNormFamily):
+    """timm's Eva and Beit: LayerScale as the block's own parameters ``gamma_1``/``gamma_2``
+    (absent without LayerScale), q and v biases beside a bias-free ``qkv``."""
+
+    def declared(self, model: nn.Module) -> list[Declared]:
+        found = []
+        for index, block in enumerate(self.block_list(model)):
+            for attribute, label, trained_by in (
+                ("gamma_1", "layer_scale_attn", "mha"),
+                ("gamma_2", "layer_scale_mlp", "fc2"),
+            ):
+                gamma = getattr(block, attribute, None)
+                if isinstance(gamma, nn.Parameter):
+                    found.append(Declared(label, trained_by, Owned(parameters=(gamma,)), index))
+            found += mlp_norm_declared(block, index)
+        return found
+
+    def scale_attention(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return x if block.gamma_1 is None else block.gamma_1 * x
+
+    def scale_mlp(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return x if block.gamma_2 is None else block.gamma_2 * x
+
+    def prepare_lora(self, model: nn.Module) -> None:
+        call_qkv_for_lora(self.block_list(model))

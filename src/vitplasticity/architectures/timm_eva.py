@@ -17,29 +17,13 @@ alone, as the reference code's DINOv3 ablation did. ``gamma_1`` is trained with 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from vitplasticity.architectures.base import (
-    Architecture,
-    AttentionWeights,
-    Declared,
-    Embedded,
-    Owned,
-    UnsupportedModel,
-)
-from vitplasticity.architectures.timm_common import (
-    call_qkv_for_lora,
-    fused_attention_weights,
-    mlp_fc1,
-    mlp_from_parts,
-    mlp_norm_declared,
-    timm_embedding,
-    timm_head,
-)
+from vitplasticity.architectures.base import Declared, Embedded, Owned
+from vitplasticity.architectures.timm_common import TimmGammaFamily
 
 
 @dataclass(frozen=True)
@@ -57,70 +41,24 @@ class Rope:
         return self.embedding[index]
 
 
-def _layer_scale(block: nn.Module, index: int) -> list[Declared]:
-    found = []
-    for attribute, label, trained_by in (
-        ("gamma_1", "layer_scale_attn", "mha"),
-        ("gamma_2", "layer_scale_mlp", "fc2"),
-    ):
-        gamma = getattr(block, attribute, None)
-        if isinstance(gamma, nn.Parameter):
-            found.append(Declared(label, trained_by, Owned(parameters=(gamma,)), index))
-    return found
-
-
-def _scaled(gamma: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    return x if gamma is None else gamma * x
-
-
-class TimmEva(Architecture):
+class TimmEva(TimmGammaFamily):
     """timm ``Eva`` with pre-norm ``EvaBlock``s and rotary (or absolute) positions."""
 
     name = "timm_eva"
     title = "timm Eva (EVA-02, DINOv3, rope ViT)"
-
-    def matches(self, model: nn.Module) -> bool:
-        from timm.models.eva import Eva
-
-        return isinstance(model, Eva)
-
-    def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
-        return list(getattr(model, "blocks", []))
-
-    def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
-        from timm.models.eva import EvaBlock
-
-        if type(block) is not EvaBlock:
-            raise UnsupportedModel(
-                f"block {index} of {type(model).__name__} is a {type(block).__name__}, not a "
-                "pre-norm EvaBlock (a post-norm block has no LN1/LN2 in the paper's sense)"
-            )
-        super().check_block(block, index, model)
-
-    def components(self, block: nn.Module, fc1: str = "stage") -> dict[str, tuple[nn.Module, ...]]:
-        return {
-            "ln1": (block.norm1,),
-            "mha": (block.attn,),
-            "ln2": (block.norm2,),
-            "fc1": mlp_fc1(block.mlp, fc1),
-            "fc2": (block.mlp.fc2,),
-        }
-
-    def embedding(self, model: nn.Module) -> Owned:
-        return timm_embedding(model)
-
-    def head(self, model: nn.Module) -> Owned:
-        return timm_head(model)
+    model_class = ("timm.models.eva", "Eva")
+    block_class = ("timm.models.eva", "EvaBlock")
+    block_description = (
+        "a pre-norm EvaBlock (a post-norm block has no LN1/LN2 in the paper's sense)"
+    )
 
     def declared(self, model: nn.Module) -> list[Declared]:
-        found = []
+        found = super().declared(model)
         rope = getattr(model, "rope", None)
         if isinstance(rope, nn.Module) and any(True for _ in rope.parameters()):
             # Learned rotary frequencies (rope type "mixed"): terms of every block's attention
             # logits, as BEiT's shared relative position bias.
             found.append(Declared("rotary_frequencies", "mha", Owned((rope,))))
-        for index, block in enumerate(self.block_list(model)):
-            found += _layer_scale(block, index) + mlp_norm_declared(block, index)
         return found
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
@@ -141,21 +79,6 @@ class TimmEva(Architecture):
     ) -> torch.Tensor:
         return block(tokens, rope=embedded.context.of_block(index))
 
-    def compose_block(
-        self,
-        block: nn.Module,
-        components: dict[str, tuple[nn.Module, ...]],
-        tokens: torch.Tensor,
-        embedded: Embedded,
-        index: int,
-    ) -> torch.Tensor:
-        (ln1,), (mha,), (ln2,), fc1, (fc2,) = components.values()
-        x = tokens + _scaled(block.gamma_1, self.attend(mha, ln1(tokens), embedded, index))
-        return x + _scaled(block.gamma_2, mlp_from_parts(block.mlp, fc1, fc2, ln2(x)))
-
-    def prepare_lora(self, model: nn.Module) -> None:
-        call_qkv_for_lora(self.block_list(model))
-
     def mha_bound_refusal(self, model: nn.Module) -> str | None:
         if getattr(model, "rope", None) is not None:
             return (
@@ -164,6 +87,3 @@ class TimmEva(Architecture):
                 "without rotary positions"
             )
         return None
-
-    def attention_weights(self, attention: nn.Module) -> AttentionWeights:
-        return fused_attention_weights(attention)

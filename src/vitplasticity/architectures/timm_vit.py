@@ -12,68 +12,23 @@ attention pooling and the classifier.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
-from vitplasticity.architectures.base import (
-    Architecture,
-    AttentionWeights,
-    Declared,
-    Embedded,
-    Owned,
-    UnsupportedModel,
-)
-from vitplasticity.architectures.timm_common import (
-    fused_attention_weights,
-    mlp_fc1,
-    mlp_from_parts,
-    mlp_norm_declared,
-    timm_embedding,
-    timm_head,
-)
+from vitplasticity.architectures.base import Declared, Embedded, Owned
+from vitplasticity.architectures.timm_common import TimmPreNormFamily, mlp_norm_declared
 
 
-class TimmVisionTransformer(Architecture):
+class TimmVisionTransformer(TimmPreNormFamily):
     """timm ``VisionTransformer`` with pre-norm ``Block``s."""
 
     name = "timm_vit"
     title = "timm VisionTransformer"
-
-    def matches(self, model: nn.Module) -> bool:
-        from timm.models.vision_transformer import VisionTransformer
-
-        return isinstance(model, VisionTransformer)
-
-    def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
-        return list(getattr(model, "blocks", []))
-
-    def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
-        from timm.models.vision_transformer import Block
-
-        if type(block) is not Block:
-            raise UnsupportedModel(
-                f"block {index} of {type(model).__name__} is a {type(block).__name__}, not a "
-                "pre-norm timm Block (post-norm and parallel blocks have no LN1/LN2 in the "
-                "paper's sense)"
-            )
-        super().check_block(block, index, model)
-
-    def components(self, block: nn.Module, fc1: str = "stage") -> dict[str, tuple[nn.Module, ...]]:
-        return {
-            "ln1": (block.norm1,),
-            "mha": (block.attn,),
-            "ln2": (block.norm2,),
-            "fc1": mlp_fc1(block.mlp, fc1),
-            "fc2": (block.mlp.fc2,),
-        }
-
-    def embedding(self, model: nn.Module) -> Owned:
-        return timm_embedding(model)
-
-    def head(self, model: nn.Module) -> Owned:
-        return timm_head(model)
+    model_class = ("timm.models.vision_transformer", "VisionTransformer")
+    block_class = ("timm.models.vision_transformer", "Block")
+    block_description = (
+        "a pre-norm timm Block (post-norm and parallel blocks have no LN1/LN2 in the paper's sense)"
+    )
 
     def declared(self, model: nn.Module) -> list[Declared]:
         found = []
@@ -91,17 +46,8 @@ class TimmVisionTransformer(Architecture):
         tokens = model._pos_embed(model.patch_embed(inputs))
         return Embedded(model.norm_pre(model.patch_drop(tokens)))  # (B, n, d)
 
-    def compose_block(
-        self,
-        block: nn.Module,
-        components: dict[str, tuple[nn.Module, ...]],
-        tokens: torch.Tensor,
-        embedded: Embedded,
-        index: int,
-    ) -> torch.Tensor:
-        (ln1,), (mha,), (ln2,), fc1, (fc2,) = components.values()
-        x = tokens + block.ls1(self.attend(mha, ln1(tokens), embedded, index))
-        return x + block.ls2(mlp_from_parts(block.mlp, fc1, fc2, ln2(x)))
+    def scale_attention(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return block.ls1(x)
 
-    def attention_weights(self, attention: nn.Module) -> AttentionWeights:
-        return fused_attention_weights(attention)
+    def scale_mlp(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return block.ls2(x)

@@ -222,7 +222,7 @@ def register_text(subparsers: argparse._SubParsersAction) -> None:
         "--model-spec",
         required=True,
         type=json_argument,
-        help="its text model entry (JSON), as text-plasticity takes it",
+        help="its models: entry (JSON, family: transformers), as text-plasticity takes it",
     )
     parser.add_argument("--reference", required=True, help="reference text file")
     parser.add_argument(

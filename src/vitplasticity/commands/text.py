@@ -1,5 +1,6 @@
-"""``text-plasticity``: every component's plasticity of a GPT2 model on pairs of token
-sequences (:mod:`vitplasticity.text_plasticity`); the tables have the image plasticity's schema.
+"""``text-plasticity``: every component's plasticity of a transformers text model on pairs of
+token sequences (:mod:`vitplasticity.text_plasticity`); the tables have the image plasticity's
+schema.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``text-plasticity`` subcommand."""
     parser = subparsers.add_parser(
         "text-plasticity",
-        help="plasticity of every component of a GPT2 model, per pair of token sequences",
+        help="plasticity of every component of a transformers text model, per pair of token "
+        "sequences",
         description="Cut the reference and downstream text files into sequences of "
         "--sequence-length tokens, pair reference sequence i with downstream sequence i (the "
         "downstream cycled when shorter) and measure ||f(x)-f(y)|| / ||x-y|| for ln1, mha, "
@@ -25,8 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model-spec",
         required=True,
         type=json_argument,
-        help='its config entry, as JSON: {"source": hub|random|<folder>, "hf_id": ..., '
-        '"config": {GPT2Config overrides}, "init_seed": seed of a random init (default 0)}',
+        help='its models: entry, as JSON: {"family": "transformers", "hf_id": ..., "weights": '
+        'hub|random|<saved model folder>, "config": {overrides; with random the whole config, '
+        'model_type included}, "model_class": ..., "init_seed": seed of a random init}',
     )
     parser.add_argument("--reference", required=True, help="reference text file")
     parser.add_argument("--text", required=True, help="downstream text file")
@@ -34,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tokenizer",
         default=AUTO_TOKENIZER,
-        help="auto (bytes for a random-init model, else its hf_id), bytes, a hub id or folder",
+        help="auto (bytes for a random-init model, else the model's own: its weights folder), "
+        "bytes, or a tokenizer folder",
     )
     parser.add_argument("--sequence-length", type=int, default=128, help="tokens per sequence")
     parser.add_argument("--n-pairs", type=int, default=12800, help="sequence pairs")

@@ -45,6 +45,7 @@ from torch import nn
 
 from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
+    Architecture,
     ParameterMap,
     UndefinedStage,
     architecture_for,
@@ -219,28 +220,41 @@ def head_warmup(
     _check_eval(model)
     if not lr > 0:
         raise ValueError(f"warm-up learning rate must be > 0, got {lr}")
-    head = model.get_classifier()
+    architecture = architecture_for(model)
+    head = architecture.classifier(model)
     if not isinstance(head, nn.Module) or not list(head.parameters()):
         raise ValueError(f"{type(model).__name__} has no classifier head to warm up")
+    trained = {id(p) for p in head.parameters()}
+    flags = {p: p.requires_grad for p in model.parameters()}
     optimizer = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum, weight_decay=0.0)
     losses = []
-    for images, labels in batches:
-        with torch.no_grad():
-            features = model.forward_head(model.forward_features(images), pre_logits=True)
-        loss = F.cross_entropy(head(features), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    try:
+        # Only the head requires a gradient: the backbone and pooling run as without one, and
+        # the logits are the model's own (its pooling; a timm model: head(forward_head(...))).
+        for parameter in flags:
+            parameter.requires_grad_(id(parameter) in trained)
+        for images, labels in batches:
+            loss = F.cross_entropy(architecture.logits(model, images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    finally:
+        for parameter, flag in flags.items():
+            parameter.requires_grad_(flag)
     optimizer.zero_grad(set_to_none=True)
     return losses
 
 
-def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """The mean cross-entropy of ``model``'s logits on a labelled image batch: the loss whose
-    gradients :func:`gradient_statistics` takes unless it is given another."""
+def classification_loss(
+    model: nn.Module, batch: Batch, architecture: Architecture | None = None
+) -> torch.Tensor:
+    """The mean cross-entropy of ``model``'s logits (its architecture's
+    :meth:`~vitplasticity.architectures.Architecture.logits`) on a labelled image batch: the
+    loss whose gradients :func:`gradient_statistics` takes unless it is given another."""
     images, labels = batch
-    return F.cross_entropy(model(images), labels)
+    architecture = architecture_for(model) if architecture is None else architecture
+    return F.cross_entropy(architecture.logits(model, images), labels)
 
 
 def gradient_statistics(
@@ -281,7 +295,8 @@ def gradient_statistics(
         UnsupportedModel: for a model no architecture knows or cannot account for exactly.
     """
     _check_eval(model)
-    owners = parameter_map(model).owners
+    parameter_owners = parameter_map(model)
+    owners, architecture = parameter_owners.owners, parameter_owners.architecture
     parameters = dict(model.named_parameters())
     unknown = [name for name in names if name not in parameters]
     if unknown:
@@ -301,7 +316,7 @@ def gradient_statistics(
         count = 0
         for batch in batches:
             count += 1
-            value = classification_loss(model, batch) if loss is None else loss(batch)
+            value = classification_loss(model, batch, architecture) if loss is None else loss(batch)
             gradients = torch.autograd.grad(value, tracked)
             for index, gradient in enumerate(gradients):
                 g = gradient.detach().to(torch.float64)

@@ -71,6 +71,7 @@ from vitplasticity.recommend.ranking import (
     markdown,
     select,
 )
+from vitplasticity.text_plasticity import max_positions
 
 log = logging.getLogger(__name__)
 
@@ -267,16 +268,6 @@ def next_token_loss(lm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     return loss
 
 
-def positions(model: nn.Module) -> int | None:
-    """The longest sequence the model's positions allow (None: its config does not say)."""
-    config = getattr(model, "config", None)
-    for key in ("n_positions", "max_position_embeddings"):
-        value = getattr(config, key, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # The text
 
@@ -305,31 +296,42 @@ def user_sequences(
     return np.stack([per_file[file][row] for row, file in order[:max_sequences]])
 
 
-def resolve_tokenizer(requested: str, model_spec: dict[str, Any]) -> str:
-    """``auto``: ``bytes`` for a random-init model, else its hf_id (or folder), as the
-    text-plasticity stage resolves it; anything else as given."""
-    from vitplasticity.text_plasticity import gpt2_entry, tokenizer_name
+def resolve_tokenizer(requested: str, model_name: str, model_spec: dict[str, Any]) -> str:
+    """``auto``: ``bytes`` for a random-init model, else its own tokenizer, as the
+    text-plasticity stage resolves it (:func:`vitplasticity.text_plasticity.tokenizer_name`);
+    anything else as given.
+
+    Raises:
+        ValueError: with ``auto``, for an entry that is not a transformers text model's.
+    """
+    from vitplasticity.text_plasticity import text_model_spec, tokenizer_name
 
     if requested != "auto":
         return requested
-    return tokenizer_name(requested, gpt2_entry(model_spec))
+    return tokenizer_name(requested, text_model_spec(model_name, model_spec))
 
 
-def build_text_model(model_spec: dict[str, Any]) -> nn.Module:
-    """The model of a text model entry, as the text-plasticity stage builds it (a random init
-    from the entry's ``init_seed`` alone).
+def build_text_model(model_name: str, model_spec: dict[str, Any]) -> nn.Module:
+    """The model of ``model_name``'s ``models:`` entry (``family: transformers``), as the
+    text-plasticity stage builds it (:func:`vitplasticity.hf_models.build_hf_model`: a random
+    init from the entry's ``init_seed`` alone, a checkpoint strictly).
 
     Raises:
-        ValueError: for a bad entry (naming the key).
-        FileNotFoundError: for a missing model folder.
+        UnsupportedModel: for a timm entry (an image model), naming the model.
+        ValueError: for an entry that is not a transformers model's (naming the key), or
+            weights that are not a complete checkpoint of the model.
+        FileNotFoundError: for a missing weights folder.
     """
-    from vitplasticity.text_models import build_gpt2
-    from vitplasticity.text_plasticity import gpt2_entry
+    from vitplasticity.hf_models import build_hf_model
+    from vitplasticity.text_plasticity import text_model_spec
 
-    entry = gpt2_entry(model_spec)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(model_spec.get("init_seed", 0)))
-        return build_gpt2(entry)
+    if isinstance(model_spec, dict) and model_spec.get("family", "timm") == "timm":
+        raise UnsupportedModel(
+            f"model {model_name!r} is a timm model (family: timm), an image model: the text "
+            "recommend ranks a causal language model on text; rank it with `vitplasticity "
+            "recommend`"
+        )
+    return build_hf_model(text_model_spec(model_name, model_spec), num_classes=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,7 +434,7 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
 
     settings.validate()
     if model is None:
-        model = build_text_model(settings.model_spec)
+        model = build_text_model(settings.model, settings.model_spec)
     model = model.eval()
     check_text_model(model)
     lm = causal_lm(model).eval()
@@ -443,12 +445,12 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
         raise UnsupportedModel(f"recommend-text {settings.model}: {refusal}")
     ParameterMap(architecture, ranked)  # names a missing component before any compute
     length, n = settings.sequence_length, settings.n_pairs
-    limit = positions(ranked)
+    limit = max_positions(ranked.config)
     if limit is not None and length > limit:
         raise ValueError(
             f"--sequence-length {length} exceeds the {limit} positions of model {settings.model!r}"
         )
-    tokenizer = resolve_tokenizer(settings.tokenizer, settings.model_spec)
+    tokenizer = resolve_tokenizer(settings.tokenizer, settings.model, settings.model_spec)
     tokenize = load_tokenizer(tokenizer, lm.config.vocab_size)
     references = read_sequences(settings.reference, tokenize, length, max_sequences=n)
     if len(references) < n:
