@@ -898,3 +898,17 @@ def test_every_model_entry_of_a_shipped_config_names_its_family() -> None:
         for model, entry in config["models"].items():
             assert entry.get("family") in MODEL_ID_KEYS, (name, model)
             assert MODEL_ID_KEYS[entry["family"]] in entry, (name, model)
+
+
+def test_model_id_keys_match_the_schemas_families() -> None:
+    """Each family of the schema has its branch, and its id key (the key an entry without a
+    family is told to pair with it) is required there."""
+    entry = SCHEMA_DICT["properties"]["models"]["additionalProperties"]
+    assert set(entry["properties"]["family"]["enum"]) == set(MODEL_ID_KEYS)
+    definitions = SCHEMA_DICT["definitions"]
+    for family, id_key in MODEL_ID_KEYS.items():
+        branch = definitions[f"{family}_model"]
+        assert branch["properties"]["family"] == {"const": family}
+        assert id_key in branch["required"] and branch["additionalProperties"] is False
+    problems = unknown_keys({"models": {"m": {"family": ["timm"]}}}, SCHEMA_DICT)
+    assert problems == ["models.m.family: unknown family ['timm'] (families: timm, transformers)"]

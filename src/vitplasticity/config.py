@@ -132,7 +132,7 @@ def _model_family(
     """The family of the model entry ``value`` at ``where``; appends the message when it has
     none or an unknown one (guessing it from the id key, so that its keys are still checked)."""
     family = value.get(FAMILY_KEY)
-    if family in families:
+    if isinstance(family, str) and family in families:
         return family
     if family is not None:
         problems.append(

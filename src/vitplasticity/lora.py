@@ -94,9 +94,10 @@ def check_adapters_used(model: nn.Module, inputs: torch.Tensor) -> None:
     ``prepare_lora`` switched them to ``qkv(x) + bias``) bypasses the adapter peft wrapped
     around that linear: the adapter would get no gradient and LoRA would silently train
     less than it says. The pass runs in eval mode without gradient (no dropout, so no draw
-    from the RNG), through the model's classifier
-    (:meth:`~vitplasticity.architectures.Architecture.logits`), and leaves the model's mode as
-    it was.
+    from the RNG) and leaves the model's mode as it was. It is the model's own forward,
+    ``model(inputs)``, not its logits: its output is not used, and the model may be a bare
+    tower (no classifier) or a peft ``PeftModel`` (no architecture); a transformers
+    classification class takes the pixels as its first argument.
 
     Raises:
         UnsupportedModel: naming the adapted modules the forward pass never calls.
@@ -109,11 +110,10 @@ def check_adapters_used(model: nn.Module, inputs: torch.Tensor) -> None:
         for name in adapted
     ]
     training = model.training
-    architecture = architecture_for(model)
     try:
         model.eval()
         with torch.no_grad():
-            architecture.logits(model, inputs)
+            model(inputs)
     finally:
         for handle in handles:
             handle.remove()

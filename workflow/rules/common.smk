@@ -120,10 +120,12 @@ def weights_source_kwargs(model):
 
 def weights_targets():
     """The weights stage's outputs of every `weights: hub` model that a plasticity job, an
-    enabled experiment or enabled text plasticity uses."""
+    enabled experiment, enabled recommend or enabled text plasticity uses."""
     used = list(config["plasticity"]["models"])
     for name in enabled_experiments(config):
         used += config["experiments"][name]["models"]
+    if config["recommend"]["enabled"]:
+        used += config["recommend"]["models"] or []
     if config["text_plasticity"]["enabled"]:
         used += config["text_plasticity"]["run_models"]
     return [path for model in dict.fromkeys(used) for path in weights_files(model)]
