@@ -520,6 +520,23 @@ def test_the_command_refuses_an_image_model_entry_by_name(
     assert not (tmp_path / "out").exists()
 
 
+def test_the_image_recommend_refuses_a_text_model_by_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The other way round: ``recommend`` (images) builds a text entry with a classification
+    head, which hf_models refuses by class before any compute."""
+    from tests.test_recommend import _image_folder
+
+    folder = _image_folder(tmp_path / "pets", per_class=3)
+    argv = ["recommend", "--model", "gpt2", "--model-spec", json.dumps(GPT2_ENTRY)]
+    argv += ["--image-folder", str(folder), "--reference-fallback", "pool", "--n-pairs", "4"]
+    argv += ["--device", "cpu", "--out-prefix", str(tmp_path / "out" / "x")]
+    with caplog.at_level(logging.ERROR):
+        assert main(argv) == 2
+    assert "GPT2Model has no classification class here" in caplog.text
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_bare_model_with_an_untied_head_is_refused_by_name(tmp_path: Path) -> None:
     reference, users = _write_texts(tmp_path)
     with pytest.raises(

@@ -254,9 +254,6 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
     model = build_model(spec, num_classes=num_classes).eval()
     architecture = architecture_for(model)
     refusal = architecture.refusal("recommend", model)
-    if refusal is None and architecture.inputs != "images":
-        # A text family is ranked on text files (recommend-text), not on an image dataset.
-        refusal = f"{type(model).__name__} is a text model: use `vitplasticity recommend-text`"
     if refusal is not None:
         raise UnsupportedModel(f"recommend {spec.timm_id}: {refusal}")
     ParameterMap(architecture, model)  # names a missing component before any compute
