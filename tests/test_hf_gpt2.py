@@ -128,7 +128,7 @@ def test_parameter_groups_lora_targets_and_refusals() -> None:
     refusals = {stage: architecture.refusal(stage, model) for stage in ("finetune", "bounds")}
     assert refusals["finetune"] == "GPT2Model is a text model: finetuning classifies images"
     assert "bounds stage feeds the reference images" in refusals["bounds"]
-    assert "recommending for text models" in architecture.refusal("recommend", model)
+    assert architecture.refusal("recommend", model) is None  # on text: recommend-text
     with pytest.raises(UndefinedStage, match="bounds stage feeds the reference images"):
         architecture.attention_weights(model.h[0].attn)
 

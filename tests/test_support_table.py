@@ -131,11 +131,26 @@ def run_finetune(model: nn.Module, inputs: torch.Tensor) -> None:
 def run_recommend(model: nn.Module, inputs: torch.Tensor) -> None:
     architecture = architecture_for(model)
     _refuse(architecture, "recommend", model)
-    labels = torch.arange(len(inputs)) % 2
-    batches = [(inputs, labels), (inputs.flip(0), labels)]
-    measurements = measure_criteria(
-        model, inputs, inputs.flip(0), batches[:1], batches, n_pairs=2, warmup_lr=0.01
-    )
+    if architecture.inputs == "tokens":
+        # A text family is ranked as a causal LM on token ids (recommend-text). A bare model
+        # with an untied head lacks the head's weights: its models: entry names the causal-LM
+        # class (model_class), as here.
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        from vitplasticity.recommend.text import causal_lm, measure_text_criteria
+
+        if model.get_output_embeddings() is None and not model.config.tie_word_embeddings:
+            model = MODEL_FOR_CAUSAL_LM_MAPPING[type(model.config)](model.config).eval()
+        batches = [inputs, inputs.flip(0)]
+        measurements = measure_text_criteria(
+            causal_lm(model), inputs, inputs.flip(0), batches, n_pairs=2
+        )
+    else:
+        labels = torch.arange(len(inputs)) % 2
+        batches = [(inputs, labels), (inputs.flip(0), labels)]
+        measurements = measure_criteria(
+            model, inputs, inputs.flip(0), batches[:1], batches, n_pairs=2, warmup_lr=0.01
+        )
     assert measurements.trainable_parameters("mha+fc1") > 0
 
 

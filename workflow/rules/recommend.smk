@@ -1,6 +1,8 @@
 # Which components should I finetune? Plasticity and alternative criteria per component of one
 # (model, dataset), ranked, with a recommendation under a parameter budget (config recommend;
-# off by default): vitplasticity recommend.
+# off by default): vitplasticity recommend. With text_plasticity enabled too, the same for every
+# text model on every text dataset, against text_plasticity's reference text (recommend_text:
+# vitplasticity recommend-text, gradients of the next-token loss, no head warm-up).
 
 
 include: "recommend_common.smk"
@@ -50,5 +52,49 @@ rule recommend:
         " --warmup-steps {params.warmup_steps} --warmup-lr {params.warmup_lr}"
         " --budget {params.budget:q} --criterion {params.criterion} {params.combine_flag}"
         " --configurations {params.configurations:q} --seed {params.seed}"
+        " --device {params.device} {params.demo_flag}"
+        " --out-prefix {params.out_prefix:q} > {log:q} 2>&1"
+
+
+rule recommend_text:
+    input:
+        reference=lambda w: text_plasticity_settings()["reference"],
+        text=text_dataset_file,
+        weights=lambda w: weights_files(w.model),
+    output:
+        markdown=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.md",
+        export=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.json",
+        table=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.parquet",
+    log:
+        f"{RESULTS}/logs/recommend_text/{{model}}/{{dataset}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/recommend_text/{{model}}/{{dataset}}.tsv"
+    params:
+        model_spec=lambda w: compute_model_spec(w.model),
+        tokenizer=text_plasticity_setting("tokenizer"),
+        sequence_length=text_plasticity_setting("sequence_length"),
+        n_pairs=recommend_text_n_pairs(),
+        batch_size=RECOMMEND["batch_size"],
+        batches=RECOMMEND["batches"],
+        budget="none" if RECOMMEND["budget"] is None else str(RECOMMEND["budget"]),
+        criterion=RECOMMEND["criterion"],
+        combine_flag="--combine" if RECOMMEND["combine"] else "",
+        configurations=RECOMMEND["configurations"],
+        seed=RECOMMEND["seed"],
+        device=RECOMMEND["device"],
+        demo_flag=DEMO_FLAG,
+        out_prefix=lambda w, output: output.table.removesuffix(".parquet"),
+    wildcard_constraints:
+        model=names_pattern(family_models("transformers")),
+    conda:
+        ENV
+    shell:
+        f"{OFFLINE} vitplasticity recommend-text"
+        " --model {wildcards.model} --model-spec {params.model_spec:q}"
+        " --dataset {wildcards.dataset} --reference {input.reference:q} --text {input.text:q}"
+        " --tokenizer {params.tokenizer:q} --sequence-length {params.sequence_length}"
+        " --n-pairs {params.n_pairs} --batch-size {params.batch_size}"
+        " --batches {params.batches} --budget {params.budget:q} --criterion {params.criterion}"
+        " {params.combine_flag} --configurations {params.configurations:q} --seed {params.seed}"
         " --device {params.device} {params.demo_flag}"
         " --out-prefix {params.out_prefix:q} > {log:q} 2>&1"

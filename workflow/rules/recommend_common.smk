@@ -27,18 +27,39 @@ def recommend_or_plasticity(key):
 
 
 def recommend_targets():
-    """Report, decision, table and figure of every recommend (model, dataset); none unless
-    enabled."""
+    """Report, decision, table and figure of every recommend (model, dataset), and those of
+    every text recommend (recommend_text_targets); none unless enabled."""
     if not RECOMMEND["enabled"]:
         return []
     models = recommend_or_plasticity("models")
     datasets = recommend_or_plasticity("datasets")
-    return expand(
+    images = expand(
         f"{RESULTS}/recommend/{{model}}/{{dataset}}.{{ext}}",
         model=models,
         dataset=datasets,
         ext=["md", "json", "parquet", "png", "pdf"],
     )
+    return images + recommend_text_targets()
+
+
+def recommend_text_targets():
+    """Report, decision and table of every text model x text dataset that text_plasticity
+    measures; none unless recommend and text_plasticity are both enabled."""
+    text = text_plasticity_settings()
+    if not (RECOMMEND["enabled"] and text["enabled"]):
+        return []
+    return expand(
+        f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.{{ext}}",
+        model=text["run_models"],
+        dataset=list(text["datasets"]),
+        ext=["md", "json", "parquet"],
+    )
+
+
+def recommend_text_n_pairs():
+    """recommend.n_pairs, or text_plasticity.n_pairs where it is null."""
+    value = RECOMMEND["n_pairs"]
+    return text_plasticity_setting("n_pairs") if value is None else value
 
 
 def recommend_runtime(wildcards, attempt):

@@ -59,13 +59,9 @@ _BOUNDS_REASON = (
 _REFUSALS: dict[str, str] = {
     "finetune": "finetuning classifies images; text models are not finetuned here",
     "bounds": _BOUNDS_REASON,
-    "recommend": (
-        "recommend ranks components on an image dataset and the image bounds; recommending "
-        "for text models is not implemented"
-    ),
 }
-"""The stages a decoder language model is refused by, and why (plasticity and lora are
-supported)."""
+"""The stages a decoder language model is refused by, and why (plasticity, lora and recommend
+on text, ``vitplasticity recommend-text``, are supported)."""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@ Parses the flags into :class:`vitplasticity.recommend.pipeline.RecommendSettings
 which writes ``<prefix>.md`` (ranked table + recommendation), ``<prefix>.json`` (the decision:
 its parameter names and PEFT configs), ``<prefix>.parquet`` (one row per configuration and
 criterion) and ``<prefix>.png``/``.pdf``.
+
+``recommend-text``: the same for a causal language model on the user's text files against a
+reference text (:mod:`vitplasticity.recommend.text`); it writes the .md, .json and .parquet.
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ CRITERIA = ("plasticity", "relative_gradient_norm", "gradient_snr", "weight_spec
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``recommend`` and ``recommend-text`` subcommands."""
+    register_image(subparsers)
+    register_text(subparsers)
+
+
+def register_image(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``recommend`` subcommand."""
     parser = subparsers.add_parser(
         "recommend",
@@ -189,4 +198,115 @@ def run_recommend(args: argparse.Namespace) -> int:
         counts = prepare_image_folder(source, prepared, settings.dataset)
         log.info("image folder %s read: %s", source, counts)
         write_outputs(recommend(settings, prepared), args.out_prefix)
+    return 0
+
+
+# -- recommend-text ---------------------------------------------------------------------------
+
+
+def register_text(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``recommend-text`` subcommand."""
+    parser = subparsers.add_parser(
+        "recommend-text",
+        help="which components of a causal LM to finetune on your text, ranked",
+        description="Rank ln1, mha, ln2, fc1, fc2 (and '+' combinations) of a causal language "
+        "model (GPT2, Llama, Mistral, Qwen2/3, Gemma 2/3; a bare model is wrapped in its "
+        "causal-LM class, head tied to the embedding) for finetuning on your text files: "
+        "plasticity between reference sequence i and user sequence i (mean, 95%% CI), the "
+        "relative gradient norm and gradient SNR of the next-token loss on the user's sequences "
+        "(no head warm-up: the LM head is pretrained), NFN, and the data-free weight statistic "
+        "where defined; recommend the best configuration under a trainable-parameter budget.",
+    )
+    parser.add_argument("--model", required=True, help="model name in the outputs")
+    parser.add_argument(
+        "--model-spec",
+        required=True,
+        type=json_argument,
+        help="its models: entry (JSON, family: transformers), as text-plasticity takes it",
+    )
+    parser.add_argument("--reference", required=True, help="reference text file")
+    parser.add_argument(
+        "--text", required=True, nargs="+", metavar="FILE", help="your text file(s)"
+    )
+    parser.add_argument(
+        "--dataset", help="dataset name in the outputs (default: first file's stem)"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default="auto",
+        help="auto (bytes for a random-init model, else its hf_id), bytes, a hub id or folder",
+    )
+    parser.add_argument("--sequence-length", type=int, default=128, help="tokens per sequence")
+    parser.add_argument("--n-pairs", type=int, default=1024, help="plasticity sequence pairs")
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="sequences per gradient batch and pairs per pass"
+    )
+    parser.add_argument("--batches", type=int, default=8, help="gradient batches (>= 2)")
+    parser.add_argument(
+        "--protocol",
+        choices=["embedding", "in_situ"],
+        default="embedding",
+        help="plasticity protocol (embedding: the paper's)",
+    )
+    parser.add_argument(
+        "--budget", default=None, help="trainable-parameter budget: 28000, 28K, 1.5M (none)"
+    )
+    parser.add_argument("--criterion", default="plasticity", choices=CRITERIA)
+    parser.add_argument(
+        "--combine",
+        action="store_true",
+        help="recommend the greedy union of components that fits --budget",
+    )
+    parser.add_argument(
+        "--configurations",
+        nargs="+",
+        default=list(DEFAULT_CONFIGURATIONS),
+        metavar="C",
+        help="components and '+' combinations to rank",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="gradient batch order")
+    parser.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument("--demo", action="store_true", help="label the outputs as a demo")
+    parser.add_argument(
+        "--out-prefix", required=True, help="writes PREFIX.md, PREFIX.json and PREFIX.parquet"
+    )
+    parser.set_defaults(handler=run_recommend_text)
+
+
+def run_recommend_text(args: argparse.Namespace) -> int:
+    """Rank (:func:`vitplasticity.recommend.text.recommend_text`) and write the outputs."""
+    from vitplasticity.recommend.ranking import parse_budget
+    from vitplasticity.recommend.text import (
+        TextRecommendSettings,
+        recommend_text,
+        write_text_outputs,
+    )
+
+    try:
+        budget = parse_budget(args.budget)
+    except ValueError as error:
+        raise ValueError(f"--budget: {error}") from None
+    settings = TextRecommendSettings(
+        model=args.model,
+        dataset=args.dataset or Path(args.text[0]).stem,
+        model_spec=args.model_spec,
+        reference=args.reference,
+        texts=tuple(args.text),
+        tokenizer=args.tokenizer,
+        sequence_length=args.sequence_length,
+        n_pairs=args.n_pairs,
+        batch_size=args.batch_size,
+        batches=args.batches,
+        protocol=args.protocol,
+        budget=budget,
+        criterion=args.criterion,
+        combine=args.combine,
+        configurations=tuple(args.configurations),
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        demo=args.demo,
+    )
+    write_text_outputs(recommend_text(settings), args.out_prefix)
     return 0

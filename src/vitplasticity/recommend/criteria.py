@@ -35,6 +35,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -44,6 +45,7 @@ from torch import nn
 
 from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
+    Architecture,
     ParameterMap,
     UndefinedStage,
     architecture_for,
@@ -244,13 +246,28 @@ def head_warmup(
     return losses
 
 
+def classification_loss(
+    model: nn.Module, batch: Batch, architecture: Architecture | None = None
+) -> torch.Tensor:
+    """The mean cross-entropy of ``model``'s logits (its architecture's
+    :meth:`~vitplasticity.architectures.Architecture.logits`) on a labelled image batch: the
+    loss whose gradients :func:`gradient_statistics` takes unless it is given another."""
+    images, labels = batch
+    architecture = architecture_for(model) if architecture is None else architecture
+    return F.cross_entropy(architecture.logits(model, images), labels)
+
+
 def gradient_statistics(
-    model: nn.Module, batches: Iterable[Batch], names: Sequence[str]
+    model: nn.Module,
+    batches: Iterable[Any],
+    names: Sequence[str],
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> pl.DataFrame:
     """Relative gradient norm and gradient signal-to-noise ratio of each named tensor.
 
-    For each batch b, g_b is the gradient of the batch's mean cross-entropy with respect to
-    a tensor w (the model in eval mode). Over the B batches:
+    For each batch b, g_b is the gradient of the batch's loss (by default its mean
+    cross-entropy, :func:`classification_loss`) with respect to a tensor w (the model in eval
+    mode). Over the B batches:
 
     - relative gradient norm (Auto-RGN): (1/B) sum_b ||g_b||_F / ||w||_F; NaN for a tensor
       whose norm is 0 (a zero-initialised bias), which the pooled value then leaves out.
@@ -260,8 +277,11 @@ def gradient_statistics(
 
     Args:
         model: a timm model of a known architecture, in eval mode, with its classifier head.
-        batches: (images, labels) on the model's device; at least two for the SNR.
+        batches: (images, labels) on the model's device, or whatever ``loss`` takes; at least
+            two for the SNR.
         names: parameter names to measure (any of the model's).
+        loss: the scalar loss of one batch (None: :func:`classification_loss` of ``model``);
+            the text recommend passes a causal LM's next-token loss, the LM holding ``model``.
 
     Returns:
         One row per name, columns :data:`TENSOR_SCHEMA`: component, the configuration that
@@ -294,10 +314,10 @@ def gradient_statistics(
         means = [torch.zeros_like(p, dtype=torch.float64) for p in tracked]
         squares = torch.zeros_like(weight_norms)  # Welford's M2 per tensor
         count = 0
-        for images, labels in batches:
+        for batch in batches:
             count += 1
-            loss = F.cross_entropy(architecture.logits(model, images), labels)
-            gradients = torch.autograd.grad(loss, tracked)
+            value = classification_loss(model, batch, architecture) if loss is None else loss(batch)
+            gradients = torch.autograd.grad(value, tracked)
             for index, gradient in enumerate(gradients):
                 g = gradient.detach().to(torch.float64)
                 ratio_sums[index] += torch.linalg.vector_norm(g) / weight_norms[index]

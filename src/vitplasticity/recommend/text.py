@@ -1,0 +1,663 @@
+"""The ``recommend`` stage for a text model: which components of a causal language model to
+finetune on the user's text, ranked by the image recommend's criteria.
+
+The text counterpart of :mod:`.pipeline`. The user's text files and a reference text are cut
+into sequences as :mod:`vitplasticity.text_plasticity` cuts them
+(:func:`vitplasticity.data.text.read_sequences`), and every criterion of :mod:`.criteria` is
+measured once per component and pooled per configuration:
+
+- plasticity: reference sequence i against user sequence i (cycled), the embedding protocol by
+  default (docs/protocol.md), exactly as the ``text-plasticity`` stage measures it;
+- relative gradient norm and gradient SNR: gradients of the *next-token* cross-entropy (token t
+  predicted from tokens < t, averaged over every predicted token of a batch) on batches of the
+  user's sequences. There is no head warm-up: the image recommend warms up a *new* classifier
+  first, whereas a causal LM's head is pretrained and is what the loss is of;
+- NFN on the first gradient batch's tokens, and the data-free weight statistic where
+  :func:`.criteria.weight_statistics` defines it for the family (n/a, with the reason logged,
+  where it does not).
+
+The next-token loss needs the LM head. A causal LM (``LlamaForCausalLM``, ``GPT2LMHeadModel``)
+is used as it is; a bare model (``LlamaModel``, ``GPT2Model``) is wrapped in its causal-LM class
+(transformers' own mapping) around the *same* modules, its head tied to the token embedding, which
+only a model with ``tie_word_embeddings`` can have: a bare model with an untied head does not hold
+its head's weights and is refused (name the causal-LM class instead). Components are ranked on
+the module the architecture registry knows: the causal LM itself (the hf_llama and hf_gemma
+families), or its base model (``GPT2Model``, the hf_gpt2 family); the export names that
+module's parameters and says where they sit in the causal LM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitplasticity import COMPONENTS
+from vitplasticity.architectures import (
+    ParameterMap,
+    UnsupportedModel,
+    architecture_for,
+    parameter_map,
+)
+from vitplasticity.io import atomic_path, write_json, write_parquet
+from vitplasticity.plasticity import PROTOCOLS
+from vitplasticity.progress import ProgressReporter
+from vitplasticity.recommend.criteria import (
+    CRITERIA,
+    Measurements,
+    always_trained_parameters,
+    configuration_components,
+    gradient_statistics,
+    weight_statistics,
+)
+from vitplasticity.recommend.export import build_export
+from vitplasticity.recommend.nfn import feature_norm_statistics
+from vitplasticity.recommend.pipeline import DEFAULT_CONFIGURATIONS
+from vitplasticity.recommend.ranking import (
+    Recommendation,
+    build_table,
+    configuration_label,
+    greedy_union,
+    markdown,
+    select,
+)
+from vitplasticity.text_plasticity import max_positions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TextRecommendSettings:
+    """The settings of one text recommendation; each field is the CLI flag of that name
+    (``texts``: ``--text``)."""
+
+    model: str
+    dataset: str
+    model_spec: dict[str, Any]
+    reference: str
+    texts: tuple[str, ...]
+    tokenizer: str = "auto"
+    sequence_length: int = 128
+    n_pairs: int = 1024
+    batch_size: int = 32
+    batches: int = 8
+    protocol: str = "embedding"
+    budget: int | None = None
+    criterion: str = "plasticity"
+    combine: bool = False
+    configurations: tuple[str, ...] = field(default=DEFAULT_CONFIGURATIONS)
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "float32"
+    demo: bool = False
+
+    def validate(self) -> None:
+        """Check every value and file before any compute.
+
+        Raises:
+            ValueError: naming the CLI flag of the first bad value.
+            FileNotFoundError: naming a text file that does not exist.
+        """
+        for flag, path in (("--reference", self.reference), *(("--text", t) for t in self.texts)):
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"{flag}: text file not found: {path}")
+        if not self.texts:
+            raise ValueError("--text: no text file given")
+        if not self.configurations:
+            raise ValueError("--configurations: none given")
+        for configuration in self.configurations:
+            try:
+                configuration_components(configuration)
+            except ValueError as error:
+                raise ValueError(f"--configurations: {error}") from None
+        if len(set(self.configurations)) != len(self.configurations):
+            raise ValueError(
+                f"--configurations: a configuration is named twice: {list(self.configurations)}"
+            )
+        if self.criterion not in CRITERIA:
+            raise ValueError(f"--criterion: {self.criterion!r} not one of {', '.join(CRITERIA)}")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"--protocol: {self.protocol!r} not one of {', '.join(PROTOCOLS)}")
+        if self.budget is not None and self.budget < 0:
+            raise ValueError(f"--budget must be >= 0, got {self.budget}")
+        if self.combine and self.budget is None:
+            raise ValueError("--combine needs --budget (without one the union is every component)")
+        for flag, value, least in (
+            # Two tokens at least: the next-token loss predicts token t from the tokens before.
+            ("--sequence-length", self.sequence_length, 2),
+            ("--n-pairs", self.n_pairs, 1),
+            ("--batch-size", self.batch_size, 1),
+            ("--batches", self.batches, 2),
+            ("--seed", self.seed, 0),
+        ):
+            if value < least:
+                raise ValueError(f"{flag} must be >= {least}, got {value}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"--dtype: {self.dtype!r} not float32 or float64")
+
+
+@dataclass(frozen=True)
+class TextResult:
+    """A text recommendation and what it was made from."""
+
+    settings: TextRecommendSettings
+    table: pl.DataFrame
+    recommendation: Recommendation
+    measurements: Measurements
+    reference_label: str
+    notes: list[str]
+    """What the report says below the table beyond the image recommend's text."""
+    record: dict[str, Any]
+    """The resolved settings and provenance, for the Parquet footer."""
+    export: dict[str, Any]
+    """The decision as data (:mod:`.export`), with where its names sit in the causal LM."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The model: a causal LM, and the module the registry ranks
+
+
+def check_text_model(model: nn.Module) -> None:
+    """Raise unless ``model`` is of an architecture family that takes token ids.
+
+    Raises:
+        UnsupportedModel: naming the class, for a model no architecture knows (or one the
+            registry refuses), or one of an image family.
+    """
+    architecture = architecture_for(model)
+    if architecture.inputs != "tokens":
+        raise UnsupportedModel(
+            f"{type(model).__name__} ({architecture.title}) takes images: the text recommend "
+            "ranks a causal language model on token sequences; rank an image model with "
+            "`vitplasticity recommend`"
+        )
+
+
+def causal_lm(model: nn.Module) -> nn.Module:
+    """``model`` when it is a causal LM (it has an LM head), else its causal-LM counterpart
+    (transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING`` for its config) built around the same
+    modules, the head tied to the token embedding. The counterpart is built on the meta device
+    and takes ``model`` whole: no weight is copied or drawn.
+
+    Raises:
+        UnsupportedModel: naming the class, for a bare model whose config unties the head
+            (``tie_word_embeddings`` false: its weights are not in the bare model), one without
+            a causal-LM class, or a counterpart that holds more than the base model and a tied
+            head.
+    """
+    if model.get_output_embeddings() is not None:
+        return model
+    name = type(model).__name__
+    config = model.config
+    from vitplasticity.optional import require_transformers
+
+    require_transformers()
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        lm_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        raise UnsupportedModel(
+            f"{name}: transformers has no causal-LM class for {type(config).__name__}"
+        ) from None
+    if not getattr(config, "tie_word_embeddings", False):
+        raise UnsupportedModel(
+            f"{name} has no LM head and its config unties it (tie_word_embeddings false): the "
+            "head's weights are not in a bare model, and the next-token loss needs them; name "
+            f"the causal-LM class in the model entry (model_class: {lm_class.__name__})"
+        )
+    with torch.device("meta"):
+        lm = lm_class(config)
+    setattr(lm, lm.base_model_prefix, model)
+    lm.get_output_embeddings().weight = model.get_input_embeddings().weight
+    left = [n for n, t in (*lm.named_parameters(), *lm.named_buffers()) if t.is_meta]
+    if left:
+        raise UnsupportedModel(
+            f"{name}: its causal LM {lm_class.__name__} holds {', '.join(left[:4])} beyond the "
+            "base model and the tied head; name the causal-LM class in the model entry "
+            f"(model_class: {lm_class.__name__})"
+        )
+    return lm.train(model.training)
+
+
+def ranked_module(lm: nn.Module) -> nn.Module:
+    """The module whose components are ranked: ``lm`` when an architecture knows it (hf_llama
+    and hf_gemma take ``XForCausalLM``), else its base model (``GPT2LMHeadModel.transformer``).
+
+    Raises:
+        UnsupportedModel: naming the class, when no architecture knows either.
+    """
+    try:
+        architecture_for(lm)
+    except UnsupportedModel:
+        base = getattr(lm, "base_model", None)
+        if base is None or base is lm:
+            raise
+        architecture_for(base)
+        return base
+    return lm
+
+
+def prefix_in(lm: nn.Module, module: nn.Module) -> str:
+    """The dotted prefix of ``module``'s names inside ``lm`` ("" when it is ``lm``)."""
+    for name, candidate in lm.named_modules():
+        if candidate is module:
+            return f"{name}." if name else ""
+    raise ValueError(f"{type(module).__name__} is not inside {type(lm).__name__}")
+
+
+def next_token_loss(lm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The loss of a batch of token ids (B, L): the mean cross-entropy of ``lm``'s logits at
+    positions 0..L-2 against the tokens at 1..L-1, over the B (L - 1) predicted tokens, in the
+    logits' dtype (transformers' own ``labels=`` loss upcasts float64 logits to float32)."""
+
+    def loss(ids: torch.Tensor) -> torch.Tensor:
+        logits = lm(input_ids=ids, use_cache=False).logits  # (B, L, V)
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
+    return loss
+
+
+# ---------------------------------------------------------------------------------------------
+# The text
+
+
+def user_sequences(
+    paths: Sequence[str | os.PathLike[str]],
+    tokenize: Callable[[str], list[int]],
+    sequence_length: int,
+    max_sequences: int,
+) -> np.ndarray:
+    """The user's sequences (N, sequence_length): each file cut as
+    :func:`~vitplasticity.data.text.read_sequences` cuts it (at most ``max_sequences`` read per
+    file), then taken in turn from each file (first of every file, then second...; a file that
+    runs out drops out), at most ``max_sequences`` in all. So the first pairs and batches draw
+    on every file, not on the first one alone.
+
+    Raises:
+        ValueError: naming a file that holds fewer tokens than one sequence.
+        FileNotFoundError: naming a file that does not exist.
+    """
+    from vitplasticity.data.text import read_sequences
+
+    per_file = [read_sequences(p, tokenize, sequence_length, max_sequences) for p in paths]
+    # (row, file) pairs sorted: row 0 of every file in file order, then row 1...
+    order = sorted((row, file) for file, rows in enumerate(per_file) for row in range(len(rows)))
+    return np.stack([per_file[file][row] for row, file in order[:max_sequences]])
+
+
+def resolve_tokenizer(requested: str, model_name: str, model_spec: dict[str, Any]) -> str:
+    """``auto``: ``bytes`` for a random-init model, else its own tokenizer, as the
+    text-plasticity stage resolves it (:func:`vitplasticity.text_plasticity.tokenizer_name`);
+    anything else as given.
+
+    Raises:
+        ValueError: with ``auto``, for an entry that is not a transformers text model's.
+    """
+    from vitplasticity.text_plasticity import text_model_spec, tokenizer_name
+
+    if requested != "auto":
+        return requested
+    return tokenizer_name(requested, text_model_spec(model_name, model_spec))
+
+
+def build_text_model(model_name: str, model_spec: dict[str, Any]) -> nn.Module:
+    """The model of ``model_name``'s ``models:`` entry (``family: transformers``), as the
+    text-plasticity stage builds it (:func:`vitplasticity.hf_models.build_hf_model`: a random
+    init from the entry's ``init_seed`` alone, a checkpoint strictly).
+
+    Raises:
+        UnsupportedModel: for a timm entry (an image model), naming the model.
+        ValueError: for an entry that is not a transformers model's (naming the key), or
+            weights that are not a complete checkpoint of the model.
+        FileNotFoundError: for a missing weights folder.
+    """
+    from vitplasticity.hf_models import build_hf_model
+    from vitplasticity.text_plasticity import text_model_spec
+
+    if isinstance(model_spec, dict) and model_spec.get("family", "timm") == "timm":
+        raise UnsupportedModel(
+            f"model {model_name!r} is a timm model (family: timm), an image model: the text "
+            "recommend ranks a causal language model on text; rank it with `vitplasticity "
+            "recommend`"
+        )
+    return build_hf_model(text_model_spec(model_name, model_spec), num_classes=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The criteria
+
+
+def measure_text_criteria(
+    lm: nn.Module,
+    reference: torch.Tensor,
+    downstream: torch.Tensor,
+    gradient_batches: Sequence[torch.Tensor],
+    *,
+    n_pairs: int,
+    batch_size: int = 64,
+    protocol: str = "embedding",
+    progress: Callable[[int], None] | None = None,
+) -> Measurements:
+    """Measure every criterion of the five components of a causal LM, on token ids.
+
+    The text counterpart of :func:`.criteria.measure_criteria`, on the module
+    :func:`ranked_module` finds in ``lm``: the weight statistic, the plasticity, the NFN of the
+    first gradient batch, then the relative gradient norm and gradient SNR of the next-token
+    loss (:func:`next_token_loss`) over the gradient batches. No head warm-up: the LM head is
+    pretrained, and nothing is trained.
+
+    Args:
+        lm: a causal LM (:func:`causal_lm`) in eval mode, on the batches' device.
+        reference: reference token ids (N, L); ``downstream`` likewise (pair i: reference i,
+            downstream i, cycled).
+        gradient_batches: token-id batches (B, L) of the user's text (>= 2).
+        n_pairs: plasticity pairs.
+        batch_size: plasticity pairs per forward pass.
+        protocol: the plasticity protocol (embedding: the paper's).
+        progress: called with the plasticity pairs done.
+
+    Raises:
+        ValueError: for fewer than 2 gradient batches.
+        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
+    """
+    from vitplasticity.plasticity import measure
+
+    if len(gradient_batches) < 2:
+        raise ValueError(f"gradient criteria need at least 2 batches, got {len(gradient_batches)}")
+    ranked = ranked_module(lm)
+    parameters = parameter_map(ranked)
+    weights = weight_statistics(ranked)
+    pairs = measure(
+        ranked,
+        reference,
+        downstream,
+        protocol=protocol,
+        batch_size=batch_size,
+        n_pairs=n_pairs,
+        progress=progress,
+    )
+    features = feature_norm_statistics(ranked, gradient_batches[0])
+    names = {c: parameters.component_names(c) for c in COMPONENTS}
+    tensors = gradient_statistics(
+        ranked,
+        gradient_batches,
+        [name for c in COMPONENTS for name in names[c]],
+        loss=next_token_loss(lm),
+    )
+    sizes = dict(ranked.named_parameters())
+    return Measurements(
+        pairs=pairs,
+        tensors=tensors,
+        weights=weights,
+        component_parameters={c: sum(sizes[name].numel() for name in names[c]) for c in names},
+        always_trained=always_trained_parameters(ranked, parameters),
+        features=features,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage
+
+
+def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = None) -> TextResult:
+    """Measure, rank and choose for the text model of ``settings`` on its text files.
+
+    Args:
+        settings: what to rank and on which files.
+        model: the model, already built (its entry ``settings.model_spec`` is then only
+            recorded); None builds it from the entry (:func:`build_text_model`).
+
+    Raises:
+        ValueError: for a bad setting (naming its flag), a sequence longer than the model's
+            positions, a text file too short for one sequence, or a reference text too short
+            for ``n_pairs`` sequences (naming the file).
+        FileNotFoundError: for a missing text file.
+        UnsupportedModel: for an image model, a model no architecture knows, a bare model
+            without its LM head's weights (each naming the class), or a parameter its
+            architecture cannot account for.
+    """
+    from vitplasticity.data.loader import batch_indices
+    from vitplasticity.data.text import cycled, load_tokenizer, read_sequences
+    from vitplasticity.models import pick_device
+    from vitplasticity.provenance import provenance
+
+    settings.validate()
+    if model is None:
+        model = build_text_model(settings.model, settings.model_spec)
+    model = model.eval()
+    check_text_model(model)
+    lm = causal_lm(model).eval()
+    ranked = ranked_module(lm)
+    architecture = architecture_for(ranked)
+    refusal = architecture.refusal("recommend", ranked)
+    if refusal is not None:
+        raise UnsupportedModel(f"recommend-text {settings.model}: {refusal}")
+    ParameterMap(architecture, ranked)  # names a missing component before any compute
+    length, n = settings.sequence_length, settings.n_pairs
+    limit = max_positions(ranked.config)
+    if limit is not None and length > limit:
+        raise ValueError(
+            f"--sequence-length {length} exceeds the {limit} positions of model {settings.model!r}"
+        )
+    tokenizer = resolve_tokenizer(settings.tokenizer, settings.model, settings.model_spec)
+    tokenize = load_tokenizer(tokenizer, lm.config.vocab_size)
+    references = read_sequences(settings.reference, tokenize, length, max_sequences=n)
+    if len(references) < n:
+        raise ValueError(
+            f"--reference {settings.reference}: {len(references)} sequences of {length} tokens, "
+            f"fewer than --n-pairs {n}"
+        )
+    needed = max(n, settings.batches * settings.batch_size)
+    user = user_sequences(settings.texts, tokenize, length, needed)
+    device = pick_device(settings.device)
+    lm = lm.to(device=device, dtype=getattr(torch, settings.dtype))
+    log.info(
+        "%s on %s: %d pairs (%s), %d user sequences of %d tokens (tokenizer %s), "
+        "%d gradient batches of %d, %s on %s",
+        settings.model,
+        settings.dataset,
+        n,
+        settings.protocol,
+        len(user),
+        length,
+        tokenizer,
+        settings.batches,
+        settings.batch_size,
+        settings.dtype,
+        device,
+    )
+
+    def batches() -> Iterator[torch.Tensor]:
+        for step in range(settings.batches):
+            indices = batch_indices(step, settings.batch_size, len(user), settings.seed)
+            yield torch.from_numpy(user[indices]).to(device)
+
+    with (
+        _warnings("vitplasticity.recommend.criteria") as refused,
+        ProgressReporter(n, f"plasticity {settings.model}/{settings.dataset}") as progress,
+    ):
+        measurements = measure_text_criteria(
+            lm,
+            torch.from_numpy(references),
+            torch.from_numpy(cycled(user, n)),
+            list(batches()),
+            n_pairs=n,
+            batch_size=settings.batch_size,
+            protocol=settings.protocol,
+            progress=progress,
+        )
+
+    configurations = list(settings.configurations)
+    if settings.combine:
+        assert settings.budget is not None  # validate() requires it
+        values = {c: measurements.estimates(c)[settings.criterion].value for c in COMPONENTS}
+        recommendation = greedy_union(
+            values, measurements.component_parameters, settings.budget, settings.criterion
+        )
+        if recommendation.configuration and recommendation.configuration not in configurations:
+            configurations.append(recommendation.configuration)  # its row must be in the table
+    table = build_table(
+        measurements, configurations, model=settings.model, dataset=settings.dataset
+    )
+    if not settings.combine:
+        recommendation = select(table, settings.criterion, settings.budget)
+    prefix = prefix_in(lm, ranked)
+    lm_class = f"{type(lm).__module__}.{type(lm).__qualname__}"
+    resolved = {
+        **asdict(settings),
+        "texts": list(settings.texts),
+        "configurations": configurations,
+        "tokenizer": tokenizer,
+        "user_sequences": len(user),
+        "causal_lm": lm_class,
+        "loss": "next-token cross-entropy",
+    }
+    reference_label = (
+        f"`{Path(settings.reference).name}` ({n:,} sequences of {length} tokens, "
+        f"tokenizer {tokenizer})"
+    )
+    record = {
+        "provenance": provenance(resolved, device),
+        "model": settings.model,
+        "dataset": settings.dataset,
+        "demo": settings.demo,
+        "reference": reference_label,
+        "recommendation": asdict(recommendation),
+        "always_trained_parameters": measurements.always_trained,
+        "component_parameters": measurements.component_parameters,
+    }
+    export = build_export(
+        ranked,
+        recommendation.configuration,
+        model_name=settings.model,
+        model_entry=settings.model_spec,
+        dataset=settings.dataset,
+        recommendation=asdict(recommendation),
+    )
+    export["text"] = {
+        "causal_lm": lm_class,
+        "prefix": prefix,
+        "names": (
+            "the parameter and module names are the causal LM's"
+            if not prefix
+            else f"the parameter and module names are {type(ranked).__name__}'s; in the causal "
+            f"LM they sit under {prefix!r}"
+        ),
+        "loss": "next-token cross-entropy (token t from the tokens before it)",
+    }
+    head = [prefix + name for name in _module_names(ranked, architecture.head(ranked).modules)]
+    notes = _notes(settings, measurements, len(user), lm, ranked, prefix, head, refused)
+    return TextResult(
+        settings, table, recommendation, measurements, reference_label, notes, record, export
+    )
+
+
+def _module_names(model: nn.Module, modules: Sequence[nn.Module]) -> list[str]:
+    """The names of ``modules`` in ``model``, in ``named_modules`` order."""
+    wanted = {id(module) for module in modules}
+    return [name for name, module in model.named_modules() if id(module) in wanted]
+
+
+@contextmanager
+def _warnings(logger: str) -> Iterator[list[str]]:
+    """The warnings ``logger`` emits inside the block (they still reach the log too): the
+    weight statistic says there why it is n/a for a component, and the report quotes it."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logging.getLogger(logger).removeHandler(handler)
+
+
+def _notes(
+    settings: TextRecommendSettings,
+    measurements: Measurements,
+    n_user: int,
+    lm: nn.Module,
+    ranked: nn.Module,
+    prefix: str,
+    head: Sequence[str],
+    refused: Sequence[str],
+) -> list[str]:
+    """The report's text-specific paragraphs: the data, the loss, what "the classifier head and
+    final norm" are here, and why a weight statistic is n/a."""
+    files = ", ".join(f"`{Path(t).name}`" for t in settings.texts)
+    tied = lm.get_output_embeddings().weight is lm.get_input_embeddings().weight
+    notes = [
+        f"User text: {files} ({n_user:,} sequences of {settings.sequence_length} tokens, taken "
+        f"in turn from each file). Plasticity pairs reference sequence i with user sequence i "
+        f"(cycled), {settings.protocol} protocol. The relative gradient norm and gradient SNR "
+        f"are of the next-token cross-entropy of {type(lm).__name__} on {settings.batches} "
+        f"batches of {settings.batch_size} user sequences, NFN of the first batch. No head "
+        "warm-up: the LM head is pretrained (the image recommend warms up a new classifier "
+        "first).",
+        f"Here the classifier head and final norm are {', '.join(f'`{n}`' for n in head)}"
+        + (
+            "; the LM head is tied to the token embedding, which only the emb and full "
+            "configurations train."
+            if tied
+            else "."
+        ),
+    ]
+    undefined = [
+        configuration_label(component)
+        for component in COMPONENTS
+        if measurements.weights.filter(pl.col("component") == component)["weight_spectral"]
+        .is_nan()
+        .all()
+    ]
+    if undefined:
+        why = " ".join(refused) if refused else "the log says why"
+        why += "" if why.endswith(".") else "."
+        notes.append(
+            f"Weight spectral is n/a for {', '.join(undefined)}, and so for every configuration "
+            f"that contains one: {why}"
+        )
+    if prefix:
+        notes.append(
+            f"PREFIX.json names {type(ranked).__name__}'s parameters; in {type(lm).__name__} "
+            f"they sit under `{prefix}`."
+        )
+    return notes
+
+
+def write_text_outputs(result: TextResult, prefix: str | os.PathLike[str]) -> None:
+    """Write ``prefix``.md (report), .json (the decision with its parameter names and PEFT
+    configs) and .parquet (table, with the record in its footer), each atomically."""
+    from vitplasticity.report.style import DEMO_NOTE
+
+    settings = result.settings
+    text = markdown(
+        result.table,
+        result.recommendation,
+        model=settings.model,
+        dataset=settings.dataset,
+        reference=result.reference_label,
+        always_trained=result.measurements.always_trained,
+        demo=settings.demo,
+        demo_note=DEMO_NOTE,
+    )
+    text = text.rstrip("\n") + "\n\n" + "\n\n".join(result.notes) + "\n"
+    with atomic_path(f"{prefix}.md") as tmp:
+        tmp.write_text(text)
+    write_json(f"{prefix}.json", result.export)
+    write_parquet(f"{prefix}.parquet", result.table, result.record)
+    log.info("wrote %s.{md,json,parquet}: %s", prefix, result.recommendation)
