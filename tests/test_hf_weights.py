@@ -308,9 +308,9 @@ def test_snapshot_weights_stage_end_to_end(
     hub: FakeHub, gpt2_repo: dict[str, bytes], dinov2_repo: dict[str, bytes], tmp_path: Path
 ) -> None:
     """Through snakemake: one weights_snapshot job per transformers model fetches its snapshot;
-    then a text plasticity job (GPT2, its tokenizer from the folder) and a plasticity job
-    (DINOv2, its image processor from the folder) run with the hub gone and an empty cache,
-    and record each file's sha256 and the hub commit."""
+    then a text plasticity job (GPT2, its tokenizer from the folder), and the DINOv2's
+    plasticity, a finetuning run and recommend (its image processor from the folder) run with
+    the hub gone and an empty cache, and record each file's sha256 and the hub commit."""
     workdir = tmp_path / "work"
     workdir.mkdir()
     reference = tmp_path / "wiki.txt"
@@ -325,7 +325,7 @@ plasticity:
 experiments:
   sgd: {{models: [hub_dino], datasets: [demo-stripes], configurations: [mha]}}
   adam: {{enabled: false}}
-recommend: {{enabled: false}}
+recommend: {{enabled: true, models: [hub_dino], datasets: [demo-stripes]}}
 text_plasticity:
   enabled: true
   run_models: [hub_gpt2]
@@ -364,8 +364,21 @@ text_plasticity:
         "results/demo/plasticity_text/hub_gpt2/wiki.parquet",
         "results/demo/plasticity/hub_dino/demo-stripes.parquet",
     ]
-    result = snakemake(workdir, offline, edit, *targets)
+    run = "results/demo/finetune/sgd/hub_dino/demo-stripes/mha/lr0.05_seed0"
+    recommendation = "results/demo/recommend/hub_dino/demo-stripes"
+    result = snakemake(
+        workdir, offline, edit, *targets, f"{run}/summary.json", f"{recommendation}.json"
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    # The DINOv2 finetuned (configuration mha: its attention, the new head and final norm)
+    # and ranked, from the same offline snapshot.
+    summary = json.loads((workdir / run / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    weights = summary["weights"]
+    assert weights["source"] == "folder" and weights["hub"]["commit"] == COMMIT
+    export = json.loads((workdir / f"{recommendation}.json").read_text())
+    assert export["model"]["name"] == "hub_dino"
+    assert export["model"]["class"].endswith("Dinov2ForImageClassification")
     for target, name in zip(targets, ("hub_gpt2", "hub_dino"), strict=True):
         found = read_parquet_metadata(workdir / target)["provenance"]
         record = json.loads((folders[name] / RECORD_FILENAME).read_text())
