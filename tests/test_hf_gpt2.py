@@ -11,7 +11,6 @@ import torch
 from tests.helpers.tiny_models import GPT2_TINY_CONFIG, TINY_MODELS, perturbed
 from vitplasticity.architectures import (
     ParameterMap,
-    UndefinedStage,
     UnsupportedModel,
     architecture_for,
 )
@@ -129,8 +128,14 @@ def test_parameter_groups_lora_targets_and_refusals() -> None:
     assert refusals["finetune"] == "GPT2Model is a text model: finetuning classifies images"
     assert "bounds stage feeds the reference images" in refusals["bounds"]
     assert architecture.refusal("recommend", model) is None  # on text: recommend-text
-    with pytest.raises(UndefinedStage, match="bounds stage feeds the reference images"):
-        architecture.attention_weights(model.h[0].attn)
+    weights = architecture.attention_weights(model.h[0].attn)
+    d = model.config.n_embd
+    c_attn = model.h[0].attn.c_attn.weight  # Conv1D (in, out)
+    assert torch.equal(weights.query, c_attn[:, :d].T)
+    assert torch.equal(weights.key, c_attn[:, d : 2 * d].T)
+    assert torch.equal(weights.value, c_attn[:, 2 * d :].T)
+    assert torch.equal(weights.output, model.h[0].attn.c_proj.weight.T)
+    assert weights.num_heads == model.config.n_head
 
 
 def test_cross_attention_blocks_are_refused_by_name() -> None:

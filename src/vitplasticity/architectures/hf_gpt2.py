@@ -27,7 +27,6 @@ from vitplasticity.architectures.base import (
     AttentionWeights,
     Embedded,
     Owned,
-    UndefinedStage,
     UnsupportedModel,
     check_fc1_mode,
     linear_weight,
@@ -188,7 +187,13 @@ class HFGPT2(Architecture):
     # --- other stages -------------------------------------------------------------------------
 
     def attention_weights(self, attention: nn.Module) -> AttentionWeights:
-        raise UndefinedStage(f"{self.title}: {_BOUNDS_REASON}")
+        """Q, K, V are the row blocks of ``c_attn`` (a Conv1D: its (in, out) weight taken in
+        torch's (out, in) layout), O is ``c_proj``. The bounds stage still refuses GPT2 (it
+        feeds images); recommend's weight statistic uses these."""
+        stacked, _ = linear_weight(attention.c_attn)  # (3 d, d)
+        query, key, value = stacked.split(stacked.shape[0] // 3)
+        output, _ = linear_weight(attention.c_proj)  # (d, d)
+        return AttentionWeights(query, key, value, output, attention.num_heads)
 
     def lora_targets(self, model: nn.Module) -> list[str]:
         """``attn.c_attn`` and ``attn.c_proj`` of every block (fully qualified names)."""
