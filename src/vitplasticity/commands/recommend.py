@@ -90,6 +90,15 @@ def register_image(subparsers: argparse._SubParsersAction) -> None:
         "--warmup-steps", type=int, default=50, help="head-only SGD steps before the gradients"
     )
     parser.add_argument("--warmup-lr", type=float, default=0.01, help="head warm-up SGD LR")
+    add_ranking_arguments(parser, seed_help="head init and batch order")
+    parser.add_argument(
+        "--out-prefix", required=True, help="writes PREFIX.md, .json, .parquet, .png and .pdf"
+    )
+    parser.set_defaults(handler=run_recommend)
+
+
+def add_ranking_arguments(parser: argparse.ArgumentParser, seed_help: str) -> None:
+    """The flags both recommends share: what they rank, how they choose, where they run."""
     parser.add_argument(
         "--budget", default=None, help="trainable-parameter budget: 28000, 28K, 1.5M (none)"
     )
@@ -111,14 +120,10 @@ def register_image(subparsers: argparse._SubParsersAction) -> None:
         metavar="C",
         help="components and '+' combinations to rank",
     )
-    parser.add_argument("--seed", type=int, default=0, help="head init and batch order")
+    parser.add_argument("--seed", type=int, default=0, help=seed_help)
     parser.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda")
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--demo", action="store_true", help="label the outputs as a demo")
-    parser.add_argument(
-        "--out-prefix", required=True, help="writes PREFIX.md, .json, .parquet, .png and .pdf"
-    )
-    parser.set_defaults(handler=run_recommend)
 
 
 def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings, str]:
@@ -248,26 +253,7 @@ def register_text(subparsers: argparse._SubParsersAction) -> None:
         default="embedding",
         help="plasticity protocol (embedding: the paper's)",
     )
-    parser.add_argument(
-        "--budget", default=None, help="trainable-parameter budget: 28000, 28K, 1.5M (none)"
-    )
-    parser.add_argument("--criterion", default="plasticity", choices=CRITERIA)
-    parser.add_argument(
-        "--combine",
-        action="store_true",
-        help="recommend the greedy union of components that fits --budget",
-    )
-    parser.add_argument(
-        "--configurations",
-        nargs="+",
-        default=list(DEFAULT_CONFIGURATIONS),
-        metavar="C",
-        help="components and '+' combinations to rank",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="gradient batch order")
-    parser.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda")
-    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    parser.add_argument("--demo", action="store_true", help="label the outputs as a demo")
+    add_ranking_arguments(parser, seed_help="gradient batch order")
     parser.add_argument(
         "--out-prefix", required=True, help="writes PREFIX.md, PREFIX.json and PREFIX.parquet"
     )

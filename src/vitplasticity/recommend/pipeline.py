@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,23 +107,7 @@ class RecommendSettings:
             )
         if self.reference is not None and not Path(self.reference).is_file():
             raise FileNotFoundError(f"--reference: reference set not found: {self.reference}")
-        if not self.configurations:
-            raise ValueError("--configurations: none given")
-        for configuration in self.configurations:
-            try:
-                configuration_components(configuration)
-            except ValueError as error:
-                raise ValueError(f"--configurations: {error}") from None
-        if len(set(self.configurations)) != len(self.configurations):
-            raise ValueError(
-                f"--configurations: a configuration is named twice: {list(self.configurations)}"
-            )
-        if self.criterion not in CRITERIA:
-            raise ValueError(f"--criterion: {self.criterion!r} not one of {', '.join(CRITERIA)}")
-        if self.budget is not None and self.budget < 0:
-            raise ValueError(f"--budget must be >= 0, got {self.budget}")
-        if self.combine and self.budget is None:
-            raise ValueError("--combine needs --budget (without one the union is every component)")
+        check_ranking(self.configurations, self.criterion, self.budget, self.combine)
         for flag, value, least in (
             ("--n-pairs", self.n_pairs, 1),
             ("--batch-size", self.batch_size, 1),
@@ -153,6 +137,34 @@ class Result:
     """The resolved settings and provenance, for the Parquet footer."""
     export: dict[str, Any]
     """The decision as data that applies without vitplasticity (:mod:`.export`)."""
+
+
+def check_ranking(
+    configurations: Sequence[str], criterion: str, budget: int | None, combine: bool
+) -> None:
+    """Check what both recommends (images, text) rank and how they choose, naming the flag.
+
+    Raises:
+        ValueError: for no configuration, one not made of the five components or named twice,
+            an unknown criterion, a negative budget, or --combine without a budget.
+    """
+    if not configurations:
+        raise ValueError("--configurations: none given")
+    for configuration in configurations:
+        try:
+            configuration_components(configuration)
+        except ValueError as error:
+            raise ValueError(f"--configurations: {error}") from None
+    if len(set(configurations)) != len(configurations):
+        raise ValueError(
+            f"--configurations: a configuration is named twice: {list(configurations)}"
+        )
+    if criterion not in CRITERIA:
+        raise ValueError(f"--criterion: {criterion!r} not one of {', '.join(CRITERIA)}")
+    if budget is not None and budget < 0:
+        raise ValueError(f"--budget must be >= 0, got {budget}")
+    if combine and budget is None:
+        raise ValueError("--combine needs --budget (without one the union is every component)")
 
 
 def read_dataset(dataset_dir: str | os.PathLike[str]) -> tuple[Split, Split, int]:

@@ -53,16 +53,14 @@ from vitplasticity.io import atomic_path, write_json, write_parquet
 from vitplasticity.plasticity import PROTOCOLS
 from vitplasticity.progress import ProgressReporter
 from vitplasticity.recommend.criteria import (
-    CRITERIA,
     Measurements,
     always_trained_parameters,
-    configuration_components,
     gradient_statistics,
     weight_statistics,
 )
 from vitplasticity.recommend.export import build_export
 from vitplasticity.recommend.nfn import feature_norm_statistics
-from vitplasticity.recommend.pipeline import DEFAULT_CONFIGURATIONS
+from vitplasticity.recommend.pipeline import DEFAULT_CONFIGURATIONS, check_ranking
 from vitplasticity.recommend.ranking import (
     Recommendation,
     build_table,
@@ -113,25 +111,9 @@ class TextRecommendSettings:
                 raise FileNotFoundError(f"{flag}: text file not found: {path}")
         if not self.texts:
             raise ValueError("--text: no text file given")
-        if not self.configurations:
-            raise ValueError("--configurations: none given")
-        for configuration in self.configurations:
-            try:
-                configuration_components(configuration)
-            except ValueError as error:
-                raise ValueError(f"--configurations: {error}") from None
-        if len(set(self.configurations)) != len(self.configurations):
-            raise ValueError(
-                f"--configurations: a configuration is named twice: {list(self.configurations)}"
-            )
-        if self.criterion not in CRITERIA:
-            raise ValueError(f"--criterion: {self.criterion!r} not one of {', '.join(CRITERIA)}")
+        check_ranking(self.configurations, self.criterion, self.budget, self.combine)
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"--protocol: {self.protocol!r} not one of {', '.join(PROTOCOLS)}")
-        if self.budget is not None and self.budget < 0:
-            raise ValueError(f"--budget must be >= 0, got {self.budget}")
-        if self.combine and self.budget is None:
-            raise ValueError("--combine needs --budget (without one the union is every component)")
         for flag, value, least in (
             # Two tokens at least: the next-token loss predicts token t from the tokens before.
             ("--sequence-length", self.sequence_length, 2),
