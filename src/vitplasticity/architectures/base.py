@@ -206,13 +206,32 @@ class Architecture:
     # --- how it runs --------------------------------------------------------------------------
 
     def check_batch(self, batch: Any, name: str) -> None:
-        """Raise ValueError (naming ``name``) unless ``batch`` is one batch of inputs."""
-        if not isinstance(batch, torch.Tensor) or batch.ndim != 4 or batch.shape[1] != 3:
+        """Raise ValueError (naming ``name``) unless ``batch`` is one batch of inputs: images
+        (N, 3, H, W), or integer token ids (N, L) for a family whose ``inputs`` are tokens."""
+        if self.inputs == "tokens":
+            if (
+                not isinstance(batch, torch.Tensor)
+                or batch.ndim != 2
+                or batch.dtype.is_floating_point
+                or batch.dtype == torch.bool
+            ):
+                shape = (
+                    f"{tuple(batch.shape)} {batch.dtype}"
+                    if isinstance(batch, torch.Tensor)
+                    else type(batch)
+                )
+                raise ValueError(
+                    f"{name}: expected token-id batches (N, L) of integers, got {shape}"
+                )
+        elif not isinstance(batch, torch.Tensor) or batch.ndim != 4 or batch.shape[1] != 3:
             shape = tuple(batch.shape) if isinstance(batch, torch.Tensor) else type(batch)
             raise ValueError(f"{name}: expected image batches (N, 3, H, W), got {shape}")
 
     def to_device(self, batch: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Any:
-        """The batch on the model's device, images in the model's dtype."""
+        """The batch on the model's device: images in the model's dtype, token ids as ids
+        (int64) whatever the model's dtype."""
+        if self.inputs == "tokens":
+            return batch.to(device=device, dtype=torch.long)
         return batch.to(device=device, dtype=dtype)
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:

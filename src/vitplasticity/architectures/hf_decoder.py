@@ -245,23 +245,6 @@ class HFDecoder(Architecture):
 
     # --- how it runs --------------------------------------------------------------------------
 
-    def check_batch(self, batch: Any, name: str) -> None:
-        if (
-            not isinstance(batch, torch.Tensor)
-            or batch.ndim != 2
-            or batch.dtype.is_floating_point
-            or batch.dtype == torch.bool
-        ):
-            shape = (
-                f"{tuple(batch.shape)} {batch.dtype}"
-                if isinstance(batch, torch.Tensor)
-                else type(batch)
-            )
-            raise ValueError(f"{name}: expected token-id batches (N, L) of integers, got {shape}")
-
-    def to_device(self, batch: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Any:
-        return batch.to(device=device, dtype=torch.long)  # ids stay ids whatever the dtype
-
     def windows(self, model: nn.Module) -> list[int | None]:
         """Each layer's sliding window (None: the whole causal past), as the model's forward
         chooses its mask.

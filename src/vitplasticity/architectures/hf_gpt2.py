@@ -124,23 +124,6 @@ class HFGPT2(Architecture):
 
     # --- how it runs --------------------------------------------------------------------------
 
-    def check_batch(self, batch: Any, name: str) -> None:
-        if (
-            not isinstance(batch, torch.Tensor)
-            or batch.ndim != 2
-            or batch.dtype.is_floating_point
-            or batch.dtype == torch.bool
-        ):
-            shape = (
-                f"{tuple(batch.shape)} {batch.dtype}"
-                if isinstance(batch, torch.Tensor)
-                else type(batch)
-            )
-            raise ValueError(f"{name}: expected token-id batches (N, L) of integers, got {shape}")
-
-    def to_device(self, batch: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Any:
-        return batch.to(device=device, dtype=torch.long)  # ids stay ids whatever the dtype
-
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         """``drop(wte(ids) + wpe(positions))`` and the causal mask every block attends with.
 
