@@ -240,8 +240,8 @@ class Architecture:
 
     def logits(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         """The classifier's logits (B, classes) of a model with a classification head: what
-        finetuning, the recommend criteria and the LoRA check run (the default: ``model(inputs)``,
-        a timm model's forward)."""
+        finetuning and the recommend criteria run (the default: ``model(inputs)``, a timm
+        model's forward)."""
         return model(inputs)
 
     def classifier(self, model: nn.Module) -> nn.Module:
