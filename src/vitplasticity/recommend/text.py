@@ -63,11 +63,9 @@ from vitplasticity.recommend.nfn import feature_norm_statistics
 from vitplasticity.recommend.pipeline import DEFAULT_CONFIGURATIONS, check_ranking
 from vitplasticity.recommend.ranking import (
     Recommendation,
-    build_table,
     configuration_label,
-    greedy_union,
     markdown,
-    select,
+    rank_and_choose,
 )
 from vitplasticity.text_plasticity import max_positions
 
@@ -480,20 +478,15 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
             progress=progress,
         )
 
-    configurations = list(settings.configurations)
-    if settings.combine:
-        assert settings.budget is not None  # validate() requires it
-        values = {c: measurements.estimates(c)[settings.criterion].value for c in COMPONENTS}
-        recommendation = greedy_union(
-            values, measurements.component_parameters, settings.budget, settings.criterion
-        )
-        if recommendation.configuration and recommendation.configuration not in configurations:
-            configurations.append(recommendation.configuration)  # its row must be in the table
-    table = build_table(
-        measurements, configurations, model=settings.model, dataset=settings.dataset
+    table, recommendation, configurations = rank_and_choose(
+        measurements,
+        settings.configurations,
+        settings.criterion,
+        settings.budget,
+        settings.combine,
+        model=settings.model,
+        dataset=settings.dataset,
     )
-    if not settings.combine:
-        recommendation = select(table, settings.criterion, settings.budget)
     prefix = prefix_in(lm, ranked)
     lm_class = f"{type(lm).__module__}.{type(lm).__qualname__}"
     resolved = {
