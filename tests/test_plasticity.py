@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy.special import erf
 
+from tests.helpers.numpy_reference import layer_norm
 from vitplasticity import COMPONENTS
 from vitplasticity.plasticity import PAIR_SCHEMA, measure, measure_protocols, summarize
 
@@ -41,12 +42,6 @@ def direct_embedding(w: dict[str, np.ndarray], image: np.ndarray, patch: int) ->
             rows.append(kernel.reshape(d, -1) @ piece.ravel() + w["patch_embed.proj.bias"])
     tokens = np.vstack([w["cls_token"][0], np.array(rows)])
     return tokens + w["pos_embed"][0]
-
-
-def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
-    mean = x.mean(axis=-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
 
 
 def attention(w: dict[str, np.ndarray], prefix: str, x: np.ndarray, heads: int) -> np.ndarray:
