@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.contract import check_forward
 from tests.helpers.numpy_reference import check_against, norm_ratio, softmax_rows
 from tests.helpers.tiny_models import HF_TEXT_TINY_CONFIG, TINY_MODELS, perturbed
-from tests.test_architectures import check_forward
 from vitplasticity.architectures import (
     ParameterMap,
     UndefinedStage,

@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy.special import erf, expit
 
+from tests.helpers.contract import check_contract
 from tests.helpers.numpy_reference import layer_norm, norm_ratio, softmax_rows
 from tests.helpers.tiny_models import (
     HF_VISION_TINY_CONFIG,
@@ -18,7 +19,6 @@ from tests.helpers.tiny_models import (
     TinyModel,
     perturbed,
 )
-from tests.test_architectures import check_contract
 from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
     ParameterMap,
