@@ -23,12 +23,10 @@ from typing import Any
 
 import torch
 
-from vitplasticity.finetune import (
-    FinetuneSettings,
-    build_optimizer,
-    build_run_model,
-    training_step,
-)
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.step import training_step
 
 CONFIGURATIONS = ("full", "emb", "ln1", "mha", "ln2", "fc1", "fc2", "head")
 

@@ -51,18 +51,16 @@ from benchmarks.naive import (
     pil_train_transform,
 )
 from benchmarks.timing import interleaved_medians
-from vitplasticity import plasticity
 from vitplasticity.data import loader, store
 from vitplasticity.data.synthetic import prepare_synthetic
 from vitplasticity.data.transforms import eval_image, normalize
-from vitplasticity.finetune import (
-    FinetuneSettings,
-    build_optimizer,
-    build_run_model,
-    cpu_bf16_native,
-    training_step,
-)
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.precision import cpu_bf16_native
+from vitplasticity.finetune.step import training_step
 from vitplasticity.io import write_json
+from vitplasticity.plasticity.measure import measure
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 3, "num_heads": 3}
@@ -260,7 +258,7 @@ def bench_plasticity(reference, downstream, model, args, device) -> dict[str, An
     reference, downstream = reference.to(device), downstream.to(device)
 
     def measured() -> None:
-        plasticity.measure(model, reference, downstream, batch_size=args.pairs_batch)
+        measure(model, reference, downstream, batch_size=args.pairs_batch)
 
     def floor() -> None:
         plasticity_floor(model, reference, downstream, args.pairs_batch)

@@ -15,12 +15,10 @@ from benchmarks import run as bench
 from benchmarks.memory import state_accounting
 from benchmarks.naive import explicit_attention_copy
 
-from vitplasticity.finetune import (
-    FinetuneSettings,
-    build_optimizer,
-    build_run_model,
-    training_step,
-)
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.step import training_step
 from vitplasticity.models import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,9 @@ import yaml
 from snakemake.utils import validate
 
 from vitplasticity.config import check_config, enabled_experiments, experiment_runs
-from vitplasticity.finetune import FinetuneSettings, run, trainable_parameter_names
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.model import trainable_parameter_names
+from vitplasticity.finetune.train import run
 from vitplasticity.models import ModelSpec, build_model
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.tables import accuracy_table

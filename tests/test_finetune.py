@@ -22,17 +22,13 @@ import torch.nn.functional as functional
 
 from vitplasticity import cli
 from vitplasticity.data import loader
-from vitplasticity.finetune import (
-    GROUPS,
-    METRICS_SCHEMA,
-    TIMING_FIELDS,
-    FinetuneSettings,
-    build_optimizer,
-    build_run_model,
-    run,
-    trainable_parameter_names,
-    training_step,
-)
+from vitplasticity.finetune.gradients import GROUPS
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.model import build_run_model, trainable_parameter_names
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.outputs import METRICS_SCHEMA, TIMING_FIELDS
+from vitplasticity.finetune.step import training_step
+from vitplasticity.finetune.train import run
 from vitplasticity.models import ModelSpec, build_model
 
 CONFIGURATIONS = ("full", "emb", "ln1", "mha", "ln2", "fc1", "fc2", "head")

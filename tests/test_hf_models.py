@@ -28,7 +28,9 @@ from tests.helpers.tiny_models import perturbed
 from tests.test_finetune import cli_args, first_batch, settings_for
 from vitplasticity.architectures import architecture_for, parameter_map
 from vitplasticity.cli import main
-from vitplasticity.finetune import build_optimizer, build_run_model, training_step
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.step import training_step
 from vitplasticity.hf_models import (
     CLASSIFIERS,
     HF_MODEL_KEYS,

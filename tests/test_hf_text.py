@@ -22,7 +22,7 @@ from vitplasticity.architectures import (
 )
 from vitplasticity.architectures.hf_decoder import additive_mask
 from vitplasticity.architectures.hf_gemma import HFGemma
-from vitplasticity.plasticity import measure
+from vitplasticity.plasticity.measure import measure
 
 transformers = pytest.importorskip("transformers")
 

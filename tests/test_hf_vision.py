@@ -25,7 +25,7 @@ from vitplasticity.architectures import (
     UnsupportedModel,
     architecture_for,
 )
-from vitplasticity.plasticity import measure
+from vitplasticity.plasticity.measure import measure
 
 transformers = pytest.importorskip("transformers")
 

@@ -14,12 +14,9 @@ import pytest
 import torch
 
 from vitplasticity import cli
-from vitplasticity.finetune import (
-    FinetuneSettings,
-    build_run_model,
-    run,
-    trainable_parameter_names,
-)
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.model import build_run_model, trainable_parameter_names
+from vitplasticity.finetune.train import run
 from vitplasticity.lora import apply_lora, lora_parameter_names
 from vitplasticity.models import ModelSpec
 

@@ -13,7 +13,8 @@ from scipy.special import erf
 
 from tests.helpers.numpy_reference import layer_norm
 from vitplasticity import COMPONENTS
-from vitplasticity.plasticity import PAIR_SCHEMA, measure, measure_protocols, summarize
+from vitplasticity.plasticity.measure import PAIR_SCHEMA, measure, measure_protocols
+from vitplasticity.plasticity.summary import summarize
 
 # Measured on the perturbed tiny ViT below (8 pairs, 3 image seeds, both protocols): the
 # float64 model agrees with the direct computation to <= 1.2e-15 relative; the float32 model to

@@ -14,7 +14,7 @@ from scipy.special import erf, expit
 
 from tests.helpers.numpy_reference import check_against, layer_norm, norm_ratio, softmax_rows
 from vitplasticity.architectures import UnsupportedModel, architecture_for
-from vitplasticity.plasticity import measure
+from vitplasticity.plasticity.measure import measure
 from vitplasticity.text_models import build_gpt2
 
 transformers = pytest.importorskip("transformers")

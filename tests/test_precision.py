@@ -15,15 +15,13 @@ import pytest
 import torch
 
 from vitplasticity.data import loader, store
-from vitplasticity.finetune import (
-    FinetuneSettings,
-    augment_on_device,
-    build_optimizer,
-    build_run_model,
-    cpu_bf16_native,
-    run,
-    training_step,
-)
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.precision import cpu_bf16_native
+from vitplasticity.finetune.setup import augment_on_device
+from vitplasticity.finetune.step import training_step
+from vitplasticity.finetune.train import run
 from vitplasticity.models import ModelSpec, Preprocessing
 
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ~ 0.2%); through 3 blocks the loss moves

@@ -24,7 +24,7 @@ from vitplasticity.cli import main
 from vitplasticity.data.store import PreparedDatasetWriter, encode_png, write_split
 from vitplasticity.io import read_parquet_metadata
 from vitplasticity.models import build_model
-from vitplasticity.plasticity import measure
+from vitplasticity.plasticity.measure import measure
 from vitplasticity.recommend.criteria import (
     CRITERIA,
     Measurements,

@@ -22,7 +22,9 @@ import torch
 
 from vitplasticity import cli
 from vitplasticity.checkpoint import load_checkpoint, save_checkpoint
-from vitplasticity.finetune import TIMING_FIELDS, FinetuneSettings, run
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.outputs import TIMING_FIELDS
+from vitplasticity.finetune.train import run
 from vitplasticity.models import ModelSpec
 
 STEPS = 24

@@ -16,7 +16,9 @@ import yaml
 from tests.conftest import TINY_SPEC
 from tests.test_workflow import REPO, snakemake
 from vitplasticity.config import ConfigError, Run, check_config, grid_lr, lr_label
-from vitplasticity.finetune import TIMING_FIELDS, FinetuneSettings, TrainingSettings
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.outputs import TIMING_FIELDS
+from vitplasticity.finetune.settings import TrainingSettings
 
 LONG_LR = 0.0123456789  # lr_label: 0.0123457, another float
 

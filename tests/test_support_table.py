@@ -31,7 +31,7 @@ from vitplasticity.architectures import (
 )
 from vitplasticity.bounds import undefined_bounds, upper_bounds
 from vitplasticity.lora import apply_lora, check_adapters_used
-from vitplasticity.plasticity import measure
+from vitplasticity.plasticity.measure import measure
 from vitplasticity.recommend.criteria import measure_criteria
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"

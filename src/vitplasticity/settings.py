@@ -1,7 +1,7 @@
 """Settings declared once: a dataclass field with its :func:`setting` metadata is the CLI flag,
 its parser, its check and the workflow rule's command-line fragment.
 
-A settings dataclass (e.g. :class:`vitplasticity.finetune_settings.TrainingSettings`) declares
+A settings dataclass (e.g. :class:`vitplasticity.finetune.settings.TrainingSettings`) declares
 each field with :func:`setting`: the default, a help text, the config key it mirrors, and what
 the schema says of it (choices, bounds). From that one declaration:
 

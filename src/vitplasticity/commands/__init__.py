@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import polars as pl
 
-    from vitplasticity.plasticity import Measurement
+    from vitplasticity.plasticity.summary import Measurement
     from vitplasticity.report.figures import FigureSettings
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from vitplasticity.commands import json_argument
-from vitplasticity.finetune_settings import TrainingSettings
+from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.settings import add_settings_arguments, settings_from_args
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,9 @@ def _requested_runs(args: argparse.Namespace) -> list[dict]:
 def run_finetune(args: argparse.Namespace) -> int:
     """Train each requested run in turn (``--runs``, or the single-run flags)."""
     from vitplasticity.config import Run
-    from vitplasticity.finetune import Preempted, check_identity, train
+    from vitplasticity.finetune.identity import check_identity
+    from vitplasticity.finetune.loop import Preempted
+    from vitplasticity.finetune.train import train
 
     settings = settings_from_args(TrainingSettings, args)
     # Both ways give the LR as a float parsed from its shortest repr (--lr, or a JSON number):

@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_plasticity(args: argparse.Namespace) -> int:
     """Measure (:func:`vitplasticity.plasticity.measure_dataset`) and write both tables."""
-    from vitplasticity.plasticity import measure_dataset
+    from vitplasticity.plasticity.images import measure_dataset
 
     result = measure_dataset(
         args.model,

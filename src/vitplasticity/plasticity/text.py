@@ -1,7 +1,7 @@
 """The plasticity stage on text: every component's plasticity of a transformers text model
 (GPT2, Llama, Mistral, Qwen2/3, Gemma 2/3) between pairs of token sequences cut from text files.
 
-The text counterpart of :func:`vitplasticity.plasticity.measure_dataset`: pair i is reference
+The text counterpart of :func:`vitplasticity.plasticity.images.measure_dataset`: pair i is reference
 sequence i with downstream sequence i (cycled), both cut from text files
 (:mod:`vitplasticity.data.text`); the tables have the image plasticity's schema. The model is
 a ``models:`` entry (``family: transformers``) built by :mod:`vitplasticity.hf_models`; in the
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vitplasticity.hf_models import HFModelSpec
-    from vitplasticity.plasticity import Measurement
+    from vitplasticity.plasticity.summary import Measurement
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,9 @@ def measure_text(
     from vitplasticity.data.text import cycled, load_tokenizer, read_sequences
     from vitplasticity.hf_models import build_hf_model
     from vitplasticity.models import pick_device
-    from vitplasticity.plasticity import check_protocols, measure_protocols, measurement
+    from vitplasticity.plasticity.measure import measure_protocols
+    from vitplasticity.plasticity.protocols import check_protocols
+    from vitplasticity.plasticity.summary import measurement
     from vitplasticity.progress import ProgressReporter
 
     # Every argument and file is checked before the model runs.
