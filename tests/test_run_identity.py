@@ -32,16 +32,18 @@ def demo_config() -> dict:
     return config
 
 
-def test_settings_split_into_identity_and_training() -> None:
+def test_settings_compose_the_run_and_its_training_settings() -> None:
     training = TrainingSettings(model_spec=dataclasses.asdict(TINY_SPEC), steps=4, val_every=2)
     run = Run("sgd", "tiny", "demo-stripes", "mha+fc1", LONG_LR, 3)
-    settings = FinetuneSettings.of(run, training)
-    assert settings.identity == run and settings.training == training
-    assert settings.lr == LONG_LR and settings.steps == 4
-    # Every field is one or the other, none twice.
-    names = [field.name for field in dataclasses.fields(FinetuneSettings)]
+    settings = FinetuneSettings(run, training)
+    # The two parts, each declared once: no field of Run is re-declared beside them.
+    assert [field.name for field in dataclasses.fields(FinetuneSettings)] == ["run", "training"]
     identity = [field.name for field in dataclasses.fields(Run)]
-    assert sorted(names) == sorted(identity + [f.name for f in dataclasses.fields(training)])
+    shared = [field.name for field in dataclasses.fields(TrainingSettings)]
+    assert not set(identity) & set(shared)
+    # The flat record (provenance) is the training fields, then the run's, in order.
+    assert list(settings.record()) == shared + identity
+    assert settings.record()["lr"] == LONG_LR and settings.record()["steps"] == 4
 
 
 def test_grid_lr_gives_the_exact_value_of_a_label(demo_config: dict) -> None:

@@ -18,13 +18,14 @@ preemption), resumes from its checkpoint when started again, and ends bit-identi
 to an uninterrupted run; the checkpoint is deleted when the run completes. A run whose loss
 or gradient norm becomes non-finite stops and is recorded as diverged.
 
-:func:`vitplasticity.finetune.train.train` takes a run's identity (a
-:class:`vitplasticity.config.Run`) and the :class:`~vitplasticity.finetune.settings.TrainingSettings`
-it shares with the other runs of its job, and goes through five pieces, one module each:
-:mod:`~vitplasticity.finetune.setup` (checks, model, optimizer, data),
+:func:`vitplasticity.finetune.train.train_runs` takes the runs of one job (each a
+:class:`vitplasticity.config.Run` and its output folder) and the
+:class:`~vitplasticity.finetune.settings.TrainingSettings` they share, checks them all once
+(:mod:`~vitplasticity.finetune.identity`), then takes each run through four pieces, one module
+each: :mod:`~vitplasticity.finetune.setup` (model, optimizer, data),
 :mod:`~vitplasticity.finetune.checkpointing` (resume), :mod:`~vitplasticity.finetune.loop`
-(the steps of :mod:`~vitplasticity.finetune.step`), and :mod:`~vitplasticity.finetune.outputs`
-(summary and files).
+(the steps of :mod:`~vitplasticity.finetune.step`) and :mod:`~vitplasticity.finetune.outputs`
+(summary and files). :func:`~vitplasticity.finetune.train.train` is one run of it.
 
 This package's ``__init__`` imports nothing: :mod:`vitplasticity.finetune.settings` stays
 torch-free for the Snakefile.

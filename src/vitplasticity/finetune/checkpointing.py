@@ -87,7 +87,7 @@ class ResumableState:
                 "best": self.best,
                 "wall_seconds": self.wall_seconds(context),
                 "data_position": loader.loader_position(
-                    step, context.settings.batch_size, context.train_size
+                    step, context.settings.training.batch_size, context.train_size
                 ),
             },
             self.key,

@@ -1,12 +1,13 @@
-"""A run's identity (a :class:`vitplasticity.config.Run`) checked, and one run's settings:
-its identity with the :class:`~vitplasticity.finetune.settings.TrainingSettings` it trains
-with, and the part of them a resumable checkpoint must match.
+"""A run's identity (a :class:`vitplasticity.config.Run`) and its training settings: their
+checks, done once before any compute, and :class:`FinetuneSettings`, the two together (with
+the part of them a resumable checkpoint must match).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,57 +41,42 @@ def check_identity(run: Run) -> None:
         raise bad_setting("--seed", "experiments.<name>.seeds", f"must be >= 0, got {run.seed}")
 
 
-_IDENTITY_FIELDS = tuple(field.name for field in dataclasses.fields(Run))
+def check_runs(runs: Sequence[Run], training: TrainingSettings) -> None:
+    """Check every run's identity, then the training settings they share, before any compute
+    (once per process: :func:`vitplasticity.finetune.train.train_runs` calls it).
 
-
-@dataclass(frozen=True, kw_only=True)
-class FinetuneSettings(TrainingSettings):
-    """One run: its identity (the fields of :class:`vitplasticity.config.Run`) and its
-    :class:`TrainingSettings`, flat, so that each field is the CLI flag of that name.
-
-    What :func:`run` and the pieces of a run take. Build one from its two parts with
-    :meth:`of`; :attr:`identity` and :attr:`training` give them back.
+    Raises:
+        ValueError: naming the CLI flag and config key of the first bad value, or when
+            ``runs`` is empty.
     """
+    if not runs:
+        raise ValueError("finetune: no run given")
+    for run in runs:
+        check_identity(run)
+    # The runs of one job share their model (a packed job is one experiment, model, dataset).
+    training.validate(runs[0].model)
 
-    experiment: str
-    model: str
-    dataset: str
-    configuration: str
-    lr: float
-    seed: int
 
-    @classmethod
-    def of(cls, run: Run, training: TrainingSettings) -> FinetuneSettings:
-        """The settings of ``run`` trained with ``training``."""
-        shared = {f.name: getattr(training, f.name) for f in dataclasses.fields(TrainingSettings)}
-        return cls(**shared, **{name: getattr(run, name) for name in _IDENTITY_FIELDS})
+@dataclass(frozen=True)
+class FinetuneSettings:
+    """One run: which run it is (its :class:`~vitplasticity.config.Run`) and the
+    :class:`~vitplasticity.finetune.settings.TrainingSettings` it trains with (shared by the
+    runs of one packed job). What the pieces of a run take."""
 
-    @property
-    def identity(self) -> Run:
-        """Which run this is (experiment, model, dataset, configuration, lr, seed)."""
-        return Run(**{name: getattr(self, name) for name in _IDENTITY_FIELDS})
+    run: Run
+    training: TrainingSettings
 
-    @property
-    def training(self) -> TrainingSettings:
-        """The training settings alone (what the runs of one packed job share)."""
-        fields = dataclasses.fields(TrainingSettings)
-        return TrainingSettings(**{f.name: getattr(self, f.name) for f in fields})
-
-    def validate(self, model: str | None = None) -> None:
-        """Check the identity, then the training settings, before any compute.
-
-        Raises:
-            ValueError: naming the CLI flag and config key of the first bad value.
-        """
-        check_identity(self.identity)
-        super().validate(self.model if model is None else model)
+    def record(self) -> dict[str, Any]:
+        """The settings as one flat mapping, as the run's provenance records them: the
+        training fields, then the run's."""
+        return {**dataclasses.asdict(self.training), **dataclasses.asdict(self.run)}
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """The settings that shape the numbers (what a resumable checkpoint must match)."""
-        fields = dataclasses.asdict(self)
+        fields = self.record()
         for name in _NOT_FINGERPRINTED:
             fields.pop(name)
-        if "lora" not in parse_configuration(self.configuration):
+        if "lora" not in parse_configuration(self.run.configuration):
             # LoRA settings shape only LoRA runs: other runs' checkpoints stay resumable.
             fields.pop("lora_rank")
             fields.pop("lora_alpha")

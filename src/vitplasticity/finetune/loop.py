@@ -58,10 +58,10 @@ def evaluation_point(context: RunContext, step: int, lr: float) -> dict[str, Any
     model, pre = context.run_model.model, context.run_model.preprocessing
     architecture = context.run_model.architecture
     val_loss, val_accuracy = evaluate(
-        model, architecture, context.val_set, pre, context.device, context.settings
+        model, architecture, context.val_set, pre, context.device, context.settings.training
     )
     _, test_accuracy = evaluate(
-        model, architecture, context.test_set, pre, context.device, context.settings
+        model, architecture, context.test_set, pre, context.device, context.settings.training
     )
     log.info("step %d val %.4f test %.4f", step, val_accuracy, test_accuracy)
     return {
@@ -103,20 +103,21 @@ def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
         Preempted: when SIGTERM arrived; the checkpoint is written first.
     """
     settings, device = context.settings, context.device
+    training = settings.training
     diverged, step, train_seconds = False, state.start_step, 0.0
     with _sigterm_flag() as sigterm:
         stream = loader.train_batches(
             context.batches,
             state.start_step,
-            settings.steps,
-            settings.num_workers,
+            training.steps,
+            training.num_workers,
             device.type == "cuda",
         )
         for step_index, item in enumerate(stream, start=state.start_step):
             tick = time.perf_counter()
             images, labels = _step_images(context, item)
             step = step_index + 1
-            logged = step == 1 or step % settings.log_every == 0 or step == settings.steps
+            logged = step == 1 or step % training.log_every == 0 or step == training.steps
             result = training_step(
                 context.run_model,
                 context.optimizer,
@@ -141,13 +142,13 @@ def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
             if diverged:
                 log.warning("step %d: non-finite loss or gradient; the run diverged", step)
                 break
-            if step % settings.val_every == 0 or step == settings.steps:
+            if step % training.val_every == 0 or step == training.steps:
                 state.record(evaluation_point(context, step, result.lr))
-            if step < settings.steps and sigterm.is_set():
+            if step < training.steps and sigterm.is_set():
                 state.save(context, step)
                 raise Preempted(
                     f"SIGTERM after step {step}: checkpoint {context.checkpoint_path} written"
                 )
-            if step < settings.steps and step % settings.checkpoint_every == 0:
+            if step < training.steps and step % training.checkpoint_every == 0:
                 state.save(context, step)
     return TrainingOutcome(diverged, step, train_seconds)

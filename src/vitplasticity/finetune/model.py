@@ -80,11 +80,11 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
             adapt with LoRA, or whose forward pass bypasses a LoRA adapter), or one with a
             parameter its architecture cannot account for.
     """
-    spec = model_spec(settings.model_spec)
-    torch.manual_seed(settings.seed)
+    spec = model_spec(settings.training.model_spec)
+    torch.manual_seed(settings.run.seed)
     model = build_model(spec, num_classes=num_classes)
     architecture = architecture_for(model)
-    lora = "lora" in parse_configuration(settings.configuration)
+    lora = "lora" in parse_configuration(settings.run.configuration)
     for stage in ("finetune", "lora") if lora else ("finetune",):
         refusal = architecture.refusal(stage, model)
         if refusal is not None:
@@ -92,10 +92,10 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
     pre = preprocessing(model, spec)
     if lora:
         # After the head, so the head's init is that of every other configuration.
-        apply_lora(model, settings.lora_rank, settings.lora_alpha)
+        apply_lora(model, settings.training.lora_rank, settings.training.lora_alpha)
         check_adapters_used(model, torch.zeros(1, 3, pre.input_size, pre.input_size))
     parameters = ParameterMap(architecture, model)
-    trained = freeze(model, parameters, settings.configuration)
+    trained = freeze(model, parameters, settings.run.configuration)
     model.to(device).train()
     trainable = [(n, p) for n, p in model.named_parameters() if n in trained]
     return RunModel(model, trainable, pre, parameters)

@@ -19,10 +19,14 @@ def build_optimizer(
     """
     parameters = [parameter for _, parameter in trainable]
     # The learning rate is set before every step from the schedule; lr here is a placeholder.
-    if settings.optimizer == "sgd":
+    if settings.training.optimizer == "sgd":
         return torch.optim.SGD(
-            parameters, lr=settings.lr, momentum=settings.momentum, weight_decay=0.0, nesterov=False
+            parameters,
+            lr=settings.run.lr,
+            momentum=settings.training.momentum,
+            weight_decay=0.0,
+            nesterov=False,
         )
     return torch.optim.AdamW(
-        parameters, lr=settings.lr, betas=tuple(settings.adam_betas), weight_decay=0.0
+        parameters, lr=settings.run.lr, betas=tuple(settings.training.adam_betas), weight_decay=0.0
     )

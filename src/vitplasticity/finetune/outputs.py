@@ -4,7 +4,6 @@ point) and summary.json (identity, result, parameter counts, speed, provenance).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import polars as pl
@@ -43,17 +42,17 @@ def _metrics_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
 def summary(context: RunContext, state: ResumableState, outcome: TrainingOutcome) -> dict[str, Any]:
     """What summary.json holds: the run's identity and result (the fields the report
     aggregates), its parameter counts and speed, and the provenance."""
-    settings, best = context.settings, state.best
+    run, training, best = context.settings.run, context.settings.training, state.best
     done = outcome.final_step - state.start_step
     steps_per_second = done / outcome.train_seconds if outcome.train_seconds > 0 else None
     return {
-        "experiment": settings.experiment,
-        "model": settings.model,
-        "dataset": settings.dataset,
-        "configuration": settings.configuration,
-        "optimizer": settings.optimizer,
-        "lr": float(settings.lr),
-        "seed": int(settings.seed),
+        "experiment": run.experiment,
+        "model": run.model,
+        "dataset": run.dataset,
+        "configuration": run.configuration,
+        "optimizer": training.optimizer,
+        "lr": float(run.lr),
+        "seed": int(run.seed),
         "status": "diverged" if outcome.diverged else "completed",
         "diverged": outcome.diverged,
         "best_step": best["step"] if best else None,
@@ -61,17 +60,15 @@ def summary(context: RunContext, state: ResumableState, outcome: TrainingOutcome
         "best_val_loss": best["val_loss"] if best else None,
         "test_accuracy": best["test_accuracy"] if best else None,
         "final_step": outcome.final_step,
-        "steps": settings.steps,
-        "demo": settings.demo,
+        "steps": training.steps,
+        "demo": training.demo,
         "trainable_parameters": sum(p.numel() for _, p in context.run_model.trainable),
         "total_parameters": sum(p.numel() for p in context.run_model.model.parameters()),
         "steps_per_second": steps_per_second,
-        "images_per_second": steps_per_second * settings.batch_size if steps_per_second else None,
+        "images_per_second": steps_per_second * training.batch_size if steps_per_second else None,
         "wall_seconds": state.wall_seconds(context),
         "resumed": state.resumed,
-        **provenance(
-            {**dataclasses.asdict(settings), "resolved": context.resolved}, context.device
-        ),
+        **provenance({**context.settings.record(), "resolved": context.resolved}, context.device),
     }
 
 

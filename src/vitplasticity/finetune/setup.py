@@ -53,40 +53,49 @@ class RunContext:
         return self.out_dir / CHECKPOINT_NAME
 
 
-def _checked_device(settings: FinetuneSettings, dataset_dir: Path) -> torch.device:
-    """The run's device, after checking the settings, the dataset folder and the device."""
-    settings.validate()
+def checked_device(training: TrainingSettings, dataset_dir: str | Path) -> torch.device:
+    """The device of the runs, after checking the dataset folder and the device.
+
+    Raises:
+        FileNotFoundError: when ``dataset_dir`` is not a prepared dataset.
+        ValueError: for a GPU device asked for where none is visible.
+    """
+    dataset_dir = Path(dataset_dir)
     if not dataset_dir.is_dir():
         raise FileNotFoundError(f"--dataset-dir: prepared dataset {dataset_dir} does not exist")
     store.read_meta(dataset_dir)  # names the folder when it is not a prepared dataset
-    device = pick_device(settings.device)
+    device = pick_device(training.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device (finetune.device): {settings.device!r} but no GPU is visible")
+        raise ValueError(f"--device (finetune.device): {training.device!r} but no GPU is visible")
     return device
 
 
 def setup_run(
-    settings: FinetuneSettings, dataset_dir: str | Path, out_dir: str | Path
+    settings: FinetuneSettings,
+    device: torch.device,
+    dataset_dir: str | Path,
+    out_dir: str | Path,
 ) -> RunContext:
-    """Check the settings and the dataset, then build the run's model, optimizer and data.
+    """Build the run's model, optimizer and data on ``device`` (settings, dataset and device
+    checked already: :func:`vitplasticity.finetune.identity.check_runs`,
+    :func:`checked_device`).
 
     Raises:
-        ValueError: for a bad setting, naming its flag and config key, or a GPU device
-            asked for where none is visible.
-        FileNotFoundError: when ``dataset_dir`` is not a prepared dataset.
+        UnsupportedModel: for a model its architecture refuses to finetune
+            (:func:`vitplasticity.finetune.model.build_run_model`).
     """
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
-    device = _checked_device(settings, dataset_dir)
+    training = settings.training
     started = time.perf_counter()
-    splits = loader.load_finetune_splits(dataset_dir, settings.seed, settings.val_fraction)
+    splits = loader.load_finetune_splits(dataset_dir, settings.run.seed, training.val_fraction)
     run_model = build_run_model(settings, splits.num_classes, device)
     optimizer = build_optimizer(run_model.trainable, settings)
     pre = run_model.preprocessing
     bank = loader.ImageBank(splits.train.images)
-    on_device = augment_on_device(settings, device)
+    on_device = augment_on_device(training, device)
     batch_class = loader.DeviceTrainBatches if on_device else loader.TrainBatches
-    batches = batch_class(bank, splits.train.labels, pre, settings.batch_size, settings.seed)
-    if settings.compile:
+    batches = batch_class(bank, splits.train.labels, pre, training.batch_size, settings.run.seed)
+    if training.compile:
         # The compiled module shares the parameters: optimizer and checkpoints are unchanged.
         run_model = dataclasses.replace(run_model, model=torch.compile(run_model.model))
     val_set, test_set = loader.eval_set(splits.val, pre), loader.eval_set(splits.test, pre)

@@ -18,6 +18,7 @@ from vitplasticity.finetune.gradients import group_grad_norms
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.model import RunModel
 from vitplasticity.finetune.precision import autocast
+from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.models import Preprocessing
 from vitplasticity.schedule import warmup_cosine_lr
 
@@ -31,13 +32,13 @@ def evaluate(
     data: loader.EvalSet,
     pre: Preprocessing,
     device: torch.device,
-    settings: FinetuneSettings,
+    training: TrainingSettings,
 ) -> tuple[float, float]:
     """(mean cross-entropy, top-1 accuracy) of ``model`` on ``data``."""
     model.eval()
     loss_sum, correct = 0.0, 0
-    with torch.inference_mode(), autocast(device, settings.precision):
-        for images, labels in data.batches(EVAL_BATCH_FACTOR * settings.micro_batch_size):
+    with torch.inference_mode(), autocast(device, training.precision):
+        for images, labels in data.batches(EVAL_BATCH_FACTOR * training.micro_batch_size):
             images = normalize(images.to(device), pre)
             logits = architecture.logits(model, images).float()  # (B, classes)
             labels = labels.to(device)
@@ -80,23 +81,24 @@ def training_step(
     gradient skips the update.
     """
     model, pre = run_model.model, run_model.preprocessing
+    training = settings.training
     parameters = [parameter for _, parameter in run_model.trainable]
     optimizer.zero_grad(set_to_none=True)
     images = normalize(images.to(device, non_blocking=True), pre)  # (B, 3, S, S)
     labels = labels.to(device, non_blocking=True)
     total = torch.zeros((), device=device)
-    for start in range(0, settings.batch_size, settings.micro_batch_size):
-        chunk = slice(start, start + settings.micro_batch_size)
-        with autocast(device, settings.precision):
+    for start in range(0, training.batch_size, training.micro_batch_size):
+        chunk = slice(start, start + training.micro_batch_size)
+        with autocast(device, training.precision):
             logits = run_model.architecture.logits(model, images[chunk]).float()  # (m, classes)
         loss = functional.cross_entropy(logits, labels[chunk]) * (
-            settings.micro_batch_size / settings.batch_size
+            training.micro_batch_size / training.batch_size
         )
         loss.backward()
         total += loss.detach()
     norms = group_grad_norms(run_model.trainable, run_model.parameters) if group_norms else {}
-    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, settings.clip_grad_norm)
-    lr = warmup_cosine_lr(step_index, settings.lr, settings.warmup_steps, settings.steps)
+    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, training.clip_grad_norm)
+    lr = warmup_cosine_lr(step_index, settings.run.lr, training.warmup_steps, training.steps)
     # One device-to-host copy for both numbers (one synchronisation per step, not two).
     loss_value, norm_value = torch.stack([total, grad_norm.to(total.dtype)]).tolist()
     result = StepResult(loss_value, norm_value, lr, norms)
