@@ -66,17 +66,19 @@ def _embedding_protocol(
     model: nn.Module,
     blocks: list[nn.Module],
     inputs: torch.Tensor,
-    n_pairs: int,
+    batch_pairs: int,
     fc1: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Numerators and denominators (n_blocks, 5, B) of the embedding protocol."""
     embedded = architecture.embed(model, inputs)  # tokens (2B, n, d)
-    denominator = pair_norms(embedded.tokens, n_pairs)  # (B,): the same pair feeds every component
+    denominator = pair_norms(
+        embedded.tokens, batch_pairs
+    )  # (B,): the same pair feeds every component
     numerators = []
     for index, block in enumerate(blocks):
         # FC2 is fc2([x, 0, 0, 0]): x meets fc2's first d input columns only.
         outputs = architecture.embedding_outputs(block, index, embedded, fc1)
-        numerators.append(torch.stack([joint_pair_norms(out, n_pairs) for out in outputs]))
+        numerators.append(torch.stack([joint_pair_norms(out, batch_pairs) for out in outputs]))
     numerator = torch.stack(numerators)  # (n_blocks, 5, B)
     return numerator, denominator.expand_as(numerator)
 
@@ -91,9 +93,9 @@ class _InSituRecorder:
     """
 
     def __init__(
-        self, architecture: Architecture, blocks: list[nn.Module], n_pairs: int, fc1: str
+        self, architecture: Architecture, blocks: list[nn.Module], batch_pairs: int, fc1: str
     ) -> None:
-        self.n_pairs = n_pairs
+        self.batch_pairs = batch_pairs
         self._input_of = architecture.hook_input
         self._output_of = architecture.hook_output
         self.numerators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
@@ -118,8 +120,8 @@ class _InSituRecorder:
             if inputs is self._last_output:
                 denominator = self._last_norm
             else:
-                denominator = pair_norms(inputs, self.n_pairs)
-            numerator = pair_norms(output, self.n_pairs)
+                denominator = pair_norms(inputs, self.batch_pairs)
+            numerator = pair_norms(output, self.batch_pairs)
             self._last_output, self._last_norm = output, numerator
             if n_parts > 1:
                 parts = self._parts.setdefault((block, component), [])
@@ -153,11 +155,11 @@ def _in_situ_protocol(
     model: nn.Module,
     blocks: list[nn.Module],
     inputs: torch.Tensor,
-    n_pairs: int,
+    batch_pairs: int,
     fc1: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Numerators and denominators (n_blocks, 5, B) of the in-situ protocol."""
-    recorder = _InSituRecorder(architecture, blocks, n_pairs, fc1)
+    recorder = _InSituRecorder(architecture, blocks, batch_pairs, fc1)
     try:
         embedded: Embedded = architecture.embed(model, inputs)
         tokens = embedded.tokens
