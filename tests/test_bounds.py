@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 import torch
 
-from vitplasticity import COMPONENTS
 from vitplasticity.bounds import BOUND_SCHEMA, TokenStatistics, upper_bounds
+from vitplasticity.components import COMPONENTS
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.plasticity.protocols import embedding_tokens
 

@@ -19,12 +19,12 @@ from tests.helpers.tiny_models import (
     TinyModel,
     perturbed,
 )
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
     ParameterMap,
     UnsupportedModel,
     architecture_for,
 )
+from vitplasticity.components import COMPONENTS
 from vitplasticity.plasticity.measure import measure
 
 transformers = pytest.importorskip("transformers")

@@ -12,7 +12,7 @@ import torch
 from scipy.special import erf
 
 from tests.helpers.numpy_reference import layer_norm
-from vitplasticity import COMPONENTS
+from vitplasticity.components import COMPONENTS
 from vitplasticity.plasticity.measure import PAIR_SCHEMA, measure, measure_protocols
 from vitplasticity.plasticity.summary import summarize
 
@@ -457,7 +457,7 @@ def test_decoded_batches_keep_order(demo_dataset) -> None:
     from vitplasticity.commands.plasticity import decoded_batches
     from vitplasticity.data.store import read_split
     from vitplasticity.data.transforms import eval_batches
-    from vitplasticity.models import Preprocessing
+    from vitplasticity.model_inputs import Preprocessing
 
     images = read_split(demo_dataset, "test").images
     pre = Preprocessing(32, 1.0, "bicubic", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))

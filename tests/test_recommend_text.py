@@ -31,9 +31,9 @@ from tests.helpers.tiny_models import (
     TINY_MODELS,
     perturbed,
 )
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import UnsupportedModel, architecture_for
 from vitplasticity.cli import main
+from vitplasticity.components import COMPONENTS
 from vitplasticity.data.loader import batch_indices
 from vitplasticity.data.text import byte_tokenizer, read_sequences
 from vitplasticity.io import read_parquet_metadata

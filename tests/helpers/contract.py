@@ -8,8 +8,8 @@ from collections import Counter
 import torch
 from torch import nn
 
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import Architecture, ParameterMap
+from vitplasticity.components import COMPONENTS
 
 TOLERANCE = 1e-5
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitplasticity import COMPONENTS, FC1_MODES
+from vitplasticity.components import COMPONENTS, FC1_MODES
 
 Parts = tuple[torch.Tensor, ...]
 """A component's output as one or more tensors whose feature-wise concatenation it is."""
@@ -113,7 +113,7 @@ def padded_linear(module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def check_fc1_mode(fc1: str) -> str:
-    """Return ``fc1`` after checking it is one of :data:`vitplasticity.FC1_MODES`.
+    """Return ``fc1`` after checking it is one of :data:`vitplasticity.components.FC1_MODES`.
 
     Raises:
         ValueError: naming it and the valid modes.

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from vitplasticity.commands import json_argument
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.settings import add_settings_arguments, settings_from_args
+from vitplasticity.settings import add_settings_arguments, json_argument, settings_from_args
 
 log = logging.getLogger(__name__)
 

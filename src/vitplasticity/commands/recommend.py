@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vitplasticity.commands import json_argument
+from vitplasticity.settings import json_argument
 
 if TYPE_CHECKING:
     from vitplasticity.recommend.pipeline import RecommendSettings

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from vitplasticity.commands import DTYPES, json_argument, write_measurement
+from vitplasticity.commands import DTYPES, write_measurement
 from vitplasticity.plasticity.text import AUTO_TOKENIZER
+from vitplasticity.settings import json_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

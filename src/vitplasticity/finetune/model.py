@@ -19,9 +19,9 @@ from vitplasticity.architectures import (
     parse_configuration,
 )
 from vitplasticity.finetune.identity import FinetuneSettings
-from vitplasticity.hf_models import model_spec
 from vitplasticity.lora import apply_lora, check_adapters_used
-from vitplasticity.models import Preprocessing, build_model, preprocessing
+from vitplasticity.model_inputs import Preprocessing
+from vitplasticity.models import ModelSpec, build_model, preprocessing
 
 
 def trainable_parameter_names(model: nn.Module, configuration: str) -> set[str]:
@@ -80,7 +80,7 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
             adapt with LoRA, or whose forward pass bypasses a LoRA adapter), or one with a
             parameter its architecture cannot account for.
     """
-    spec = model_spec(settings.training.model_spec)
+    spec = ModelSpec.from_config(settings.training.model_spec)
     torch.manual_seed(settings.run.seed)
     model = build_model(spec, num_classes=num_classes)
     architecture = architecture_for(model)

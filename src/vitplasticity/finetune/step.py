@@ -19,7 +19,7 @@ from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.model import RunModel
 from vitplasticity.finetune.precision import autocast
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.models import Preprocessing
+from vitplasticity.model_inputs import Preprocessing
 from vitplasticity.schedule import warmup_cosine_lr
 
 EVAL_BATCH_FACTOR = 4

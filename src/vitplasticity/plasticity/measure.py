@@ -11,9 +11,9 @@ import polars as pl
 import torch
 from torch import nn
 
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import architecture_for
 from vitplasticity.architectures.base import check_fc1_mode
+from vitplasticity.components import COMPONENTS
 from vitplasticity.plasticity.pairs import ImageQueue, Images, image_chunks
 from vitplasticity.plasticity.protocols import PROTOCOL_FUNCTIONS, check_protocols
 

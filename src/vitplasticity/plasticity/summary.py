@@ -10,7 +10,7 @@ from typing import Any
 import polars as pl
 import torch
 
-from vitplasticity import COMPONENTS
+from vitplasticity.components import COMPONENTS
 from vitplasticity.provenance import provenance
 
 

@@ -43,7 +43,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
     Architecture,
     ParameterMap,
@@ -58,6 +57,7 @@ from vitplasticity.bounds import (
     spectral_norm,
     stacked_weight,
 )
+from vitplasticity.components import COMPONENTS
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.plasticity.pairs import Images
 from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics

@@ -21,7 +21,8 @@ from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import Split, encode_png, read_meta, read_split
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.io import atomic_path, write_json, write_parquet
-from vitplasticity.models import ModelSpec, Preprocessing, build_model, pick_device, preprocessing
+from vitplasticity.model_inputs import Preprocessing
+from vitplasticity.models import ModelSpec, build_model, pick_device, preprocessing
 from vitplasticity.progress import ProgressReporter
 from vitplasticity.provenance import provenance
 from vitplasticity.recommend.criteria import (

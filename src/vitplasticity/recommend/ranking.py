@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from vitplasticity import COMPONENTS
+from vitplasticity.components import COMPONENTS
 from vitplasticity.recommend.criteria import CRITERIA, Measurements
 
 TABLE_SCHEMA: dict[str, pl.DataType] = {

@@ -42,13 +42,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
     ParameterMap,
     UnsupportedModel,
     architecture_for,
     parameter_map,
 )
+from vitplasticity.components import COMPONENTS
 from vitplasticity.io import atomic_path, write_json, write_parquet
 from vitplasticity.plasticity.protocols import PROTOCOLS
 from vitplasticity.plasticity.text import max_positions
