@@ -6,7 +6,7 @@ Ratios from interleaved repetitions (medians), printed as a table and written to
 the raw figures and the machine:
 
 - ``finetune_fp32_vs_naive``, ``finetune_bf16_vs_naive``: images/s of a full training step
-  including its data (the project's loader + ``finetune.training_step``, in fp32 and in bf16
+  including its data (the project's loader + ``finetune.step.training_step``, in fp32 and in bf16
   autocast) over a naive loop (fp32, explicit softmax attention, per-sample PIL transforms,
   main-process loading): same model init, batch and images; the three take turns.
 - ``finetune_bf16_vs_fp32``: the bf16 step's images/s over the fp32 step's (on a CPU above 1

@@ -22,7 +22,7 @@ def summarize(pairs: pl.DataFrame) -> pl.DataFrame:
     (the paper's 95% interval). Rows sorted by protocol, block and component in forward order.
 
     Raises:
-        ValueError: when a column of :data:`PAIR_SCHEMA` is missing, naming it.
+        ValueError: when a column of :data:`~vitplasticity.plasticity.measure.PAIR_SCHEMA` is missing, naming it.
     """
     missing = [name for name in ("protocol", "block", "component", "ratio") if name not in pairs]
     if missing:
