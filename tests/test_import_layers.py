@@ -6,7 +6,9 @@ module-level, function-level (the lazy imports that keep torch out of ``--help``
 Snakefile are still dependencies: the code cannot run without the module) and
 ``TYPE_CHECKING``-only (a type named in a signature is a concept the module depends on). An
 import of a name a package re-exports counts as an import of that package; ``from pkg import
-mod`` of a submodule counts as an import of the submodule.
+mod`` of a submodule counts as an import of the submodule. ``importlib.import_module`` calls
+are not read (the CLI loads its command modules with it, the dataset-source registry its
+sources: downward or within a layer).
 """
 
 from __future__ import annotations
