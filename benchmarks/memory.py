@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from vitplasticity.finetune import (
-    FinetuneSettings,
-    build_optimizer,
-    build_run_model,
-    training_step,
-)
+from vitplasticity.config import Run
+from vitplasticity.finetune.identity import FinetuneSettings, check_runs
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.step import training_step
 
 CONFIGURATIONS = ("full", "emb", "ln1", "mha", "ln2", "fc1", "fc2", "head")
 
@@ -94,14 +94,9 @@ def measure_configuration(
     optimizer: str = "sgd",
 ) -> dict[str, Any]:
     """One SGD (or AdamW) step of ``configuration`` on random images; its memory accounting."""
-    settings = FinetuneSettings(
-        experiment="bench",
-        model="bench",
-        dataset="bench",
+    run = Run("bench", "bench", "bench", configuration, 0.01, 0)
+    training = TrainingSettings(
         model_spec=model_spec,
-        configuration=configuration,
-        lr=0.01,
-        seed=0,
         steps=10,
         val_every=10,
         optimizer=optimizer,
@@ -111,7 +106,8 @@ def measure_configuration(
         precision=precision,
         device=str(device),
     )
-    settings.validate()
+    check_runs([run], training)
+    settings = FinetuneSettings(run, training)
     run_model = build_run_model(settings, num_classes=100, device=device)
     opt = build_optimizer(run_model.trainable, settings)
     size = run_model.preprocessing.input_size

@@ -6,7 +6,7 @@ Ratios from interleaved repetitions (medians), printed as a table and written to
 the raw figures and the machine:
 
 - ``finetune_fp32_vs_naive``, ``finetune_bf16_vs_naive``: images/s of a full training step
-  including its data (the project's loader + ``finetune.training_step``, in fp32 and in bf16
+  including its data (the project's loader + ``finetune.step.training_step``, in fp32 and in bf16
   autocast) over a naive loop (fp32, explicit softmax attention, per-sample PIL transforms,
   main-process loading): same model init, batch and images; the three take turns.
 - ``finetune_bf16_vs_fp32``: the bf16 step's images/s over the fp32 step's (on a CPU above 1
@@ -51,18 +51,18 @@ from benchmarks.naive import (
     pil_train_transform,
 )
 from benchmarks.timing import interleaved_medians
-from vitplasticity import plasticity
+from vitplasticity.config import Run
 from vitplasticity.data import loader, store
 from vitplasticity.data.synthetic import prepare_synthetic
 from vitplasticity.data.transforms import eval_image, normalize
-from vitplasticity.finetune import (
-    FinetuneSettings,
-    build_optimizer,
-    build_run_model,
-    cpu_bf16_native,
-    training_step,
-)
+from vitplasticity.finetune.identity import FinetuneSettings, check_runs
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.precision import cpu_bf16_native
+from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.step import training_step
 from vitplasticity.io import write_json
+from vitplasticity.plasticity.measure import measure
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 3, "num_heads": 3}
@@ -89,14 +89,9 @@ def model_spec(timm_id: str, quick: bool) -> dict[str, Any]:
 def settings_for(
     spec: dict[str, Any], args: argparse.Namespace, precision: str
 ) -> FinetuneSettings:
-    settings = FinetuneSettings(
-        experiment="bench",
-        model="bench",
-        dataset="bench",
+    run = Run("bench", "bench", "bench", "full", 0.01, 0)
+    training = TrainingSettings(
         model_spec=spec,
-        configuration="full",
-        lr=0.01,
-        seed=0,
         steps=10**6,
         val_every=10**6,
         batch_size=args.batch_size,
@@ -108,8 +103,8 @@ def settings_for(
         augment=args.augment,
         compile=args.compile,
     )
-    settings.validate()
-    return settings
+    check_runs([run], training)
+    return FinetuneSettings(run, training)
 
 
 def make_store(root: Path, args: argparse.Namespace) -> Path:
@@ -204,9 +199,9 @@ def train_flops_per_image(spec: dict[str, Any], device: torch.device) -> float:
     attention kernel (the CPU's flash kernel counts 0), while the FLOPs are the same.
     """
     settings = FinetuneSettings(
-        experiment="bench", model="bench", dataset="bench", model_spec=spec,
-        configuration="full", lr=0.01, seed=0, steps=1, val_every=1, device=str(device),
-    )  # fmt: skip
+        Run("bench", "bench", "bench", "full", 0.01, 0),
+        TrainingSettings(model_spec=spec, steps=1, val_every=1, device=str(device)),
+    )
     run_model = build_run_model(settings, num_classes=10, device=device)
     model = explicit_attention_copy(run_model.model)
     size = run_model.preprocessing.input_size
@@ -260,7 +255,7 @@ def bench_plasticity(reference, downstream, model, args, device) -> dict[str, An
     reference, downstream = reference.to(device), downstream.to(device)
 
     def measured() -> None:
-        plasticity.measure(model, reference, downstream, batch_size=args.pairs_batch)
+        measure(model, reference, downstream, batch_size=args.pairs_batch)
 
     def floor() -> None:
         plasticity_floor(model, reference, downstream, args.pairs_batch)

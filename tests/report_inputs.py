@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from vitplasticity import COMPONENTS
+from vitplasticity.components import COMPONENTS
 from vitplasticity.io import write_parquet
 
 

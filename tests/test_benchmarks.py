@@ -15,12 +15,10 @@ from benchmarks import run as bench
 from benchmarks.memory import state_accounting
 from benchmarks.naive import explicit_attention_copy
 
-from vitplasticity.finetune import (
-    FinetuneSettings,
-    build_optimizer,
-    build_run_model,
-    training_step,
-)
+from tests.helpers.run_settings import finetune_settings
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.step import training_step
 from vitplasticity.models import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +96,7 @@ def test_naive_model_is_the_same_function(tiny_vit: torch.nn.Module) -> None:
 def test_frozen_parameters_get_no_gradient_and_no_state(
     tiny_spec: ModelSpec, configuration: str, optimizer: str
 ) -> None:
-    settings = FinetuneSettings(
+    settings = finetune_settings(
         experiment="bench", model="tiny", dataset="synthetic",
         model_spec=dataclasses.asdict(tiny_spec), configuration=configuration, lr=0.01,
         seed=0, steps=2, val_every=2, optimizer=optimizer, batch_size=4, micro_batch_size=4,

@@ -11,9 +11,10 @@ import polars as pl
 import pytest
 import torch
 
-from vitplasticity import COMPONENTS
 from vitplasticity.bounds import BOUND_SCHEMA, TokenStatistics, upper_bounds
-from vitplasticity.plasticity import embedding_tokens, measure
+from vitplasticity.components import COMPONENTS
+from vitplasticity.plasticity.measure import measure
+from vitplasticity.plasticity.protocols import embedding_tokens
 
 
 def _images(n: int, seed: int) -> torch.Tensor:

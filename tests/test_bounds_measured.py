@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from vitplasticity import COMPONENTS
 from vitplasticity.bounds import measured_plasticity
+from vitplasticity.components import COMPONENTS
 from vitplasticity.io import write_parquet
 
 

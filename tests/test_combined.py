@@ -18,8 +18,10 @@ import torch
 import yaml
 from snakemake.utils import validate
 
+from tests.helpers.run_settings import finetune_settings
 from vitplasticity.config import check_config, enabled_experiments, experiment_runs
-from vitplasticity.finetune import FinetuneSettings, run, trainable_parameter_names
+from vitplasticity.finetune.model import trainable_parameter_names
+from vitplasticity.finetune.train import train
 from vitplasticity.models import ModelSpec, build_model
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.tables import accuracy_table
@@ -118,7 +120,7 @@ def test_combined_run_and_its_table_row(
     torch.set_num_threads(1)
     summaries = []
     for lr in (0.01, 0.05):
-        settings = FinetuneSettings(
+        settings = finetune_settings(
             experiment="combined",
             model="tiny",
             dataset="demo-stripes",
@@ -136,7 +138,7 @@ def test_combined_run_and_its_table_row(
             checkpoint_every=2,
         )
         out = tmp_path / f"lr{lr}"
-        summary = run(settings, demo_dataset, out)
+        summary = train(settings.run, settings.training, demo_dataset, out)
         summaries.append(out / "summary.json")
     d, hidden, classes = 48, 4 * 48, 4
     per_block = (d * 3 * d + 3 * d) + (d * d + d) + (d * hidden + hidden)

@@ -17,8 +17,8 @@ from scipy import stats
 
 from tests.report_inputs import plasticity_summary, write_grid
 from tests.test_tables import compile_tables, needs_latex
-from vitplasticity import COMPONENTS
 from vitplasticity.cli import main
+from vitplasticity.components import COMPONENTS
 from vitplasticity.io import read_parquet_metadata, write_parquet
 from vitplasticity.report import criteria as C
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates

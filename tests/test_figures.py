@@ -11,10 +11,11 @@ import pytest
 from PIL import Image
 
 from tests.report_inputs import plasticity_summary, write_grid
-from vitplasticity import COMPONENTS
 from vitplasticity.cli import main
+from vitplasticity.components import COMPONENTS
 from vitplasticity.report import figures
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
+from vitplasticity.report.plasticity_summary import pool_plasticity
 from vitplasticity.report.style import COMPONENT_COLOURS, DEMO_NOTE
 
 SETTINGS = figures.FigureSettings(width_in=3.4, dpi=60, context="paper")
@@ -41,7 +42,7 @@ def test_pooled_plasticity_equals_the_union_of_pairs() -> None:
         }
         for d, r in ratios.items()
     ]
-    pooled = figures.pool_plasticity(pl.DataFrame(rows)).row(0, named=True)
+    pooled = pool_plasticity(pl.DataFrame(rows)).row(0, named=True)
     union = np.concatenate(list(ratios.values()))
     assert pooled["n_pairs"] == union.size
     assert pooled["mean"] == pytest.approx(union.mean(), rel=1e-12)

@@ -20,19 +20,16 @@ import pytest
 import torch
 import torch.nn.functional as functional
 
+from tests.helpers.run_settings import finetune_settings
 from vitplasticity import cli
 from vitplasticity.data import loader
-from vitplasticity.finetune import (
-    GROUPS,
-    METRICS_SCHEMA,
-    TIMING_FIELDS,
-    FinetuneSettings,
-    build_optimizer,
-    build_run_model,
-    run,
-    trainable_parameter_names,
-    training_step,
-)
+from vitplasticity.finetune.gradients import GROUPS
+from vitplasticity.finetune.identity import FinetuneSettings, check_runs
+from vitplasticity.finetune.model import build_run_model, trainable_parameter_names
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.outputs import METRICS_SCHEMA, TIMING_FIELDS
+from vitplasticity.finetune.step import training_step
+from vitplasticity.finetune.train import train
 from vitplasticity.models import ModelSpec, build_model
 
 CONFIGURATIONS = ("full", "emb", "ln1", "mha", "ln2", "fc1", "fc2", "head")
@@ -89,13 +86,17 @@ def settings_for(spec: ModelSpec, **overrides: Any) -> FinetuneSettings:
         log_every=2,
         checkpoint_every=2,
     )
-    return FinetuneSettings(**{**base, **overrides})
+    return finetune_settings(**{**base, **overrides})
 
 
 def first_batch(dataset: Path, settings: FinetuneSettings, pre: Any, step: int = 0) -> tuple:
-    splits = loader.load_finetune_splits(dataset, settings.seed, settings.val_fraction)
+    splits = loader.load_finetune_splits(dataset, settings.run.seed, settings.training.val_fraction)
     batches = loader.TrainBatches(
-        loader.ImageBank(splits.train.images), splits.train.labels, pre, settings.batch_size, 0
+        loader.ImageBank(splits.train.images),
+        splits.train.labels,
+        pre,
+        settings.training.batch_size,
+        0,
     )
     return batches[step]
 
@@ -227,12 +228,14 @@ def test_bad_settings_name_their_flag(
     tiny_spec: ModelSpec, overrides: dict[str, Any], culprit: str
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(culprit)):
-        settings_for(tiny_spec, **overrides).validate()
+        settings = settings_for(tiny_spec, **overrides)
+        check_runs([settings.run], settings.training)
 
 
 def test_missing_dataset_is_named_before_compute(tiny_spec: ModelSpec, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="--dataset-dir"):
-        run(settings_for(tiny_spec), tmp_path / "nope", tmp_path / "out")
+        settings = settings_for(tiny_spec)
+        train(settings.run, settings.training, tmp_path / "nope", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -319,8 +322,8 @@ def test_cli_run_writes_the_contract(
 
 def test_runs_are_deterministic(tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path) -> None:
     settings = settings_for(tiny_spec, configuration="ln2", optimizer="adamw", lr=1e-3)
-    first = run(settings, demo_dataset, tmp_path / "a")
-    second = run(settings, demo_dataset, tmp_path / "b")
+    first = train(settings.run, settings.training, demo_dataset, tmp_path / "a")
+    second = train(settings.run, settings.training, demo_dataset, tmp_path / "b")
     for key in (*TIMING_FIELDS, "created"):
         first.pop(key), second.pop(key)
     assert first == second
@@ -359,4 +362,5 @@ def test_cuda_without_gpu_is_named(
     tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
     with pytest.raises(ValueError, match=re.escape("--device (finetune.device)")):
-        run(settings_for(tiny_spec, device="cuda"), demo_dataset, tmp_path / "out")
+        settings = settings_for(tiny_spec, device="cuda")
+        train(settings.run, settings.training, demo_dataset, tmp_path / "out")

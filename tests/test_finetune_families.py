@@ -20,7 +20,9 @@ from tests.test_finetune import cli_args, first_batch, settings_for
 from vitplasticity.architectures import UnsupportedModel, registry
 from vitplasticity.architectures.timm_vit import TimmVisionTransformer
 from vitplasticity.cli import main
-from vitplasticity.finetune import build_optimizer, build_run_model, training_step
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.step import training_step
 from vitplasticity.lora import check_adapters_used
 from vitplasticity.models import ModelSpec
 

@@ -28,16 +28,18 @@ from tests.helpers.tiny_models import perturbed
 from tests.test_finetune import cli_args, first_batch, settings_for
 from vitplasticity.architectures import architecture_for, parameter_map
 from vitplasticity.cli import main
-from vitplasticity.finetune import build_optimizer, build_run_model, training_step
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.step import training_step
 from vitplasticity.hf_models import (
     CLASSIFIERS,
     HF_MODEL_KEYS,
     HFModelSpec,
     build_hf_model,
     hf_preprocessing,
-    model_spec,
 )
-from vitplasticity.models import IMAGENET_MEAN, IMAGENET_STD, Preprocessing, build_model
+from vitplasticity.model_inputs import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+from vitplasticity.models import ModelSpec, build_model
 from vitplasticity.models import preprocessing as model_preprocessing
 from vitplasticity.recommend.criteria import gradient_statistics, head_warmup
 
@@ -127,17 +129,19 @@ def without(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tens
 
 def test_entry_keys_are_checked_by_name() -> None:
     entry = {"family": "transformers", "hf_id": "facebook/dinov2-small"}
-    assert model_spec(entry) == HFModelSpec(hf_id="facebook/dinov2-small")
+    assert ModelSpec.from_config(entry) == HFModelSpec(hf_id="facebook/dinov2-small")
     assert set(dataclasses.asdict(HFModelSpec(hf_id="x"))) == HF_MODEL_KEYS
     with pytest.raises(ValueError, match=r"unknown model keys \['timm_id'\]"):
-        model_spec({**entry, "timm_id": "vit_base_patch16_224"})
+        ModelSpec.from_config({**entry, "timm_id": "vit_base_patch16_224"})
     with pytest.raises(ValueError, match="lacks 'hf_id'"):
-        model_spec({"family": "transformers"})
+        ModelSpec.from_config({"family": "transformers"})
     with pytest.raises(ValueError, match="config needs model_type"):
-        model_spec({**entry, "weights": "random", "config": {"hidden_size": 48}})
+        ModelSpec.from_config({**entry, "weights": "random", "config": {"hidden_size": 48}})
     with pytest.raises(ValueError, match="config must be a mapping"):
-        model_spec({**entry, "config": ["hidden_size"]})
-    assert model_spec({"timm_id": "vit_tiny_patch16_224"}).timm_id == "vit_tiny_patch16_224"
+        ModelSpec.from_config({**entry, "config": ["hidden_size"]})
+    assert (
+        ModelSpec.from_config({"timm_id": "vit_tiny_patch16_224"}).timm_id == "vit_tiny_patch16_224"
+    )
 
 
 # --- building each family -----------------------------------------------------------------------

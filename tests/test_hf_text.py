@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.contract import check_forward
+from tests.helpers.numpy_reference import check_against, norm_ratio, softmax_rows
 from tests.helpers.tiny_models import HF_TEXT_TINY_CONFIG, TINY_MODELS, perturbed
-from tests.test_architectures import check_forward
 from vitplasticity.architectures import (
     ParameterMap,
     UndefinedStage,
@@ -21,7 +22,7 @@ from vitplasticity.architectures import (
 )
 from vitplasticity.architectures.hf_decoder import additive_mask
 from vitplasticity.architectures.hf_gemma import HFGemma
-from vitplasticity.plasticity import measure
+from vitplasticity.plasticity.measure import measure
 
 transformers = pytest.importorskip("transformers")
 
@@ -45,15 +46,6 @@ def ids(n: int, length: int, seed: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------
 # An independent float64 computation from the state dict
-
-
-def softmax_rows(logits: np.ndarray) -> np.ndarray:
-    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return weights / weights.sum(axis=1, keepdims=True)
-
-
-def norm_ratio(f, u: np.ndarray, v: np.ndarray) -> tuple[float, float]:
-    return float(np.linalg.norm(f(u) - f(v))), float(np.linalg.norm(u - v))
 
 
 class Direct:
@@ -200,17 +192,6 @@ def direct(model, reference, downstream, protocol: str, fc1_mode: str = "stage")
     return found
 
 
-def check_against(frame, expected: dict) -> None:
-    got = {
-        (r["block"], r["component"], r["pair"]): (r["numerator"], r["denominator"])
-        for r in frame.iter_rows(named=True)
-    }
-    assert got.keys() == expected.keys()
-    for key, (numerator, denominator) in expected.items():
-        assert got[key][0] == pytest.approx(numerator, rel=RTOL), key
-        assert got[key][1] == pytest.approx(denominator, rel=RTOL), key
-
-
 DIRECT_CASES = [
     "llama_causal_lm_tiny",  # grouped-query attention, q/k/v/o and MLP biases, a causal LM
     "mistral_tiny",  # a sliding window of 4 on every layer
@@ -226,7 +207,7 @@ def test_plasticity_matches_a_direct_float64_computation(case_id: str, protocol:
     model = tiny(case_id)
     reference, downstream = ids(3, 10, seed=1), ids(2, 10, seed=2)  # downstream cycles
     frame = measure(model, reference, downstream, protocol=protocol, batch_size=2)
-    check_against(frame, direct(model, reference, downstream, protocol))
+    check_against(frame, direct(model, reference, downstream, protocol), RTOL)
 
 
 @pytest.mark.parametrize("protocol", ["embedding", "in_situ"])
@@ -234,7 +215,7 @@ def test_fc1_up_mode_is_the_up_projection_alone(protocol: str) -> None:
     model = tiny("llama_tiny")
     reference, downstream = ids(2, 8, seed=1), ids(2, 8, seed=2)
     frame = measure(model, reference, downstream, protocol=protocol, fc1="up")
-    check_against(frame, direct(model, reference, downstream, protocol, fc1_mode="up"))
+    check_against(frame, direct(model, reference, downstream, protocol, fc1_mode="up"), RTOL)
     block = model.layers[0]
     assert architecture_for(model).components(block, fc1="up")["fc1"] == (block.mlp.up_proj,)
 

@@ -11,20 +11,21 @@ import pytest
 import torch
 from scipy.special import erf, expit
 
+from tests.helpers.contract import check_contract
+from tests.helpers.numpy_reference import layer_norm, norm_ratio, softmax_rows
 from tests.helpers.tiny_models import (
     HF_VISION_TINY_CONFIG,
     HF_VISION_TINY_MODELS,
     TinyModel,
     perturbed,
 )
-from tests.test_architectures import check_contract
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
     ParameterMap,
     UnsupportedModel,
     architecture_for,
 )
-from vitplasticity.plasticity import measure
+from vitplasticity.components import COMPONENTS
+from vitplasticity.plasticity.measure import measure
 
 transformers = pytest.importorskip("transformers")
 
@@ -100,21 +101,6 @@ def test_classification_wrappers_keep_the_contract(
 
 
 # --- DINOv2 against float64 numpy --------------------------------------------------------------
-
-
-def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
-    mean = x.mean(axis=-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
-
-
-def softmax_rows(logits: np.ndarray) -> np.ndarray:
-    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return weights / weights.sum(axis=1, keepdims=True)
-
-
-def norm_ratio(f, u: np.ndarray, v: np.ndarray) -> tuple[float, float]:
-    return float(np.linalg.norm(f(u) - f(v))), float(np.linalg.norm(u - v))
 
 
 def dinov2_embedding(w: dict, image: np.ndarray, patch: int) -> np.ndarray:

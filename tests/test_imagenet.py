@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from tests.fixtures_data import imagenet_val, write_hf, write_official, write_val_folder
-from vitplasticity.config import IMAGENET_LAYOUTS
 from vitplasticity.data.imagenet import imagenet_reference, index_val
+from vitplasticity.data.imagenet_layouts import IMAGENET_LAYOUTS
 from vitplasticity.data.reference import build_reference
 
 N_CLASSES, PER_CLASS = 5, 4

@@ -12,7 +12,7 @@ from torchvision.transforms import RandomResizedCrop
 
 from vitplasticity.data import loader, store
 from vitplasticity.data.transforms import eval_image
-from vitplasticity.models import Preprocessing
+from vitplasticity.model_inputs import Preprocessing
 
 PRE = Preprocessing(
     input_size=32, crop_pct=0.9, interpolation="bicubic", mean=(0.5,) * 3, std=(0.5,) * 3

@@ -13,13 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.run_settings import finetune_settings
 from vitplasticity import cli
-from vitplasticity.finetune import (
-    FinetuneSettings,
-    build_run_model,
-    run,
-    trainable_parameter_names,
-)
+from vitplasticity.finetune.identity import FinetuneSettings, check_runs
+from vitplasticity.finetune.model import build_run_model, trainable_parameter_names
+from vitplasticity.finetune.train import train
 from vitplasticity.lora import apply_lora, lora_parameter_names
 from vitplasticity.models import ModelSpec
 
@@ -64,7 +62,7 @@ def settings_for(spec: ModelSpec, **overrides) -> FinetuneSettings:
         log_every=2,
         checkpoint_every=2,
     )
-    return FinetuneSettings(**{**base, **overrides})
+    return finetune_settings(**{**base, **overrides})
 
 
 def test_adapters_sit_on_the_attention_linears_only(tiny_vit: torch.nn.Module) -> None:
@@ -130,9 +128,11 @@ def test_lora_without_adapters_is_an_error(tiny_vit: torch.nn.Module) -> None:
 
 def test_bad_lora_settings_name_the_key(tiny_spec: ModelSpec, tiny_vit: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match=r"--lora-rank \(finetune.lora.rank\)"):
-        settings_for(tiny_spec, lora_rank=0).validate()
+        bad = settings_for(tiny_spec, lora_rank=0)
+        check_runs([bad.run], bad.training)
     with pytest.raises(ValueError, match=r"--lora-alpha \(finetune.lora.alpha\)"):
-        settings_for(tiny_spec, lora_alpha=0.0).validate()
+        bad = settings_for(tiny_spec, lora_alpha=0.0)
+        check_runs([bad.run], bad.training)
     with pytest.raises(ValueError, match="match no module"):
         apply_lora(tiny_vit, rank=2, alpha=4, target_modules=["blocks.0.nothing"])
     with pytest.raises(ValueError, match="not one string"):  # a regex was the old interface
@@ -179,12 +179,12 @@ def test_lora_run_moves_only_adapters_and_head(
     tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
     settings = settings_for(tiny_spec)
-    summary = run(settings, demo_dataset, tmp_path / "run")
+    summary = train(settings.run, settings.training, demo_dataset, tmp_path / "run")
     assert summary["trainable_parameters"] == lora_count(8) + HEAD_AND_NORM
     # The run's grad norms of the adapters land in the "mha" group (they sit in attn.*).
     import polars as pl
 
     metrics = pl.read_parquet(tmp_path / "run" / "metrics.parquet")
-    train = metrics.filter(pl.col("kind") == "train")
-    assert train["grad_norm_mha"].drop_nulls().len() > 0
-    assert train["grad_norm_fc1"].drop_nulls().len() == 0
+    train_rows = metrics.filter(pl.col("kind") == "train")
+    assert train_rows["grad_norm_mha"].drop_nulls().len() > 0
+    assert train_rows["grad_norm_fc1"].drop_nulls().len() == 0

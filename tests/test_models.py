@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vitplasticity.models import IMAGENET_MEAN, ModelSpec, build_model, preprocessing
+from vitplasticity.model_inputs import IMAGENET_MEAN
+from vitplasticity.models import ModelSpec, build_model, preprocessing
 
 from .conftest import TINY_VIT_KWARGS
 

@@ -18,8 +18,8 @@ from torch import nn
 
 from tests.helpers.tiny_models import TINY_MODELS, perturbed
 from tests.test_tables import compile_tables, needs_latex
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import UnsupportedModel
+from vitplasticity.components import COMPONENTS
 from vitplasticity.recommend.criteria import CRITERIA, Measurements, nfn_estimate
 from vitplasticity.recommend.nfn import NFN_SCHEMA, feature_norm_statistics
 from vitplasticity.recommend.ranking import build_table, greedy_union, markdown, select

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from vitplasticity import cli
-from vitplasticity.finetune import TIMING_FIELDS
+from vitplasticity.finetune.outputs import TIMING_FIELDS
 from vitplasticity.models import ModelSpec
 from vitplasticity.packs import finetune_packs
 

@@ -11,8 +11,10 @@ import pytest
 import torch
 from scipy.special import erf
 
-from vitplasticity import COMPONENTS
-from vitplasticity.plasticity import PAIR_SCHEMA, measure, measure_protocols, summarize
+from tests.helpers.numpy_reference import layer_norm
+from vitplasticity.components import COMPONENTS
+from vitplasticity.plasticity.measure import PAIR_SCHEMA, measure, measure_protocols
+from vitplasticity.plasticity.summary import summarize
 
 # Measured on the perturbed tiny ViT below (8 pairs, 3 image seeds, both protocols): the
 # float64 model agrees with the direct computation to <= 1.2e-15 relative; the float32 model to
@@ -41,12 +43,6 @@ def direct_embedding(w: dict[str, np.ndarray], image: np.ndarray, patch: int) ->
             rows.append(kernel.reshape(d, -1) @ piece.ravel() + w["patch_embed.proj.bias"])
     tokens = np.vstack([w["cls_token"][0], np.array(rows)])
     return tokens + w["pos_embed"][0]
-
-
-def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
-    mean = x.mean(axis=-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
 
 
 def attention(w: dict[str, np.ndarray], prefix: str, x: np.ndarray, heads: int) -> np.ndarray:
@@ -461,7 +457,7 @@ def test_decoded_batches_keep_order(demo_dataset) -> None:
     from vitplasticity.commands.plasticity import decoded_batches
     from vitplasticity.data.store import read_split
     from vitplasticity.data.transforms import eval_batches
-    from vitplasticity.models import Preprocessing
+    from vitplasticity.model_inputs import Preprocessing
 
     images = read_split(demo_dataset, "test").images
     pre = Preprocessing(32, 1.0, "bicubic", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))

@@ -12,8 +12,9 @@ import timm
 import torch
 from scipy.special import erf, expit
 
+from tests.helpers.numpy_reference import check_against, layer_norm, norm_ratio, softmax_rows
 from vitplasticity.architectures import UnsupportedModel, architecture_for
-from vitplasticity.plasticity import measure
+from vitplasticity.plasticity.measure import measure
 from vitplasticity.text_models import build_gpt2
 
 transformers = pytest.importorskip("transformers")
@@ -42,32 +43,6 @@ def _perturb(model: torch.nn.Module, seed: int) -> torch.nn.Module:
             else:
                 parameter.add_(0.05 * noise)
     return model.eval()
-
-
-def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
-    mean = x.mean(axis=-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
-
-
-def softmax_rows(logits: np.ndarray) -> np.ndarray:
-    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return weights / weights.sum(axis=1, keepdims=True)
-
-
-def norm_ratio(f, u: np.ndarray, v: np.ndarray) -> tuple[float, float]:
-    return float(np.linalg.norm(f(u) - f(v))), float(np.linalg.norm(u - v))
-
-
-def check_against(frame, expected: dict) -> None:
-    got = {
-        (r["block"], r["component"], r["pair"]): (r["numerator"], r["denominator"])
-        for r in frame.iter_rows(named=True)
-    }
-    assert got.keys() == expected.keys()
-    for key, (numerator, denominator) in expected.items():
-        assert got[key][0] == pytest.approx(numerator, rel=RTOL), key
-        assert got[key][1] == pytest.approx(denominator, rel=RTOL), key
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +184,7 @@ def test_dinov3_matches_direct_float64(dino64: torch.nn.Module, protocol: str) -
     assert dino64.pos_embed is None and dino64.rope is not None  # positions only through rope
     reference, downstream = _images(3, seed=1), _images(2, seed=2)  # downstream cycles
     frame = measure(dino64, reference, downstream, protocol=protocol, batch_size=2)
-    check_against(frame, dino_direct(dino64, reference, downstream, protocol))
+    check_against(frame, dino_direct(dino64, reference, downstream, protocol), RTOL)
 
 
 @pytest.mark.parametrize("protocol", ["embedding", "in_situ"])
@@ -221,7 +196,7 @@ def test_dinov3_fc1_up_mode_matches_direct_float64(protocol: str) -> None:
     model = _perturb(model, seed=11)
     reference, downstream = _images(3, seed=1), _images(2, seed=2)
     frame = measure(model, reference, downstream, protocol=protocol, batch_size=2, fc1="up")
-    check_against(frame, dino_direct(model, reference, downstream, protocol, fc1_mode="up"))
+    check_against(frame, dino_direct(model, reference, downstream, protocol, fc1_mode="up"), RTOL)
     stage = measure(model, reference, downstream, protocol=protocol, batch_size=2)
     assert not np.allclose(
         frame.filter(pl.col("component") == "fc1")["ratio"].to_numpy(),
@@ -353,7 +328,7 @@ def test_gpt2_matches_direct_float64(protocol: str, attn_implementation: str) ->
     assert architecture_for(model).name == "hf_gpt2"
     reference, downstream = _token_ids(3, 8, seed=1), _token_ids(2, 8, seed=2)
     frame = measure(model, reference, downstream, protocol=protocol, batch_size=2)
-    check_against(frame, gpt2_direct(model, reference, downstream, protocol))
+    check_against(frame, gpt2_direct(model, reference, downstream, protocol), RTOL)
 
 
 def test_gpt2_mha_is_causal() -> None:

@@ -14,17 +14,17 @@ import polars as pl
 import pytest
 import torch
 
+from tests.helpers.run_settings import finetune_settings
 from vitplasticity.data import loader, store
-from vitplasticity.finetune import (
-    FinetuneSettings,
-    augment_on_device,
-    build_optimizer,
-    build_run_model,
-    cpu_bf16_native,
-    run,
-    training_step,
-)
-from vitplasticity.models import ModelSpec, Preprocessing
+from vitplasticity.finetune.identity import FinetuneSettings, check_runs
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.precision import cpu_bf16_native
+from vitplasticity.finetune.setup import augment_on_device
+from vitplasticity.finetune.step import training_step
+from vitplasticity.finetune.train import train
+from vitplasticity.model_inputs import Preprocessing
+from vitplasticity.models import ModelSpec
 
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ~ 0.2%); through 3 blocks the loss moves
 # by a few parts in a thousand. The documented tolerances (docs/benchmarks.md):
@@ -52,7 +52,7 @@ def settings_for(spec: ModelSpec, **overrides: Any) -> FinetuneSettings:
         val_every=2, batch_size=8, micro_batch_size=8, warmup_steps=0, device="cpu",
         log_every=1, checkpoint_every=100, num_workers=0,
     )  # fmt: skip
-    return FinetuneSettings(**{**base, **overrides})
+    return finetune_settings(**{**base, **overrides})
 
 
 def test_bf16_step_within_tolerance_of_fp32(tiny_spec: ModelSpec, demo_dataset: Path) -> None:
@@ -66,7 +66,7 @@ def test_bf16_step_within_tolerance_of_fp32(tiny_spec: ModelSpec, demo_dataset: 
         optimizer = build_optimizer(run_model.trainable, settings)
         batches = loader.TrainBatches(
             loader.ImageBank(splits.train.images), splits.train.labels,
-            run_model.preprocessing, settings.batch_size, settings.seed,
+            run_model.preprocessing, settings.training.batch_size, settings.run.seed,
         )  # fmt: skip
         results = [
             training_step(run_model, optimizer, *batches[s], s, settings, device) for s in range(3)
@@ -90,18 +90,18 @@ def test_bf16_cpu_run_within_tolerance_of_fp32(
     metrics = {}
     for precision in ("fp32", "bf16"):
         settings = settings_for(tiny_spec, precision=precision, steps=6, val_every=3)
-        summary = run(settings, demo_dataset, tmp_path / precision)
+        summary = train(settings.run, settings.training, demo_dataset, tmp_path / precision)
         assert summary["status"] == "completed"
         assert summary["settings"]["precision"] == precision
         metrics[precision] = pl.read_parquet(tmp_path / precision / "metrics.parquet")
     fp32, bf16 = metrics["fp32"], metrics["bf16"]
     assert fp32.select("step", "kind").equals(bf16.select("step", "kind"))
-    train = pl.col("kind") == "train"
+    is_train = pl.col("kind") == "train"
     for column, rtol in (("train_loss", BF16_LOSS_RTOL), ("grad_norm", BF16_GRAD_NORM_RTOL)):
-        exact, fast = fp32.filter(train)[column], bf16.filter(train)[column]
+        exact, fast = fp32.filter(is_train)[column], bf16.filter(is_train)[column]
         assert len(exact) == 6
         np.testing.assert_allclose(fast.to_numpy(), exact.to_numpy(), rtol=rtol)
-    exact, fast = fp32.filter(~train)["val_loss"], bf16.filter(~train)["val_loss"]
+    exact, fast = fp32.filter(~is_train)["val_loss"], bf16.filter(~is_train)["val_loss"]
     assert len(exact) == 2
     np.testing.assert_allclose(fast.to_numpy(), exact.to_numpy(), rtol=BF16_LOSS_RTOL)
     assert not fp32["train_loss"].equals(bf16["train_loss"])  # bf16 really ran in bf16
@@ -197,17 +197,19 @@ def test_mixed_sizes_never_sample_the_padding() -> None:
 
 def test_augment_setting(tiny_spec: ModelSpec) -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert not augment_on_device(settings_for(tiny_spec), cpu)
-    assert augment_on_device(settings_for(tiny_spec), cuda)
-    assert augment_on_device(settings_for(tiny_spec, augment="device"), cpu)
-    assert not augment_on_device(settings_for(tiny_spec, augment="cpu"), cuda)
+    assert not augment_on_device(settings_for(tiny_spec).training, cpu)
+    assert augment_on_device(settings_for(tiny_spec).training, cuda)
+    assert augment_on_device(settings_for(tiny_spec, augment="device").training, cpu)
+    assert not augment_on_device(settings_for(tiny_spec, augment="cpu").training, cuda)
     with pytest.raises(ValueError, match=r"--augment \(finetune.augment\)"):
-        settings_for(tiny_spec, augment="gpu").validate()
+        bad = settings_for(tiny_spec, augment="gpu")
+        check_runs([bad.run], bad.training)
 
 
 def test_run_with_device_augmentation(
     tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
-    summary = run(settings_for(tiny_spec, augment="device"), demo_dataset, tmp_path / "run")
+    settings = settings_for(tiny_spec, augment="device")
+    summary = train(settings.run, settings.training, demo_dataset, tmp_path / "run")
     assert summary["status"] == "completed" and summary["final_step"] == 4
     assert 0 <= summary["test_accuracy"] <= 1

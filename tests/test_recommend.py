@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from PIL import Image
 
 from tests.conftest import TINY_SPEC, TINY_VIT_KWARGS
-from vitplasticity import COMPONENTS
 from vitplasticity.cli import main
+from vitplasticity.components import COMPONENTS
 from vitplasticity.data.store import PreparedDatasetWriter, encode_png, write_split
 from vitplasticity.io import read_parquet_metadata
 from vitplasticity.models import build_model
-from vitplasticity.plasticity import measure
+from vitplasticity.plasticity.measure import measure
 from vitplasticity.recommend.criteria import (
     CRITERIA,
     Measurements,

@@ -31,13 +31,14 @@ from tests.helpers.tiny_models import (
     TINY_MODELS,
     perturbed,
 )
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import UnsupportedModel, architecture_for
 from vitplasticity.cli import main
+from vitplasticity.components import COMPONENTS
 from vitplasticity.data.loader import batch_indices
 from vitplasticity.data.text import byte_tokenizer, read_sequences
 from vitplasticity.io import read_parquet_metadata
 from vitplasticity.optional import require_transformers
+from vitplasticity.plasticity.text import measure_text
 from vitplasticity.recommend.criteria import CRITERIA
 from vitplasticity.recommend.pipeline import DEFAULT_CONFIGURATIONS
 from vitplasticity.recommend.text import (
@@ -47,7 +48,6 @@ from vitplasticity.recommend.text import (
     user_sequences,
     write_text_outputs,
 )
-from vitplasticity.text_plasticity import measure_text
 
 transformers = require_transformers()
 

@@ -15,13 +15,13 @@ import pytest
 from PIL import Image
 
 from tests.report_inputs import plasticity_summary, write_grid
-from vitplasticity import COMPONENTS
 from vitplasticity.cli import main
+from vitplasticity.components import COMPONENTS
 from vitplasticity.io import write_parquet
 from vitplasticity.report import figures, tables
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
+from vitplasticity.report.stats import compare_selected
 from vitplasticity.report.style import COMPONENT_COLOURS, DEMO_NOTE, label
-from vitplasticity.stats import compare_selected
 
 COMMANDS = Path(__file__).resolve().parents[1] / "src/vitplasticity/commands"
 

@@ -20,9 +20,12 @@ import polars as pl
 import pytest
 import torch
 
+from tests.helpers.run_settings import finetune_settings
 from vitplasticity import cli
 from vitplasticity.checkpoint import load_checkpoint, save_checkpoint
-from vitplasticity.finetune import TIMING_FIELDS, FinetuneSettings, run
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.outputs import TIMING_FIELDS
+from vitplasticity.finetune.train import train
 from vitplasticity.models import ModelSpec
 
 STEPS = 24
@@ -40,7 +43,7 @@ def one_torch_thread() -> Iterator[None]:
 
 
 def settings_for(spec: ModelSpec, optimizer: str) -> FinetuneSettings:
-    return FinetuneSettings(
+    return finetune_settings(
         experiment="resume",
         model="tiny",
         dataset="demo-stripes",
@@ -62,7 +65,7 @@ def settings_for(spec: ModelSpec, optimizer: str) -> FinetuneSettings:
 
 def cli_args(settings: FinetuneSettings, dataset: Path, out: Path) -> list[str]:
     """The CLI flags that give ``settings`` (as the finetune rule passes them)."""
-    fields = dataclasses.asdict(settings)
+    fields = settings.record()
     betas = fields.pop("adam_betas")
     fields.pop("demo")
     fields["model_spec"] = json.dumps(fields["model_spec"])
@@ -83,7 +86,8 @@ def reference_runs(
     out: dict[str, tuple[dict[str, Any], pl.DataFrame]] = {}
     for optimizer in ("sgd", "adamw"):
         folder = tmp_path_factory.mktemp(f"reference-{optimizer}")
-        summary = run(settings_for(TINY_SPEC, optimizer), demo_dataset, folder)
+        settings = settings_for(TINY_SPEC, optimizer)
+        summary = train(settings.run, settings.training, demo_dataset, folder)
         out[optimizer] = (summary, pl.read_parquet(folder / "metrics.parquet"))
     return out
 
@@ -148,7 +152,7 @@ def test_sigterm_writes_a_checkpoint_and_the_run_resumes_bitwise(
     state = torch.load(checkpoint, weights_only=True)
     assert 4 <= state["step"] < STEPS
 
-    summary = run(settings, demo_dataset, out)
+    summary = train(settings.run, settings.training, demo_dataset, out)
     assert_same_as_reference(out, summary, reference_runs["adamw"])
 
 
@@ -170,7 +174,7 @@ def test_sigkill_then_rerun_continues_bitwise(
     assert process.returncode == -signal.SIGKILL
     assert not (out / "summary.json").exists() and not (out / "metrics.parquet").exists()
 
-    summary = run(settings, demo_dataset, out)
+    summary = train(settings.run, settings.training, demo_dataset, out)
     assert_same_as_reference(out, summary, reference_runs["sgd"])
 
 

@@ -16,7 +16,10 @@ import yaml
 from tests.conftest import TINY_SPEC
 from tests.test_workflow import REPO, snakemake
 from vitplasticity.config import ConfigError, Run, check_config, grid_lr, lr_label
-from vitplasticity.finetune import TIMING_FIELDS, FinetuneSettings, TrainingSettings
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.outputs import TIMING_FIELDS
+from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.train import train_runs
 
 LONG_LR = 0.0123456789  # lr_label: 0.0123457, another float
 
@@ -30,16 +33,32 @@ def demo_config() -> dict:
     return config
 
 
-def test_settings_split_into_identity_and_training() -> None:
+def test_settings_compose_the_run_and_its_training_settings() -> None:
     training = TrainingSettings(model_spec=dataclasses.asdict(TINY_SPEC), steps=4, val_every=2)
     run = Run("sgd", "tiny", "demo-stripes", "mha+fc1", LONG_LR, 3)
-    settings = FinetuneSettings.of(run, training)
-    assert settings.identity == run and settings.training == training
-    assert settings.lr == LONG_LR and settings.steps == 4
-    # Every field is one or the other, none twice.
-    names = [field.name for field in dataclasses.fields(FinetuneSettings)]
+    settings = FinetuneSettings(run, training)
+    # The two parts, each declared once: no field of Run is re-declared beside them.
+    assert [field.name for field in dataclasses.fields(FinetuneSettings)] == ["run", "training"]
     identity = [field.name for field in dataclasses.fields(Run)]
-    assert sorted(names) == sorted(identity + [f.name for f in dataclasses.fields(training)])
+    shared = [field.name for field in dataclasses.fields(TrainingSettings)]
+    assert not set(identity) & set(shared)
+    # The flat record (provenance) is the training fields, then the run's, in order.
+    assert list(settings.record()) == shared + identity
+    assert settings.record()["lr"] == LONG_LR and settings.record()["steps"] == 4
+
+
+def test_every_run_of_a_job_is_checked_before_the_first_starts(
+    demo_dataset: Path, tmp_path: Path
+) -> None:
+    training = TrainingSettings(
+        model_spec=dataclasses.asdict(TINY_SPEC), steps=2, val_every=2, batch_size=8,
+        micro_batch_size=8, warmup_steps=0, device="cpu", num_workers=0,
+    )  # fmt: skip
+    good = Run("sgd", "tiny", "demo-stripes", "mha", 0.05, 0)
+    bad = dataclasses.replace(good, lr=-1.0)
+    with pytest.raises(ValueError, match=r"--lr \(experiments\.<name>\.lrs\)"):
+        train_runs([(good, tmp_path / "good"), (bad, tmp_path / "bad")], training, demo_dataset)
+    assert not (tmp_path / "good").exists()  # nothing trained, nothing half-written
 
 
 def test_grid_lr_gives_the_exact_value_of_a_label(demo_config: dict) -> None:

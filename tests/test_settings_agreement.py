@@ -22,7 +22,7 @@ from snakemake.utils import validate
 
 from vitplasticity.cli import build_parser
 from vitplasticity.config import load_schema
-from vitplasticity.finetune_settings import WORKFLOW_ONLY_KEYS, TrainingSettings
+from vitplasticity.finetune.settings import WORKFLOW_ONLY_KEYS, TrainingSettings
 from vitplasticity.settings import (
     Setting,
     check_settings,

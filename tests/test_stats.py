@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from scipy import stats as sps
 
-from vitplasticity.stats import compare_components, compare_selected
+from vitplasticity.report.stats import compare_components, compare_selected
 
 
 def _table(acc: dict[str, np.ndarray]) -> pl.DataFrame:

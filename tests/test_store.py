@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from vitplasticity.cli import main as cli_main
+from vitplasticity.data.decode import decode
 from vitplasticity.data.imagefolder import prepare_image_folder
 from vitplasticity.data.reference import build_reference
 from vitplasticity.data.store import (
@@ -22,7 +23,6 @@ from vitplasticity.data.store import (
     split_pool,
 )
 from vitplasticity.data.synthetic import STYLES, synthetic_images
-from vitplasticity.data.transforms import decode
 
 
 def test_split_pool_is_seeded_disjoint_and_complete() -> None:

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.helpers.tiny_models import TINY_MODELS, TinyModel
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
     ARCHITECTURES,
     Architecture,
@@ -30,8 +29,9 @@ from vitplasticity.architectures import (
     architecture_for,
 )
 from vitplasticity.bounds import undefined_bounds, upper_bounds
+from vitplasticity.components import COMPONENTS
 from vitplasticity.lora import apply_lora, check_adapters_used
-from vitplasticity.plasticity import measure
+from vitplasticity.plasticity.measure import measure
 from vitplasticity.recommend.criteria import measure_criteria
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"

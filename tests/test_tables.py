@@ -13,6 +13,7 @@ import pytest
 
 from tests.report_inputs import plasticity_summary, write_grid, write_run
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
+from vitplasticity.report.stats import compare_selected
 from vitplasticity.report.style import DEMO_NOTE
 from vitplasticity.report.tables import (
     accuracy_table,
@@ -21,7 +22,6 @@ from vitplasticity.report.tables import (
     plasticity_table,
     wilcoxon_table,
 )
-from vitplasticity.stats import compare_selected
 
 LATEX = shutil.which("pdflatex") or shutil.which("lualatex")
 needs_latex = pytest.mark.skipif(

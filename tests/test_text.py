@@ -20,7 +20,8 @@ import yaml
 from vitplasticity.cli import main
 from vitplasticity.data.text import byte_tokenizer, cycled, load_tokenizer, read_sequences
 from vitplasticity.io import read_parquet_metadata
-from vitplasticity.plasticity import PAIR_SCHEMA, measure, summarize
+from vitplasticity.plasticity.measure import PAIR_SCHEMA, measure
+from vitplasticity.plasticity.summary import summarize
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 256, "n_positions": 64}

@@ -5,16 +5,7 @@ Reproduces "Vision Transformer Finetuning Benefits from Non-Smooth Components"
 block, single-component finetuning, and the statistics that rank them.
 """
 
-__version__ = "0.1.0"
-
-COMPONENTS: tuple[str, ...] = ("ln1", "mha", "ln2", "fc1", "fc2")
-"""The five per-block components, in forward order."""
-
-FC1_MODES: tuple[str, ...] = ("stage", "up")
-"""What FC1 of a gated MLP is in a plasticity measurement: ``stage``, the MLP's first linear
-stage (gate and up projections together, their outputs concatenated; the default); ``up``, the
-up projection alone (the reference code's DINOv3 ablation). A plain MLP has one fc1 either way
-(docs/protocol.md, "Architectures")."""
+from vitplasticity.version import __version__ as __version__
 
 
 def __getattr__(name: str) -> object:

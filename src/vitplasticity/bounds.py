@@ -51,7 +51,6 @@ import polars as pl
 import torch
 from torch import nn
 
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
     ARCHITECTURES,
     Architecture,
@@ -61,6 +60,7 @@ from vitplasticity.architectures import (
     architecture_for,
 )
 from vitplasticity.architectures.base import linear_weight
+from vitplasticity.components import COMPONENTS
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models import ModelSpec, build_model, pick_device, preprocessing

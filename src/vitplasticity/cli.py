@@ -12,7 +12,7 @@ import importlib
 import logging
 import sys
 
-from vitplasticity import __version__
+from vitplasticity.version import __version__
 
 # Modules that register subcommands, in the order --help lists them.
 COMMAND_MODULES: tuple[str, ...] = (

@@ -21,14 +21,8 @@ from typing import Any
 
 import yaml
 
+from vitplasticity.data.imagenet_layouts import IMAGENET_ENV
 from vitplasticity.data.sources import registry
-
-IMAGENET_ENV = "VITPLASTICITY_IMAGENET"
-IMAGENET_LAYOUTS = (
-    "a folder val/<wnid>/*.JPEG (or the val folder itself)",
-    "the official ILSVRC2012_img_val.tar with ILSVRC2012_devkit_t12.tar.gz beside it",
-    "the HF-hosted val_images.tar.gz",
-)
 
 
 class ConfigError(ValueError):
@@ -425,17 +419,6 @@ def experiment_runs(config: dict[str, Any], name: str) -> list[Run]:
 def imagenet_path(config: dict[str, Any]) -> str | None:
     """Where ImageNet val is: the environment variable wins over ``paths.imagenet``."""
     return os.environ.get(IMAGENET_ENV) or config["paths"].get("imagenet") or None
-
-
-def imagenet_missing_message() -> str:
-    """The error shown when a job needs ImageNet and no path is set."""
-    layouts = "\n".join(f"  - {layout}" for layout in IMAGENET_LAYOUTS)
-    return (
-        f"ImageNet-1k val is needed for the plasticity reference set, but no path is set.\n"
-        f"Set paths.imagenet in config.yaml (or the environment variable {IMAGENET_ENV}) to one of:\n"
-        f"{layouts}\n"
-        "ImageNet cannot be downloaded by a program (its terms of access)."
-    )
 
 
 def check_config(config: dict[str, Any]) -> None:

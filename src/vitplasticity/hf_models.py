@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from vitplasticity.architectures.base import UnsupportedModel
-from vitplasticity.models import IMAGENET_MEAN, IMAGENET_STD, ModelSpec, Preprocessing
+from vitplasticity.model_inputs import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
 from vitplasticity.optional import require_transformers
 
 log = logging.getLogger(__name__)
@@ -185,18 +185,6 @@ class HFModelSpec:
         if self.weights == "hub":
             return self.hf_id if self.revision == "main" else f"{self.hf_id}@{self.revision}"
         return self.weights
-
-
-def model_spec(entry: dict[str, Any]) -> ModelSpec | HFModelSpec:
-    """The spec of a ``models`` entry: :class:`HFModelSpec` for ``family: transformers``, else
-    timm's :class:`~vitplasticity.models.ModelSpec`.
-
-    Raises:
-        ValueError: naming an unknown key or a missing id (see each ``from_config``).
-    """
-    if entry.get("family") == FAMILY:
-        return HFModelSpec.from_config(entry)
-    return ModelSpec.from_config(entry)
 
 
 def hub_offline() -> bool:

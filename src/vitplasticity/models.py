@@ -32,15 +32,13 @@ import timm
 import torch
 from torch import nn
 
+from vitplasticity.model_inputs import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
 from vitplasticity.weights import download, hub_file
 
 if TYPE_CHECKING:
     from vitplasticity.hf_models import HFModelSpec
 
 log = logging.getLogger(__name__)
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 TIMM_FAMILY = "timm"
@@ -96,22 +94,6 @@ class ModelSpec:
         if "timm_id" not in entry:
             raise ValueError(f"model entry (family: {TIMM_FAMILY}) lacks 'timm_id'")
         return cls(**entry)
-
-
-@dataclass(frozen=True)
-class Preprocessing:
-    """What turns an image into the model's input: resolution, crop and normalisation."""
-
-    input_size: int
-    crop_pct: float
-    interpolation: str
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-
-    @property
-    def resize_size(self) -> int:
-        """The shorter-side resize before the center crop (timm's crop_pct convention)."""
-        return round(self.input_size / self.crop_pct)
 
 
 def build_model(spec: ModelSpec | HFModelSpec, num_classes: int = 0) -> nn.Module:

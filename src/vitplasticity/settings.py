@@ -1,7 +1,7 @@
 """Settings declared once: a dataclass field with its :func:`setting` metadata is the CLI flag,
 its parser, its check and the workflow rule's command-line fragment.
 
-A settings dataclass (e.g. :class:`vitplasticity.finetune_settings.TrainingSettings`) declares
+A settings dataclass (e.g. :class:`vitplasticity.finetune.settings.TrainingSettings`) declares
 each field with :func:`setting`: the default, a help text, the config key it mirrors, and what
 the schema says of it (choices, bounds). From that one declaration:
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -105,11 +106,12 @@ def _boolean(text: str) -> bool:
     return lowered == "true"
 
 
-def _json(text: str) -> Any:
-    # Imported here: vitplasticity.commands is the CLI layer, above this module.
-    from vitplasticity.commands import json_argument
-
-    return json_argument(text)
+def json_argument(text: str) -> Any:
+    """argparse type for a JSON value (config entries arrive from the rules as JSON)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text[:80]!r}") from error
 
 
 def _bounds_text(declared: Setting) -> str | None:
@@ -167,7 +169,7 @@ def add_settings_arguments(parser: argparse._ActionsContainer, cls: type) -> Non
             parser.add_argument(flag(field.name), action="store_true", help=options["help"])
             continue
         if declared.json:
-            options["type"] = _json
+            options["type"] = json_argument
         elif annotation is bool:
             options.update(type=_boolean, metavar="{true,false}")
         elif typing.get_origin(annotation) is tuple:

@@ -256,7 +256,7 @@ def fetch_snapshot(
 
     endpoint = endpoint or constants.ENDPOINT
     where = f"models.{model} ({hf_id})"
-    with _snapshot_errors(model, where, hf_id, revision, endpoint):
+    with _hub_errors(where, model, hf_id, revision, endpoint, f"{endpoint}/{hf_id}"):
         snapshot = Path(
             huggingface_hub.snapshot_download(
                 repo_id=hf_id,
@@ -303,35 +303,60 @@ def fetch_snapshot(
 
 
 @contextlib.contextmanager
-def _snapshot_errors(
-    model: str, where: str, hf_id: str, revision: str, endpoint: str
+def _hub_errors(
+    where: str,
+    model: str,
+    repo_id: str,
+    revision: str,
+    endpoint: str,
+    url: str,
+    *,
+    filename: str | None = None,
 ) -> Iterator[None]:
-    """huggingface_hub's errors of a snapshot download, as errors naming the model and repo."""
+    """huggingface_hub's errors of a download (one file, or with ``filename`` None a whole
+    snapshot) as errors naming the model, the repo and the URL.
+
+    Raises:
+        ValueError: a gated repo without access, a repo, revision or file that does not
+            exist.
+        RuntimeError: the hub cannot be reached and what is asked is not in the cache, or
+            another HTTP error.
+    """
     from huggingface_hub import errors
 
-    url = f"{endpoint}/{hf_id}"
     try:
         yield
     except errors.GatedRepoError as error:
         raise ValueError(
-            f"{where}: {hf_id} is gated: accept its terms on the hub and set HF_TOKEN "
+            f"{where}: {repo_id} is gated: accept its terms on the hub and set HF_TOKEN "
             f"({url}: HTTP {error.response.status_code})"
         ) from error
     except errors.RepositoryNotFoundError as error:
         raise ValueError(
-            f"{where}: hub repo {hf_id} not found at {endpoint} (a private or gated repo "
+            f"{where}: hub repo {repo_id} not found at {endpoint} (a private or gated repo "
             f"needs HF_TOKEN) ({url}: HTTP {error.response.status_code})"
         ) from error
     except errors.RevisionNotFoundError as error:
         raise ValueError(
-            f"models.{model}.revision {revision!r}: no such revision of {hf_id} ({url})"
+            f"models.{model}.revision {revision!r}: no such revision of {repo_id} ({url})"
         ) from error
-    except errors.LocalEntryNotFoundError as error:
+    except errors.LocalEntryNotFoundError as error:  # before EntryNotFoundError: a subclass
+        missing = (
+            f"{repo_id}, and its snapshot is not (completely)"
+            if filename is None
+            else f"{url}, and the file is not"
+        )
         raise RuntimeError(
-            f"{where}: cannot reach the hub at {endpoint} for {hf_id}, and its snapshot is not "
-            "(completely) in the huggingface_hub cache; run the weights jobs where there is "
-            "internet (a login node), or check HF_ENDPOINT and proxy settings "
-            f"({error.__cause__ or error})"
+            f"{where}: cannot reach the hub at {endpoint} for {missing} in the huggingface_hub "
+            "cache; run the weights jobs where there is internet (a login node), or check "
+            f"HF_ENDPOINT and proxy settings ({error.__cause__ or error})"
+        ) from error
+    except errors.EntryNotFoundError as error:
+        if filename is None:
+            raise RuntimeError(f"{where}: {url}: {error}") from error
+        raise ValueError(
+            f"{where}: {repo_id} has no {filename} at revision {revision!r} ({url}); "
+            "download the weights yourself and set weights: <path>"
         ) from error
     except errors.HfHubHTTPError as error:
         raise RuntimeError(f"{where}: {url}: {error}") from error
@@ -412,14 +437,15 @@ def download(
         RuntimeError: the hub cannot be reached and the file is not in the cache.
     """
     import huggingface_hub
-    from huggingface_hub import errors
 
     endpoint = endpoint or huggingface_hub.constants.ENDPOINT
     where = f"models.{model} ({timm_id})"
     url = huggingface_hub.hf_hub_url(
         source.repo_id, source.filename, revision=source.revision, endpoint=endpoint
     )
-    try:
+    with _hub_errors(
+        where, model, source.repo_id, source.revision, endpoint, url, filename=source.filename
+    ):
         return Path(
             huggingface_hub.hf_hub_download(
                 source.repo_id,
@@ -429,34 +455,6 @@ def download(
                 cache_dir=cache_dir,
             )
         )
-    except errors.GatedRepoError as error:
-        raise ValueError(
-            f"{where}: {source.repo_id} is gated: accept its terms on the hub and set HF_TOKEN "
-            f"({url}: HTTP {error.response.status_code})"
-        ) from error
-    except errors.RepositoryNotFoundError as error:
-        raise ValueError(
-            f"{where}: hub repo {source.repo_id} not found at {endpoint} (a private or gated "
-            f"repo needs HF_TOKEN) ({url}: HTTP {error.response.status_code})"
-        ) from error
-    except errors.RevisionNotFoundError as error:
-        raise ValueError(
-            f"models.{model}.revision {source.revision!r}: no such revision of "
-            f"{source.repo_id} ({url})"
-        ) from error
-    except errors.LocalEntryNotFoundError as error:  # before EntryNotFoundError: a subclass
-        raise RuntimeError(
-            f"{where}: cannot reach the hub at {endpoint} for {url}, and the file is not in the "
-            "huggingface_hub cache; run the weights jobs where there is internet (a login "
-            f"node), or check HF_ENDPOINT and proxy settings ({error.__cause__ or error})"
-        ) from error
-    except errors.EntryNotFoundError as error:
-        raise ValueError(
-            f"{where}: {source.repo_id} has no {source.filename} at revision "
-            f"{source.revision!r} ({url}); download the weights yourself and set weights: <path>"
-        ) from error
-    except errors.HfHubHTTPError as error:
-        raise RuntimeError(f"{where}: {url}: {error}") from error
 
 
 def _copy_hashing(source: Path, target: Path) -> tuple[str, int]:

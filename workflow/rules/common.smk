@@ -12,7 +12,7 @@ from vitplasticity.config import (
     imagenet_path,
 )
 from vitplasticity.data.sources import registry as source_registry
-from vitplasticity.finetune_settings import TrainingSettings
+from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.packs import finetune_packs
 from vitplasticity.settings import command_flags, config_flags, rule_params
 from vitplasticity.weights import LOCAL_FILENAME, RECORD_FILENAME, SOURCE_KWARGS

@@ -7,7 +7,6 @@ which parameter is whose (:class:`ParameterMap`). See docs/architectures.md.
 
 from torch import nn
 
-from vitplasticity import FC1_MODES
 from vitplasticity.architectures.base import (
     Architecture,
     AttentionWeights,
@@ -30,6 +29,7 @@ from vitplasticity.architectures.registry import (
     get_architecture,
     known_families,
 )
+from vitplasticity.components import FC1_MODES
 
 __all__ = [
     "ARCHITECTURES",

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitplasticity import COMPONENTS, FC1_MODES
+from vitplasticity.components import COMPONENTS, FC1_MODES
 
 Parts = tuple[torch.Tensor, ...]
 """A component's output as one or more tensors whose feature-wise concatenation it is."""
@@ -113,7 +113,7 @@ def padded_linear(module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def check_fc1_mode(fc1: str) -> str:
-    """Return ``fc1`` after checking it is one of :data:`vitplasticity.FC1_MODES`.
+    """Return ``fc1`` after checking it is one of :data:`vitplasticity.components.FC1_MODES`.
 
     Raises:
         ValueError: naming it and the valid modes.
@@ -278,6 +278,25 @@ class Architecture:
         """One real forward pass of block ``index`` (the in-situ protocol)."""
         return block(tokens)
 
+    def attention_branch(self, block: nn.Module, out: torch.Tensor) -> torch.Tensor:
+        """What the block does to its attention's output before the residual sum (LayerScale,
+        dropout, a post-norm); the default: nothing."""
+        return out
+
+    def mlp_branch(self, block: nn.Module, out: torch.Tensor) -> torch.Tensor:
+        """What the block does to its MLP's output before the residual sum."""
+        return out
+
+    def mlp(
+        self,
+        block: nn.Module,
+        fc1: tuple[nn.Module, ...],
+        fc2: tuple[nn.Module, ...],
+        x: torch.Tensor,
+    ) -> torch.Tensor:
+        """The block's MLP on ``x`` from its mapped FC1 and FC2 and its own activation."""
+        raise NotImplementedError
+
     def compose_block(
         self,
         block: nn.Module,
@@ -287,9 +306,12 @@ class Architecture:
         index: int,
     ) -> torch.Tensor:
         """``block(tokens)`` rebuilt from the mapped ``components`` and the family's block
-        structure (residuals, layer scale, activation): the contract test compares it with
-        :meth:`run_block`, so a wrong mapping cannot pass."""
-        raise NotImplementedError
+        structure: the pre-norm block ``x + attention_branch(attn(ln1(x)))`` then ``x +
+        mlp_branch(mlp(ln2(x)))``. The contract test compares it with :meth:`run_block`, so a
+        wrong mapping cannot pass."""
+        (ln1,), (mha,), (ln2,), fc1, fc2 = (components[c] for c in COMPONENTS)
+        x = tokens + self.attention_branch(block, self.attend(mha, ln1(tokens), embedded, index))
+        return x + self.mlp_branch(block, self.mlp(block, fc1, fc2, ln2(x)))
 
     def embedding_outputs(
         self, block: nn.Module, index: int, embedded: Embedded, fc1: str = "stage"

@@ -320,9 +320,12 @@ class HFDecoder(Architecture):
         )
         return out[0] if isinstance(out, tuple) else out
 
-    @staticmethod
-    def gated_mlp(
-        block: nn.Module, fc1: tuple[nn.Module, ...], fc2: tuple[nn.Module, ...], v: torch.Tensor
+    def mlp(
+        self,
+        block: nn.Module,
+        fc1: tuple[nn.Module, ...],
+        fc2: tuple[nn.Module, ...],
+        v: torch.Tensor,
     ) -> torch.Tensor:
         """The MLP from its mapped stages: FC1's output is the concatenation [gate(v), up(v)]
         (docs/protocol.md, section 3.1), split in halves for ``act(gate) * up``."""

@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from vitplasticity.architectures.base import Declared, Embedded, Owned, UnsupportedModel
+from vitplasticity.architectures.base import Declared, Owned, UnsupportedModel
 from vitplasticity.architectures.hf_decoder import HFDecoder, Variant
 
 POST_NORMS: dict[str, str] = {
@@ -70,15 +70,8 @@ class HFGemma(HFDecoder):
             for norm, trained_by in POST_NORMS.items()
         ]
 
-    def compose_block(
-        self,
-        block: nn.Module,
-        components: dict[str, tuple[nn.Module, ...]],
-        tokens: torch.Tensor,
-        embedded: Embedded,
-        index: int,
-    ) -> torch.Tensor:
-        (ln1,), (mha,), (ln2,), fc1, fc2 = components.values()
-        attended = self.attend(mha, ln1(tokens), embedded, index)
-        x = tokens + block.post_attention_layernorm(attended)
-        return x + block.post_feedforward_layernorm(self.gated_mlp(block, fc1, fc2, ln2(x)))
+    def attention_branch(self, block: nn.Module, out: torch.Tensor) -> torch.Tensor:
+        return block.post_attention_layernorm(out)
+
+    def mlp_branch(self, block: nn.Module, out: torch.Tensor) -> torch.Tensor:
+        return block.post_feedforward_layernorm(out)

@@ -154,18 +154,15 @@ class HFGPT2(Architecture):
         out = block(tokens, attention_mask=embedded.context)
         return out[0] if isinstance(out, tuple) else out
 
-    def compose_block(
+    def mlp(
         self,
         block: nn.Module,
-        components: dict[str, tuple[nn.Module, ...]],
-        tokens: torch.Tensor,
-        embedded: Embedded,
-        index: int,
+        fc1: tuple[nn.Module, ...],
+        fc2: tuple[nn.Module, ...],
+        x: torch.Tensor,
     ) -> torch.Tensor:
-        (ln1,), (mha,), (ln2,), (fc1,), (fc2,) = components.values()
-        mlp = block.mlp
-        x = tokens + self.attend(mha, ln1(tokens), embedded, index)
-        return x + mlp.dropout(fc2(mlp.act(fc1(ln2(x)))))
+        (c_fc,), (c_proj,) = fc1, fc2
+        return block.mlp.dropout(c_proj(block.mlp.act(c_fc(x))))
 
     # --- other stages -------------------------------------------------------------------------
 

@@ -17,10 +17,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-from torch import nn
-
-from vitplasticity.architectures.base import Embedded
 from vitplasticity.architectures.hf_decoder import HFDecoder, Variant
 
 
@@ -42,15 +38,3 @@ class HFLlama(HFDecoder):
         "Qwen3ForCausalLM": "Qwen3Model",
     }
     ln2_name = "post_attention_layernorm"
-
-    def compose_block(
-        self,
-        block: nn.Module,
-        components: dict[str, tuple[nn.Module, ...]],
-        tokens: torch.Tensor,
-        embedded: Embedded,
-        index: int,
-    ) -> torch.Tensor:
-        (ln1,), (mha,), (ln2,), fc1, fc2 = components.values()
-        x = tokens + self.attend(mha, ln1(tokens), embedded, index)
-        return x + self.gated_mlp(block, fc1, fc2, ln2(x))

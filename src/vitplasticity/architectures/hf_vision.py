@@ -234,25 +234,15 @@ class HFVisionTower(Architecture):
     ) -> torch.Tensor:
         return block(tokens, **self.context_kwargs(embedded))
 
-    def attention_branch(self, block: nn.Module, out: torch.Tensor) -> torch.Tensor:
-        """What the block does to its attention's output before the residual sum."""
-        return out
-
-    def mlp_branch(self, block: nn.Module, out: torch.Tensor) -> torch.Tensor:
-        """What the block does to its MLP's output before the residual sum."""
-        return out
-
-    def compose_block(
+    def mlp(
         self,
         block: nn.Module,
-        components: dict[str, tuple[nn.Module, ...]],
-        tokens: torch.Tensor,
-        embedded: Embedded,
-        index: int,
+        fc1: tuple[nn.Module, ...],
+        fc2: tuple[nn.Module, ...],
+        x: torch.Tensor,
     ) -> torch.Tensor:
-        (ln1,), (mha,), (ln2,), fc1, (fc2,) = components.values()
-        x = tokens + self.attention_branch(block, self.attend(mha, ln1(tokens), embedded, index))
-        return x + self.mlp_branch(block, mlp_from_parts(block.mlp, fc1, fc2, ln2(x)))
+        (linear,) = fc2
+        return mlp_from_parts(block.mlp, fc1, linear, x)
 
     # --- other stages -------------------------------------------------------------------------
 

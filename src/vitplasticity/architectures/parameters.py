@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures.base import Architecture, UnsupportedModel
+from vitplasticity.components import COMPONENTS
 
 CONFIGURATIONS: tuple[str, ...] = ("full", "emb", *COMPONENTS, "head", "lora")
 """Single-component finetuning configurations; "head" is linear probing (head + final norm);

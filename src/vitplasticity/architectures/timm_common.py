@@ -14,7 +14,6 @@ from vitplasticity.architectures.base import (
     Architecture,
     AttentionWeights,
     Declared,
-    Embedded,
     Owned,
     UndefinedStage,
     UnsupportedModel,
@@ -160,7 +159,8 @@ def call_qkv_for_lora(blocks: Sequence[nn.Module]) -> None:
 class TimmPreNormFamily(Architecture):
     """What timm's pre-norm families (VisionTransformer, Eva, Beit) share: blocks
     ``blocks.N`` of one class computing ``x + s1(attn(norm1(x)))`` then ``x +
-    s2(mlp(norm2(x)))``, s1 and s2 the family's LayerScale (or none). LN1 is ``norm1``, MHA
+    s2(mlp(norm2(x)))``, s1 and s2 the family's LayerScale (or none: its attention_branch and
+    mlp_branch). LN1 is ``norm1``, MHA
     ``attn`` (all of it), LN2 ``norm2``, FC1 the MLP's first linear stage, FC2 ``mlp.fc2``; the
     embedding and head are the top-level parts timm names alike."""
 
@@ -205,25 +205,15 @@ class TimmPreNormFamily(Architecture):
     def head(self, model: nn.Module) -> Owned:
         return timm_head(model)
 
-    def scale_attention(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """The attention branch's LayerScale (identity without one)."""
-        raise NotImplementedError
-
-    def scale_mlp(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """The MLP branch's LayerScale (identity without one)."""
-        raise NotImplementedError
-
-    def compose_block(
+    def mlp(
         self,
         block: nn.Module,
-        components: dict[str, tuple[nn.Module, ...]],
-        tokens: torch.Tensor,
-        embedded: Embedded,
-        index: int,
+        fc1: tuple[nn.Module, ...],
+        fc2: tuple[nn.Module, ...],
+        x: torch.Tensor,
     ) -> torch.Tensor:
-        (ln1,), (mha,), (ln2,), fc1, (fc2,) = components.values()
-        x = tokens + self.scale_attention(block, self.attend(mha, ln1(tokens), embedded, index))
-        return x + self.scale_mlp(block, mlp_from_parts(block.mlp, fc1, fc2, ln2(x)))
+        (linear,) = fc2
+        return mlp_from_parts(block.mlp, fc1, linear, x)
 
     def attention_weights(self, attention: nn.Module) -> AttentionWeights:
         return fused_attention_weights(attention)
@@ -246,10 +236,10 @@ class TimmGammaFamily(TimmPreNormFamily):
             found += mlp_norm_declared(block, index)
         return found
 
-    def scale_attention(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def attention_branch(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return x if block.gamma_1 is None else block.gamma_1 * x
 
-    def scale_mlp(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def mlp_branch(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return x if block.gamma_2 is None else block.gamma_2 * x
 
     def prepare_lora(self, model: nn.Module) -> None:

@@ -46,8 +46,8 @@ class TimmVisionTransformer(TimmPreNormFamily):
         tokens = model._pos_embed(model.patch_embed(inputs))
         return Embedded(model.norm_pre(model.patch_drop(tokens)))  # (B, n, d)
 
-    def scale_attention(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def attention_branch(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return block.ls1(x)
 
-    def scale_mlp(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def mlp_branch(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return block.ls2(x)

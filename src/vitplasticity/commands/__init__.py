@@ -4,7 +4,6 @@ of them share (argument types, output writers). Command modules never import eac
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -14,21 +13,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import polars as pl
 
-    from vitplasticity.plasticity import Measurement
+    from vitplasticity.plasticity.summary import Measurement
     from vitplasticity.report.figures import FigureSettings
 
 log = logging.getLogger(__name__)
 
 DTYPES: tuple[str, ...] = ("float32", "float64")
 """Compute dtypes of the plasticity measurements (norms are reduced in float64 either way)."""
-
-
-def json_argument(text: str) -> Any:
-    """argparse type for a JSON value (config entries arrive from the rules as JSON)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text[:80]!r}") from error
 
 
 def write_measurement(

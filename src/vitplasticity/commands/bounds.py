@@ -6,7 +6,7 @@ import argparse
 import logging
 import math
 
-from vitplasticity.commands import json_argument
+from vitplasticity.settings import json_argument
 
 log = logging.getLogger(__name__)
 

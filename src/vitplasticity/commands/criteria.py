@@ -11,7 +11,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from vitplasticity import COMPONENTS
 from vitplasticity.commands import (
     add_figure_arguments,
     check_inputs,
@@ -20,6 +19,7 @@ from vitplasticity.commands import (
     read_frames,
     report_record,
 )
+from vitplasticity.components import COMPONENTS
 
 log = logging.getLogger(__name__)
 

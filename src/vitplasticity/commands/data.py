@@ -8,7 +8,7 @@ import logging
 import signal
 from collections.abc import Iterator
 
-from vitplasticity.commands import json_argument
+from vitplasticity.settings import json_argument
 
 log = logging.getLogger(__name__)
 

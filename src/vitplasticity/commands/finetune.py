@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from vitplasticity.commands import json_argument
-from vitplasticity.finetune_settings import TrainingSettings
-from vitplasticity.settings import add_settings_arguments, settings_from_args
+from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.settings import add_settings_arguments, json_argument, settings_from_args
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,8 @@ def _requested_runs(args: argparse.Namespace) -> list[dict]:
 def run_finetune(args: argparse.Namespace) -> int:
     """Train each requested run in turn (``--runs``, or the single-run flags)."""
     from vitplasticity.config import Run
-    from vitplasticity.finetune import Preempted, check_identity, train
+    from vitplasticity.finetune.loop import Preempted
+    from vitplasticity.finetune.train import train_runs
 
     settings = settings_from_args(TrainingSettings, args)
     # Both ways give the LR as a float parsed from its shortest repr (--lr, or a JSON number):
@@ -88,22 +88,9 @@ def run_finetune(args: argparse.Namespace) -> int:
         )
         for r in _requested_runs(args)
     ]  # fmt: skip
-    for run, _ in runs:  # every run is checked before the first one starts
-        check_identity(run)
-    settings.validate(args.model)
-    for run, out_dir in runs:
-        try:
-            summary = train(run, settings, args.dataset_dir, out_dir)
-        except Preempted as stop:
-            log.warning("%s; rerun to resume", stop)
-            return PREEMPTED_EXIT
-        log.info(
-            "%s: %s at step %s, best val %s (step %s), test %s",
-            out_dir,
-            summary["status"],
-            summary["final_step"],
-            summary["best_val_accuracy"],
-            summary["best_step"],
-            summary["test_accuracy"],
-        )
+    try:
+        train_runs(runs, settings, args.dataset_dir)  # every run checked before the first starts
+    except Preempted as stop:
+        log.warning("%s; rerun to resume", stop)
+        return PREEMPTED_EXIT
     return 0

@@ -6,8 +6,9 @@ import argparse
 import importlib
 from typing import Any
 
-from vitplasticity import FC1_MODES
-from vitplasticity.commands import DTYPES, json_argument, write_measurement
+from vitplasticity.commands import DTYPES, write_measurement
+from vitplasticity.components import FC1_MODES
+from vitplasticity.settings import json_argument
 
 # Helpers that moved to the modules they belong to, still importable from here (lazily: the
 # CLI imports this module for --help, which must not import torch).
@@ -63,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_plasticity(args: argparse.Namespace) -> int:
     """Measure (:func:`vitplasticity.plasticity.measure_dataset`) and write both tables."""
-    from vitplasticity.plasticity import measure_dataset
+    from vitplasticity.plasticity.images import measure_dataset
 
     result = measure_dataset(
         args.model,

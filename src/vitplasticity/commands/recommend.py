@@ -16,9 +16,9 @@ import argparse
 import logging
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from vitplasticity.commands import json_argument
+from vitplasticity.settings import json_argument
 
 if TYPE_CHECKING:
     from vitplasticity.recommend.pipeline import RecommendSettings
@@ -126,6 +126,30 @@ def add_ranking_arguments(parser: argparse.ArgumentParser, seed_help: str) -> No
     parser.add_argument("--demo", action="store_true", help="label the outputs as a demo")
 
 
+def ranking_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings :func:`add_ranking_arguments`' flags give, as both recommends take them.
+
+    Raises:
+        ValueError: naming --budget when it is not a number of parameters.
+    """
+    from vitplasticity.recommend.ranking import parse_budget
+
+    try:
+        budget = parse_budget(args.budget)
+    except ValueError as error:
+        raise ValueError(f"--budget: {error}") from None
+    return {
+        "budget": budget,
+        "criterion": args.criterion,
+        "combine": args.combine,
+        "configurations": tuple(args.configurations),
+        "seed": args.seed,
+        "device": args.device,
+        "dtype": args.dtype,
+        "demo": args.demo,
+    }
+
+
 def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings, str]:
     """The stage's settings and the dataset folder (or image folder) the flags name.
 
@@ -135,7 +159,6 @@ def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings
     """
     from vitplasticity.models import ModelSpec
     from vitplasticity.recommend.pipeline import RecommendSettings
-    from vitplasticity.recommend.ranking import parse_budget
 
     for flag, sources in (
         ("--model-spec / --timm-id", (args.model_spec, args.timm_id)),
@@ -157,10 +180,6 @@ def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings
             normalize=args.normalize,
             kwargs=dict(args.model_kwargs),
         )
-    try:
-        budget = parse_budget(args.budget)
-    except ValueError as error:
-        raise ValueError(f"--budget: {error}") from None
     source = args.dataset_dir if args.dataset_dir is not None else args.image_folder
     if not Path(source).is_dir():
         flag = "--dataset-dir" if args.dataset_dir is not None else "--image-folder"
@@ -176,14 +195,7 @@ def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings
         batches=args.batches,
         warmup_steps=args.warmup_steps,
         warmup_lr=args.warmup_lr,
-        budget=budget,
-        criterion=args.criterion,
-        combine=args.combine,
-        configurations=tuple(args.configurations),
-        seed=args.seed,
-        device=args.device,
-        dtype=args.dtype,
-        demo=args.demo,
+        **ranking_settings(args),
     )
     settings.validate()
     return settings, str(source)
@@ -262,17 +274,12 @@ def register_text(subparsers: argparse._SubParsersAction) -> None:
 
 def run_recommend_text(args: argparse.Namespace) -> int:
     """Rank (:func:`vitplasticity.recommend.text.recommend_text`) and write the outputs."""
-    from vitplasticity.recommend.ranking import parse_budget
     from vitplasticity.recommend.text import (
         TextRecommendSettings,
         recommend_text,
         write_text_outputs,
     )
 
-    try:
-        budget = parse_budget(args.budget)
-    except ValueError as error:
-        raise ValueError(f"--budget: {error}") from None
     settings = TextRecommendSettings(
         model=args.model,
         dataset=args.dataset or Path(args.text[0]).stem,
@@ -285,14 +292,7 @@ def run_recommend_text(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         batches=args.batches,
         protocol=args.protocol,
-        budget=budget,
-        criterion=args.criterion,
-        combine=args.combine,
-        configurations=tuple(args.configurations),
-        seed=args.seed,
-        device=args.device,
-        dtype=args.dtype,
-        demo=args.demo,
+        **ranking_settings(args),
     )
     write_text_outputs(recommend_text(settings), args.out_prefix)
     return 0

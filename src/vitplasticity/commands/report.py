@@ -144,7 +144,7 @@ def run_concat(args: argparse.Namespace) -> int:
 
 def run_stats(args: argparse.Namespace) -> int:
     from vitplasticity.io import write_parquet
-    from vitplasticity.stats import compare_selected
+    from vitplasticity.report.stats import compare_selected
 
     selected = read_frames([args.selected])
     result = compare_selected(selected, args.reference, args.alternative, args.alpha)

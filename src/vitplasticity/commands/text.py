@@ -1,5 +1,5 @@
 """``text-plasticity``: every component's plasticity of a transformers text model on pairs of
-token sequences (:mod:`vitplasticity.text_plasticity`); the tables have the image plasticity's
+token sequences (:mod:`vitplasticity.plasticity.text`); the tables have the image plasticity's
 schema.
 """
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from vitplasticity.commands import DTYPES, json_argument, write_measurement
-from vitplasticity.text_plasticity import AUTO_TOKENIZER
+from vitplasticity.commands import DTYPES, write_measurement
+from vitplasticity.plasticity.text import AUTO_TOKENIZER
+from vitplasticity.settings import json_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,8 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_text_plasticity(args: argparse.Namespace) -> int:
-    """Measure (:func:`vitplasticity.text_plasticity.measure_text`) and write both tables."""
-    from vitplasticity.text_plasticity import measure_text
+    """Measure (:func:`vitplasticity.plasticity.text.measure_text`) and write both tables."""
+    from vitplasticity.plasticity.text import measure_text
 
     result = measure_text(
         args.model,

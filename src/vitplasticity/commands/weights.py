@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from vitplasticity.commands import json_argument
+from vitplasticity.settings import json_argument
 
 log = logging.getLogger(__name__)
 

@@ -277,11 +277,11 @@ def first_undecodable(images: Sequence[bytes]) -> tuple[int, str] | None:
 
     Images are stored as they are (no re-encoding), so this is the one chance to name the
     file a bad image came from; later stages only see a row of the prepared store. The
-    decoder is the one training uses (:func:`vitplasticity.data.transforms.decode`, which
+    decoder is the one training uses (:func:`vitplasticity.data.decode.decode`, which
     also rejects formats it cannot read, such as BMP and TIFF). Threads, since torchvision's
     decoder releases the GIL.
     """
-    from vitplasticity.data.transforms import decode
+    from vitplasticity.data.decode import decode
 
     def first_bad(start: int) -> tuple[int, str] | None:
         for index in range(start, min(start + _DECODE_CHUNK, len(images))):

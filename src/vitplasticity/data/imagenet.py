@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-from vitplasticity.config import IMAGENET_ENV, IMAGENET_LAYOUTS
 from vitplasticity.data.archives import (
     ArchiveError,
     FormatError,
@@ -37,6 +36,7 @@ from vitplasticity.data.archives import (
     tar_names,
 )
 from vitplasticity.data.download import Progress
+from vitplasticity.data.imagenet_layouts import IMAGENET_ENV, IMAGENET_LAYOUTS
 
 log = logging.getLogger(__name__)
 

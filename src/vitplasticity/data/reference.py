@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitplasticity.config import imagenet_missing_message
+from vitplasticity.data.imagenet_layouts import imagenet_missing_message
 from vitplasticity.data.store import read_split, write_split
 from vitplasticity.io import atomic_path
 

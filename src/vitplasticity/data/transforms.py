@@ -1,4 +1,4 @@
-"""Image decoding and eval preprocessing, shared by the plasticity, reference and finetune stages.
+"""Eval preprocessing of decoded images (:mod:`vitplasticity.data.decode`), shared by the plasticity, reference and finetune stages.
 
 Eval: Resize(shorter side to input_size / crop_pct) + CenterCrop(input_size) + normalise, on
 uint8 tensors decoded by torchvision (antialiased bilinear/bicubic resize, as PIL does).
@@ -10,11 +10,11 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
-from vitplasticity.models import Preprocessing
+from vitplasticity.data.decode import decode
+from vitplasticity.model_inputs import Preprocessing
 
 _INTERPOLATION = {
     "bicubic": InterpolationMode.BICUBIC,
@@ -26,12 +26,6 @@ _INTERPOLATION = {
 def interpolation_mode(name: str) -> InterpolationMode:
     """torchvision's interpolation for a timm ``interpolation`` name."""
     return _INTERPOLATION.get(name, InterpolationMode.BICUBIC)
-
-
-def decode(image: bytes) -> torch.Tensor:
-    """Decode PNG/JPEG bytes into a (3, H, W) uint8 tensor (grey and RGBA become RGB)."""
-    data = torch.frombuffer(bytearray(image), dtype=torch.uint8)
-    return decode_image(data, mode=ImageReadMode.RGB)
 
 
 def normalize(batch: torch.Tensor, pre: Preprocessing) -> torch.Tensor:

@@ -5,7 +5,7 @@ any configuration (a component, or a '+' combination such as ``mha+fc1``) is the
 the items of its parts:
 
 - ``plasticity``: items are the (block, pair) ratios ||f(x) - f(y)|| / ||x - y|| that
-  :func:`vitplasticity.plasticity.measure` returns (embedding protocol by default, as the
+  :func:`vitplasticity.plasticity.measure.measure` returns (embedding protocol by default, as the
   paper). Mean and 95% CI = mean +/- 1.96 std / sqrt(n) over the n pooled ratios.
 - ``relative_gradient_norm`` (Auto-RGN, Lee et al. 2023, "Surgical Fine-Tuning Improves
   Adaptation to Distribution Shifts"): items are parameter tensors; per tensor,
@@ -43,7 +43,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
     Architecture,
     ParameterMap,
@@ -58,7 +57,9 @@ from vitplasticity.bounds import (
     spectral_norm,
     stacked_weight,
 )
-from vitplasticity.plasticity import Images, measure
+from vitplasticity.components import COMPONENTS
+from vitplasticity.plasticity.measure import measure
+from vitplasticity.plasticity.pairs import Images
 from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics
 
 CRITERIA: tuple[str, ...] = (
@@ -171,7 +172,7 @@ def plasticity_estimate(pairs: pl.DataFrame, components: Sequence[str]) -> Estim
     """Plasticity of the configuration joining ``components``, pooled over its ratios.
 
     Args:
-        pairs: rows of :func:`vitplasticity.plasticity.measure` (one protocol).
+        pairs: rows of :func:`vitplasticity.plasticity.measure.measure` (one protocol).
         components: the configuration's components.
 
     Returns:
@@ -479,7 +480,7 @@ class Measurements:
     """What was measured once per component; any configuration's criteria pool from it."""
 
     pairs: pl.DataFrame
-    """:func:`vitplasticity.plasticity.measure` rows."""
+    """:func:`vitplasticity.plasticity.measure.measure` rows."""
     tensors: pl.DataFrame
     """:func:`gradient_statistics` rows of every component's tensors."""
     weights: pl.DataFrame
@@ -535,7 +536,7 @@ def measure_criteria(
     Args:
         model: a timm model of a known architecture in eval mode, with a classifier head for the
             downstream classes (seed the RNG before building it).
-        reference: preprocessed reference images, as :func:`vitplasticity.plasticity.measure`
+        reference: preprocessed reference images, as :func:`vitplasticity.plasticity.measure.measure`
             takes them; ``downstream`` likewise (pair i: reference i, downstream i, cycled).
         warmup_batches: labelled batches of the head warm-up (one SGD step each).
         gradient_batches: labelled batches the gradient criteria average over (>= 2).

@@ -47,9 +47,9 @@ import polars as pl
 import torch
 from torch import nn
 
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import Architecture, UnsupportedModel, architecture_for
 from vitplasticity.architectures.base import linear_weight
+from vitplasticity.components import COMPONENTS
 
 NFN_SEED = 0
 """The random inputs' seed (fixed: the same model and images give the same NFN)."""

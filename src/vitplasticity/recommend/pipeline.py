@@ -16,13 +16,13 @@ from typing import Any
 import polars as pl
 import torch
 
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import ParameterMap, UnsupportedModel, architecture_for
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import Split, encode_png, read_meta, read_split
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.io import atomic_path, write_json, write_parquet
-from vitplasticity.models import ModelSpec, Preprocessing, build_model, pick_device, preprocessing
+from vitplasticity.model_inputs import Preprocessing
+from vitplasticity.models import ModelSpec, build_model, pick_device, preprocessing
 from vitplasticity.progress import ProgressReporter
 from vitplasticity.provenance import provenance
 from vitplasticity.recommend.criteria import (
@@ -34,10 +34,8 @@ from vitplasticity.recommend.criteria import (
 from vitplasticity.recommend.export import build_export
 from vitplasticity.recommend.ranking import (
     Recommendation,
-    build_table,
-    greedy_union,
     markdown,
-    select,
+    rank_and_choose,
 )
 
 log = logging.getLogger(__name__)
@@ -305,20 +303,15 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
             progress=progress,
         )
 
-    configurations = list(settings.configurations)
-    if settings.combine:
-        assert settings.budget is not None  # validate() requires it
-        values = {c: measurements.estimates(c)[settings.criterion].value for c in COMPONENTS}
-        recommendation = greedy_union(
-            values, measurements.component_parameters, settings.budget, settings.criterion
-        )
-        if recommendation.configuration and recommendation.configuration not in configurations:
-            configurations.append(recommendation.configuration)  # its row must be in the table
-    table = build_table(
-        measurements, configurations, model=settings.model, dataset=settings.dataset
+    table, recommendation, configurations = rank_and_choose(
+        measurements,
+        settings.configurations,
+        settings.criterion,
+        settings.budget,
+        settings.combine,
+        model=settings.model,
+        dataset=settings.dataset,
     )
-    if not settings.combine:
-        recommendation = select(table, settings.criterion, settings.budget)
     resolved = {
         **asdict(settings),
         "dataset_dir": str(dataset_dir),

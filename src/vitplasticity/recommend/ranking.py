@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from vitplasticity import COMPONENTS
+from vitplasticity.components import COMPONENTS
 from vitplasticity.recommend.criteria import CRITERIA, Measurements
 
 TABLE_SCHEMA: dict[str, pl.DataType] = {
@@ -207,6 +207,34 @@ def greedy_union(
         return Recommendation(None, criterion, budget, None, combined=True)
     name = "+".join(c for c in COMPONENTS if c in chosen)
     return Recommendation(name, criterion, budget, total, combined=True)
+
+
+def rank_and_choose(
+    measurements: Measurements,
+    configurations: Sequence[str],
+    criterion: str,
+    budget: int | None,
+    combine: bool,
+    *,
+    model: str,
+    dataset: str,
+) -> tuple[pl.DataFrame, Recommendation, list[str]]:
+    """The ranking table, the recommendation and the configurations ranked: the best
+    configuration by ``criterion`` that fits ``budget`` (:func:`select`), or with ``combine``
+    the greedy union of components (:func:`greedy_union`), which joins ``configurations``
+    (its row must be in the table)."""
+    configurations = list(configurations)
+    if combine:
+        if budget is None:
+            raise ValueError("--combine needs --budget (without one the union is every component)")
+        values = {c: measurements.estimates(c)[criterion].value for c in COMPONENTS}
+        recommendation = greedy_union(values, measurements.component_parameters, budget, criterion)
+        if recommendation.configuration and recommendation.configuration not in configurations:
+            configurations.append(recommendation.configuration)  # its row must be in the table
+    table = build_table(measurements, configurations, model=model, dataset=dataset)
+    if not combine:
+        recommendation = select(table, criterion, budget)
+    return table, recommendation, configurations
 
 
 def _check_criterion(criterion: str) -> None:

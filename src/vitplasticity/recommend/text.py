@@ -2,7 +2,7 @@
 finetune on the user's text, ranked by the image recommend's criteria.
 
 The text counterpart of :mod:`.pipeline`. The user's text files and a reference text are cut
-into sequences as :mod:`vitplasticity.text_plasticity` cuts them
+into sequences as :mod:`vitplasticity.plasticity.text` cuts them
 (:func:`vitplasticity.data.text.read_sequences`), and every criterion of :mod:`.criteria` is
 measured once per component and pooled per configuration:
 
@@ -42,15 +42,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitplasticity import COMPONENTS
 from vitplasticity.architectures import (
     ParameterMap,
     UnsupportedModel,
     architecture_for,
     parameter_map,
 )
+from vitplasticity.components import COMPONENTS
 from vitplasticity.io import atomic_path, write_json, write_parquet
-from vitplasticity.plasticity import PROTOCOLS
+from vitplasticity.plasticity.protocols import PROTOCOLS
+from vitplasticity.plasticity.text import max_positions
 from vitplasticity.progress import ProgressReporter
 from vitplasticity.recommend.criteria import (
     Measurements,
@@ -63,13 +64,10 @@ from vitplasticity.recommend.nfn import feature_norm_statistics
 from vitplasticity.recommend.pipeline import DEFAULT_CONFIGURATIONS, check_ranking
 from vitplasticity.recommend.ranking import (
     Recommendation,
-    build_table,
     configuration_label,
-    greedy_union,
     markdown,
-    select,
+    rank_and_choose,
 )
-from vitplasticity.text_plasticity import max_positions
 
 log = logging.getLogger(__name__)
 
@@ -280,13 +278,13 @@ def user_sequences(
 
 def resolve_tokenizer(requested: str, model_name: str, model_spec: dict[str, Any]) -> str:
     """``auto``: ``bytes`` for a random-init model, else its own tokenizer, as the
-    text-plasticity stage resolves it (:func:`vitplasticity.text_plasticity.tokenizer_name`);
+    text-plasticity stage resolves it (:func:`vitplasticity.plasticity.text.tokenizer_name`);
     anything else as given.
 
     Raises:
         ValueError: with ``auto``, for an entry that is not a transformers text model's.
     """
-    from vitplasticity.text_plasticity import text_model_spec, tokenizer_name
+    from vitplasticity.plasticity.text import text_model_spec, tokenizer_name
 
     if requested != "auto":
         return requested
@@ -305,7 +303,7 @@ def build_text_model(model_name: str, model_spec: dict[str, Any]) -> nn.Module:
         FileNotFoundError: for a missing weights folder.
     """
     from vitplasticity.hf_models import build_hf_model
-    from vitplasticity.text_plasticity import text_model_spec
+    from vitplasticity.plasticity.text import text_model_spec
 
     if isinstance(model_spec, dict) and model_spec.get("family", "timm") == "timm":
         raise UnsupportedModel(
@@ -353,7 +351,7 @@ def measure_text_criteria(
         ValueError: for fewer than 2 gradient batches.
         UnsupportedModel: for a model no architecture knows or cannot account for exactly.
     """
-    from vitplasticity.plasticity import measure
+    from vitplasticity.plasticity.measure import measure
 
     if len(gradient_batches) < 2:
         raise ValueError(f"gradient criteria need at least 2 batches, got {len(gradient_batches)}")
@@ -480,20 +478,15 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
             progress=progress,
         )
 
-    configurations = list(settings.configurations)
-    if settings.combine:
-        assert settings.budget is not None  # validate() requires it
-        values = {c: measurements.estimates(c)[settings.criterion].value for c in COMPONENTS}
-        recommendation = greedy_union(
-            values, measurements.component_parameters, settings.budget, settings.criterion
-        )
-        if recommendation.configuration and recommendation.configuration not in configurations:
-            configurations.append(recommendation.configuration)  # its row must be in the table
-    table = build_table(
-        measurements, configurations, model=settings.model, dataset=settings.dataset
+    table, recommendation, configurations = rank_and_choose(
+        measurements,
+        settings.configurations,
+        settings.criterion,
+        settings.budget,
+        settings.combine,
+        model=settings.model,
+        dataset=settings.dataset,
     )
-    if not settings.combine:
-        recommendation = select(table, settings.criterion, settings.budget)
     prefix = prefix_in(lm, ranked)
     lm_class = f"{type(lm).__module__}.{type(lm).__qualname__}"
     resolved = {

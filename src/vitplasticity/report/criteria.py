@@ -16,7 +16,7 @@ that is larger for the configuration the criterion predicts to be better:
   that follow the values in neither direction are an error.
 - ``plasticity``: the measured plasticity summaries (``results/plasticity/<model>/<dataset>_
   summary.parquet``). The score of a component is its mean plasticity over the blocks (every
-  pair of every block, as :func:`.tables.plasticity_ranking`), higher = better: the paper's
+  pair of every block, as :func:`.plasticity_summary.plasticity_ranking`), higher = better: the paper's
   reading (docs/protocol.md: MHA > FC1 > FC2 > LN2 > LN1, and MHA finetunes best). The paper's
   ``embedding`` protocol gives criterion :data:`PAPER_PLASTICITY` ("plasticity_paper_protocol");
   any other protocol ``p`` gives ``plasticity_<p>`` (``plasticity_in_situ``).
@@ -63,7 +63,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from vitplasticity import COMPONENTS
+from vitplasticity.components import COMPONENTS
+from vitplasticity.report.plasticity_summary import plasticity_ranking
 from vitplasticity.report.style import configuration_order
 
 PAPER_PROTOCOL = "embedding"
@@ -221,7 +222,7 @@ def recommend_criteria(recommend: pl.DataFrame) -> pl.DataFrame:
 def plasticity_criteria(summaries: pl.DataFrame) -> pl.DataFrame:
     """Criteria of plasticity summaries: per protocol, each component's mean over blocks.
 
-    The mean is :func:`.tables.plasticity_ranking`'s (every pair of every block) taken per
+    The mean is :func:`.plasticity_summary.plasticity_ranking`'s (every pair of every block) taken per
     dataset; the paper's protocol is named :data:`PAPER_PLASTICITY`, another protocol ``p``
     ``plasticity_<p>``.
 
@@ -233,8 +234,6 @@ def plasticity_criteria(summaries: pl.DataFrame) -> pl.DataFrame:
         ValueError: on a missing column, an empty table, or a (model, dataset, protocol,
             block, component) given twice (one file passed twice).
     """
-    from vitplasticity.report.tables import plasticity_ranking
-
     keys = ["model", "dataset", "protocol", "block", "component"]
     _require(summaries, [*keys, "mean", "n_pairs"], "plasticity summary")
     if summaries.is_empty():

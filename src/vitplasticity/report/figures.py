@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from vitplasticity import COMPONENTS
+from vitplasticity.components import COMPONENTS
 from vitplasticity.io import atomic_path
+from vitplasticity.report.plasticity_summary import pool_plasticity
 from vitplasticity.report.style import (
     apply_theme,
     colour,
@@ -32,7 +33,6 @@ from vitplasticity.report.style import (
 )
 
 FORMATS: tuple[str, ...] = ("pdf", "png", "svg")
-Z95 = 1.96  # normal quantile of a two-sided 95% interval, as the reference code
 
 
 @dataclass(frozen=True)
@@ -147,37 +147,6 @@ def _components_present(names: Sequence[str]) -> list[str]:
 
 
 # --- plasticity ----------------------------------------------------------------------------
-
-
-def pool_plasticity(summaries: pl.DataFrame) -> pl.DataFrame:
-    """Per (protocol, block, component): the statistics of all datasets' pairs taken together.
-
-    Each summary row holds ``n_pairs``, ``mean`` and ``std`` (sample std, ddof 1) of the ratios
-    of one dataset; pooling gives the mean and sample std of the union of the pairs exactly
-    (within-dataset plus between-dataset sums of squares), and ``ci95 = 1.96 std / sqrt(N)``.
-    """
-    n, m, s = pl.col("n_pairs").cast(pl.Float64), pl.col("mean"), pl.col("std").fill_null(0.0)
-    keys = ("protocol", "block", "component")
-    pooled = summaries.group_by(*keys).agg(
-        N=n.sum(),
-        total=(n * m).sum(),
-        within=((n - 1) * s**2).sum(),
-        sq=(n * m**2).sum(),
-        relative_depth=pl.col("relative_depth").first(),
-        n_datasets=pl.col("dataset").n_unique(),
-    )
-    mean = pl.col("total") / pl.col("N")
-    between = pl.col("sq") - pl.col("N") * mean**2  # = sum n_i (m_i - M)^2
-    std = ((pl.col("within") + between).clip(lower_bound=0.0) / (pl.col("N") - 1)).sqrt()
-    return (
-        pooled.with_columns(mean=mean)
-        .with_columns(std=std)
-        .with_columns(ci95=Z95 * pl.col("std") / pl.col("N").sqrt())
-        .select(
-            *keys, "relative_depth", "n_datasets", n_pairs="N", mean="mean", std="std", ci95="ci95"
-        )
-        .sort(*keys)
-    )
 
 
 def plasticity_boxplot(

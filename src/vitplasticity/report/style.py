@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vitplasticity import COMPONENTS
+from vitplasticity.components import COMPONENTS
 
 COMPONENT_COLOURS: dict[str, str] = {
     "ln1": "#56B4E9",  # sky blue

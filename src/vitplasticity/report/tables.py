@@ -15,7 +15,7 @@ import math
 
 import polars as pl
 
-from vitplasticity import COMPONENTS, __version__
+from vitplasticity.components import COMPONENTS
 from vitplasticity.report.criteria import (
     NO_SCORE_REASONS,
     RESULT_SCHEMA,
@@ -24,7 +24,9 @@ from vitplasticity.report.criteria import (
     single_experiment,
     unscored_configurations,
 )
+from vitplasticity.report.plasticity_summary import plasticity_ranking
 from vitplasticity.report.style import DEMO_NOTE, configuration_order, label
+from vitplasticity.version import __version__
 
 MISSING = "--"
 _LATEX_SPECIALS = {
@@ -331,29 +333,6 @@ def wilcoxon_csv(comparison: pl.DataFrame, demo: bool = False) -> str:
     if comparison.is_empty():
         raise ValueError("the comparison table is empty")
     return _csv(_wilcoxon_layout(comparison)[1], demo)
-
-
-def plasticity_ranking(summaries: pl.DataFrame) -> pl.DataFrame:
-    """Per model, protocol and component: mean plasticity over blocks and datasets, and rank.
-
-    The mean pools every pair of every block and dataset (each block-dataset mean weighted by
-    its ``n_pairs``); rank 1 is the most plastic component of that model and protocol.
-    """
-    missing = {"model", "protocol", "component", "mean", "n_pairs"} - set(summaries.columns)
-    if missing:
-        raise ValueError(f"plasticity summary misses column(s) {', '.join(sorted(missing))}")
-    return (
-        summaries.group_by("model", "protocol", "component", maintain_order=True)
-        .agg(
-            mean=(pl.col("mean") * pl.col("n_pairs")).sum() / pl.col("n_pairs").sum(),
-            n_datasets=pl.col("dataset").n_unique(),
-            n_blocks=pl.col("block").n_unique(),
-        )
-        .with_columns(
-            rank=pl.col("mean").rank(method="min", descending=True).over("model", "protocol")
-        )
-        .with_columns(pl.col("rank").cast(pl.Int64))
-    )
 
 
 def _plasticity_layout(

@@ -1,7 +1,7 @@
 """The plasticity stage on text: every component's plasticity of a transformers text model
 (GPT2, Llama, Mistral, Qwen2/3, Gemma 2/3) between pairs of token sequences cut from text files.
 
-The text counterpart of :func:`vitplasticity.plasticity.measure_dataset`: pair i is reference
+The text counterpart of :func:`vitplasticity.plasticity.images.measure_dataset`: pair i is reference
 sequence i with downstream sequence i (cycled), both cut from text files
 (:mod:`vitplasticity.data.text`); the tables have the image plasticity's schema. The model is
 a ``models:`` entry (``family: transformers``) built by :mod:`vitplasticity.hf_models`; in the
@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from vitplasticity.hf_models import HFModelSpec
-    from vitplasticity.plasticity import Measurement
+    from vitplasticity.plasticity.summary import Measurement
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,71 @@ def max_positions(config: Any) -> int | None:
     return None
 
 
+def _checked_spec(
+    model_name: str,
+    model_spec: dict[str, Any],
+    files: dict[str, str | Path],
+    counts: dict[str, int],
+) -> HFModelSpec:
+    """The model's spec, after checking ``counts`` (flag -> value, each >= 1), the spec and
+    that each of ``files`` (flag -> path) is a file: before any model is built.
+
+    Raises:
+        ValueError: naming the flag of a count below 1, or a spec :func:`text_model_spec`
+            refuses.
+        FileNotFoundError: naming the flag of a missing text file.
+    """
+    for flag, value in counts.items():
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    spec = text_model_spec(model_name, model_spec)
+    for flag, path in files.items():
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{flag}: text file not found: {path}")
+    return spec
+
+
+def _text_model(model_name: str, spec: HFModelSpec, sequence_length: int) -> Any:
+    """The model of ``spec`` (on the CPU, in float32), checked to take token ids and
+    sequences of ``sequence_length`` tokens.
+
+    Raises:
+        ValueError: for a model that takes images or has fewer positions than
+            ``sequence_length``.
+    """
+    from vitplasticity.hf_models import build_hf_model
+
+    # A random init depends on init_seed alone: every job of the model measures the same weights.
+    model = build_hf_model(spec, num_classes=0)
+    check_text_model(model_name, model)
+    positions = max_positions(model.config)
+    if positions is not None and sequence_length > positions:
+        raise ValueError(
+            f"--sequence-length {sequence_length} exceeds the {positions} positions of "
+            f"model {model_name!r}"
+        )
+    return model
+
+
+def _read_pair_sequences(
+    reference: str | Path, text: str | Path, tokenize: Any, length: int, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Up to ``n`` sequences of ``length`` tokens from each file: (reference, downstream).
+
+    Raises:
+        ValueError: when the reference file gives fewer than ``n`` sequences.
+    """
+    from vitplasticity.data.text import read_sequences
+
+    references = read_sequences(reference, tokenize, length, max_sequences=n)
+    if len(references) < n:
+        raise ValueError(
+            f"{reference}: {len(references)} reference sequences of {length} tokens, "
+            f"fewer than --n-pairs {n}"
+        )
+    return references, read_sequences(text, tokenize, length, max_sequences=n)
+
+
 def measure_text(
     model_name: str,
     model_spec: dict[str, Any],
@@ -121,45 +188,31 @@ def measure_text(
     """
     import torch
 
-    from vitplasticity.data.text import cycled, load_tokenizer, read_sequences
-    from vitplasticity.hf_models import build_hf_model
+    from vitplasticity.data.text import cycled, load_tokenizer
     from vitplasticity.models import pick_device
-    from vitplasticity.plasticity import check_protocols, measure_protocols, measurement
+    from vitplasticity.plasticity.measure import measure_protocols
+    from vitplasticity.plasticity.protocols import check_protocols
+    from vitplasticity.plasticity.summary import measurement
     from vitplasticity.progress import ProgressReporter
 
     # Every argument and file is checked before the model runs.
     protocols = check_protocols(protocols)
-    for flag, value in (
-        ("--n-pairs", n_pairs),
-        ("--batch-size", batch_size),
-        ("--sequence-length", sequence_length),
-    ):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    spec = text_model_spec(model_name, model_spec)
-    for flag, path in (("--reference", reference), ("--text", text)):
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"{flag}: text file not found: {path}")
+    spec = _checked_spec(
+        model_name,
+        model_spec,
+        files={"--reference": reference, "--text": text},
+        counts={
+            "--n-pairs": n_pairs,
+            "--batch-size": batch_size,
+            "--sequence-length": sequence_length,
+        },
+    )
     target = pick_device(device)
-    # A random init depends on init_seed alone: every job of the model measures the same weights.
-    model = build_hf_model(spec, num_classes=0)
-    check_text_model(model_name, model)
-    positions = max_positions(model.config)
-    if positions is not None and sequence_length > positions:
-        raise ValueError(
-            f"--sequence-length {sequence_length} exceeds the {positions} positions of "
-            f"model {model_name!r}"
-        )
+    model = _text_model(model_name, spec, sequence_length)
     tokenizer = tokenizer_name(tokenizer, spec)
     tokenize = load_tokenizer(tokenizer, model.config.vocab_size)
     n, length = n_pairs, sequence_length
-    references = read_sequences(reference, tokenize, length, max_sequences=n)
-    if len(references) < n:
-        raise ValueError(
-            f"{reference}: {len(references)} reference sequences of {length} tokens, "
-            f"fewer than --n-pairs {n}"
-        )
-    downstream = read_sequences(text, tokenize, length, max_sequences=n)
+    references, downstream = _read_pair_sequences(reference, text, tokenize, length, n)
     dataset = dataset or Path(text).stem
     model = model.to(device=target, dtype=getattr(torch, dtype))
     log.info(

@@ -25,7 +25,7 @@ class TrainingSettings:
     """The training settings that every run of one (experiment, model, dataset) shares.
 
     A run's identity (experiment, model, dataset, configuration, lr, seed) is not here: it
-    is a :class:`vitplasticity.config.Run`, handed to :func:`vitplasticity.finetune.train`
+    is a :class:`vitplasticity.config.Run`, handed to :func:`vitplasticity.finetune.train.train`
     beside these settings, so that a packed job builds one ``TrainingSettings`` for all its
     runs. Field order is the order of the flags on the rule's command line.
     """
@@ -140,9 +140,9 @@ class TrainingSettings:
                 "finetune.micro_batch_size",
                 f"{self.micro_batch_size} does not divide the batch size {self.batch_size}",
             )
-        from vitplasticity.hf_models import model_spec  # torch: only where a run is checked
+        from vitplasticity.models import ModelSpec  # torch: only where a run is checked
 
         try:
-            model_spec(self.model_spec)
+            ModelSpec.from_config(self.model_spec)
         except (TypeError, ValueError) as error:
             raise bad_setting("--model-spec", f"models.{model}", str(error)) from error

@@ -1,0 +1,98 @@
+"""What a run has done so far (:class:`ResumableState`): its metric rows and best validation
+point, saved in a checkpoint and restored from one written with the same settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vitplasticity.checkpoint import (
+    fingerprint,
+    load_checkpoint,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+)
+from vitplasticity.data import loader
+from vitplasticity.finetune.setup import RunContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ResumableState:
+    """What a run has done so far and what its checkpoint carries to the next process:
+    the metric rows, the best validation point, the step it starts from and the wall time
+    of the processes before."""
+
+    key: str  # fingerprint of the settings the checkpoint must match
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    best: dict[str, Any] | None = None
+    start_step: int = 0
+    wall_before: float = 0.0
+    resumed: bool = False
+
+    @classmethod
+    def resume(cls, context: RunContext) -> ResumableState:
+        """The state of a fresh run, or that of the checkpoint in the run's folder when one
+        written with the same settings is there: its trained parameters, optimizer state and
+        RNG states are restored into ``context``."""
+        state = cls(fingerprint(context.settings.fingerprint_fields()))
+        # Loaded on the CPU: RNG states must stay CPU tensors; copy_ and the optimizer's
+        # load_state_dict move the rest to the parameters' device.
+        saved = load_checkpoint(context.checkpoint_path, state.key)
+        if saved is None:
+            return state
+        with torch.no_grad():
+            for name, parameter in context.run_model.trainable:
+                parameter.copy_(saved["trainable"][name])
+        context.optimizer.load_state_dict(saved["optimizer"])
+        restore_rng_states(saved["rng"])
+        state.rows, state.best = saved["rows"], saved["best"]
+        state.start_step, state.wall_before = saved["step"], saved["wall_seconds"]
+        state.resumed = True
+        log.info("resuming %s from step %d", context.checkpoint_path, state.start_step)
+        return state
+
+    def record(self, row: dict[str, Any]) -> None:
+        """Add a metrics row; a validation row with a higher accuracy than every earlier one
+        becomes the best (so ties keep the earliest)."""
+        self.rows.append(row)
+        if row["kind"] == "val" and (
+            self.best is None or row["val_accuracy"] > self.best["val_accuracy"]
+        ):
+            self.best = {
+                "step": row["step"],
+                "val_accuracy": row["val_accuracy"],
+                "val_loss": row["val_loss"],
+                "test_accuracy": row["test_accuracy"],
+            }
+
+    def save(self, context: RunContext, step: int) -> None:
+        """Write the checkpoint of the run after ``step`` steps (atomically)."""
+        save_checkpoint(
+            context.checkpoint_path,
+            {
+                "step": step,
+                "trainable": {name: p.detach() for name, p in context.run_model.trainable},
+                "optimizer": context.optimizer.state_dict(),
+                "rng": rng_states(),
+                "rows": self.rows,
+                "best": self.best,
+                "wall_seconds": self.wall_seconds(context),
+                "data_position": loader.loader_position(
+                    step, context.settings.training.batch_size, context.train_size
+                ),
+            },
+            self.key,
+        )
+
+    def wall_seconds(self, context: RunContext) -> float:
+        """Wall time of the run so far, over every process that worked on it."""
+        return self.wall_before + time.perf_counter() - context.started

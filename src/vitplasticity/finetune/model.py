@@ -1,0 +1,101 @@
+"""A run's model: built seeded by the run seed, LoRA-adapted when the configuration asks for
+it, and frozen but for the parameters its configuration trains (by identity, from the
+model's architecture: :class:`vitplasticity.architectures.ParameterMap`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vitplasticity.architectures import (
+    Architecture,
+    ParameterMap,
+    UnsupportedModel,
+    architecture_for,
+    parameter_map,
+    parse_configuration,
+)
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.lora import apply_lora, check_adapters_used
+from vitplasticity.model_inputs import Preprocessing
+from vitplasticity.models import ModelSpec, build_model, preprocessing
+
+
+def trainable_parameter_names(model: nn.Module, configuration: str) -> set[str]:
+    """Names of the parameters that ``configuration`` trains in ``model``.
+
+    Every configuration trains the classifier head and the final norm; "full" trains all;
+    "emb" adds the embedding; "ln1", "mha", "ln2", "fc1", "fc2" that component of every
+    block (with the parameters its architecture declares for it, e.g. LayerScale);
+    "head" nothing more (linear probing); "lora" the LoRA adapters (which
+    :func:`vitplasticity.lora.apply_lora` must have injected). Combinations join with "+".
+    See :meth:`vitplasticity.architectures.ParameterMap.trained_names`.
+
+    Raises:
+        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
+        ValueError: for an unknown configuration, listing the valid ones, or "lora" on a
+            model without LoRA adapters.
+    """
+    return parameter_map(model).trained_names(configuration)
+
+
+def freeze(model: nn.Module, parameters: ParameterMap, configuration: str) -> set[str]:
+    """Freeze every parameter of ``model`` that ``configuration`` does not train (which is
+    which: ``parameters``, the model's map); return the trained names."""
+    trained = parameters.trained_names(configuration)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name in trained)
+    return trained
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """The model of a run with its trained parameters (in ``named_parameters`` order) and
+    its parameter map (whose each parameter is: the gradient-norm groups)."""
+
+    model: nn.Module
+    trainable: list[tuple[str, nn.Parameter]]
+    preprocessing: Preprocessing
+    parameters: ParameterMap
+
+    @property
+    def architecture(self) -> Architecture:
+        """The model's architecture (how its logits are computed: :meth:`Architecture.logits`)."""
+        return self.parameters.architecture
+
+
+def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.device) -> RunModel:
+    """Build the model seeded by the run seed (the new head's init), freeze, move to ``device``.
+
+    Rebuilding with the same settings gives bit-identical parameters, which is why a
+    checkpoint only needs the trained ones. A ``family: transformers`` model is its vision
+    tower in its classification class (:func:`vitplasticity.hf_models.build_hf_model`).
+
+    Raises:
+        UnsupportedModel: before any step, for a model no architecture knows (naming its
+            class and the known families), one its architecture refuses to finetune (or to
+            adapt with LoRA, or whose forward pass bypasses a LoRA adapter), or one with a
+            parameter its architecture cannot account for.
+    """
+    spec = ModelSpec.from_config(settings.training.model_spec)
+    torch.manual_seed(settings.run.seed)
+    model = build_model(spec, num_classes=num_classes)
+    architecture = architecture_for(model)
+    lora = "lora" in parse_configuration(settings.run.configuration)
+    for stage in ("finetune", "lora") if lora else ("finetune",):
+        refusal = architecture.refusal(stage, model)
+        if refusal is not None:
+            raise UnsupportedModel(f"{stage} of {type(model).__name__}: {refusal}")
+    pre = preprocessing(model, spec)
+    if lora:
+        # After the head, so the head's init is that of every other configuration.
+        apply_lora(model, settings.training.lora_rank, settings.training.lora_alpha)
+        check_adapters_used(model, torch.zeros(1, 3, pre.input_size, pre.input_size))
+    parameters = ParameterMap(architecture, model)
+    trained = freeze(model, parameters, settings.run.configuration)
+    model.to(device).train()
+    trainable = [(n, p) for n, p in model.named_parameters() if n in trained]
+    return RunModel(model, trainable, pre, parameters)

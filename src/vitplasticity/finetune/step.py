@@ -1,0 +1,109 @@
+"""One optimizer update (gradients accumulated over micro-batches, clipped, applied at the
+scheduled learning rate) and one evaluation pass (loss and accuracy).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as functional
+from torch import nn
+
+from vitplasticity.architectures import Architecture
+from vitplasticity.data import loader
+from vitplasticity.data.transforms import normalize
+from vitplasticity.finetune.gradients import group_grad_norms
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.model import RunModel
+from vitplasticity.finetune.precision import autocast
+from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.model_inputs import Preprocessing
+from vitplasticity.schedule import warmup_cosine_lr
+
+EVAL_BATCH_FACTOR = 4
+"""Eval batches hold this many micro-batches: without stored activations they fit."""
+
+
+def evaluate(
+    model: nn.Module,
+    architecture: Architecture,
+    data: loader.EvalSet,
+    pre: Preprocessing,
+    device: torch.device,
+    training: TrainingSettings,
+) -> tuple[float, float]:
+    """(mean cross-entropy, top-1 accuracy) of ``model`` on ``data``."""
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    with torch.inference_mode(), autocast(device, training.precision):
+        for images, labels in data.batches(EVAL_BATCH_FACTOR * training.micro_batch_size):
+            images = normalize(images.to(device), pre)
+            logits = architecture.logits(model, images).float()  # (B, classes)
+            labels = labels.to(device)
+            loss_sum += float(functional.cross_entropy(logits, labels, reduction="sum"))
+            correct += int((logits.argmax(dim=1) == labels).sum())
+    model.train()
+    return loss_sum / len(data), correct / len(data)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step measured."""
+
+    loss: float  # mean cross-entropy over the batch
+    grad_norm: float  # total gradient norm before clipping
+    lr: float  # learning rate of this update
+    group_norms: dict[str, float]  # per component group, before clipping (when asked)
+
+    @property
+    def finite(self) -> bool:
+        """False when the loss or the gradient is NaN or infinite (the run diverged)."""
+        return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
+
+
+def training_step(
+    run_model: RunModel,
+    optimizer: torch.optim.Optimizer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    step_index: int,
+    settings: FinetuneSettings,
+    device: torch.device,
+    group_norms: bool = False,
+) -> StepResult:
+    """One optimizer update on one batch of uint8 images (B, 3, S, S).
+
+    Gradients are accumulated over micro-batches, each micro-batch's mean loss weighted by
+    its share of the batch (so the gradient is that of the batch's mean loss), clipped to
+    ``clip_grad_norm``, and applied at the scheduled learning rate. A non-finite loss or
+    gradient skips the update.
+    """
+    model, pre = run_model.model, run_model.preprocessing
+    training = settings.training
+    parameters = [parameter for _, parameter in run_model.trainable]
+    optimizer.zero_grad(set_to_none=True)
+    images = normalize(images.to(device, non_blocking=True), pre)  # (B, 3, S, S)
+    labels = labels.to(device, non_blocking=True)
+    total = torch.zeros((), device=device)
+    for start in range(0, training.batch_size, training.micro_batch_size):
+        chunk = slice(start, start + training.micro_batch_size)
+        with autocast(device, training.precision):
+            logits = run_model.architecture.logits(model, images[chunk]).float()  # (m, classes)
+        loss = functional.cross_entropy(logits, labels[chunk]) * (
+            training.micro_batch_size / training.batch_size
+        )
+        loss.backward()
+        total += loss.detach()
+    norms = group_grad_norms(run_model.trainable, run_model.parameters) if group_norms else {}
+    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, training.clip_grad_norm)
+    lr = warmup_cosine_lr(step_index, settings.run.lr, training.warmup_steps, training.steps)
+    # One device-to-host copy for both numbers (one synchronisation per step, not two).
+    loss_value, norm_value = torch.stack([total, grad_norm.to(total.dtype)]).tolist()
+    result = StepResult(loss_value, norm_value, lr, norms)
+    if result.finite:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+    return result

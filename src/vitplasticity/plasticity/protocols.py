@@ -1,0 +1,173 @@
+"""What each component is fed (docs/protocol.md): the ``embedding`` protocol (every block's
+components fed the embedding outputs of the pair, the reference code) and the ``in_situ``
+protocol (forward hooks record what reaches each component in the real forward pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitplasticity.architectures import (
+    Architecture,
+    Embedded,
+    UnsupportedModel,
+    architecture_for,
+)
+from vitplasticity.plasticity.norms import joint_pair_norms, pair_norms
+
+PROTOCOLS: tuple[str, ...] = ("embedding", "in_situ")
+"""What each component is fed: the embedding output (reference code) or the real forward pass."""
+
+
+def check_protocols(protocols: Sequence[str]) -> tuple[str, ...]:
+    """Return ``protocols`` as a tuple after checking each is known.
+
+    Raises:
+        ValueError: naming the unknown protocol and listing the valid ones.
+    """
+    if isinstance(protocols, str):
+        protocols = (protocols,)
+    if not protocols:
+        raise ValueError(f"no plasticity protocol given; valid protocols: {', '.join(PROTOCOLS)}")
+    for protocol in protocols:
+        if protocol not in PROTOCOLS:
+            raise ValueError(
+                f"unknown plasticity protocol {protocol!r}; valid protocols: {', '.join(PROTOCOLS)}"
+            )
+    return tuple(protocols)
+
+
+def embedding_tokens(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """The embedding output of ``images`` (B, 3, H, W): what the first block receives, (B, n, d).
+
+    For a timm ViT: patch embedding, cls token and position embedding (timm's ``_pos_embed``),
+    then ``patch_drop`` and ``norm_pre`` (identities in the paper's models).
+    """
+    return architecture_for(model).embed(model, images).tokens
+
+
+def fc1_mode_matters(architecture: Architecture, blocks: Sequence[nn.Module]) -> bool:
+    """Whether the fc1 mode changes what FC1 is in any block (a gated MLP)."""
+    for block in blocks:
+        try:
+            if architecture.components(block, "up")["fc1"] != architecture.components(block)["fc1"]:
+                return True
+        except UnsupportedModel:  # a packed gated MLP: "up" is refused, "stage" is gated
+            return True
+    return False
+
+
+def _embedding_protocol(
+    architecture: Architecture,
+    model: nn.Module,
+    blocks: list[nn.Module],
+    inputs: torch.Tensor,
+    batch_pairs: int,
+    fc1: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Numerators and denominators (n_blocks, 5, B) of the embedding protocol."""
+    embedded = architecture.embed(model, inputs)  # tokens (2B, n, d)
+    denominator = pair_norms(
+        embedded.tokens, batch_pairs
+    )  # (B,): the same pair feeds every component
+    numerators = []
+    for index, block in enumerate(blocks):
+        # FC2 is fc2([x, 0, 0, 0]): x meets fc2's first d input columns only.
+        outputs = architecture.embedding_outputs(block, index, embedded, fc1)
+        numerators.append(torch.stack([joint_pair_norms(out, batch_pairs) for out in outputs]))
+    numerator = torch.stack(numerators)  # (n_blocks, 5, B)
+    return numerator, denominator.expand_as(numerator)
+
+
+class _InSituRecorder:
+    """Forward hooks recording, per component, the pair norms of its input and output change.
+
+    Hooks (rather than re-implementing Block.forward) see exactly what the real forward pass
+    feeds each module, whatever the block does around it (layer scale, drop path, the MLP's
+    activation and optional norm). A component whose input is the previous component's very
+    output tensor (attn gets norm1's output, fc1 gets norm2's) reuses that norm.
+    """
+
+    def __init__(
+        self, architecture: Architecture, blocks: list[nn.Module], batch_pairs: int, fc1: str
+    ) -> None:
+        self.batch_pairs = batch_pairs
+        self._input_of = architecture.hook_input
+        self._output_of = architecture.hook_output
+        self.numerators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
+        self.denominators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
+        # Per (block, component): the pair norms of each of its modules' outputs (a gated fc1
+        # has two, concatenated; see joint_pair_norms).
+        self._parts: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._last_output: torch.Tensor | None = None
+        self._last_norm: torch.Tensor | None = None
+        self._handles = [
+            module.register_forward_hook(self._hook(b, c, len(modules)), with_kwargs=True)
+            for b, block in enumerate(blocks)
+            for c, modules in enumerate(architecture.components(block, fc1).values())
+            for module in modules
+        ]
+
+    def _hook(self, block: int, component: int, n_parts: int) -> Callable[..., None]:
+        def record(
+            module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: object
+        ) -> None:
+            inputs, output = self._input_of(args, kwargs), self._output_of(output)
+            if inputs is self._last_output:
+                denominator = self._last_norm
+            else:
+                denominator = pair_norms(inputs, self.batch_pairs)
+            numerator = pair_norms(output, self.batch_pairs)
+            self._last_output, self._last_norm = output, numerator
+            if n_parts > 1:
+                parts = self._parts.setdefault((block, component), [])
+                parts.append(numerator)
+                if len(parts) < n_parts:
+                    self.denominators[block][component] = denominator  # the parts share it
+                    return
+                numerator = torch.stack(parts).square().sum(0).sqrt()
+                del self._parts[(block, component)]
+                denominator = self.denominators[block][component]
+            self.numerators[block][component] = numerator
+            self.denominators[block][component] = denominator
+
+        return record
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._last_output = self._last_norm = None
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Numerators and denominators (n_blocks, 5, B) of the pass just run."""
+        return (
+            torch.stack([torch.stack(row) for row in self.numerators]),  # type: ignore[arg-type]
+            torch.stack([torch.stack(row) for row in self.denominators]),  # type: ignore[arg-type]
+        )
+
+
+def _in_situ_protocol(
+    architecture: Architecture,
+    model: nn.Module,
+    blocks: list[nn.Module],
+    inputs: torch.Tensor,
+    batch_pairs: int,
+    fc1: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Numerators and denominators (n_blocks, 5, B) of the in-situ protocol."""
+    recorder = _InSituRecorder(architecture, blocks, batch_pairs, fc1)
+    try:
+        embedded: Embedded = architecture.embed(model, inputs)
+        tokens = embedded.tokens
+        for index, block in enumerate(blocks):
+            tokens = architecture.run_block(block, index, tokens, embedded)
+    finally:
+        recorder.remove()
+    return recorder.result()
+
+
+PROTOCOL_FUNCTIONS = {"embedding": _embedding_protocol, "in_situ": _in_situ_protocol}

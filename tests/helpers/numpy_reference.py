@@ -1,0 +1,39 @@
+"""Pieces of the independent float64 computations the plasticity tests write in numpy from a
+model's state dict (never from its modules), and the comparison with a measured frame."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+
+def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
+    """LayerNorm over the last axis (biased variance, as torch)."""
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def softmax_rows(logits: np.ndarray) -> np.ndarray:
+    """Softmax of each row, shifted by its maximum."""
+    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return weights / weights.sum(axis=1, keepdims=True)
+
+
+def norm_ratio(f, u: np.ndarray, v: np.ndarray) -> tuple[float, float]:
+    """(||f(u) - f(v)||_F, ||u - v||_F): one plasticity ratio's numerator and denominator."""
+    return float(np.linalg.norm(f(u) - f(v))), float(np.linalg.norm(u - v))
+
+
+def check_against(frame: pl.DataFrame, expected: dict, rtol: float) -> None:
+    """Every (block, component, pair) of a measured frame has the expected numerator and
+    denominator within ``rtol``, and no other row exists."""
+    got = {
+        (r["block"], r["component"], r["pair"]): (r["numerator"], r["denominator"])
+        for r in frame.iter_rows(named=True)
+    }
+    assert got.keys() == expected.keys()
+    for key, (numerator, denominator) in expected.items():
+        assert got[key][0] == pytest.approx(numerator, rel=rtol), key
+        assert got[key][1] == pytest.approx(denominator, rel=rtol), key
