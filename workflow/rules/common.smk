@@ -151,45 +151,24 @@ def plasticity_pairs(model):
     return [f"{RESULTS}/plasticity/{model}/{dataset}.parquet" for dataset in config["plasticity"]["datasets"]]
 
 
-def text_plasticity_settings():
-    """The text_plasticity block; with enabled true, checks that the reference file and at
-    least one model and dataset are named (vitplasticity.config.check_config has checked that
-    the models are transformers models of models:)."""
-    text = config["text_plasticity"]
-    if text["enabled"]:
-        problems = [
-            f"text_plasticity.{key}: {what} (text_plasticity.enabled is true)"
-            for key, what in (
-                ("reference", "no reference text file"),
-                ("run_models", "no model"),
-                ("datasets", "no dataset"),
-            )
-            if not text[key]
-        ]
-        if problems:
-            raise ValueError("; ".join(problems))
-    return text
-
-
-def text_plasticity_setting(key):
-    return text_plasticity_settings()[key]
+# The text_plasticity block, every default filled in by the schema and checked by check_config.
+TEXT = config["text_plasticity"]
 
 
 def text_plasticity_targets():
     """Per-pair and summary tables of every text_plasticity (model, dataset); none unless enabled."""
-    text = text_plasticity_settings()
-    if not text["enabled"]:
+    if not TEXT["enabled"]:
         return []
     return [
         f"{RESULTS}/plasticity_text/{model}/{dataset}{suffix}.parquet"
-        for model in text["run_models"]
-        for dataset in text["datasets"]
+        for model in TEXT["run_models"]
+        for dataset in TEXT["datasets"]
         for suffix in ("", "_summary")
     ]
 
 
 def text_dataset_file(wildcards):
-    return text_plasticity_settings()["datasets"][wildcards.dataset]
+    return TEXT["datasets"][wildcards.dataset]
 
 
 def bounds_targets():

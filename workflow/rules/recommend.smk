@@ -58,7 +58,7 @@ rule recommend:
 
 rule recommend_text:
     input:
-        reference=lambda w: text_plasticity_settings()["reference"],
+        reference=lambda w: TEXT["reference"],
         text=text_dataset_file,
         weights=lambda w: weights_files(w.model),
     output:
@@ -71,8 +71,8 @@ rule recommend_text:
         f"{RESULTS}/benchmarks/recommend_text/{{model}}/{{dataset}}.tsv"
     params:
         model_spec=lambda w: compute_model_spec(w.model),
-        tokenizer=text_plasticity_setting("tokenizer"),
-        sequence_length=text_plasticity_setting("sequence_length"),
+        tokenizer=TEXT["tokenizer"],
+        sequence_length=TEXT["sequence_length"],
         n_pairs=recommend_text_n_pairs(),
         batch_size=RECOMMEND["batch_size"],
         batches=RECOMMEND["batches"],

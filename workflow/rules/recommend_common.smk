@@ -2,22 +2,8 @@
 # apart from the rule, as `snakemake --lint` asks.
 
 
-def recommend_settings():
-    """The recommend block, every default filled in by the schema; its models and datasets
-    checked by name."""
-    settings = config["recommend"]
-    problems = [
-        f"recommend.{key}: unknown {kind} {name!r} (defined: {', '.join(sorted(config[group]))})"
-        for key, kind, group in (("models", "model", "models"), ("datasets", "dataset", "datasets"))
-        for name in settings[key] or []
-        if name not in config[group]
-    ]
-    if problems:
-        raise ValueError("; ".join(problems))
-    return settings
-
-
-RECOMMEND = recommend_settings()
+# The recommend block, every default filled in by the schema and checked by check_config.
+RECOMMEND = config["recommend"]
 
 
 def recommend_or_plasticity(key):
@@ -45,13 +31,12 @@ def recommend_targets():
 def recommend_text_targets():
     """Report, decision and table of every text model x text dataset that text_plasticity
     measures; none unless recommend and text_plasticity are both enabled."""
-    text = text_plasticity_settings()
-    if not (RECOMMEND["enabled"] and text["enabled"]):
+    if not (RECOMMEND["enabled"] and TEXT["enabled"]):
         return []
     return expand(
         f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.{{ext}}",
-        model=text["run_models"],
-        dataset=list(text["datasets"]),
+        model=TEXT["run_models"],
+        dataset=list(TEXT["datasets"]),
         ext=["md", "json", "parquet"],
     )
 
@@ -59,7 +44,7 @@ def recommend_text_targets():
 def recommend_text_n_pairs():
     """recommend.n_pairs, or text_plasticity.n_pairs where it is null."""
     value = RECOMMEND["n_pairs"]
-    return text_plasticity_setting("n_pairs") if value is None else value
+    return TEXT["n_pairs"] if value is None else value
 
 
 def recommend_runtime(wildcards, attempt):

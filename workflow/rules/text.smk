@@ -6,7 +6,7 @@
 
 rule text_plasticity:
     input:
-        reference=lambda w: text_plasticity_settings()["reference"],
+        reference=lambda w: TEXT["reference"],
         text=text_dataset_file,
         weights=lambda w: weights_files(w.model),
     output:
@@ -18,13 +18,13 @@ rule text_plasticity:
         f"{RESULTS}/benchmarks/plasticity_text/{{model}}/{{dataset}}.tsv"
     params:
         model_spec=lambda w: compute_model_spec(w.model),
-        tokenizer=text_plasticity_setting("tokenizer"),
-        sequence_length=text_plasticity_setting("sequence_length"),
-        n_pairs=text_plasticity_setting("n_pairs"),
-        batch_size=text_plasticity_setting("batch_size"),
-        protocols=text_plasticity_setting("protocols"),
-        device=text_plasticity_setting("device"),
-        dtype=text_plasticity_setting("dtype"),
+        tokenizer=TEXT["tokenizer"],
+        sequence_length=TEXT["sequence_length"],
+        n_pairs=TEXT["n_pairs"],
+        batch_size=TEXT["batch_size"],
+        protocols=TEXT["protocols"],
+        device=TEXT["device"],
+        dtype=TEXT["dtype"],
         demo_flag="--demo" if config["demo"] else "",
     wildcard_constraints:
         model=names_pattern(family_models("transformers")),

@@ -3,18 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-from typing import Any
 
 from vitplasticity import FC1_MODES
 from vitplasticity.commands import DTYPES, json_argument, write_measurement
-
-# Helpers that moved to the modules they belong to, still importable from here (lazily: the
-# CLI imports this module for --help, which must not import torch).
-_MOVED = {
-    "ProgressReporter": "vitplasticity.progress",
-    "decoded_batches": "vitplasticity.data.transforms",
-}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -81,9 +72,3 @@ def run_plasticity(args: argparse.Namespace) -> int:
     )
     write_measurement(result, args.out, args.summary)
     return 0
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
