@@ -427,7 +427,10 @@ def test_cli_rejects_bad_input_before_compute(tmp_path, demo_dataset, tiny_spec,
     cases = [
         (["--reference", str(tmp_path / "missing.parquet"), "--n-pairs", "2"], "missing.parquet"),
         (["--reference", str(reference), "--n-pairs", "9"], "fewer than --n-pairs 9"),
-        (["--reference", str(reference), "--n-pairs", "0"], "--n-pairs must be >= 1"),
+        (
+            ["--reference", str(reference), "--n-pairs", "0"],
+            "--n-pairs (plasticity.n_pairs): must be >= 1",
+        ),
         (["--reference", str(reference), "--n-pairs", "2", "--protocols", "x"], "'x'"),
         (["--reference", str(reference), "--n-pairs", "2", "--split", "val"], "val.parquet"),
     ]

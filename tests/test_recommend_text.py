@@ -39,7 +39,6 @@ from vitplasticity.data.text import byte_tokenizer, read_sequences
 from vitplasticity.io import read_parquet_metadata
 from vitplasticity.optional import require_transformers
 from vitplasticity.recommend.criteria import CRITERIA
-from vitplasticity.recommend.pipeline import DEFAULT_CONFIGURATIONS
 from vitplasticity.recommend.text import (
     TextRecommendSettings,
     causal_lm,
@@ -47,6 +46,7 @@ from vitplasticity.recommend.text import (
     user_sequences,
     write_text_outputs,
 )
+from vitplasticity.stage_settings import DEFAULT_CONFIGURATIONS
 from vitplasticity.text_plasticity import measure_text
 
 transformers = require_transformers()

@@ -15,6 +15,14 @@ from vitplasticity.data.sources import registry as source_registry
 from vitplasticity.finetune_settings import TrainingSettings
 from vitplasticity.packs import finetune_packs
 from vitplasticity.settings import command_flags, config_flags, rule_params
+from vitplasticity.stage_settings import (
+    BoundsSettings,
+    CriteriaSettings,
+    PlasticitySettings,
+    RecommendImageSettings,
+    RecommendTextSettings,
+    TextPlasticitySettings,
+)
 from vitplasticity.weights import LOCAL_FILENAME, RECORD_FILENAME, SOURCE_KWARGS
 
 check_config(config)
@@ -136,6 +144,21 @@ def weights_targets():
 OFFLINE = "HF_HUB_OFFLINE=1"
 
 
+def stage_params(settings, block):
+    """One params entry per setting of ``settings`` (a vitplasticity.stage_settings class) that
+    the config block ``block`` (e.g. "report.criteria") holds, in field order, and the demo
+    switch: each value the config's own, so that editing one key reruns only its jobs."""
+    values = config
+    for part in block.split("."):
+        values = values[part]
+    return {**rule_params(settings, values, block), "demo_flag": "--demo" if config["demo"] else ""}
+
+
+PLASTICITY_PARAMS = stage_params(PlasticitySettings, "plasticity")
+# The bounds' images are the plasticity pairs' reference images (plasticity.n_pairs).
+BOUNDS_PARAMS = stage_params(BoundsSettings, "plasticity")
+
+
 def plasticity_targets():
     p = config["plasticity"]
     return [
@@ -153,6 +176,7 @@ def plasticity_pairs(model):
 
 # The text_plasticity block, every default filled in by the schema and checked by check_config.
 TEXT = config["text_plasticity"]
+TEXT_PLASTICITY_PARAMS = stage_params(TextPlasticitySettings, "text_plasticity")
 
 
 def text_plasticity_targets():

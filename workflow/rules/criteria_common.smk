@@ -3,6 +3,7 @@
 
 # report.criteria, every default filled in by the schema and checked by check_config.
 CRITERIA = REPORT["criteria"]
+CRITERIA_PARAMS = stage_params(CriteriaSettings, "report.criteria")
 
 
 def recommend_enabled():

@@ -12,6 +12,25 @@ def recommend_or_plasticity(key):
     return config["plasticity"][key] if value is None else value
 
 
+def recommend_text_n_pairs():
+    """recommend.n_pairs, or text_plasticity.n_pairs where it is null."""
+    value = RECOMMEND["n_pairs"]
+    return TEXT["n_pairs"] if value is None else value
+
+
+# Each rule's settings, one params entry per key (vitplasticity.stage_settings), with the
+# pairs resolved: recommend.n_pairs, or the measuring stage's where it is null.
+RECOMMEND_PARAMS = {
+    **stage_params(RecommendImageSettings, "recommend"),
+    "n_pairs": recommend_or_plasticity("n_pairs"),
+}
+RECOMMEND_TEXT_PARAMS = {
+    **rule_params(RecommendTextSettings, TEXT, "text_plasticity"),
+    **stage_params(RecommendTextSettings, "recommend"),
+    "n_pairs": recommend_text_n_pairs(),
+}
+
+
 def recommend_targets():
     """Report, decision, table and figure of every recommend (model, dataset), and those of
     every text recommend (recommend_text_targets); none unless enabled."""
@@ -39,12 +58,6 @@ def recommend_text_targets():
         dataset=list(TEXT["datasets"]),
         ext=["md", "json", "parquet"],
     )
-
-
-def recommend_text_n_pairs():
-    """recommend.n_pairs, or text_plasticity.n_pairs where it is null."""
-    value = RECOMMEND["n_pairs"]
-    return TEXT["n_pairs"] if value is None else value
 
 
 def recommend_runtime(wildcards, attempt):

@@ -18,14 +18,7 @@ rule text_plasticity:
         f"{RESULTS}/benchmarks/plasticity_text/{{model}}/{{dataset}}.tsv"
     params:
         model_spec=lambda w: compute_model_spec(w.model),
-        tokenizer=TEXT["tokenizer"],
-        sequence_length=TEXT["sequence_length"],
-        n_pairs=TEXT["n_pairs"],
-        batch_size=TEXT["batch_size"],
-        protocols=TEXT["protocols"],
-        device=TEXT["device"],
-        dtype=TEXT["dtype"],
-        demo_flag="--demo" if config["demo"] else "",
+        **TEXT_PLASTICITY_PARAMS,
     wildcard_constraints:
         model=names_pattern(family_models("transformers")),
     conda:
@@ -34,8 +27,5 @@ rule text_plasticity:
         f"{OFFLINE} vitplasticity text-plasticity"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --reference {input.reference:q} --text {input.text:q} --dataset {wildcards.dataset}"
-        " --tokenizer {params.tokenizer:q} --sequence-length {params.sequence_length}"
-        " --n-pairs {params.n_pairs} --batch-size {params.batch_size}"
-        " --protocols {params.protocols} --device {params.device} --dtype {params.dtype}"
-        " {params.demo_flag}"
-        " --out {output.pairs:q} --summary {output.summary:q} > {log:q} 2>&1"
+        + command_flags(TextPlasticitySettings, TEXT_PLASTICITY_PARAMS)
+        + " --out {output.pairs:q} --summary {output.summary:q} > {log:q} 2>&1"
