@@ -19,9 +19,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DTYPES: tuple[str, ...] = ("float32", "float64")
-"""Compute dtypes of the plasticity measurements (norms are reduced in float64 either way)."""
-
 
 def json_argument(text: str) -> Any:
     """argparse type for a JSON value (config entries arrive from the rules as JSON)."""

@@ -37,6 +37,7 @@ from vitplasticity.recommend.ranking import (
     rank_and_choose,
 )
 from vitplasticity.stage_settings import (
+    DTYPES,
     REFERENCE_FALLBACKS,
     RecommendImageSettings,
 )
@@ -106,7 +107,7 @@ class RecommendSettings:
                 raise ValueError(f"{flag} must be >= {least}, got {value}")
         if not self.warmup_lr > 0:
             raise ValueError(f"--warmup-lr must be > 0, got {self.warmup_lr}")
-        if self.dtype not in ("float32", "float64"):
+        if self.dtype not in DTYPES:
             raise ValueError(f"--dtype: {self.dtype!r} not float32 or float64")
 
 

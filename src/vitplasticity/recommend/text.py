@@ -67,7 +67,7 @@ from vitplasticity.recommend.ranking import (
     markdown,
     rank_and_choose,
 )
-from vitplasticity.stage_settings import RecommendTextSettings
+from vitplasticity.stage_settings import DTYPES, RecommendTextSettings
 from vitplasticity.text_plasticity import max_positions
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class TextRecommendSettings:
         ):
             if value < least:
                 raise ValueError(f"{flag} must be >= {least}, got {value}")
-        if self.dtype not in ("float32", "float64"):
+        if self.dtype not in DTYPES:
             raise ValueError(f"--dtype: {self.dtype!r} not float32 or float64")
 
 
