@@ -54,6 +54,8 @@ class Setting:
     Schema's words and apply to every item of a tuple. ``switch`` makes a boolean a flag
     without a value (``--demo``), given when the value is true, or with ``inverted`` the flag
     ``--no-<name>``, given when it is false; ``json`` parses the value as JSON (a config entry).
+    ``quote`` has the rule's command line quote the value for the shell (a path, a list of
+    names), as a JSON value always is.
     """
 
     help: str
@@ -67,6 +69,7 @@ class Setting:
     switch: bool = False
     inverted: bool = False
     json: bool = False
+    quote: bool = False
 
 
 def setting(default: Any = dataclasses.MISSING, **declared: Any) -> Any:
@@ -316,30 +319,24 @@ def rule_params(cls: type, block: Mapping[str, Any], prefix: str) -> dict[str, A
 
 def command_flags(cls: type, params: Iterable[str]) -> str:
     """The ``--flag {params.name}`` text of each field of ``cls`` whose params entry is one of
-    ``params``, in the order of ``params`` (a switch as ``{params.<name>_flag}``; a string or
-    JSON value quoted for the shell).
+    ``params``, in the order of ``params`` (a switch as ``{params.<name>_flag}``; a JSON value
+    or one declared ``quote`` quoted for the shell).
 
     Raises:
         ValueError: for a name in ``params`` that is no field's params entry.
     """
-    fields = {
-        param_name(field): (field, declared, annotation)
-        for field, declared, annotation in setting_fields(cls)
-    }
+    fields = {param_name(field): (field, declared) for field, declared, _ in setting_fields(cls)}
     names = list(params)
     unknown = [name for name in names if name not in fields]
     if unknown:
         raise ValueError(f"{cls.__name__}: no setting for params {sorted(unknown)}")
     parts = []
     for name in names:
-        field, declared, annotation = fields[name]
+        field, declared = fields[name]
         if declared.switch:
             parts.append(f"{{params.{name}}}")
             continue
-        item = (
-            typing.get_args(annotation)[0] if typing.get_origin(annotation) is tuple else annotation
-        )
-        quote = declared.json or _plain_type(item) is str
+        quote = declared.json or declared.quote
         parts.append(f"{flag(field.name)} {{params.{name}{':q' if quote else ''}}}")
     return "".join(f" {part}" for part in parts)
 

@@ -112,7 +112,7 @@ def _dtype(block: str) -> Any:
 
 
 def _tokenizer(help: str) -> Any:
-    return setting("auto", help=help, key="text_plasticity.tokenizer")
+    return setting("auto", help=help, key="text_plasticity.tokenizer", quote=True)
 
 
 def _sequence_length() -> Any:
@@ -202,6 +202,7 @@ _RANKING: dict[str, dict[str, Any]] = {
         default=None,
         help="trainable-parameter budget: 28000, 28K, 1.5M (none: no budget)",
         key="recommend.budget",
+        quote=True,
     ),
     "criterion": dict(
         default="plasticity",
@@ -220,6 +221,7 @@ _RANKING: dict[str, dict[str, Any]] = {
         help="components and '+' combinations to rank",
         key="recommend.configurations",
         metavar="C",
+        quote=True,
     ),
     "seed": dict(
         default=0, help="the new head's init and the batch order", key="recommend.seed", minimum=0
@@ -295,6 +297,7 @@ class CriteriaSettings:
         help="configurations compared (the five components); 'all' for every configuration "
         "that has both a score and an accuracy",
         key="report.criteria.configurations",
+        quote=True,
     )
     min_configurations: int = setting(
         3,
