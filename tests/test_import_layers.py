@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "schedule",
             "checkpoint",
             "settings",
+            "stage_settings",
         ),
     ),
     (

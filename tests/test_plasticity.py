@@ -428,7 +428,10 @@ def test_cli_rejects_bad_input_before_compute(tmp_path, demo_dataset, tiny_spec,
     cases = [
         (["--reference", str(tmp_path / "missing.parquet"), "--n-pairs", "2"], "missing.parquet"),
         (["--reference", str(reference), "--n-pairs", "9"], "fewer than --n-pairs 9"),
-        (["--reference", str(reference), "--n-pairs", "0"], "--n-pairs must be >= 1"),
+        (
+            ["--reference", str(reference), "--n-pairs", "0"],
+            "--n-pairs (plasticity.n_pairs): must be >= 1",
+        ),
         (["--reference", str(reference), "--n-pairs", "2", "--protocols", "x"], "'x'"),
         (["--reference", str(reference), "--n-pairs", "2", "--split", "val"], "val.parquet"),
     ]
@@ -440,23 +443,9 @@ def test_cli_rejects_bad_input_before_compute(tmp_path, demo_dataset, tiny_spec,
     assert not (tmp_path / "p.parquet").exists()
 
 
-def test_progress_logs_every_tenth(caplog) -> None:
-    from vitplasticity.commands.plasticity import ProgressReporter
-
-    reporter = ProgressReporter(100, "job")
-    with caplog.at_level(logging.INFO):
-        for done in range(7, 101, 7):
-            reporter(done)
-        reporter(100)
-    logged = [m for m in caplog.messages if m.startswith("job:")]
-    assert 9 <= len(logged) <= 11
-    assert logged[-1].startswith("job: 100/100")
-
-
 def test_decoded_batches_keep_order(demo_dataset) -> None:
-    from vitplasticity.commands.plasticity import decoded_batches
     from vitplasticity.data.store import read_split
-    from vitplasticity.data.transforms import eval_batches
+    from vitplasticity.data.transforms import decoded_batches, eval_batches
     from vitplasticity.model_inputs import Preprocessing
 
     images = read_split(demo_dataset, "test").images

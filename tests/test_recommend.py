@@ -596,16 +596,6 @@ def test_cli_on_a_prepared_dataset_with_a_reference_and_combine(
     assert "DEMO" not in Path(f"{prefix}.md").read_text()
 
 
-def test_the_command_restates_the_stage_names() -> None:
-    """The command keeps torch out of --help by restating these; they must stay equal."""
-    from vitplasticity.commands import recommend as command
-    from vitplasticity.recommend import pipeline
-
-    assert command.DEFAULT_CONFIGURATIONS == pipeline.DEFAULT_CONFIGURATIONS
-    assert set(command.REFERENCE_FALLBACKS) == set(pipeline.REFERENCE_FALLBACKS)
-    assert command.CRITERIA == CRITERIA
-
-
 TINY_CONVNEXT = {"depths": [1, 1, 1, 1], "dims": [8, 16, 32, 64]}
 """A model no architecture knows: refused by name before any compute."""
 

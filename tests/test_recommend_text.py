@@ -40,7 +40,6 @@ from vitplasticity.io import read_parquet_metadata
 from vitplasticity.optional import require_transformers
 from vitplasticity.plasticity.text import measure_text
 from vitplasticity.recommend.criteria import CRITERIA
-from vitplasticity.recommend.pipeline import DEFAULT_CONFIGURATIONS
 from vitplasticity.recommend.text import (
     TextRecommendSettings,
     causal_lm,
@@ -48,6 +47,7 @@ from vitplasticity.recommend.text import (
     user_sequences,
     write_text_outputs,
 )
+from vitplasticity.stage_settings import DEFAULT_CONFIGURATIONS
 
 transformers = require_transformers()
 

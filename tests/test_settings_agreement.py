@@ -1,5 +1,5 @@
-"""One finetuning setting, one meaning: the workflow schema, the TrainingSettings field and the
-``vitplasticity finetune`` flag agree on every key's default, type, choices and bounds; every
+"""One setting, one meaning: the workflow schema, the settings field (TrainingSettings, and each
+stage's of vitplasticity.stage_settings) and the command's flag agree on every key's default, type, choices and bounds; every
 key of the finetune block has its flag and every flag its key; the generated checks accept
 exactly what the schema accepts; the rule's params and command line come from the same fields.
 """
@@ -10,6 +10,7 @@ import argparse
 import copy
 import dataclasses
 import math
+import types
 import typing
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -31,6 +32,14 @@ from vitplasticity.settings import (
     flag,
     rule_params,
     setting_fields,
+)
+from vitplasticity.stage_settings import (
+    BoundsSettings,
+    CriteriaSettings,
+    PlasticitySettings,
+    RecommendImageSettings,
+    RecommendTextSettings,
+    TextPlasticitySettings,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -268,7 +277,7 @@ def test_the_command_line_parses_back_to_the_config(validated_config: dict) -> N
         "demo_flag": "--demo",
     }
     text = command_flags(TrainingSettings, [name for name in params if name != "model_spec"])
-    filled = text.format(
+    filled = text.replace(":q}", "}").format(  # Snakemake's :q quotes for the shell
         params=argparse.Namespace(
             **{k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in params.items()}
         )
@@ -285,3 +294,256 @@ def test_the_command_line_parses_back_to_the_config(validated_config: dict) -> N
     assert (args.lora_rank, args.lora_alpha) == (4, 12.0)
     with pytest.raises(ValueError, match="no setting for params"):
         command_flags(TrainingSettings, ["batch_size", "pack_runs"])
+
+
+# -- every measuring stage: plasticity, text plasticity, bounds, recommend, criteria ----------
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """A stage's declaration, its command, the config blocks it reads and what is not a setting."""
+
+    settings: type
+    command: str
+    blocks: tuple[str, ...]
+    other_flags: frozenset[str]
+    """Dests of the command's flags that name inputs, outputs or the model: no config key."""
+    workflow_keys: frozenset[str] = frozenset()
+    """Keys of its blocks that choose the jobs (or that another stage declares): no flag."""
+
+
+STAGES = [
+    Stage(
+        PlasticitySettings,
+        "plasticity",
+        ("plasticity",),
+        frozenset({"model", "model_spec", "reference", "dataset_dir", "out", "summary"}),
+        frozenset({"plasticity.models", "plasticity.datasets"}),
+    ),
+    Stage(
+        TextPlasticitySettings,
+        "text-plasticity",
+        ("text_plasticity",),
+        frozenset({"model", "model_spec", "reference", "text", "dataset", "out", "summary"}),
+        frozenset(
+            {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
+        ),
+    ),
+    Stage(
+        BoundsSettings,
+        "bounds",
+        ("plasticity",),
+        frozenset({"model", "model_spec", "reference", "out", "plasticity", "figure_prefix"}),
+        # The plasticity stage declares the rest of the block.
+        frozenset(
+            f"plasticity.{k}"
+            for k in ("models", "datasets", "protocols", "downstream_split", "dtype", "fc1")
+        ),
+    ),
+    Stage(
+        RecommendImageSettings,
+        "recommend",
+        ("recommend",),
+        frozenset(
+            {"model_spec", "timm_id", "weights", "normalize", "model_kwargs", "model"}
+            | {"dataset_dir", "image_folder", "dataset", "reference", "reference_fallback"}
+            | {"dtype", "out_prefix"}
+        ),
+        frozenset({"recommend.enabled", "recommend.models", "recommend.datasets"}),
+    ),
+    Stage(
+        RecommendTextSettings,
+        "recommend-text",
+        ("text_plasticity", "recommend"),
+        frozenset(
+            {"model", "model_spec", "reference", "text", "dataset", "protocol", "dtype"}
+            | {"out_prefix"}
+        ),
+        # Its sequences are text_plasticity's; recommend-text declares those it takes.
+        frozenset(
+            {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
+            | {f"text_plasticity.{k}" for k in ("n_pairs", "batch_size", "protocols")}
+            | {f"text_plasticity.{k}" for k in ("device", "dtype")}
+            | {"recommend.enabled", "recommend.models", "recommend.datasets"}
+            | {"recommend.warmup_steps", "recommend.warmup_lr"}
+        ),
+    ),
+    Stage(
+        CriteriaSettings,
+        "criteria",
+        ("report.criteria",),
+        frozenset({"selected", "recommend", "plasticity", "out"}),
+        frozenset({"report.criteria.enabled", "report.criteria.experiments"}),
+    ),
+]
+STAGE_IDS = [stage.command for stage in STAGES]
+STAGE_FIELDS = [
+    (stage, field, declared, annotation)
+    for stage in STAGES
+    for field, declared, annotation in setting_fields(stage.settings)
+]
+STAGE_FIELD_IDS = [f"{stage.command}-{field.name}" for stage, field, _, _ in STAGE_FIELDS]
+NULL_MEANS_ANOTHER_KEY = {"recommend.n_pairs": "plasticity.n_pairs or text_plasticity.n_pairs"}
+"""Keys whose schema default is null, which the workflow resolves to another key's value."""
+
+
+def command_actions(command: str) -> dict[str, argparse.Action]:
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {action.dest: action for action in subparsers.choices[command]._actions}
+
+
+def schema_types(annotation: Any) -> set[str]:
+    """The JSON Schema type names an annotation allows (``str | None``: string and null)."""
+    if typing.get_origin(annotation) is tuple:
+        return {"array"}
+    items = (
+        typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    )
+    return {"null" if item is type(None) else SCHEMA_TYPES[item] for item in items}
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=STAGE_IDS)
+def test_every_key_of_a_stage_block_is_declared(stage: Stage) -> None:
+    declared = {d.key for s in STAGES for _, d, _ in setting_fields(s.settings)}
+    for block in stage.blocks:
+        leaves = set(schema_leaves(block))
+        keys = {d.key for _, d, _ in setting_fields(stage.settings) if d.key.startswith(block)}
+        assert leaves - keys - stage.workflow_keys == set(), "schema keys without a field"
+        assert stage.workflow_keys & leaves <= declared | stage.workflow_keys
+    for _, item, _ in setting_fields(stage.settings):
+        schema_node(item.key)  # KeyError: a field's key the schema does not define
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=STAGE_IDS)
+def test_every_stage_flag_is_a_setting_or_names_an_input(stage: Stage) -> None:
+    names = {field.name for field, _, _ in setting_fields(stage.settings)}
+    assert set(command_actions(stage.command)) - {"help"} - stage.other_flags == names
+
+
+@pytest.mark.parametrize(
+    ("stage", "field", "declared", "annotation"), STAGE_FIELDS, ids=STAGE_FIELD_IDS
+)
+def test_stage_schema_default_is_the_field_default_is_the_cli_default(
+    stage: Stage, field: dataclasses.Field, declared: Setting, annotation: Any
+) -> None:
+    node = schema_node(declared.key)
+    action = command_actions(stage.command)[field.name]
+    assert not action.required
+    assert plain(action.default) == plain(field.default)
+    if declared.key in NULL_MEANS_ANOTHER_KEY:
+        assert node["default"] is None
+    else:
+        assert node["default"] == plain(field.default)
+
+
+@pytest.mark.parametrize(
+    ("stage", "field", "declared", "annotation"), STAGE_FIELDS, ids=STAGE_FIELD_IDS
+)
+def test_stage_types_choices_and_bounds_agree(
+    stage: Stage, field: dataclasses.Field, declared: Setting, annotation: Any
+) -> None:
+    node = schema_node(declared.key)
+    if typing.get_origin(annotation) is tuple:
+        assert node["type"] == "array" and node.get("minItems") == 1
+        item = resolve(node["items"])
+        assert tuple(item.get("enum", ())) == (declared.choices or ())
+        if "enum" not in item:
+            assert item["type"] == "string"
+    else:
+        assert tuple(node.get("enum", ())) == (declared.choices or ())
+        if "enum" not in node:
+            allowed = node["type"] if isinstance(node["type"], list) else [node["type"]]
+            if declared.key not in NULL_MEANS_ANOTHER_KEY:
+                assert schema_types(annotation) <= set(allowed)
+                assert set(allowed) - schema_types(annotation) <= {"integer"}  # 28000 or 28K
+        bounds = {
+            "minimum": declared.minimum,
+            "exclusiveMinimum": declared.exclusive_minimum,
+            "maximum": declared.maximum,
+            "exclusiveMaximum": declared.exclusive_maximum,
+        }
+        if declared.key != "recommend.budget":  # its minimum bounds the numbers alone
+            assert {k: node.get(k) for k in bounds} == bounds
+
+
+@pytest.mark.parametrize(
+    ("stage", "field", "declared", "annotation"),
+    [case for case in STAGE_FIELDS if case[2].minimum is not None or case[2].choices],
+    ids=[
+        i
+        for i, c in zip(STAGE_FIELD_IDS, STAGE_FIELDS, strict=True)
+        if c[2].minimum is not None or c[2].choices
+    ],
+)
+def test_stage_checks_accept_what_the_schema_accepts(
+    stage: Stage, field: dataclasses.Field, declared: Setting, annotation: Any
+) -> None:
+    """jsonschema on the schema's node is the independent judge of each boundary value."""
+    node = dict(schema_node(declared.key))
+    node.pop("default", None)
+    base = stage.settings()
+    if typing.get_origin(annotation) is tuple:
+        values = [(choice,) for choice in declared.choices or ()] + [("bogus",), ()]
+    elif declared.choices:
+        values = [*declared.choices, "bogus"]
+    else:
+        values = [int(declared.minimum) + step for step in (-1, 0, 1)]
+    for value in values:
+        schema_ok = jsonschema.Draft7Validator(node).is_valid(plain(value))
+        try:
+            check_settings(dataclasses.replace(base, **{field.name: value}))
+            ours = True
+        except ValueError as error:
+            ours = False
+            assert str(error).startswith(f"{flag(field.name)} ({declared.key}): ")
+        assert ours == schema_ok, f"{field.name}={value!r}: schema {schema_ok}, ours {ours}"
+
+
+def stage_params(stage: Stage, config: dict) -> dict[str, Any]:
+    """The rule's params as workflow/rules/common.smk's stage_params builds them."""
+    params: dict[str, Any] = {}
+    for block in stage.blocks:
+        values: Any = config
+        for part in block.split("."):
+            values = values[part]
+        params.update(rule_params(stage.settings, values, block))
+    return {**params, "demo_flag": "--demo" if config["demo"] else ""}
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=STAGE_IDS)
+def test_the_stage_command_line_carries_every_setting_and_parses_back(
+    stage: Stage, validated_config: dict
+) -> None:
+    """Every declared field reaches the generated command line, and the command parses it back
+    to the config's values (lists space-joined as Snakemake joins them)."""
+    config = copy.deepcopy(validated_config)
+    config["demo"] = True
+    config["recommend"].update(n_pairs=77, budget=28000, combine=True)
+    config["report"]["criteria"]["parameters"] = False
+    params = stage_params(stage, config)
+    text = command_flags(stage.settings, list(params))
+    for field, declared, _ in setting_fields(stage.settings):
+        shown = f"{{params.{field.name}_flag}}" if declared.switch else flag(field.name)
+        assert shown in text, field.name
+    filled = text.replace(":q}", "}").format(  # Snakemake's :q quotes for the shell
+        params=argparse.Namespace(
+            **{k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in params.items()}
+        )
+    )
+    required = [
+        (action.option_strings[0], "{}" if action.dest == "model_spec" else "x")
+        for action in command_actions(stage.command).values()
+        if action.required
+    ]
+    argv = [stage.command, *(part for pair in required for part in pair), *filled.split()]
+    args = build_parser().parse_args(argv)
+    for field, declared, _ in setting_fields(stage.settings):
+        *parents, key = declared.key.split(".")
+        block: Any = config
+        for part in parents:
+            block = block[part]
+        expected = block[key]
+        if declared.key == "recommend.budget":
+            expected = str(expected)
+        assert plain(getattr(args, field.name)) == expected, field.name

@@ -243,8 +243,11 @@ def test_random_init_depends_on_init_seed_alone(tmp_path: Path) -> None:
             r"wiki\.txt: \d+ reference sequences of 16 tokens, fewer than --n-pairs 500",
         ),
         (["--sequence-length", "65"], "exceeds the 64 positions of model 'tiny'"),
-        (["--sequence-length", "0"], "--sequence-length must be >= 1"),
-        (["--protocols", "nope"], "unknown plasticity protocol 'nope'"),
+        (
+            ["--sequence-length", "0"],
+            r"--sequence-length \(text_plasticity\.sequence_length\): must be >= 1",
+        ),
+        (["--protocols", "nope"], r"--protocols \(text_plasticity\.protocols\): 'nope' not "),
     ],
 )
 def test_cli_names_the_bad_input(

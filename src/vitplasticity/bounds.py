@@ -460,7 +460,7 @@ def model_bounds(
     reference: str | os.PathLike[str],
     plasticity_files: Sequence[str | os.PathLike[str]] = (),
     *,
-    n_images: int = 12800,
+    n_images: int,
     batch_size: int = 64,
     device: str = "auto",
     demo: bool = False,

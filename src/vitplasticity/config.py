@@ -421,9 +421,54 @@ def imagenet_path(config: dict[str, Any]) -> str | None:
     return os.environ.get(IMAGENET_ENV) or config["paths"].get("imagenet") or None
 
 
+def text_plasticity_problems(config: Mapping[str, Any]) -> list[str]:
+    """With text_plasticity.enabled true, one message per missing reference file, model list
+    or dataset list (:func:`model_problems` checks the models themselves)."""
+    text = config.get("text_plasticity") or {}
+    if not text.get("enabled"):
+        return []
+    return [
+        f"text_plasticity.{key}: {what} (text_plasticity.enabled is true)"
+        for key, what in (
+            ("reference", "no reference text file"),
+            ("run_models", "no model"),
+            ("datasets", "no dataset"),
+        )
+        if not text.get(key)
+    ]
+
+
+def recommend_problems(config: Mapping[str, Any]) -> list[str]:
+    """One message per model or dataset that recommend.models or recommend.datasets names and
+    the config does not define."""
+    recommend = config.get("recommend") or {}
+    return [
+        f"recommend.{key}: unknown {kind} {name!r} (defined: {', '.join(sorted(config[key]))})"
+        for key, kind in (("models", "model"), ("datasets", "dataset"))
+        for name in recommend.get(key) or []
+        if name not in config[key]
+    ]
+
+
+def criteria_problems(config: Mapping[str, Any]) -> list[str]:
+    """A message naming the experiments of report.criteria.experiments that the config does
+    not define."""
+    criteria = (config.get("report") or {}).get("criteria") or {}
+    unknown = [
+        name for name in criteria.get("experiments", []) if name not in config["experiments"]
+    ]
+    if not unknown:
+        return []
+    return [
+        f"report.criteria.experiments: unknown experiment(s) {', '.join(unknown)} "
+        f"(defined: {', '.join(config['experiments'])})"
+    ]
+
+
 def check_config(config: dict[str, Any]) -> None:
-    """Check the names, grids and dataset file overrides the schema cannot; raise one
-    ConfigError listing every problem."""
+    """Check the names, grids, dataset file overrides and stage blocks the schema cannot; raise
+    one ConfigError listing every problem. The workflow calls it once, at parse time, after the
+    schema's validate has filled in the defaults; the rules then only look values up."""
     problems: list[str] = []
     models, datasets = set(config["models"]), set(config["datasets"])
 
@@ -464,5 +509,8 @@ def check_config(config: dict[str, Any]) -> None:
     ]
     # Only valid overrides can be compared across the datasets that share a download.
     problems += file_problems or registry.shared_download_problems(config["datasets"])
+    problems += text_plasticity_problems(config)
+    problems += recommend_problems(config)
+    problems += criteria_problems(config)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))

@@ -10,7 +10,7 @@ the schema says of it (choices, bounds). From that one declaration:
 - :func:`settings_from_args` builds the dataclass from the parsed flags;
 - :func:`check_settings` checks choices and bounds, naming the flag and the config key;
 - :func:`rule_params` and :func:`command_flags` give a Snakemake rule one ``params:`` entry per
-  config key and the ``--flag {params.name}`` text that passes them on;
+  config key and the ``--flag {params.name}`` text that passes them on, in the params' order;
 - :func:`config_flags` writes a config block's values as flags (``--lora-rank 8 ...``).
 
 The workflow's defaults live in its JSON schema; tests/test_settings_agreement.py checks that
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ __all__ = [
     "setting",
     "setting_fields",
     "settings_from_args",
+    "switch_flag",
 ]
 
 
@@ -51,7 +53,10 @@ class Setting:
     ``key`` is the config key the value comes from (``finetune.batch_size``; ``<name>`` stands
     for an entry of a named block, e.g. ``datasets.<name>.steps``). Bounds follow JSON
     Schema's words and apply to every item of a tuple. ``switch`` makes a boolean a flag
-    without a value (``--demo``); ``json`` parses the value as JSON (a config entry).
+    without a value (``--demo``), given when the value is true, or with ``inverted`` the flag
+    ``--no-<name>``, given when it is false; ``json`` parses the value as JSON (a config entry).
+    ``quote`` has the rule's command line quote the value for the shell (a path, a list of
+    names), as a JSON value always is.
     """
 
     help: str
@@ -63,7 +68,9 @@ class Setting:
     exclusive_maximum: float | None = None
     metavar: str | tuple[str, ...] | None = None
     switch: bool = False
+    inverted: bool = False
     json: bool = False
+    quote: bool = False
 
 
 def setting(default: Any = dataclasses.MISSING, **declared: Any) -> Any:
@@ -87,6 +94,12 @@ def setting_fields(cls: type) -> list[tuple[dataclasses.Field, Setting, Any]]:
 def flag(name: str) -> str:
     """The CLI flag of field ``name``: ``--snake-case``."""
     return "--" + name.replace("_", "-")
+
+
+def switch_flag(field: dataclasses.Field) -> str:
+    """The flag of a switch: ``--name``, or ``--no-name`` for an inverted one."""
+    inverted = field.metadata["setting"].inverted
+    return flag(f"no_{field.name}" if inverted else field.name)
 
 
 def param_name(field: dataclasses.Field) -> str:
@@ -150,6 +163,17 @@ def _within(value: Any, declared: Setting) -> bool:
     return all(check(bound) for bound, check in checks if bound is not None)
 
 
+def _any_length(annotation: Any) -> bool:
+    """Whether ``annotation`` is a tuple of any length (``tuple[str, ...]``)."""
+    return typing.get_origin(annotation) is tuple and typing.get_args(annotation)[-1] is Ellipsis
+
+
+def _plain_type(annotation: Any) -> Any:
+    """The type a flag's text is parsed into: ``X`` of ``X | None``, else ``annotation``."""
+    items = [item for item in typing.get_args(annotation) if item is not type(None)]
+    return items[0] if isinstance(annotation, types.UnionType) and len(items) == 1 else annotation
+
+
 def add_settings_arguments(parser: argparse._ActionsContainer, cls: type) -> None:
     """Add one flag per declared field of ``cls`` to ``parser`` (a parser or group).
 
@@ -166,7 +190,10 @@ def add_settings_arguments(parser: argparse._ActionsContainer, cls: type) -> Non
         if declared.metavar is not None:
             options["metavar"] = declared.metavar
         if declared.switch:
-            parser.add_argument(flag(field.name), action="store_true", help=options["help"])
+            action = "store_false" if declared.inverted else "store_true"
+            parser.add_argument(
+                switch_flag(field), dest=field.name, action=action, help=options["help"]
+            )
             continue
         if declared.json:
             options["type"] = json_argument
@@ -174,10 +201,11 @@ def add_settings_arguments(parser: argparse._ActionsContainer, cls: type) -> Non
             options.update(type=_boolean, metavar="{true,false}")
         elif typing.get_origin(annotation) is tuple:
             items = typing.get_args(annotation)
-            options.update(type=items[0], nargs=len(items))
+            options.update(type=items[0], nargs="+" if _any_length(annotation) else len(items))
         else:
-            options["type"] = annotation
-        if declared.choices is not None:
+            options["type"] = _plain_type(annotation)
+        # A tuple's items are checked by check_settings, which names the config key.
+        if declared.choices is not None and typing.get_origin(annotation) is not tuple:
             options["choices"] = declared.choices
         parser.add_argument(flag(field.name), **options)
 
@@ -189,6 +217,28 @@ def settings_from_args(cls: type, args: argparse.Namespace) -> Any:
         value = getattr(args, field.name)
         values[field.name] = tuple(value) if typing.get_origin(annotation) is tuple else value
     return cls(**values)
+
+
+def _check_items(
+    value: tuple[Any, ...], declared: Setting, annotation: Any, where: str, key: str
+) -> None:
+    """Check a tuple setting: its length (one at least where any length goes), then each item's
+    choices and bounds."""
+    if _any_length(annotation):
+        if not value:
+            raise bad_setting(where, key, "expected one value at least, got none")
+    else:
+        length = len(typing.get_args(annotation))
+        bounds = _bounds_text(declared)
+        if len(value) != length or not all(_within(item, declared) for item in value):
+            rule = f", each {bounds}" if bounds else ""
+            raise bad_setting(where, key, f"expected {length} values{rule}, got {value}")
+    for item in value:
+        if declared.choices is not None and item not in declared.choices:
+            allowed = "|".join(str(choice) for choice in declared.choices)
+            raise bad_setting(where, key, f"{item!r} not {allowed}")
+        if not _within(item, declared):
+            raise bad_setting(where, key, f"each must be {_bounds_text(declared)}, got {item}")
 
 
 def check_settings(settings: Any, names: Mapping[str, str] | None = None) -> None:
@@ -209,11 +259,7 @@ def check_settings(settings: Any, names: Mapping[str, str] | None = None) -> Non
             key = key.replace(f"{block}.<name>", f"{block}.{name}")
         where = flag(field.name)
         if typing.get_origin(annotation) is tuple:
-            length = len(typing.get_args(annotation))
-            bounds = _bounds_text(declared)
-            if len(value) != length or not all(_within(item, declared) for item in value):
-                rule = f", each {bounds}" if bounds else ""
-                raise bad_setting(where, key, f"expected {length} values{rule}, got {value}")
+            _check_items(value, declared, annotation, where, key)
             continue
         if declared.choices is not None and value not in declared.choices:
             allowed = "|".join(str(choice) for choice in declared.choices)
@@ -227,13 +273,28 @@ def _config_value(value: Any) -> Any:
     return str(value).lower() if isinstance(value, bool) else value
 
 
-def _block_fields(cls: type, prefix: str) -> list[tuple[dataclasses.Field, str]]:
-    """The fields of ``cls`` mirroring a key ``<prefix>.<key>`` (not deeper), with the key."""
+def _param_value(field: dataclasses.Field, annotation: Any, value: Any) -> Any:
+    """A config value as the params entry of ``field``: a switch as its flag or ``""``, null
+    as the CLI's ``none``, a string setting's value as a string (``budget: 28000``), else
+    :func:`_config_value`."""
+    declared = field.metadata["setting"]
+    if declared.switch:
+        return switch_flag(field) if bool(value) != declared.inverted else ""
+    if value is None:
+        return "none"
+    if _plain_type(annotation) is str:
+        return str(value)
+    return _config_value(value)
+
+
+def _block_fields(cls: type, prefix: str) -> list[tuple[dataclasses.Field, str, Any]]:
+    """The fields of ``cls`` mirroring a key ``<prefix>.<key>`` (not deeper), with the key and
+    the field's type."""
     found = []
-    for field, declared, _ in setting_fields(cls):
+    for field, declared, annotation in setting_fields(cls):
         key = declared.key.removeprefix(f"{prefix}.")
         if key != declared.key and "." not in key:
-            found.append((field, key))
+            found.append((field, key, annotation))
     return found
 
 
@@ -253,31 +314,32 @@ def rule_params(cls: type, block: Mapping[str, Any], prefix: str) -> dict[str, A
         KeyError: naming a key the block lacks.
     """
     return {
-        param_name(field): _config_value(_block_value(block, prefix, key))
-        for field, key in _block_fields(cls, prefix)
+        param_name(field): _param_value(field, annotation, _block_value(block, prefix, key))
+        for field, key, annotation in _block_fields(cls, prefix)
     }
 
 
 def command_flags(cls: type, params: Iterable[str]) -> str:
     """The ``--flag {params.name}`` text of each field of ``cls`` whose params entry is one of
-    ``params``, in field order (a switch as ``{params.<name>_flag}``; JSON quoted).
+    ``params``, in the order of ``params`` (a switch as ``{params.<name>_flag}``; a JSON value
+    or one declared ``quote`` quoted for the shell).
 
     Raises:
         ValueError: for a name in ``params`` that is no field's params entry.
     """
-    wanted = set(params)
+    fields = {param_name(field): (field, declared) for field, declared, _ in setting_fields(cls)}
+    names = list(params)
+    unknown = [name for name in names if name not in fields]
+    if unknown:
+        raise ValueError(f"{cls.__name__}: no setting for params {sorted(unknown)}")
     parts = []
-    for field, declared, _ in setting_fields(cls):
-        name = param_name(field)
-        if name not in wanted:
-            continue
-        wanted.discard(name)
+    for name in names:
+        field, declared = fields[name]
         if declared.switch:
             parts.append(f"{{params.{name}}}")
-        else:
-            parts.append(f"{flag(field.name)} {{params.{name}{':q' if declared.json else ''}}}")
-    if wanted:
-        raise ValueError(f"{cls.__name__}: no setting for params {sorted(wanted)}")
+            continue
+        quote = declared.json or declared.quote
+        parts.append(f"{flag(field.name)} {{params.{name}{':q' if quote else ''}}}")
     return "".join(f" {part}" for part in parts)
 
 
@@ -289,7 +351,7 @@ def config_flags(cls: type, block: Mapping[str, Any], prefix: str) -> str:
         KeyError: naming a key the block lacks.
     """
     parts = []
-    for field, key in _block_fields(cls, prefix):
+    for field, key, _ in _block_fields(cls, prefix):
         value = _config_value(_block_value(block, prefix, key))
         text = " ".join(map(str, value)) if isinstance(value, list | tuple) else value
         parts.append(f"{flag(field.name)} {text}")

@@ -15,6 +15,14 @@ from vitplasticity.data.sources import registry as source_registry
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.packs import finetune_packs
 from vitplasticity.settings import command_flags, config_flags, rule_params
+from vitplasticity.stage_settings import (
+    BoundsSettings,
+    CriteriaSettings,
+    PlasticitySettings,
+    RecommendImageSettings,
+    RecommendTextSettings,
+    TextPlasticitySettings,
+)
 from vitplasticity.weights import LOCAL_FILENAME, RECORD_FILENAME, SOURCE_KWARGS
 
 check_config(config)
@@ -136,6 +144,21 @@ def weights_targets():
 OFFLINE = "HF_HUB_OFFLINE=1"
 
 
+def stage_params(settings, block):
+    """One params entry per setting of ``settings`` (a vitplasticity.stage_settings class) that
+    the config block ``block`` (e.g. "report.criteria") holds, in field order, and the demo
+    switch: each value the config's own, so that editing one key reruns only its jobs."""
+    values = config
+    for part in block.split("."):
+        values = values[part]
+    return {**rule_params(settings, values, block), "demo_flag": "--demo" if config["demo"] else ""}
+
+
+PLASTICITY_PARAMS = stage_params(PlasticitySettings, "plasticity")
+# The bounds' images are the plasticity pairs' reference images (plasticity.n_pairs).
+BOUNDS_PARAMS = stage_params(BoundsSettings, "plasticity")
+
+
 def plasticity_targets():
     p = config["plasticity"]
     return [
@@ -151,45 +174,25 @@ def plasticity_pairs(model):
     return [f"{RESULTS}/plasticity/{model}/{dataset}.parquet" for dataset in config["plasticity"]["datasets"]]
 
 
-def text_plasticity_settings():
-    """The text_plasticity block; with enabled true, checks that the reference file and at
-    least one model and dataset are named (vitplasticity.config.check_config has checked that
-    the models are transformers models of models:)."""
-    text = config["text_plasticity"]
-    if text["enabled"]:
-        problems = [
-            f"text_plasticity.{key}: {what} (text_plasticity.enabled is true)"
-            for key, what in (
-                ("reference", "no reference text file"),
-                ("run_models", "no model"),
-                ("datasets", "no dataset"),
-            )
-            if not text[key]
-        ]
-        if problems:
-            raise ValueError("; ".join(problems))
-    return text
-
-
-def text_plasticity_setting(key):
-    return text_plasticity_settings()[key]
+# The text_plasticity block, every default filled in by the schema and checked by check_config.
+TEXT = config["text_plasticity"]
+TEXT_PLASTICITY_PARAMS = stage_params(TextPlasticitySettings, "text_plasticity")
 
 
 def text_plasticity_targets():
     """Per-pair and summary tables of every text_plasticity (model, dataset); none unless enabled."""
-    text = text_plasticity_settings()
-    if not text["enabled"]:
+    if not TEXT["enabled"]:
         return []
     return [
         f"{RESULTS}/plasticity_text/{model}/{dataset}{suffix}.parquet"
-        for model in text["run_models"]
-        for dataset in text["datasets"]
+        for model in TEXT["run_models"]
+        for dataset in TEXT["datasets"]
         for suffix in ("", "_summary")
     ]
 
 
 def text_dataset_file(wildcards):
-    return text_plasticity_settings()["datasets"][wildcards.dataset]
+    return TEXT["datasets"][wildcards.dataset]
 
 
 def bounds_targets():

@@ -15,18 +15,14 @@ rule criteria_stats:
     log:
         f"{RESULTS}/logs/stats/{{experiment}}_criteria.log",
     params:
-        configurations=CRITERIA["configurations"],
-        min_configurations=CRITERIA["min_configurations"],
-        parameters_flag="" if CRITERIA["parameters"] else "--no-parameters",
-        demo_flag=DEMO_FLAG,
+        **CRITERIA_PARAMS,
     conda:
         ENV
     shell:
         "vitplasticity criteria --selected {input.selected:q}"
         " --plasticity {input.plasticity:q} --recommend {input.recommend:q}"
-        " --configurations {params.configurations:q}"
-        " --min-configurations {params.min_configurations} {params.parameters_flag}"
-        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+        + command_flags(CriteriaSettings, CRITERIA_PARAMS)
+        + " --out {output:q} > {log:q} 2>&1"
 
 
 rule criteria_table:

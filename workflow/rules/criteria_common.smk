@@ -1,22 +1,13 @@
 # Helpers of the criteria rules (criteria.smk): which criteria files score an experiment, and
 # the targets. Kept apart from the rules, as `snakemake --lint` asks.
 
+# report.criteria, every default filled in by the schema and checked by check_config.
 CRITERIA = REPORT["criteria"]
+CRITERIA_PARAMS = stage_params(CriteriaSettings, "report.criteria")
 
 
 def recommend_enabled():
     return config["recommend"]["enabled"]
-
-
-def criteria_settings():
-    """report.criteria, its experiments checked against the config's (named if unknown)."""
-    unknown = [n for n in CRITERIA["experiments"] if n not in config["experiments"]]
-    if unknown:
-        raise ValueError(
-            f"report.criteria.experiments: unknown experiment(s) {', '.join(unknown)} "
-            f"(defined: {', '.join(config['experiments'])})"
-        )
-    return CRITERIA
 
 
 def criteria_cells(experiment):
@@ -47,13 +38,12 @@ def criteria_recommend(experiment):
 def criteria_experiments():
     """The experiments scored: on when report.criteria.enabled or recommend.enabled; those of
     report.criteria.experiments that are enabled and have a criterion to score."""
-    settings = criteria_settings()
-    if not (settings["enabled"] or recommend_enabled()):
+    if not (CRITERIA["enabled"] or recommend_enabled()):
         return []
     enabled = set(enabled_experiments(config))
     names = []
-    for name in settings["experiments"]:
-        has_criterion = settings["parameters"] or recommend_enabled() or criteria_plasticity(name)
+    for name in CRITERIA["experiments"]:
+        has_criterion = CRITERIA["parameters"] or recommend_enabled() or criteria_plasticity(name)
         if name in enabled and has_criterion:
             names.append(name)
     return names

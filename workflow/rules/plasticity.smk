@@ -15,14 +15,7 @@ rule plasticity:
         f"{RESULTS}/benchmarks/plasticity/{{model}}/{{dataset}}.tsv"
     params:
         model_spec=lambda w: compute_model_spec(w.model),
-        protocols=config["plasticity"]["protocols"],
-        n_pairs=config["plasticity"]["n_pairs"],
-        split=config["plasticity"]["downstream_split"],
-        batch_size=config["plasticity"]["batch_size"],
-        device=config["plasticity"]["device"],
-        dtype=config["plasticity"]["dtype"],
-        fc1=config["plasticity"]["fc1"],
-        demo_flag="--demo" if config["demo"] else "",
+        **PLASTICITY_PARAMS,
     resources:
         runtime=plasticity_runtime,
     conda:
@@ -30,11 +23,9 @@ rule plasticity:
     shell:
         f"{OFFLINE} vitplasticity plasticity"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
-        " --reference {input.reference:q} --dataset-dir {input.dataset:q} --split {params.split}"
-        " --protocols {params.protocols} --n-pairs {params.n_pairs}"
-        " --batch-size {params.batch_size} --device {params.device} --dtype {params.dtype}"
-        " --fc1 {params.fc1} {params.demo_flag}"
-        " --out {output.pairs:q} --summary {output.summary:q} > {log:q} 2>&1"
+        " --reference {input.reference:q} --dataset-dir {input.dataset:q}"
+        + command_flags(PlasticitySettings, PLASTICITY_PARAMS)
+        + " --out {output.pairs:q} --summary {output.summary:q} > {log:q} 2>&1"
 
 
 # The paper's theoretical bounds per (block, component), from the model's weights and the
@@ -53,15 +44,12 @@ rule bounds:
         f"{RESULTS}/benchmarks/bounds/{{model}}.tsv"
     params:
         model_spec=lambda w: compute_model_spec(w.model),
-        n_images=config["plasticity"]["n_pairs"],
-        batch_size=config["plasticity"]["batch_size"],
-        device=config["plasticity"]["device"],
-        demo_flag="--demo" if config["demo"] else "",
+        **BOUNDS_PARAMS,
     conda:
         ENV
     shell:
         f"{OFFLINE} vitplasticity bounds"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
-        " --reference {input.reference:q} --n-images {params.n_images}"
-        " --batch-size {params.batch_size} --device {params.device} {params.demo_flag}"
-        " --out {output.table:q} --plasticity {input.plasticity:q} > {log:q} 2>&1"
+        " --reference {input.reference:q}"
+        + command_flags(BoundsSettings, BOUNDS_PARAMS)
+        + " --out {output.table:q} --plasticity {input.plasticity:q} > {log:q} 2>&1"

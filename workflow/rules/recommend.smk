@@ -25,19 +25,7 @@ rule recommend:
         f"{RESULTS}/benchmarks/recommend/{{model}}/{{dataset}}.tsv"
     params:
         model_spec=lambda w: compute_model_spec(w.model),
-        n_pairs=recommend_or_plasticity("n_pairs"),
-        batch_size=RECOMMEND["batch_size"],
-        batches=RECOMMEND["batches"],
-        warmup_steps=RECOMMEND["warmup_steps"],
-        warmup_lr=RECOMMEND["warmup_lr"],
-        # null (no budget) is the command's "none".
-        budget="none" if RECOMMEND["budget"] is None else str(RECOMMEND["budget"]),
-        criterion=RECOMMEND["criterion"],
-        combine_flag="--combine" if RECOMMEND["combine"] else "",
-        configurations=RECOMMEND["configurations"],
-        seed=RECOMMEND["seed"],
-        device=RECOMMEND["device"],
-        demo_flag=DEMO_FLAG,
+        **RECOMMEND_PARAMS,
         out_prefix=lambda w, output: output.table.removesuffix(".parquet"),
     resources:
         runtime=recommend_runtime,
@@ -47,18 +35,14 @@ rule recommend:
         f"{OFFLINE} vitplasticity recommend"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --dataset {wildcards.dataset} --dataset-dir {input.dataset:q}"
-        " --reference {input.reference:q} --n-pairs {params.n_pairs}"
-        " --batch-size {params.batch_size} --batches {params.batches}"
-        " --warmup-steps {params.warmup_steps} --warmup-lr {params.warmup_lr}"
-        " --budget {params.budget:q} --criterion {params.criterion} {params.combine_flag}"
-        " --configurations {params.configurations:q} --seed {params.seed}"
-        " --device {params.device} {params.demo_flag}"
-        " --out-prefix {params.out_prefix:q} > {log:q} 2>&1"
+        " --reference {input.reference:q}"
+        + command_flags(RecommendImageSettings, RECOMMEND_PARAMS)
+        + " --out-prefix {params.out_prefix:q} > {log:q} 2>&1"
 
 
 rule recommend_text:
     input:
-        reference=lambda w: text_plasticity_settings()["reference"],
+        reference=lambda w: TEXT["reference"],
         text=text_dataset_file,
         weights=lambda w: weights_files(w.model),
     output:
@@ -71,18 +55,7 @@ rule recommend_text:
         f"{RESULTS}/benchmarks/recommend_text/{{model}}/{{dataset}}.tsv"
     params:
         model_spec=lambda w: compute_model_spec(w.model),
-        tokenizer=text_plasticity_setting("tokenizer"),
-        sequence_length=text_plasticity_setting("sequence_length"),
-        n_pairs=recommend_text_n_pairs(),
-        batch_size=RECOMMEND["batch_size"],
-        batches=RECOMMEND["batches"],
-        budget="none" if RECOMMEND["budget"] is None else str(RECOMMEND["budget"]),
-        criterion=RECOMMEND["criterion"],
-        combine_flag="--combine" if RECOMMEND["combine"] else "",
-        configurations=RECOMMEND["configurations"],
-        seed=RECOMMEND["seed"],
-        device=RECOMMEND["device"],
-        demo_flag=DEMO_FLAG,
+        **RECOMMEND_TEXT_PARAMS,
         out_prefix=lambda w, output: output.table.removesuffix(".parquet"),
     wildcard_constraints:
         model=names_pattern(family_models("transformers")),
@@ -92,9 +65,5 @@ rule recommend_text:
         f"{OFFLINE} vitplasticity recommend-text"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --dataset {wildcards.dataset} --reference {input.reference:q} --text {input.text:q}"
-        " --tokenizer {params.tokenizer:q} --sequence-length {params.sequence_length}"
-        " --n-pairs {params.n_pairs} --batch-size {params.batch_size}"
-        " --batches {params.batches} --budget {params.budget:q} --criterion {params.criterion}"
-        " {params.combine_flag} --configurations {params.configurations:q} --seed {params.seed}"
-        " --device {params.device} {params.demo_flag}"
-        " --out-prefix {params.out_prefix:q} > {log:q} 2>&1"
+        + command_flags(RecommendTextSettings, RECOMMEND_TEXT_PARAMS)
+        + " --out-prefix {params.out_prefix:q} > {log:q} 2>&1"

@@ -2,28 +2,33 @@
 # apart from the rule, as `snakemake --lint` asks.
 
 
-def recommend_settings():
-    """The recommend block, every default filled in by the schema; its models and datasets
-    checked by name."""
-    settings = config["recommend"]
-    problems = [
-        f"recommend.{key}: unknown {kind} {name!r} (defined: {', '.join(sorted(config[group]))})"
-        for key, kind, group in (("models", "model", "models"), ("datasets", "dataset", "datasets"))
-        for name in settings[key] or []
-        if name not in config[group]
-    ]
-    if problems:
-        raise ValueError("; ".join(problems))
-    return settings
-
-
-RECOMMEND = recommend_settings()
+# The recommend block, every default filled in by the schema and checked by check_config.
+RECOMMEND = config["recommend"]
 
 
 def recommend_or_plasticity(key):
     """recommend.<key>, or plasticity.<key> where it is null (its schema default)."""
     value = RECOMMEND[key]
     return config["plasticity"][key] if value is None else value
+
+
+def recommend_text_n_pairs():
+    """recommend.n_pairs, or text_plasticity.n_pairs where it is null."""
+    value = RECOMMEND["n_pairs"]
+    return TEXT["n_pairs"] if value is None else value
+
+
+# Each rule's settings, one params entry per key (vitplasticity.stage_settings), with the
+# pairs resolved: recommend.n_pairs, or the measuring stage's where it is null.
+RECOMMEND_PARAMS = {
+    **stage_params(RecommendImageSettings, "recommend"),
+    "n_pairs": recommend_or_plasticity("n_pairs"),
+}
+RECOMMEND_TEXT_PARAMS = {
+    **rule_params(RecommendTextSettings, TEXT, "text_plasticity"),
+    **stage_params(RecommendTextSettings, "recommend"),
+    "n_pairs": recommend_text_n_pairs(),
+}
 
 
 def recommend_targets():
@@ -45,21 +50,14 @@ def recommend_targets():
 def recommend_text_targets():
     """Report, decision and table of every text model x text dataset that text_plasticity
     measures; none unless recommend and text_plasticity are both enabled."""
-    text = text_plasticity_settings()
-    if not (RECOMMEND["enabled"] and text["enabled"]):
+    if not (RECOMMEND["enabled"] and TEXT["enabled"]):
         return []
     return expand(
         f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.{{ext}}",
-        model=text["run_models"],
-        dataset=list(text["datasets"]),
+        model=TEXT["run_models"],
+        dataset=list(TEXT["datasets"]),
         ext=["md", "json", "parquet"],
     )
-
-
-def recommend_text_n_pairs():
-    """recommend.n_pairs, or text_plasticity.n_pairs where it is null."""
-    value = RECOMMEND["n_pairs"]
-    return text_plasticity_setting("n_pairs") if value is None else value
 
 
 def recommend_runtime(wildcards, attempt):

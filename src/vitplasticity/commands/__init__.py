@@ -18,9 +18,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DTYPES: tuple[str, ...] = ("float32", "float64")
-"""Compute dtypes of the plasticity measurements (norms are reduced in float64 either way)."""
-
 
 def write_measurement(
     result: Measurement, out: str | os.PathLike[str], summary: str | os.PathLike[str]

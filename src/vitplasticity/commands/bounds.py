@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 
-from vitplasticity.settings import json_argument
+from vitplasticity.settings import (
+    add_settings_arguments,
+    check_settings,
+    json_argument,
+    settings_from_args,
+)
+from vitplasticity.stage_settings import BoundsSettings
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model-spec", required=True, type=json_argument, help="its config entry, as JSON"
     )
     parser.add_argument("--reference", required=True, help="reference set Parquet file")
-    parser.add_argument(
-        "--n-images", type=int, default=12800, help="reference images whose tokens set sigma, r, E"
-    )
-    parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
-    parser.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda")
-    parser.add_argument("--demo", action="store_true", help="label the outputs as a demo")
+    # --n-images, --batch-size, --device and --demo from BoundsSettings (the config key each
+    # mirrors in its help).
+    add_settings_arguments(parser, BoundsSettings)
     parser.add_argument("--out", required=True, help="bounds Parquet file")
     parser.add_argument(
         "--plasticity", nargs="*", default=[], metavar="FILE", help="per-pair plasticity Parquets"
@@ -51,15 +55,14 @@ def run_bounds(args: argparse.Namespace) -> int:
     from vitplasticity.bounds import model_bounds
     from vitplasticity.io import write_parquet
 
+    settings = settings_from_args(BoundsSettings, args)
+    check_settings(settings)
     result = model_bounds(
         args.model,
         args.model_spec,
         args.reference,
         args.plasticity,
-        n_images=args.n_images,
-        batch_size=args.batch_size,
-        device=args.device,
-        demo=args.demo,
+        **dataclasses.asdict(settings),
     )
     write_parquet(args.out, result.table, result.metadata)
     if args.figure_prefix:

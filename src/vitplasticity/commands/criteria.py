@@ -19,7 +19,8 @@ from vitplasticity.commands import (
     read_frames,
     report_record,
 )
-from vitplasticity.components import COMPONENTS
+from vitplasticity.settings import add_settings_arguments, check_settings, settings_from_args
+from vitplasticity.stage_settings import CriteriaSettings
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         help="plasticity summaries (<dataset>_summary.parquet), any number",
     )
-    analyse.add_argument(
-        "--no-parameters",
-        action="store_true",
-        help="leave out the trainable-parameter baseline criterion",
-    )
-    analyse.add_argument(
-        "--configurations",
-        nargs="+",
-        default=list(COMPONENTS),
-        help="configurations compared (default: the five components); 'all' for every "
-        "configuration that has both a score and an accuracy",
-    )
-    analyse.add_argument(
-        "--min-configurations",
-        type=int,
-        default=3,
-        help="fewest configurations a correlation is computed on",
-    )
-    analyse.add_argument("--demo", action="store_true", help="mark the outputs as a demo")
+    # --configurations, --min-configurations, --no-parameters and --demo from CriteriaSettings
+    # (the config key each mirrors in its help).
+    add_settings_arguments(analyse, CriteriaSettings)
     analyse.add_argument("--out", required=True, help="result table (Parquet)")
     analyse.set_defaults(handler=run_criteria)
 
@@ -104,7 +89,7 @@ def _criteria(args: argparse.Namespace, selected: Any) -> Any:
         frames.append(criteria.recommend_criteria(read_frames(args.recommend)))
     if args.plasticity:
         frames.append(criteria.plasticity_criteria(read_frames(args.plasticity)))
-    if not args.no_parameters:
+    if args.parameters:
         frames.append(criteria.parameter_criterion(selected))
     combined = criteria.combine_criteria(frames)
     if combined.is_empty():
@@ -121,8 +106,7 @@ def run_criteria(args: argparse.Namespace) -> int:
     from vitplasticity.io import write_parquet
     from vitplasticity.report.criteria import analyse, best_criterion_lines
 
-    if args.min_configurations < 2:
-        raise ValueError(f"--min-configurations must be at least 2, got {args.min_configurations}")
+    check_settings(settings_from_args(CriteriaSettings, args))
     configurations = _configurations(args.configurations)
     check_inputs([args.selected, *args.recommend, *args.plasticity])
     selected = read_frames([args.selected])
@@ -134,7 +118,7 @@ def run_criteria(args: argparse.Namespace) -> int:
         "selected": args.selected,
         "recommend": args.recommend,
         "plasticity": args.plasticity,
-        "parameters": not args.no_parameters,
+        "parameters": args.parameters,
         "configurations": configurations,
         "min_configurations": args.min_configurations,
     }

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-from typing import Any
+import dataclasses
 
-from vitplasticity.commands import DTYPES, write_measurement
-from vitplasticity.components import FC1_MODES
-from vitplasticity.settings import json_argument
-
-# Helpers that moved to the modules they belong to, still importable from here (lazily: the
-# CLI imports this module for --help, which must not import torch).
-_MOVED = {
-    "ProgressReporter": "vitplasticity.progress",
-    "decoded_batches": "vitplasticity.data.transforms",
-}
+from vitplasticity.commands import write_measurement
+from vitplasticity.settings import (
+    add_settings_arguments,
+    check_settings,
+    json_argument,
+    settings_from_args,
+)
+from vitplasticity.stage_settings import PlasticitySettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,58 +30,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--reference", required=True, help="reference set Parquet file")
     parser.add_argument("--dataset-dir", required=True, help="prepared downstream dataset folder")
-    parser.add_argument("--split", default="test", help="downstream split (default: test)")
-    parser.add_argument(
-        "--protocols",
-        nargs="+",
-        default=["embedding"],
-        metavar="P",
-        help="embedding (the reference code) and/or in_situ",
-    )
-    parser.add_argument("--n-pairs", type=int, default=12800, help="image pairs (paper: 12,800)")
-    parser.add_argument(
-        "--batch-size", type=int, default=64, help="pairs per forward pass (2x images)"
-    )
-    parser.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda")
-    parser.add_argument(
-        "--dtype", choices=DTYPES, default="float32", help="compute dtype (norms are float64)"
-    )
-    parser.add_argument(
-        "--fc1",
-        choices=FC1_MODES,
-        default="stage",
-        help="a gated MLP's FC1: stage (gate + up projections) or up (the up projection alone, "
-        "the reference code's DINOv3 ablation)",
-    )
-    parser.add_argument("--demo", action="store_true", help="label the outputs as a demo")
+    # Every measuring flag, its type, choices and default from PlasticitySettings (the config
+    # key each mirrors in its help).
+    add_settings_arguments(parser, PlasticitySettings)
     parser.add_argument("--out", required=True, help="per-pair Parquet file")
     parser.add_argument("--summary", required=True, help="per-(block, component) Parquet file")
     parser.set_defaults(handler=run_plasticity)
 
 
 def run_plasticity(args: argparse.Namespace) -> int:
-    """Measure (:func:`vitplasticity.plasticity.measure_dataset`) and write both tables."""
+    """Check the settings, measure (:func:`vitplasticity.plasticity.images.measure_dataset`) and
+    write both tables."""
     from vitplasticity.plasticity.images import measure_dataset
 
+    settings = settings_from_args(PlasticitySettings, args)
+    check_settings(settings)
     result = measure_dataset(
         args.model,
         args.model_spec,
         args.reference,
         args.dataset_dir,
-        split=args.split,
-        protocols=args.protocols,
-        n_pairs=args.n_pairs,
-        batch_size=args.batch_size,
-        device=args.device,
-        dtype=args.dtype,
-        fc1=args.fc1,
-        demo=args.demo,
+        **dataclasses.asdict(settings),
     )
     write_measurement(result, args.out, args.summary)
     return 0
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,22 +13,24 @@ reference text (:mod:`vitplasticity.recommend.text`); it writes the .md, .json a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vitplasticity.settings import json_argument
+from vitplasticity.settings import add_settings_arguments, json_argument, settings_from_args
+from vitplasticity.stage_settings import (
+    DTYPES,
+    REFERENCE_FALLBACKS,
+    RecommendImageSettings,
+    RecommendTextSettings,
+)
 
 if TYPE_CHECKING:
     from vitplasticity.recommend.pipeline import RecommendSettings
 
 log = logging.getLogger(__name__)
-
-# Restated from vitplasticity.recommend.pipeline, so that --help does not import torch.
-DEFAULT_CONFIGURATIONS = ("ln1", "mha", "ln2", "fc1", "fc2", "mha+fc1", "ln1+ln2", "fc1+fc2")
-REFERENCE_FALLBACKS = ("pool", "synthetic")
-CRITERIA = ("plasticity", "relative_gradient_norm", "gradient_snr", "weight_spectral", "nfn")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -77,77 +79,40 @@ def register_image(subparsers: argparse._SubParsersAction) -> None:
     )
     reference.add_argument(
         "--reference-fallback",
-        choices=REFERENCE_FALLBACKS,
+        choices=tuple(REFERENCE_FALLBACKS),
         help="without ImageNet: pool (the dataset's own pool images) | synthetic (generated); "
         "outputs say so",
     )
-    parser.add_argument("--n-pairs", type=int, default=1024, help="plasticity image pairs")
-    parser.add_argument(
-        "--batch-size", type=int, default=32, help="images per gradient batch and pairs per pass"
-    )
-    parser.add_argument("--batches", type=int, default=8, help="gradient batches (>= 2)")
-    parser.add_argument(
-        "--warmup-steps", type=int, default=50, help="head-only SGD steps before the gradients"
-    )
-    parser.add_argument("--warmup-lr", type=float, default=0.01, help="head warm-up SGD LR")
-    add_ranking_arguments(parser, seed_help="head init and batch order")
+    # The measuring and ranking flags, their types, choices and defaults from
+    # RecommendImageSettings (the config key each mirrors in its help).
+    add_settings_arguments(parser, RecommendImageSettings)
+    add_dtype_argument(parser)
     parser.add_argument(
         "--out-prefix", required=True, help="writes PREFIX.md, .json, .parquet, .png and .pdf"
     )
     parser.set_defaults(handler=run_recommend)
 
 
-def add_ranking_arguments(parser: argparse.ArgumentParser, seed_help: str) -> None:
-    """The flags both recommends share: what they rank, how they choose, where they run."""
-    parser.add_argument(
-        "--budget", default=None, help="trainable-parameter budget: 28000, 28K, 1.5M (none)"
-    )
-    parser.add_argument(
-        "--criterion",
-        default="plasticity",
-        choices=CRITERIA,
-        help="what the recommendation ranks by (default: plasticity, the paper's)",
-    )
-    parser.add_argument(
-        "--combine",
-        action="store_true",
-        help="recommend the greedy union of components that fits --budget",
-    )
-    parser.add_argument(
-        "--configurations",
-        nargs="+",
-        default=list(DEFAULT_CONFIGURATIONS),
-        metavar="C",
-        help="components and '+' combinations to rank",
-    )
-    parser.add_argument("--seed", type=int, default=0, help=seed_help)
-    parser.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda")
-    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    parser.add_argument("--demo", action="store_true", help="label the outputs as a demo")
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dtype``, which both recommends take and the workflow leaves at its default."""
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype")
 
 
-def ranking_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings :func:`add_ranking_arguments`' flags give, as both recommends take them.
+def ranking_settings(args: argparse.Namespace, declared: type) -> dict[str, Any]:
+    """The declared settings (``declared``: a class of :mod:`vitplasticity.stage_settings`)
+    that the flags give, with ``--budget`` parsed and ``--dtype``, as both recommends take them.
 
     Raises:
         ValueError: naming --budget when it is not a number of parameters.
     """
     from vitplasticity.recommend.ranking import parse_budget
 
+    settings = dataclasses.asdict(settings_from_args(declared, args))
     try:
-        budget = parse_budget(args.budget)
+        settings["budget"] = parse_budget(settings["budget"])
     except ValueError as error:
         raise ValueError(f"--budget: {error}") from None
-    return {
-        "budget": budget,
-        "criterion": args.criterion,
-        "combine": args.combine,
-        "configurations": tuple(args.configurations),
-        "seed": args.seed,
-        "device": args.device,
-        "dtype": args.dtype,
-        "demo": args.demo,
-    }
+    return {**settings, "dtype": args.dtype}
 
 
 def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings, str]:
@@ -190,12 +155,7 @@ def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings
         model_spec=spec,
         reference=args.reference,
         reference_fallback=args.reference_fallback,
-        n_pairs=args.n_pairs,
-        batch_size=args.batch_size,
-        batches=args.batches,
-        warmup_steps=args.warmup_steps,
-        warmup_lr=args.warmup_lr,
-        **ranking_settings(args),
+        **ranking_settings(args, RecommendImageSettings),
     )
     settings.validate()
     return settings, str(source)
@@ -248,24 +208,16 @@ def register_text(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dataset", help="dataset name in the outputs (default: first file's stem)"
     )
-    parser.add_argument(
-        "--tokenizer",
-        default="auto",
-        help="auto (bytes for a random-init model, else its hf_id), bytes, a hub id or folder",
-    )
-    parser.add_argument("--sequence-length", type=int, default=128, help="tokens per sequence")
-    parser.add_argument("--n-pairs", type=int, default=1024, help="plasticity sequence pairs")
-    parser.add_argument(
-        "--batch-size", type=int, default=32, help="sequences per gradient batch and pairs per pass"
-    )
-    parser.add_argument("--batches", type=int, default=8, help="gradient batches (>= 2)")
+    # The measuring and ranking flags, their types, choices and defaults from
+    # RecommendTextSettings (the config key each mirrors in its help).
+    add_settings_arguments(parser, RecommendTextSettings)
     parser.add_argument(
         "--protocol",
         choices=["embedding", "in_situ"],
         default="embedding",
         help="plasticity protocol (embedding: the paper's)",
     )
-    add_ranking_arguments(parser, seed_help="gradient batch order")
+    add_dtype_argument(parser)
     parser.add_argument(
         "--out-prefix", required=True, help="writes PREFIX.md, PREFIX.json and PREFIX.parquet"
     )
@@ -286,13 +238,8 @@ def run_recommend_text(args: argparse.Namespace) -> int:
         model_spec=args.model_spec,
         reference=args.reference,
         texts=tuple(args.text),
-        tokenizer=args.tokenizer,
-        sequence_length=args.sequence_length,
-        n_pairs=args.n_pairs,
-        batch_size=args.batch_size,
-        batches=args.batches,
         protocol=args.protocol,
-        **ranking_settings(args),
+        **ranking_settings(args, RecommendTextSettings),
     )
     write_text_outputs(recommend_text(settings), args.out_prefix)
     return 0

@@ -6,10 +6,16 @@ schema.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
-from vitplasticity.commands import DTYPES, write_measurement
-from vitplasticity.plasticity.text import AUTO_TOKENIZER
-from vitplasticity.settings import json_argument
+from vitplasticity.commands import write_measurement
+from vitplasticity.settings import (
+    add_settings_arguments,
+    check_settings,
+    json_argument,
+    settings_from_args,
+)
+from vitplasticity.stage_settings import TextPlasticitySettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,27 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--reference", required=True, help="reference text file")
     parser.add_argument("--text", required=True, help="downstream text file")
     parser.add_argument("--dataset", help="downstream dataset name (default: the file's stem)")
-    parser.add_argument(
-        "--tokenizer",
-        default=AUTO_TOKENIZER,
-        help="auto (bytes for a random-init model, else the model's own: its weights folder), "
-        "bytes, or a tokenizer folder",
-    )
-    parser.add_argument("--sequence-length", type=int, default=128, help="tokens per sequence")
-    parser.add_argument("--n-pairs", type=int, default=12800, help="sequence pairs")
-    parser.add_argument("--batch-size", type=int, default=64, help="pairs per forward pass")
-    parser.add_argument(
-        "--protocols",
-        nargs="+",
-        default=["embedding"],
-        metavar="P",
-        help="embedding (the reference code) and/or in_situ",
-    )
-    parser.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda")
-    parser.add_argument(
-        "--dtype", choices=DTYPES, default="float32", help="compute dtype (norms are float64)"
-    )
-    parser.add_argument("--demo", action="store_true", help="label the outputs as a demo")
+    # Every measuring flag, its type, choices and default from TextPlasticitySettings (the
+    # config key each mirrors in its help).
+    add_settings_arguments(parser, TextPlasticitySettings)
     parser.add_argument("--out", required=True, help="per-pair Parquet file")
     parser.add_argument("--summary", required=True, help="per-(block, component) Parquet file")
     parser.set_defaults(handler=run_text_plasticity)
@@ -65,20 +53,15 @@ def run_text_plasticity(args: argparse.Namespace) -> int:
     """Measure (:func:`vitplasticity.plasticity.text.measure_text`) and write both tables."""
     from vitplasticity.plasticity.text import measure_text
 
+    settings = settings_from_args(TextPlasticitySettings, args)
+    check_settings(settings)
     result = measure_text(
         args.model,
         args.model_spec,
         args.reference,
         args.text,
         dataset=args.dataset,
-        tokenizer=args.tokenizer,
-        sequence_length=args.sequence_length,
-        n_pairs=args.n_pairs,
-        batch_size=args.batch_size,
-        protocols=args.protocols,
-        device=args.device,
-        dtype=args.dtype,
-        demo=args.demo,
+        **dataclasses.asdict(settings),
     )
     write_measurement(result, args.out, args.summary)
     return 0

@@ -34,7 +34,7 @@ def measure_dataset(
     *,
     split: str = "test",
     protocols: Sequence[str] = ("embedding",),
-    n_pairs: int = 12800,
+    n_pairs: int,
     batch_size: int = 64,
     device: str = "auto",
     dtype: str = "float32",

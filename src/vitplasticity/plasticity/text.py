@@ -167,7 +167,7 @@ def measure_text(
     dataset: str | None = None,
     tokenizer: str = AUTO_TOKENIZER,
     sequence_length: int = 128,
-    n_pairs: int = 12800,
+    n_pairs: int,
     batch_size: int = 64,
     protocols: Sequence[str] = ("embedding",),
     device: str = "auto",

@@ -61,15 +61,7 @@ from vitplasticity.components import COMPONENTS
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.plasticity.pairs import Images
 from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics
-
-CRITERIA: tuple[str, ...] = (
-    "plasticity",
-    "relative_gradient_norm",
-    "gradient_snr",
-    "weight_spectral",
-    "nfn",
-)
-"""Criterion names, as in the ``criterion`` column of the recommendation table."""
+from vitplasticity.stage_settings import CRITERIA as CRITERIA  # declared with the CLI's flags
 
 Z95 = 1.96
 """Normal quantile of a two-sided 95% interval (the paper's CI)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,26 +37,15 @@ from vitplasticity.recommend.ranking import (
     markdown,
     rank_and_choose,
 )
+from vitplasticity.stage_settings import (
+    DTYPES,
+    REFERENCE_FALLBACKS,
+    RecommendImageSettings,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIGURATIONS: tuple[str, ...] = (
-    "ln1",
-    "mha",
-    "ln2",
-    "fc1",
-    "fc2",
-    "mha+fc1",
-    "ln1+ln2",
-    "fc1+fc2",
-)
-"""The five components and the combined experiment's three pairs (config.yaml)."""
-
-REFERENCE_FALLBACKS: dict[str, str] = {
-    "pool": "the dataset's own pool (train) images, in file order",
-    "synthetic": "generated 'palette' images at the model's resolution (data/synthetic.py)",
-}
-"""Named reference sets for when ImageNet is not at hand (--reference-fallback)."""
+_DECLARED = RecommendImageSettings()
 
 _FALLBACK_CAVEAT = (
     "not the paper's ImageNet reference: plasticity then measures how the components respond "
@@ -68,26 +57,28 @@ _SYNTHETIC_CLASSES = 8
 
 @dataclass(frozen=True)
 class RecommendSettings:
-    """The settings of one recommendation; each field is the CLI flag of that name."""
+    """The settings of one recommendation; each field is the CLI flag of that name. The
+    defaults are the declared ones (:class:`vitplasticity.stage_settings.RecommendImageSettings`);
+    ``budget`` here is parsed into a number of parameters."""
 
     model: str
     dataset: str
     model_spec: ModelSpec
     reference: str | None = None
     reference_fallback: str | None = None
-    n_pairs: int = 1024
-    batch_size: int = 32
-    batches: int = 8
-    warmup_steps: int = 50
-    warmup_lr: float = 0.01
+    n_pairs: int = _DECLARED.n_pairs
+    batch_size: int = _DECLARED.batch_size
+    batches: int = _DECLARED.batches
+    warmup_steps: int = _DECLARED.warmup_steps
+    warmup_lr: float = _DECLARED.warmup_lr
     budget: int | None = None
-    criterion: str = "plasticity"
-    combine: bool = False
-    configurations: tuple[str, ...] = field(default=DEFAULT_CONFIGURATIONS)
-    seed: int = 0
-    device: str = "auto"
+    criterion: str = _DECLARED.criterion
+    combine: bool = _DECLARED.combine
+    configurations: tuple[str, ...] = _DECLARED.configurations
+    seed: int = _DECLARED.seed
+    device: str = _DECLARED.device
     dtype: str = "float32"
-    demo: bool = False
+    demo: bool = _DECLARED.demo
 
     def validate(self) -> None:
         """Check every value before any compute.
@@ -117,7 +108,7 @@ class RecommendSettings:
                 raise ValueError(f"{flag} must be >= {least}, got {value}")
         if not self.warmup_lr > 0:
             raise ValueError(f"--warmup-lr must be > 0, got {self.warmup_lr}")
-        if self.dtype not in ("float32", "float64"):
+        if self.dtype not in DTYPES:
             raise ValueError(f"--dtype: {self.dtype!r} not float32 or float64")
 
 

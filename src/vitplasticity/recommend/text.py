@@ -32,7 +32,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,41 +61,47 @@ from vitplasticity.recommend.criteria import (
 )
 from vitplasticity.recommend.export import build_export
 from vitplasticity.recommend.nfn import feature_norm_statistics
-from vitplasticity.recommend.pipeline import DEFAULT_CONFIGURATIONS, check_ranking
+from vitplasticity.recommend.pipeline import check_ranking
 from vitplasticity.recommend.ranking import (
     Recommendation,
     configuration_label,
     markdown,
     rank_and_choose,
 )
+from vitplasticity.stage_settings import DTYPES, RecommendTextSettings
 
 log = logging.getLogger(__name__)
+
+
+_DECLARED = RecommendTextSettings()
 
 
 @dataclass(frozen=True)
 class TextRecommendSettings:
     """The settings of one text recommendation; each field is the CLI flag of that name
-    (``texts``: ``--text``)."""
+    (``texts``: ``--text``). The defaults are the declared ones
+    (:class:`vitplasticity.stage_settings.RecommendTextSettings`); ``budget`` here is parsed
+    into a number of parameters."""
 
     model: str
     dataset: str
     model_spec: dict[str, Any]
     reference: str
     texts: tuple[str, ...]
-    tokenizer: str = "auto"
-    sequence_length: int = 128
-    n_pairs: int = 1024
-    batch_size: int = 32
-    batches: int = 8
+    tokenizer: str = _DECLARED.tokenizer
+    sequence_length: int = _DECLARED.sequence_length
+    n_pairs: int = _DECLARED.n_pairs
+    batch_size: int = _DECLARED.batch_size
+    batches: int = _DECLARED.batches
     protocol: str = "embedding"
     budget: int | None = None
-    criterion: str = "plasticity"
-    combine: bool = False
-    configurations: tuple[str, ...] = field(default=DEFAULT_CONFIGURATIONS)
-    seed: int = 0
-    device: str = "auto"
+    criterion: str = _DECLARED.criterion
+    combine: bool = _DECLARED.combine
+    configurations: tuple[str, ...] = _DECLARED.configurations
+    seed: int = _DECLARED.seed
+    device: str = _DECLARED.device
     dtype: str = "float32"
-    demo: bool = False
+    demo: bool = _DECLARED.demo
 
     def validate(self) -> None:
         """Check every value and file before any compute.
@@ -122,7 +128,7 @@ class TextRecommendSettings:
         ):
             if value < least:
                 raise ValueError(f"{flag} must be >= {least}, got {value}")
-        if self.dtype not in ("float32", "float64"):
+        if self.dtype not in DTYPES:
             raise ValueError(f"--dtype: {self.dtype!r} not float32 or float64")
 
 
