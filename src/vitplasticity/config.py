@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from vitplasticity import config_checks
 from vitplasticity.data.sources import registry
 
 IMAGENET_ENV = "VITPLASTICITY_IMAGENET"
@@ -33,6 +35,24 @@ IMAGENET_LAYOUTS = (
 
 class ConfigError(ValueError):
     """A config with unknown keys, or that names something undefined or asks for an empty grid."""
+
+
+@contextmanager
+def config_errors_end_the_run(*also: type[Exception]) -> Iterator[None]:
+    """Around the config checks of the Snakefile: a ConfigError (or one of ``also``, e.g.
+    Snakemake's schema error) ends the process with its message alone.
+
+    Snakemake shows an exception raised while it parses the Snakefile with the ``File ...,
+    line ...`` lines of where it was raised, which read as a crash; a config error is the
+    user's to fix, and its message names every key at fault.
+
+    Raises:
+        SystemExit: with the error's message (exit status 1).
+    """
+    try:
+        yield
+    except (ConfigError, *also) as error:
+        raise SystemExit(str(error)) from None
 
 
 # The keys a dataset entry may carry, by its source (the schema gives each key's type; a key
@@ -165,6 +185,14 @@ def _walk(
     """Append a message for every key below ``value`` that ``node`` does not define
     (``pattern``: ``path`` with user-chosen names as ``*``)."""
     node = _resolve(node, schema)
+    if node.get("type") == "object" and not isinstance(value, Mapping):
+        # Named here, in one line among the others: the schema would dump itself instead.
+        about = f" ({node['description']})" if node.get("description") else ""
+        problems.append(
+            f"{path}: expected a mapping (key: value entries), got the "
+            f"{type(value).__name__} {value!r}{about}"
+        )
+        return
     if isinstance(value, list) and isinstance(node.get("items"), Mapping):
         for index, item in enumerate(value):
             _walk(item, node["items"], schema, f"{path}[{index}]", problems, pattern)
@@ -215,7 +243,8 @@ def unknown_keys(config: Mapping[str, Any], schema: Mapping[str, Any]) -> list[s
     of its ``family`` (the schema's branch for it). Free-form mappings (``models.<m>.kwargs``,
     ``models.<m>.config``) are not checked. A key of an earlier layout
     (:data:`REPLACED_KEYS`) and a model entry without a family are named with what to write
-    instead.
+    instead. A value where the schema wants a mapping (``checksums: md5:...``) is named too,
+    so that the schema's dump of its first error does not hide the others.
 
     Returns:
         Messages naming the full key path (``datasets.cifar10.archvie``) and the nearest
@@ -246,8 +275,14 @@ def check_keys(
         schema = load_schema(schema)
     problems = unknown_keys(config, schema)
     if problems:
+        mistyped = sum("expected a mapping" in problem for problem in problems)
+        counts = []
+        if len(problems) > mistyped:
+            counts.append(f"{len(problems) - mistyped} unknown or outdated key(s)")
+        if mistyped:
+            counts.append(f"{mistyped} value(s) that must be a mapping")
         raise ConfigError(
-            f"invalid config: {len(problems)} unknown or outdated key(s) (config.yaml with the presets, "
+            f"invalid config: {', '.join(counts)} (config.yaml with the presets, "
             "--configfile and --config merged over it):\n  " + "\n  ".join(problems)
         )
 
@@ -438,10 +473,25 @@ def imagenet_missing_message() -> str:
     )
 
 
-def check_config(config: dict[str, Any]) -> None:
-    """Check the names, grids and dataset file overrides the schema cannot; raise one
-    ConfigError listing every problem."""
-    problems: list[str] = []
+def check_config(
+    config: dict[str, Any],
+    build_models: bool = False,
+    models_cache: str | os.PathLike[str] | None = None,
+) -> None:
+    """Check what the schema cannot, before any job: the names, grids, dataset file overrides
+    and local files (:mod:`vitplasticity.config_checks`) of the config.
+
+    Args:
+        config: the merged config (with the schema's defaults filled in, or not).
+        build_models: also build every timm model with ``kwargs`` on the meta device (imports
+            torch and timm: the main Snakemake process only, not each cluster job).
+        models_cache: with ``build_models``, a JSON file recording the models built before,
+            which are not built again (:func:`config_checks.model_kwargs_problems`).
+
+    Raises:
+        ConfigError: listing every problem, each naming its key and what to write instead.
+    """
+    problems: list[str] = config_checks.path_problems(config)
     models, datasets = set(config["models"]), set(config["datasets"])
 
     def unknown(kind: str, names: list[str], known: set[str], key: str) -> None:
@@ -474,6 +524,14 @@ def check_config(config: dict[str, Any]) -> None:
         unknown("dataset", list(exp.get("lrs_by_dataset") or {}), datasets, f"{key}.lrs_by_dataset")
         if "lrs" in exp:
             problems += lr_label_problems(config, name)
+    experiments = enabled_experiments(config)
+    problems += config_checks.grid_problems(config, experiments)
+    problems += config_checks.seed_problems(config)
+    problems += config_checks.report_problems(config, experiments)
+    problems += config_checks.finetune_problems(config)
+    problems += config_checks.device_problems(config)
+    problems += config_checks.pair_problems(config)
+    problems += config_checks.split_problems(config)
     file_problems = [
         problem
         for name, spec in config["datasets"].items()
@@ -481,5 +539,11 @@ def check_config(config: dict[str, Any]) -> None:
     ]
     # Only valid overrides can be compared across the datasets that share a download.
     problems += file_problems or registry.shared_download_problems(config["datasets"])
+    for name, spec in config["datasets"].items():
+        problems += config_checks.image_folder_problems(name, spec)
+        if not file_problems:
+            problems += config_checks.archive_problems(name, spec)
+    if build_models:
+        problems += config_checks.model_kwargs_problems(config["models"], models_cache)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
