@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -218,6 +220,18 @@ def test_a_built_model_is_recorded_and_not_built_again(tmp_path: Path) -> None:
     assert "vit_tiny_patch16_224" in cache.read_text()
     assert model_kwargs_problems(bad, cache), "an entry not built before is built"
     assert len(re.findall("embed_dimm", cache.read_text())) == 0, "only what builds is recorded"
+
+
+def test_the_paper_config_is_checked_without_torch() -> None:
+    """Its timm models have no kwargs: nothing to build, so no seconds of imports at parse."""
+    code = (
+        "import sys, yaml; from vitplasticity.config import check_config; "
+        f"check_config(yaml.safe_load(open({str(PAPER)!r})), build_models=True); "
+        "print(sorted({'torch', 'timm'} & set(sys.modules)))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def assert_named_cleanly(result: Any, workdir: Path, *words: str) -> None:
