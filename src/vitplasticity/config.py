@@ -6,8 +6,10 @@ entry's keys depend on its ``source``, a model entry's on its ``family``), and e
 is named with the nearest valid key; a key of an earlier config layout is named with what to
 write instead. The JSON schema then checks types and ranges; ``check_config`` checks what a schema
 cannot: that every name an experiment uses is defined, that grids are not empty, that a
-dataset's ``url``/``archive``/``checksums`` fit its files; and this module expands an
-experiment into its runs.
+dataset's ``url``/``archive``/``checksums`` fit its files, and (:mod:`vitplasticity.config_checks`)
+what only values together or the files they name can tell; and this module expands an
+experiment into its runs. In the Snakefile, :func:`config_errors_end_the_run` shows a config
+error as its message alone.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ DATASET_KEYS: dict[str, tuple[str, ...]] = {
     "flowers102": (*_DATASET_COMMON, *_DOWNLOADED),
     "pet": (*_DATASET_COMMON, *_DOWNLOADED),
 }
+# How check_keys names a value that should be a mapping (and counts such problems).
+MAPPING_EXPECTED = "expected a mapping"
 # Keys written for another one that string similarity cannot guess.
 KEY_HINTS: dict[str, str] = {"md5": "checksums", "sha256": "checksums", "hash": "checksums"}
 
@@ -189,7 +193,7 @@ def _walk(
         # Named here, in one line among the others: the schema would dump itself instead.
         about = f" ({node['description']})" if node.get("description") else ""
         problems.append(
-            f"{path}: expected a mapping (key: value entries), got the "
+            f"{path}: {MAPPING_EXPECTED} (key: value entries), got the "
             f"{type(value).__name__} {value!r}{about}"
         )
         return
@@ -275,7 +279,7 @@ def check_keys(
         schema = load_schema(schema)
     problems = unknown_keys(config, schema)
     if problems:
-        mistyped = sum("expected a mapping" in problem for problem in problems)
+        mistyped = sum(MAPPING_EXPECTED in problem for problem in problems)
         counts = []
         if len(problems) > mistyped:
             counts.append(f"{len(problems) - mistyped} unknown or outdated key(s)")
