@@ -2,7 +2,9 @@
 # All logic lives in src/vitplasticity; the rules below only wire files and config values.
 from snakemake.utils import min_version, validate
 
-from vitplasticity.config import check_keys
+from snakemake.exceptions import WorkflowError
+
+from vitplasticity.config import check_config, check_keys, config_errors_end_the_run
 
 min_version("9.27")
 
@@ -11,9 +13,18 @@ configfile: "config.yaml"
 
 
 # Every unknown key (a typo, another source's option) named with its nearest valid one, all at
-# once; then the schema's types, ranges and defaults.
-check_keys(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
-validate(config, "workflow/schemas/config.schema.yaml")
+# once; then the schema's types, ranges and defaults; then what only the values together and
+# the files they name can tell (timm models with kwargs built once on the meta device, by the
+# main process only: a cluster job re-parses this file). A config error ends the run with its
+# message alone.
+with config_errors_end_the_run(WorkflowError):
+    check_keys(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
+    validate(config, "workflow/schemas/config.schema.yaml")
+    check_config(
+        config,
+        build_models=workflow.is_main_process,
+        models_cache=".snakemake/vitplasticity/built_models.json",
+    )
 
 
 include: "workflow/rules/common.smk"

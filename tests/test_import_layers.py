@@ -53,7 +53,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "config",
         "the workflow config: strict keys, cross-checks, the run grid and its packing (reads "
         "the dataset sources' declarations and ImageNet's layouts)",
-        ("config", "packs"),
+        ("config", "config_checks", "packs"),
     ),
     (
         "models",

@@ -6,27 +6,49 @@ entry's keys depend on its ``source``, a model entry's on its ``family``), and e
 is named with the nearest valid key; a key of an earlier config layout is named with what to
 write instead. The JSON schema then checks types and ranges; ``check_config`` checks what a schema
 cannot: that every name an experiment uses is defined, that grids are not empty, that a
-dataset's ``url``/``archive``/``checksums`` fit its files; and this module expands an
-experiment into its runs.
+dataset's ``url``/``archive``/``checksums`` fit its files, and (:mod:`vitplasticity.config_checks`)
+what only values together or the files they name can tell; and this module expands an
+experiment into its runs. In the Snakefile, :func:`config_errors_end_the_run` shows a config
+error as its message alone.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from vitplasticity import config_checks
 from vitplasticity.data.imagenet_layouts import IMAGENET_ENV
 from vitplasticity.data.sources import registry
 
 
 class ConfigError(ValueError):
     """A config with unknown keys, or that names something undefined or asks for an empty grid."""
+
+
+@contextmanager
+def config_errors_end_the_run(*also: type[Exception]) -> Iterator[None]:
+    """Around the config checks of the Snakefile: a ConfigError (or one of ``also``, e.g.
+    Snakemake's schema error) ends the process with its message alone.
+
+    Snakemake shows an exception raised while it parses the Snakefile with the ``File ...,
+    line ...`` lines of where it was raised, which read as a crash; a config error is the
+    user's to fix, and its message names every key at fault.
+
+    Raises:
+        SystemExit: with the error's message (exit status 1).
+    """
+    try:
+        yield
+    except (ConfigError, *also) as error:
+        raise SystemExit(str(error)) from None
 
 
 # The keys a dataset entry may carry, by its source (the schema gives each key's type; a key
@@ -52,6 +74,8 @@ DATASET_KEYS: dict[str, tuple[str, ...]] = {
     "flowers102": (*_DATASET_COMMON, *_DOWNLOADED),
     "pet": (*_DATASET_COMMON, *_DOWNLOADED),
 }
+# How check_keys names a value that should be a mapping (and counts such problems).
+MAPPING_EXPECTED = "expected a mapping"
 # Keys written for another one that string similarity cannot guess.
 KEY_HINTS: dict[str, str] = {"md5": "checksums", "sha256": "checksums", "hash": "checksums"}
 
@@ -159,6 +183,14 @@ def _walk(
     """Append a message for every key below ``value`` that ``node`` does not define
     (``pattern``: ``path`` with user-chosen names as ``*``)."""
     node = _resolve(node, schema)
+    if node.get("type") == "object" and not isinstance(value, Mapping):
+        # Named here, in one line among the others: the schema would dump itself instead.
+        about = f" ({node['description']})" if node.get("description") else ""
+        problems.append(
+            f"{path}: {MAPPING_EXPECTED} (key: value entries), got the "
+            f"{type(value).__name__} {value!r}{about}"
+        )
+        return
     if isinstance(value, list) and isinstance(node.get("items"), Mapping):
         for index, item in enumerate(value):
             _walk(item, node["items"], schema, f"{path}[{index}]", problems, pattern)
@@ -209,7 +241,8 @@ def unknown_keys(config: Mapping[str, Any], schema: Mapping[str, Any]) -> list[s
     of its ``family`` (the schema's branch for it). Free-form mappings (``models.<m>.kwargs``,
     ``models.<m>.config``) are not checked. A key of an earlier layout
     (:data:`REPLACED_KEYS`) and a model entry without a family are named with what to write
-    instead.
+    instead. A value where the schema wants a mapping (``checksums: md5:...``) is named too,
+    so that the schema's dump of its first error does not hide the others.
 
     Returns:
         Messages naming the full key path (``datasets.cifar10.archvie``) and the nearest
@@ -240,8 +273,14 @@ def check_keys(
         schema = load_schema(schema)
     problems = unknown_keys(config, schema)
     if problems:
+        mistyped = sum(MAPPING_EXPECTED in problem for problem in problems)
+        counts = []
+        if len(problems) > mistyped:
+            counts.append(f"{len(problems) - mistyped} unknown or outdated key(s)")
+        if mistyped:
+            counts.append(f"{mistyped} value(s) that must be a mapping")
         raise ConfigError(
-            f"invalid config: {len(problems)} unknown or outdated key(s) (config.yaml with the presets, "
+            f"invalid config: {', '.join(counts)} (config.yaml with the presets, "
             "--configfile and --config merged over it):\n  " + "\n  ".join(problems)
         )
 
@@ -465,11 +504,25 @@ def criteria_problems(config: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def check_config(config: dict[str, Any]) -> None:
-    """Check the names, grids, dataset file overrides and stage blocks the schema cannot; raise
-    one ConfigError listing every problem. The workflow calls it once, at parse time, after the
-    schema's validate has filled in the defaults; the rules then only look values up."""
-    problems: list[str] = []
+def check_config(
+    config: dict[str, Any],
+    build_models: bool = False,
+    models_cache: str | os.PathLike[str] | None = None,
+) -> None:
+    """Check what the schema cannot, before any job: the names, grids, dataset file overrides
+    and local files (:mod:`vitplasticity.config_checks`) of the config.
+
+    Args:
+        config: the merged config (with the schema's defaults filled in, or not).
+        build_models: also build every timm model with ``kwargs`` on the meta device (imports
+            torch and timm: the main Snakemake process only, not each cluster job).
+        models_cache: with ``build_models``, a JSON file recording the models built before,
+            which are not built again (:func:`config_checks.model_kwargs_problems`).
+
+    Raises:
+        ConfigError: listing every problem, each naming its key and what to write instead.
+    """
+    problems: list[str] = config_checks.path_problems(config)
     models, datasets = set(config["models"]), set(config["datasets"])
 
     def unknown(kind: str, names: list[str], known: set[str], key: str) -> None:
@@ -502,6 +555,14 @@ def check_config(config: dict[str, Any]) -> None:
         unknown("dataset", list(exp.get("lrs_by_dataset") or {}), datasets, f"{key}.lrs_by_dataset")
         if "lrs" in exp:
             problems += lr_label_problems(config, name)
+    experiments = enabled_experiments(config)
+    problems += config_checks.grid_problems(config, experiments)
+    problems += config_checks.seed_problems(config)
+    problems += config_checks.report_problems(config, experiments)
+    problems += config_checks.finetune_problems(config)
+    problems += config_checks.device_problems(config)
+    problems += config_checks.pair_problems(config)
+    problems += config_checks.split_problems(config)
     file_problems = [
         problem
         for name, spec in config["datasets"].items()
@@ -512,5 +573,11 @@ def check_config(config: dict[str, Any]) -> None:
     problems += text_plasticity_problems(config)
     problems += recommend_problems(config)
     problems += criteria_problems(config)
+    for name, spec in config["datasets"].items():
+        problems += config_checks.image_folder_problems(name, spec)
+        if not file_problems:
+            problems += config_checks.archive_problems(name, spec)
+    if build_models:
+        problems += config_checks.model_kwargs_problems(config["models"], models_cache)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))

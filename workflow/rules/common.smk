@@ -6,7 +6,6 @@ import re
 
 from vitplasticity import runtime
 from vitplasticity.config import (
-    check_config,
     enabled_experiments,
     experiment_runs,
     imagenet_path,
@@ -24,8 +23,6 @@ from vitplasticity.stage_settings import (
     TextPlasticitySettings,
 )
 from vitplasticity.weights import LOCAL_FILENAME, RECORD_FILENAME, SOURCE_KWARGS
-
-check_config(config)
 
 RESOURCES = config["paths"]["resources"]
 RESULTS = config["paths"]["results"]

@@ -1,0 +1,58 @@
+"""Workflow configs for tests: config.yaml and the demo preset merged as Snakemake merges them,
+and `snakemake -n` on the repository's Snakefile."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PAPER = REPO / "config.yaml"
+DEMO = REPO / "workflow/presets/demo.yaml"
+SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
+
+
+def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Merge like Snakemake's --configfile: mappings merge, everything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(*files: Path) -> dict[str, Any]:
+    """The config ``files`` give, merged in order."""
+    config: dict[str, Any] = {}
+    for file in files:
+        config = merged(config, yaml.safe_load(file.read_text()))
+    return config
+
+
+def dry_run(
+    workdir: Path, *configfiles: Path, edit: dict[str, Any] | None = None
+) -> subprocess.CompletedProcess:
+    """`snakemake -n all` in ``workdir`` on ``configfiles`` with ``edit`` (YAML) merged over
+    them, the package of this checkout first on PYTHONPATH."""
+    files = [str(f) for f in configfiles]
+    if edit is not None:
+        (workdir / "edit.yaml").write_text(yaml.safe_dump(edit))
+        files.append(str(workdir / "edit.yaml"))
+    bindir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("VITPLASTICITY_IMAGENET", None)
+    command = [str(bindir / "snakemake"), "-n", "all", "--snakefile", str(REPO / "Snakefile")]
+    command += ["--directory", str(workdir), "--configfile", *files]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
