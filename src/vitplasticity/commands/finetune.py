@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 from vitplasticity.commands import json_argument
 from vitplasticity.finetune_settings import TrainingSettings
@@ -88,8 +89,13 @@ def run_finetune(args: argparse.Namespace) -> int:
         )
         for r in _requested_runs(args)
     ]  # fmt: skip
-    for run, _ in runs:  # every run is checked before the first one starts
+    for index, (run, out_dir) in enumerate(runs):  # all checked before the first one starts
         check_identity(run)
+        if Path(out_dir).exists() and not Path(out_dir).is_dir():
+            key = "--out-dir" if args.runs is None else f"--runs[{index}].out_dir"
+            raise ValueError(
+                f"{key} {out_dir}: a file, not a folder; give a folder (it is created)"
+            )
     settings.validate(args.model)
     for run, out_dir in runs:
         try:

@@ -168,6 +168,7 @@ def download(
     *,
     md5: str | None = None,
     checksum: str | Checksum | None = None,
+    checksum_origin: str | None = None,
     retries: int = 5,
     backoff: float | None = None,
     timeout: float = 60.0,
@@ -185,6 +186,8 @@ def download(
         md5: the expected md5 (None: not checked, a warning names the actual one).
         checksum: the expected digest as ``"md5:<hex>"`` or ``"sha256:<hex>"``; replaces
             ``md5`` when given (a mirror whose bytes differ from the registry's).
+        checksum_origin: where ``checksum`` came from when it is the user's (a config key):
+            then a mismatch says to check that digest, not to add one.
         retries: how many failed attempts are retried.
         backoff: the first retry's delay in seconds (doubled each retry, capped at 60 s);
             default ``RETRY_BACKOFF_S``.
@@ -233,12 +236,20 @@ def download(
     if expected is not None and digest != expected.hexdigest:
         hint = content_hint(part)
         part.unlink(missing_ok=True)
+        if checksum_origin:
+            advice = (
+                f"the expected digest is yours, from {checksum_origin}: if the server's bytes "
+                "are right, correct that digest; the downloaded file was deleted"
+            )
+        else:
+            advice = (
+                "the downloaded file was deleted: rerun to download it again; if the mismatch "
+                "repeats, the URL serves other bytes (a mirror's own release: give their "
+                "digest under datasets.<name>.checksums)"
+            )
         raise ChecksumError(
             f"checksum mismatch for {url}: expected {algorithm} {expected.hexdigest}, "
-            f"got {digest}" + (f"; the server sent {hint}" if hint else "") + "; the "
-            "downloaded file was deleted: rerun to download it again; if the mismatch repeats, "
-            "the URL serves other bytes (a mirror's own release: give their digest under "
-            "datasets.<name>.checksums)"
+            f"got {digest}" + (f"; the server sent {hint}" if hint else "") + f"; {advice}"
         )
     if expected is None:
         log.warning("%s: no known checksum; downloaded file has md5 %s", url, digest)

@@ -84,7 +84,12 @@ def prepare(
     with archive.reading("zip archive"), open_zip(archive.path) as zipped:
         images, classes = scan_domain(zipped.namelist(), domain)
         if not images:
-            raise archive.damaged(f"no images under '{domain}/<class>/'; wrong domain?")
+            tops = sorted({n.split("/", 1)[0] for n in zipped.namelist()})
+            raise archive.misshapen(
+                f"no images under '{domain}/<class>/' (its top-level entries: {tops[:5]}); "
+                f"the official {domain}.zip holds {domain}/<class>/<image>: re-packed, or "
+                "another domain's zip?"
+            )
         label_of = {c: k for k, c in enumerate(classes)}
         if split_mode == "random":
             pool_idx, test_idx = paper_fixed_split(len(images))
