@@ -19,9 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import polars as pl
-
 if TYPE_CHECKING:
+    import polars as pl
     import pyarrow as pa
 
 
@@ -126,6 +125,8 @@ def read_parquet(
         FileNotFoundError: naming the missing file.
         UnreadableFileError: as :func:`read_parquet_table`.
     """
+    import polars as pl  # here, not at the top: the data stages import this module
+
     path = Path(path)
     _require_file(path)
     try:
