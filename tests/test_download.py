@@ -419,3 +419,26 @@ def test_an_md5_and_a_sha256_of_the_same_file_do_not_conflict(http_server, tmp_p
     datasets["blur"]["checksums"] = {"CIFAR-10-C.tar": "md5:" + "0" * 32}
     (problem,) = registry.shared_download_problems(datasets)
     assert "conflicting checksums overrides for CIFAR-10-C.tar" in problem
+
+
+def test_a_wrong_digest_of_the_users_keeps_the_file_already_there(http_server, tmp_path):
+    """A file already downloaded (verified by another dataset's digest) that the user's own
+    digest rejects is kept and the error names that digest's config key: no new fetch."""
+    data = b"the mirror's bytes" * 100
+    url = http_server.add("m/setid.mat", data)
+    dest = tmp_path / "setid.mat"
+    dest.write_bytes(data)
+    with pytest.raises(ChecksumError) as error:
+        download(
+            url,
+            dest,
+            checksum="md5:" + "0" * 32,
+            checksum_origin="datasets.f.checksums.setid.mat",
+        )
+    message = str(error.value)
+    assert f"checksum mismatch for {url} ({dest})" in message
+    assert message.endswith(
+        "the expected digest is yours, from datasets.f.checksums.setid.mat: correct it, or "
+        f"delete {dest} and rerun to download the file again"
+    )
+    assert dest.read_bytes() == data and http_server.requests == []

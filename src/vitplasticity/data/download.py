@@ -187,7 +187,8 @@ def download(
         checksum: the expected digest as ``"md5:<hex>"`` or ``"sha256:<hex>"``; replaces
             ``md5`` when given (a mirror whose bytes differ from the registry's).
         checksum_origin: where ``checksum`` came from when it is the user's (a config key):
-            then a mismatch says to check that digest, not to add one.
+            then a mismatch says to check that digest, not to add one, and a file already at
+            ``dest`` that does not match it is kept, not fetched again.
         retries: how many failed attempts are retried.
         backoff: the first retry's delay in seconds (doubled each retry, capped at 60 s);
             default ``RETRY_BACKOFF_S``.
@@ -211,6 +212,14 @@ def download(
             log.info("%s: already downloaded and verified", dest)
             return dest
         except ChecksumError as error:
+            if checksum_origin:
+                # The user's own digest disagrees with the file already there (which another
+                # job may have verified with another digest): the typo is likelier than the
+                # file, which is kept.
+                raise ChecksumError(
+                    f"{error}; the expected digest is yours, from {checksum_origin}: correct "
+                    f"it, or delete {dest} and rerun to download the file again"
+                ) from error
             log.warning("%s; downloading it again", error)
             dest.unlink()
     dest.parent.mkdir(parents=True, exist_ok=True)
