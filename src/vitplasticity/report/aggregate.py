@@ -78,6 +78,8 @@ _JSON_TYPES: dict[type[pl.DataType], tuple[tuple[type, ...], str]] = {
     pl.Int64: ((int,), "an integer"),
     pl.Boolean: ((bool,), "true or false"),
 }
+# What to do about a summary.json that cannot be used.
+_SUMMARY_REMEDY = "it is written by the finetune job: delete it and rerun that run"
 # Keys that identify a run: never null.
 _IDENTITY = ("experiment", "model", "dataset", "configuration", "optimizer", "lr", "seed")
 
@@ -93,7 +95,7 @@ def _check_types(summary: dict[str, Any], path: Path) -> None:
             raise unreadable(
                 path,
                 f"{key} is {json.dumps(value)}, not {word}",
-                "it is written by the finetune job: delete it and rerun that run",
+                _SUMMARY_REMEDY,
             )
 
 
@@ -102,13 +104,14 @@ def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: if the file is missing.
-        UnreadableFileError: if it is not JSON, misses a key, holds a value of the wrong type
-            or an accuracy outside [0, 1].
+        UnreadableFileError: if it is not JSON, misses a key or holds a value of the wrong
+            type, naming the key and the remedy.
+        ValueError: if it holds an accuracy outside [0, 1].
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"finetuning summary not found: {path}")
-    remedy = "it is written by the finetune job: delete it and rerun that run"
+    remedy = _SUMMARY_REMEDY
     summary = read_json(path, remedy)
     if not isinstance(summary, dict):
         raise unreadable(path, f"expected a JSON object, found {type(summary).__name__}", remedy)

@@ -401,11 +401,10 @@ def download_checksum(datasets: Mapping[str, Mapping[str, Any]], filename: str) 
     """The digest the download job of ``filename`` verifies: the registry's md5, or the
     ``checksums`` override that the datasets downloading the file agree on.
 
-    Overrides are compared per algorithm: an md5 and a sha256 identify the same bytes as
-    well as two equal md5s, and cannot be compared with each other without the file. The
-    download job then verifies the sha256 (the stronger digest) and each dataset's prepare
-    job verifies the file against its own override, so a wrong one is still found, naming
-    its key.
+    Overrides are compared per algorithm: an md5 and a sha256 cannot be compared without the
+    file, and those of the same bytes are no conflict. The download job verifies the sha256
+    (the stronger digest) where one is given; each dataset's prepare job then verifies the
+    file against its own override, so a wrong one is still found, naming its key.
 
     Raises:
         ValueError: two datasets give different digests of one algorithm for the same file
