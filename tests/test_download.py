@@ -356,7 +356,12 @@ def test_checksum_override_accepts_a_local_archive(tmp_path):
         prepare("b")
     sha = hashlib.sha256(data).hexdigest()
     assert f"datasets.c10.archive: checksum mismatch for {path}" in str(error.value)
-    assert f"expected sha256 {'0' * 64} (cifar-10-python.tar.gz), got {sha}" in str(error.value)
+    # The wrong digest is the user's: the error says so, and to correct it.
+    origin = "from your config datasets.c10.checksums.cifar-10-python.tar.gz"
+    assert f"expected sha256 {'0' * 64} (cifar-10-python.tar.gz, {origin}), got {sha}" in str(
+        error.value
+    )
+    assert str(error.value).endswith("(or, if these bytes are right, correct that digest)")
     spec["checksums"] = {"cifar-10-python.tar.gz": f"sha256:{sha}"}
     assert prepare("c") == {"pool": 30, "test": 6}
     assert path.read_bytes() == data and not (tmp_path / "dl").exists()
@@ -376,3 +381,64 @@ def test_overrides_are_checked_where_the_registry_reads_them():
             "p", {"source": "pet", "checksums": {"setid.mat": "md5:" + "0" * 32}}, "images.tar.gz"
         )
     assert registry.Checksum.parse(" SHA256:" + "AB" * 32) == registry.Checksum("sha256", "ab" * 32)
+
+
+def test_an_md5_and_a_sha256_of_the_same_file_do_not_conflict(http_server, tmp_path):
+    """One entry gives the mirror file's md5, another its sha256: both identify the same
+    bytes, so both datasets prepare from one download (verified against the sha256); two
+    different digests of one algorithm still conflict."""
+    data = cifar10c_archive(n_per_severity=20).blobs["CIFAR-10-C.tar"]
+    http_server.add("m/CIFAR-10-C.tar", data)
+    sha = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    md5 = f"md5:{hashlib.md5(data).hexdigest()}"
+    url = http_server.url("m/CIFAR-10-C.tar")
+    datasets = {
+        "snow": {"source": "cifar10c", "corruption": "snow", "url": url,
+                 "checksums": {"CIFAR-10-C.tar": md5}},
+        "blur": {"source": "cifar10c", "corruption": "motion_blur", "url": url,
+                 "checksums": {"CIFAR-10-C.tar": sha}},
+    }  # fmt: skip
+    assert registry.shared_download_problems(datasets) == []
+    assert str(registry.download_checksum(datasets, "CIFAR-10-C.tar")) == sha
+    downloads = tmp_path / "downloads"
+    download(
+        url,
+        downloads / "CIFAR-10-C.tar",
+        checksum=registry.download_checksum(datasets, "CIFAR-10-C.tar"),
+    )
+    for name in datasets:
+        spec = registry.with_download_checksums(datasets, name)
+        counts = SOURCES["cifar10c"].prepare(
+            name, spec, tmp_path / name, downloads, expected={"pool": 16, "test": 4}
+        )
+        assert counts == {"pool": 16, "test": 4}
+    assert len(http_server.requests) == 1
+
+    datasets["blur"]["checksums"] = {"CIFAR-10-C.tar": "MD5:" + md5[4:].upper()}  # same md5
+    assert registry.shared_download_problems(datasets) == []
+    datasets["blur"]["checksums"] = {"CIFAR-10-C.tar": "md5:" + "0" * 32}
+    (problem,) = registry.shared_download_problems(datasets)
+    assert "conflicting checksums overrides for CIFAR-10-C.tar" in problem
+
+
+def test_a_wrong_digest_of_the_users_keeps_the_file_already_there(http_server, tmp_path):
+    """A file already downloaded (verified by another dataset's digest) that the user's own
+    digest rejects is kept and the error names that digest's config key: no new fetch."""
+    data = b"the mirror's bytes" * 100
+    url = http_server.add("m/setid.mat", data)
+    dest = tmp_path / "setid.mat"
+    dest.write_bytes(data)
+    with pytest.raises(ChecksumError) as error:
+        download(
+            url,
+            dest,
+            checksum="md5:" + "0" * 32,
+            checksum_origin="datasets.f.checksums.setid.mat",
+        )
+    message = str(error.value)
+    assert f"checksum mismatch for {url} ({dest})" in message
+    assert message.endswith(
+        "the expected digest is yours, from datasets.f.checksums.setid.mat: correct it, or "
+        f"delete {dest} and rerun to download the file again"
+    )
+    assert dest.read_bytes() == data and http_server.requests == []

@@ -16,6 +16,8 @@ from vitplasticity.data.imagefolder import prepare_image_folder
 from vitplasticity.data.reference import build_reference
 from vitplasticity.data.store import (
     PreparedDatasetWriter,
+    Split,
+    check_labels,
     encode_png,
     fixed_split,
     read_meta,
@@ -23,6 +25,7 @@ from vitplasticity.data.store import (
     split_pool,
 )
 from vitplasticity.data.synthetic import STYLES, synthetic_images
+from vitplasticity.io import UnreadableFileError
 
 
 def test_split_pool_is_seeded_disjoint_and_complete() -> None:
@@ -193,3 +196,52 @@ def test_prepare_cli_unknown_source(tmp_path: Path, caplog: pytest.LogCaptureFix
         ]
     )
     assert code == 2 and "datasets.d.source: unknown source 'svhn'" in caplog.text
+
+
+# --- meta.json against the labels ---------------------------------------------------------
+
+
+def _labels(*values: int) -> Split:
+    return Split([b""] * len(values), np.asarray(values, dtype=np.int64), [""] * len(values))
+
+
+def test_labels_must_be_classes_of_the_head(tmp_path: Path) -> None:
+    # The head has num_classes outputs: a label at or past it (or negative) cannot be trained.
+    check_labels(tmp_path, 4, {"pool": _labels(0, 1, 2, 3), "test": _labels(3, 0)})
+    for bad in (4, -1):
+        with pytest.raises(UnreadableFileError) as error:
+            check_labels(tmp_path, 4, {"pool": _labels(0, 1), "test": _labels(2, bad)})
+        assert str(error.value).startswith(
+            f"{tmp_path / 'meta.json'}: num_classes 4, but test.parquet has labels from "
+            f"{min(bad, 2)} to {max(bad, 2)}"
+        )
+
+
+def test_a_class_without_images_is_allowed_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A small subset of a dataset need not hold every class of its official list.
+    check_labels(tmp_path, 5, {"pool": _labels(0, 1), "test": _labels(1, 3)})
+    assert "2 of 5 classes have no image in any split (e.g. [2, 4])" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("meta", "says"),
+    [
+        (
+            {"num_classes": 10, "class_names": ["a", "b", "c", "d"]},
+            "num_classes 10 but 4 class_names",
+        ),
+        ({"num_classes": "4"}, "num_classes '4' is not a positive integer"),
+        ({"num_classes": 0, "class_names": []}, "num_classes 0 is not a positive integer"),
+        ([4], "expected a JSON object, found list"),
+    ],
+    ids=["more-classes-than-names", "a-string", "zero", "not-an-object"],
+)
+def test_meta_is_checked_when_read(tmp_path: Path, meta: object, says: str) -> None:
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UnreadableFileError) as error:
+        read_meta(tmp_path)
+    assert f"{tmp_path / 'meta.json'}: {says}; delete the folder {tmp_path} and rerun" in str(
+        error.value
+    )

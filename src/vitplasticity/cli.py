@@ -60,12 +60,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.handler(args) or 0)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        # Bad input: one clear line naming the culprit, no traceback to dig through.
-        logging.getLogger("vitplasticity").error("%s", error)
+    except (ValueError, OSError, RuntimeError) as error:
+        # Bad input, or an output the system refuses (full disk, read-only folder): one clear
+        # line naming the culprit, no traceback to dig through.
+        logging.getLogger("vitplasticity").error("%s", one_line(error))
         if args.verbose:
             raise
         return 2
+
+
+def one_line(error: BaseException) -> str:
+    """What ``error`` says, naming its file: an OSError raised by the system reads
+    ``[Errno 28] No space left on device: 'x'``; it becomes ``x: No space left on device``."""
+    if isinstance(error, OSError) and error.strerror and str(error).startswith("[Errno"):
+        names = [str(n) for n in (error.filename, error.filename2) if n is not None]
+        return f"{' -> '.join(names)}: {error.strerror}" if names else error.strerror
+    return str(error)
 
 
 if __name__ == "__main__":

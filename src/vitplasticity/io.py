@@ -1,16 +1,173 @@
-"""Atomic file writing: a killed job never leaves a file that looks complete."""
+"""Reading and writing the files the stages exchange.
+
+Writing is atomic: a killed job never leaves a file that looks complete, and a write that
+fails (a full disk, a read-only folder) raises one :class:`WriteError` naming the file.
+Reading goes through :func:`read_parquet`, :func:`read_parquet_table`, :func:`read_json` and
+:func:`read_parquet_metadata`: a damaged or foreign file raises one
+:class:`UnreadableFileError` naming the file, what is wrong and the remedy, the way the data
+sources report a damaged download (:class:`vitplasticity.data.archives.InputFile`).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
+if TYPE_CHECKING:
+    import polars as pl
+    import pyarrow as pa
+
+
+class UnreadableFileError(ValueError):
+    """A file a stage reads that is damaged or not what it should be; the message names the
+    file, what is wrong and the remedy."""
+
+
+class WriteError(OSError):
+    """An output that could not be written (no space left, no permission); nothing of it is
+    left behind. ``str()`` is one line naming the file and the system's reason."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
+# The bytes every Parquet file starts and ends with.
+_PARQUET_MAGIC = b"PAR1"
+
+
+def content_hint(path: str | os.PathLike[str]) -> str | None:
+    """What a file that is not in its expected format holds, when that is recognisable: empty,
+    or an HTML page (what web servers send for errors and logins); None otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    with path.open("rb") as handle:
+        head = handle.read(512)
+    if not head:
+        return "an empty file"
+    if head.lstrip().lower().startswith((b"<!doctype html", b"<html", b"<head", b"<body")):
+        return "an HTML page (a web server's error or login page?)"
+    return None
+
+
+def rerun_remedy(path: str | os.PathLike[str]) -> str:
+    """What to do about a damaged file the workflow wrote itself."""
+    return f"delete {path} and rerun: the workflow writes it again"
+
+
+def unreadable(
+    path: str | os.PathLike[str], problem: str, remedy: str | None = None
+) -> UnreadableFileError:
+    """The error for ``path``: where, what is wrong, and the remedy (default: rerun)."""
+    return UnreadableFileError(f"{path}: {problem}; {remedy or rerun_remedy(path)}")
+
+
+def _require_file(path: Path) -> None:
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not found")
+    if not path.is_file():
+        raise unreadable(path, "not a file", "give the path of a file, not of a folder")
+
+
+def _cause(error: BaseException) -> str:
+    """The first line of what a reader raised, with its type (polars' messages run long)."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _parquet_problem(path: Path, error: BaseException) -> str:
+    """What is wrong with a Parquet file that failed to read: not Parquet at all (an HTML
+    page, another format), cut short (its footer gone), or damaged inside (the reader's
+    message)."""
+    hint = content_hint(path)
+    if hint:
+        return f"not a Parquet file: it is {hint}"
+    with path.open("rb") as handle:
+        head = handle.read(16)
+        handle.seek(max(path.stat().st_size - 4, 0))
+        tail = handle.read(4)
+    if not head.startswith(_PARQUET_MAGIC):
+        return f"not a Parquet file (it starts with {head!r})"
+    if tail != _PARQUET_MAGIC:
+        return "a truncated Parquet file (its footer is missing)"
+    return f"not a readable Parquet file ({_cause(error)})"
+
+
+def read_parquet_table(
+    path: str | os.PathLike[str],
+    columns: list[str] | None = None,
+    remedy: str | None = None,
+) -> pa.Table:
+    """The Parquet file ``path`` as an Arrow table (only ``columns``, when given).
+
+    Raises:
+        FileNotFoundError: naming the missing file.
+        UnreadableFileError: when the file is damaged (truncated, corrupted pages, not
+            Parquet) or lacks one of ``columns``, naming the file and ``remedy``.
+    """
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    _require_file(path)
+    try:
+        present = pq.read_schema(path).names
+        missing = [c for c in columns or () if c not in present]
+        if missing:
+            raise unreadable(path, f"no column(s) {', '.join(missing)}", remedy)
+        return pq.read_table(path, columns=columns)
+    except UnreadableFileError:
+        raise
+    except (OSError, ValueError) as error:  # ArrowInvalid is a ValueError, ArrowIOError OSError
+        raise unreadable(path, _parquet_problem(path, error), remedy) from error
+
+
+def read_parquet(
+    path: str | os.PathLike[str],
+    columns: list[str] | None = None,
+    remedy: str | None = None,
+) -> pl.DataFrame:
+    """The Parquet file ``path`` as a polars frame (only ``columns``, when given).
+
+    Raises:
+        FileNotFoundError: naming the missing file.
+        UnreadableFileError: as :func:`read_parquet_table`.
+    """
+    import polars as pl  # here, not at the top: the data stages import this module
+
+    path = Path(path)
+    _require_file(path)
+    try:
+        frame = pl.read_parquet(path)
+    except (OSError, ValueError, pl.exceptions.PolarsError) as error:
+        raise unreadable(path, _parquet_problem(path, error), remedy) from error
+    missing = [c for c in columns or () if c not in frame.columns]
+    if missing:
+        raise unreadable(path, f"no column(s) {', '.join(missing)}", remedy)
+    return frame.select(columns) if columns else frame
+
+
+def read_json(path: str | os.PathLike[str], remedy: str | None = None) -> Any:
+    """The JSON file ``path``, parsed.
+
+    Raises:
+        FileNotFoundError: naming the missing file.
+        UnreadableFileError: when it is not JSON (or not UTF-8), naming the file, the line
+            and ``remedy``.
+    """
+    path = Path(path)
+    _require_file(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        hint = content_hint(path)
+        problem = "not valid JSON" + (f": it is {hint}" if hint else f" ({error})")
+        raise unreadable(path, problem, remedy) from error
 
 
 def _umask() -> int:
@@ -26,20 +183,54 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
     The temporary file lives in the same directory so that the final ``os.replace`` is an
     atomic rename on POSIX file systems. On any exception the temporary file is removed.
+
+    Raises:
+        WriteError: when the folder cannot be made or written, or the write fails for lack
+            of space or permission (any ``OSError`` without a file name of its own, as a full
+            disk gives), naming ``path`` and the system's reason.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    # mkstemp creates the file 0600; a result must get the mode any new file gets (the
-    # umask's), or collaborators on a shared cluster file system cannot read it.
-    os.fchmod(fd, 0o666 & ~_umask())
-    os.close(fd)
+    with _naming(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        # mkstemp creates the file 0600; a result must get the mode any new file gets (the
+        # umask's), or collaborators on a shared cluster file system cannot read it.
+        os.fchmod(fd, 0o666 & ~_umask())
+        os.close(fd)
     tmp = Path(tmp_name)
     try:
-        yield tmp
-        os.replace(tmp, target)
+        with _naming(target, tmp):
+            yield tmp
+            os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _naming(target: Path, tmp: Path | None = None) -> Iterator[None]:
+    """Turn an OSError about writing ``target`` into a :class:`WriteError` naming it: one
+    about ``tmp``, ``target`` or a folder above it, or one without a file name (a full disk's
+    ENOSPC and EFBIG come so). Errors about other files pass unchanged."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as error:
+        ours = {str(tmp), str(target), *map(str, target.parents)}
+        if error.filename is not None and str(error.filename) not in ours:
+            raise
+        reason = _system_reason(error)
+        if error.filename is not None and str(error.filename) != str(tmp):
+            reason = f"{reason} ({error.filename})"
+        raise WriteError(error.errno, reason, str(target)) from error
+
+
+def _system_reason(error: OSError) -> str:
+    """The system's words for ``error`` ("No space left on device"); pyarrow's OSErrors
+    carry no errno attribute but name it in their message ("[errno 28] ...")."""
+    found = re.search(r"\[errno (\d+)\]", str(error), re.IGNORECASE)
+    number = error.errno or (int(found.group(1)) if found else None)
+    return os.strerror(number) if number else error.strerror or str(error)
 
 
 def write_json(path: str | os.PathLike[str], payload: Any) -> None:
@@ -66,11 +257,23 @@ def write_parquet(
         pq.write_table(table, tmp)
 
 
-def read_parquet_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read the JSON metadata that :func:`write_parquet` stored in a Parquet footer."""
+def read_parquet_metadata(
+    path: str | os.PathLike[str], remedy: str | None = None
+) -> dict[str, Any]:
+    """Read the JSON metadata that :func:`write_parquet` stored in a Parquet footer.
+
+    Raises:
+        FileNotFoundError: naming the missing file.
+        UnreadableFileError: when the footer cannot be read, naming the file and ``remedy``.
+    """
     import pyarrow.parquet as pq
 
-    raw = pq.read_schema(path).metadata or {}
+    path = Path(path)
+    _require_file(path)
+    try:
+        raw = pq.read_schema(path).metadata or {}
+    except (OSError, ValueError) as error:
+        raise unreadable(path, _parquet_problem(path, error), remedy) from error
     out: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.decode()

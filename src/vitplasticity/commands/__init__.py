@@ -41,6 +41,11 @@ def check_inputs(paths: Sequence[str]) -> None:
         raise FileNotFoundError(f"input file(s) not found: {', '.join(missing)}")
 
 
+def input_remedy(path: str | os.PathLike[str], expected: str) -> str:
+    """What to do about a report input that cannot be read or is the wrong kind of table."""
+    return f"give {expected}; if the workflow wrote {path}, delete it and rerun"
+
+
 def parquet_is_demo(paths: Sequence[str]) -> bool:
     """Whether any of the Parquet files ``paths`` is marked demo in its footer."""
     from vitplasticity.io import read_parquet_metadata
@@ -48,12 +53,37 @@ def parquet_is_demo(paths: Sequence[str]) -> bool:
     return any(bool(read_parquet_metadata(p).get("demo", False)) for p in paths)
 
 
-def read_frames(paths: Sequence[str]) -> pl.DataFrame:
-    """The Parquet files ``paths`` stacked (columns matched by name; missing ones null)."""
+def read_frames(
+    paths: Sequence[str],
+    expected: str = "Parquet tables written by the workflow",
+    columns: Sequence[str] = (),
+) -> pl.DataFrame:
+    """The Parquet files ``paths`` stacked (columns matched by name; missing ones null).
+
+    Args:
+        paths: the files.
+        expected: what they should be, for the error (``"a selected-LR table (aggregate)"``).
+        columns: columns each must have (the kind of table a command takes).
+
+    Raises:
+        FileNotFoundError: naming every missing file.
+        UnreadableFileError: naming a damaged file, or one without ``columns``, and what to
+            give instead.
+    """
     import polars as pl
 
+    from vitplasticity.io import read_parquet, unreadable
+
     check_inputs(paths)
-    return pl.concat([pl.read_parquet(p) for p in paths], how="diagonal_relaxed")
+    frames = []
+    for path in paths:
+        frame = read_parquet(path, remedy=input_remedy(path, expected))
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            problem = f"not {expected} (no column(s) {', '.join(missing)})"
+            raise unreadable(path, problem, f"give {expected}")
+        frames.append(frame)
+    return pl.concat(frames, how="diagonal_relaxed")
 
 
 def report_record(settings: dict[str, Any], demo: bool) -> dict[str, Any]:

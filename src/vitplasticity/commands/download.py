@@ -31,17 +31,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_download(args: argparse.Namespace) -> int:
-    from vitplasticity.data.download import download
+    from vitplasticity.data.download import download, expected_checksum
     from vitplasticity.data.sources.registry import FILES
 
     if args.file not in FILES:
         raise ValueError(f"--file: {args.file!r} is not in the registry; known: {sorted(FILES)}")
     entry = FILES[args.file]
+    given = expected_checksum(None, args.checksum or None)
+    # The workflow passes the registry's digest or a config override; only the latter is the
+    # user's to correct.
+    origin = (
+        f"--checksum (in the workflow: a datasets.<name>.checksums.{args.file} entry of your "
+        "config)"
+        if given is not None and given != entry.checksum
+        else None
+    )
     download(
         args.url or entry.url,
         args.out,
         md5=args.md5 or entry.md5,
-        checksum=args.checksum or None,
+        checksum=given,
+        checksum_origin=origin,
         retries=args.retries,
     )
     return 0

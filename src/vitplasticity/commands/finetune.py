@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.settings import add_settings_arguments, json_argument, settings_from_args
@@ -88,6 +89,12 @@ def run_finetune(args: argparse.Namespace) -> int:
         )
         for r in _requested_runs(args)
     ]  # fmt: skip
+    for index, (_, out_dir) in enumerate(runs):
+        if Path(out_dir).exists() and not Path(out_dir).is_dir():
+            key = "--out-dir" if args.runs is None else f"--runs[{index}].out_dir"
+            raise ValueError(
+                f"{key} {out_dir}: a file, not a folder; give a folder (it is created)"
+            )
     try:
         train_runs(runs, settings, args.dataset_dir)  # every run checked before the first starts
     except Preempted as stop:

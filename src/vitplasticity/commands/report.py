@@ -8,7 +8,6 @@ Every output says whether it is a demo: ``--demo`` or any input marked demo (a s
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,24 @@ from vitplasticity.commands import (
 log = logging.getLogger(__name__)
 
 TABLE_KINDS: tuple[str, ...] = ("accuracy", "wilcoxon", "plasticity")
+# What each table kind reads (for the error when given another table) and the columns that
+# tell it apart.
+TABLE_INPUTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "accuracy": (
+        "a selected-LR table (aggregate --selected-out)",
+        ("model", "dataset", "configuration", "test_accuracy_mean", "test_accuracy_std"),
+    ),
+    "wilcoxon": (
+        "a comparison table (stats --out)",
+        ("model", "reference", "component", "alternative", "alpha", "wilcoxon_p"),
+    ),
+    "plasticity": (
+        "plasticity summary files (plasticity --summary)",
+        ("model", "protocol", "component", "mean", "n_pairs"),
+    ),
+}
+RUNS_TABLE = "runs tables (aggregate --runs-out)"
+SELECTED_TABLE = TABLE_INPUTS["accuracy"][0]
 FIGURE_KINDS: tuple[str, ...] = (
     "plasticity-boxplot",
     "plasticity-depth",
@@ -128,13 +145,12 @@ def run_aggregate(args: argparse.Namespace) -> int:
 
 
 def run_concat(args: argparse.Namespace) -> int:
-    import polars as pl
-
     from vitplasticity.io import write_parquet
     from vitplasticity.report.aggregate import concat_runs
 
-    check_inputs(args.inputs)
-    runs = concat_runs([pl.read_parquet(p) for p in args.inputs])
+    runs = concat_runs(
+        [read_frames([p], RUNS_TABLE, ("experiment", "lr", "seed")) for p in args.inputs]
+    )
     write_parquet(
         args.out, runs, report_record({"inputs": args.inputs}, parquet_is_demo(args.inputs))
     )
@@ -146,7 +162,7 @@ def run_stats(args: argparse.Namespace) -> int:
     from vitplasticity.io import write_parquet
     from vitplasticity.report.stats import compare_selected
 
-    selected = read_frames([args.selected])
+    selected = read_frames([args.selected], SELECTED_TABLE, TABLE_INPUTS["accuracy"][1])
     result = compare_selected(selected, args.reference, args.alternative, args.alpha)
     demo = args.demo or parquet_is_demo([args.selected])
     settings = {"reference": args.reference, "alternative": args.alternative, "alpha": args.alpha}
@@ -171,7 +187,7 @@ def run_table(args: argparse.Namespace) -> int:
     from vitplasticity.io import atomic_path
     from vitplasticity.report import tables
 
-    frame = read_frames(args.inputs)
+    frame = read_frames(args.inputs, *TABLE_INPUTS[args.kind])
     demo = args.demo or parquet_is_demo(args.inputs)
     if args.kind == "accuracy":
         text = tables.accuracy_table(frame, demo=demo)
@@ -198,16 +214,18 @@ def _read_curves(paths: Sequence[str]) -> Any:
     summary.json beside each)."""
     import polars as pl
 
+    from vitplasticity.report.aggregate import read_summary
+
     check_inputs(paths)
     frames, demo = [], False
     for path in paths:
         summary_path = Path(path).with_name("summary.json")
         if not summary_path.is_file():
             raise FileNotFoundError(f"summary.json missing beside {path}")
-        summary = json.loads(summary_path.read_text())
+        summary = read_summary(summary_path)
         demo = demo or bool(summary.get("demo", False))
         frames.append(
-            pl.read_parquet(path).with_columns(
+            read_frames([path], "metrics.parquet files (finetune)").with_columns(
                 configuration=pl.lit(summary["configuration"]),
                 run_lr=pl.lit(float(summary["lr"])),
                 seed=pl.lit(int(summary["seed"])),

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from vitplasticity.data.download import Progress, content_hint, download_remedy
+from vitplasticity.data.download import Progress, download_remedy
+from vitplasticity.io import content_hint
 
 
 class ArchiveError(RuntimeError):
@@ -71,11 +72,21 @@ class InputFile:
 
     path: Path
     remedy: str
+    # What to do when the file reads whole but is laid out otherwise than the official
+    # release (re-packed, arrays transposed): for a download, fetching it again brings the
+    # same bytes, so "delete and rerun" would not help. None: ``remedy``.
+    layout_remedy: str | None = None
 
     @classmethod
     def downloaded(cls, path: str | os.PathLike[str]) -> InputFile:
         """A file of the downloads folder: deleting it makes the next run fetch it again."""
-        return cls(Path(path), download_remedy(path))
+        path = Path(path)
+        layout = (
+            f"downloading it again brings the same bytes (they passed their checksum): get "
+            f"the official {path.name} (or repack it in the official layout), then delete "
+            f"{path} and rerun"
+        )
+        return cls(path, download_remedy(path), layout)
 
     @classmethod
     def local(cls, path: str | os.PathLike[str], key: str) -> InputFile:
@@ -86,6 +97,12 @@ class InputFile:
         """The error for this file (or its ``member``): where, what is wrong, the remedy."""
         where = str(self.path) if member is None else f"{self.path}, member {member}"
         return DamagedFileError(f"{where}: {problem}; {self.remedy}")
+
+    def misshapen(self, problem: str, member: str | None = None) -> DamagedFileError:
+        """The error for a file that reads whole but is not laid out as the official release
+        (its :attr:`layout_remedy`): where, what is wrong, what to do."""
+        where = str(self.path) if member is None else f"{self.path}, member {member}"
+        return DamagedFileError(f"{where}: {problem}; {self.layout_remedy or self.remedy}")
 
     @contextlib.contextmanager
     def reading(self, kind: str, member: str | None = None) -> Iterator[None]:

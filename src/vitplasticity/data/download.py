@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vitplasticity.data.sources.registry import Checksum
+from vitplasticity.io import content_hint
 
 log = logging.getLogger(__name__)
 
@@ -106,21 +107,6 @@ def download_remedy(path: str | os.PathLike[str]) -> str:
     return f"delete {path} and rerun: it will be downloaded again"
 
 
-def content_hint(path: str | os.PathLike[str]) -> str | None:
-    """What a file that is not in its expected format holds, when that is recognisable: empty,
-    or an HTML page (what web servers send for errors and logins); None otherwise."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    with path.open("rb") as handle:
-        head = handle.read(512)
-    if not head:
-        return "an empty file"
-    if head.lstrip().lower().startswith((b"<!doctype html", b"<html", b"<head", b"<body")):
-        return "an HTML page (a web server's error or login page?)"
-    return None
-
-
 def md5sum(path: str | os.PathLike[str], *, label: str | None = None) -> str:
     """The md5 hex digest of a file (``file_digest`` with md5)."""
     return file_digest(path, "md5", label=label)
@@ -168,6 +154,7 @@ def download(
     *,
     md5: str | None = None,
     checksum: str | Checksum | None = None,
+    checksum_origin: str | None = None,
     retries: int = 5,
     backoff: float | None = None,
     timeout: float = 60.0,
@@ -185,6 +172,9 @@ def download(
         md5: the expected md5 (None: not checked, a warning names the actual one).
         checksum: the expected digest as ``"md5:<hex>"`` or ``"sha256:<hex>"``; replaces
             ``md5`` when given (a mirror whose bytes differ from the registry's).
+        checksum_origin: where ``checksum`` came from when it is the user's (a config key):
+            then a mismatch says to check that digest, not to add one, and a file already at
+            ``dest`` that does not match it is kept, not fetched again.
         retries: how many failed attempts are retried.
         backoff: the first retry's delay in seconds (doubled each retry, capped at 60 s);
             default ``RETRY_BACKOFF_S``.
@@ -208,6 +198,14 @@ def download(
             log.info("%s: already downloaded and verified", dest)
             return dest
         except ChecksumError as error:
+            if checksum_origin:
+                # The user's own digest disagrees with the file already there (which another
+                # job may have verified with another digest): the typo is likelier than the
+                # file, which is kept.
+                raise ChecksumError(
+                    f"{error}; the expected digest is yours, from {checksum_origin}: correct "
+                    f"it, or delete {dest} and rerun to download the file again"
+                ) from error
             log.warning("%s; downloading it again", error)
             dest.unlink()
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -233,12 +231,20 @@ def download(
     if expected is not None and digest != expected.hexdigest:
         hint = content_hint(part)
         part.unlink(missing_ok=True)
+        if checksum_origin:
+            advice = (
+                f"the expected digest is yours, from {checksum_origin}: if the server's bytes "
+                "are right, correct that digest; the downloaded file was deleted"
+            )
+        else:
+            advice = (
+                "the downloaded file was deleted: rerun to download it again; if the mismatch "
+                "repeats, the URL serves other bytes (a mirror's own release: give their "
+                "digest under datasets.<name>.checksums)"
+            )
         raise ChecksumError(
             f"checksum mismatch for {url}: expected {algorithm} {expected.hexdigest}, "
-            f"got {digest}" + (f"; the server sent {hint}" if hint else "") + "; the "
-            "downloaded file was deleted: rerun to download it again; if the mismatch repeats, "
-            "the URL serves other bytes (a mirror's own release: give their digest under "
-            "datasets.<name>.checksums)"
+            f"got {digest}" + (f"; the server sent {hint}" if hint else "") + f"; {advice}"
         )
     if expected is None:
         log.warning("%s: no known checksum; downloaded file has md5 %s", url, digest)

@@ -25,12 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from vitplasticity.data.archives import (
-    ArchiveError,
     FormatError,
     InputFile,
     find_member,
     first_undecodable,
-    local_remedy,
     read_mat,
     read_tar_members,
     tar_names,
@@ -67,6 +65,10 @@ class ValImage:
         return f"{self.wnid}/{self.name}"
 
 
+# The names an archive layout's file may have (the official tar, the Hugging Face tar.gz).
+_TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
 def layout_error(path: str | os.PathLike[str], problem: str) -> ValueError:
     """The error for a path that is not an accepted layout: the key, the problem, the layouts."""
     layouts = "\n".join(f"  - {layout}" for layout in IMAGENET_LAYOUTS)
@@ -81,6 +83,8 @@ def index_val(path: str | os.PathLike[str]) -> tuple[str, list[ValImage]]:
 
     Raises:
         ValueError: ``path`` is missing or not an accepted layout (naming the key and layouts).
+        DamagedFileError: ``path`` is a tar that cannot be read (truncated, an HTML page),
+            naming it and the remedy.
     """
     path = Path(os.path.expanduser(str(path)))
     if not path.exists():
@@ -100,11 +104,12 @@ def index_val(path: str | os.PathLike[str]) -> tuple[str, list[ValImage]]:
             if f.suffix.lower() in _IMAGE_SUFFIXES
         ]
         return "folder", images
-    try:
+    if not path.name.endswith(_TAR_SUFFIXES):
+        raise layout_error(path, "not a val folder or a tar archive")
+    # A tar in the place of the val set is one of the archive layouts: one that cannot be
+    # read is damaged (named with the remedy), not another layout.
+    with InputFile.local(path, IMAGENET_KEY).reading("tar archive"):
         names = tar_names(path)
-    except (ArchiveError, OSError) as error:
-        problem = f"not a readable tar archive ({error}); {local_remedy(IMAGENET_KEY)}"
-        raise layout_error(path, problem) from error
     hf = [(m, _HF.search(m)) for m in names]
     if any(match for _, match in hf):
         return "hf", [

@@ -65,8 +65,11 @@ def load_finetune_splits(
     meta = store.read_meta(dataset_dir)
     pool = store.read_split(dataset_dir, "pool")
     test = store.read_split(dataset_dir, "test")
-    if store.has_fixed_val(dataset_dir):
-        train, val, source = pool, store.read_split(dataset_dir, "val"), "fixed"
+    fixed_val = store.read_split(dataset_dir, "val") if store.has_fixed_val(dataset_dir) else None
+    stored = {"pool": pool, "test": test, **({"val": fixed_val} if fixed_val is not None else {})}
+    store.check_labels(dataset_dir, meta["num_classes"], stored)
+    if fixed_val is not None:
+        train, val, source = pool, fixed_val, "fixed"
     else:
         train_idx, val_idx = store.split_pool(len(pool), seed, val_fraction)
         train, val, source = pool.subset(train_idx), pool.subset(val_idx), "pool"

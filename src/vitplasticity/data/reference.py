@@ -10,7 +10,7 @@ import numpy as np
 
 from vitplasticity.data.imagenet_layouts import imagenet_missing_message
 from vitplasticity.data.store import read_split, write_split
-from vitplasticity.io import atomic_path
+from vitplasticity.io import atomic_path, read_parquet_table
 
 
 def build_reference(
@@ -63,13 +63,10 @@ def read_reference_images(path: str | os.PathLike[str]) -> list[bytes]:
 
     Raises:
         FileNotFoundError: when ``path`` does not exist.
-        ValueError: when it has no ``image`` column.
+        UnreadableFileError: when it is damaged or has no ``image`` column.
     """
-    import pyarrow.parquet as pq
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"reference set not found: {path}")
-    if "image" not in pq.read_schema(path).names:
-        raise ValueError(f"{path}: not a reference set (no 'image' column)")
-    return pq.read_table(path, columns=["image"]).column("image").to_pylist()
+    remedy = f"delete {path} and rerun: the workflow builds the reference set again"
+    return read_parquet_table(path, ["image"], remedy).column("image").to_pylist()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -23,6 +24,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from vitplasticity.io import read_json, read_parquet_table, unreadable
+
+log = logging.getLogger(__name__)
 
 SPLITS: tuple[str, ...] = ("pool", "val", "test")
 _ROW_GROUP = 1024
@@ -79,17 +84,23 @@ def write_split(
     return len(images)
 
 
+def store_remedy(dataset_dir: str | os.PathLike[str]) -> str:
+    """What to do about a damaged file of a prepared dataset: prepare it again."""
+    return f"delete the folder {dataset_dir} and rerun: the workflow prepares it again"
+
+
 def read_split(dataset_dir: str | os.PathLike[str], split: str) -> Split:
     """Read one split of a prepared dataset.
 
     Raises:
         FileNotFoundError: naming the missing file and the splits that do exist.
+        UnreadableFileError: when the file is damaged, naming it and the remedy.
     """
     path = Path(dataset_dir) / f"{split}.parquet"
     if not path.is_file():
         present = sorted(p.stem for p in Path(dataset_dir).glob("*.parquet"))
         raise FileNotFoundError(f"{path}: no split {split!r} (present: {present or 'none'})")
-    table = pq.read_table(path, columns=["image", "label", "file"])
+    table = read_parquet_table(path, ["image", "label", "file"], store_remedy(dataset_dir))
     return Split(
         images=table.column("image").to_pylist(),
         labels=table.column("label").to_numpy().astype(np.int64),
@@ -98,11 +109,65 @@ def read_split(dataset_dir: str | os.PathLike[str], split: str) -> Split:
 
 
 def read_meta(dataset_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``meta.json`` of a prepared dataset."""
+    """The ``meta.json`` of a prepared dataset.
+
+    Raises:
+        FileNotFoundError: when the folder holds no meta.json.
+        UnreadableFileError: when it is not JSON, or its ``num_classes`` is not a positive
+            integer or disagrees with its ``class_names`` (every source writes both).
+    """
     path = Path(dataset_dir) / "meta.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not a prepared dataset (no meta.json)")
-    return json.loads(path.read_text())
+    remedy = store_remedy(dataset_dir)
+    meta = read_json(path, remedy)
+    if not isinstance(meta, dict):
+        raise unreadable(path, f"expected a JSON object, found {type(meta).__name__}", remedy)
+    num_classes, names = meta.get("num_classes"), meta.get("class_names")
+    if type(num_classes) is not int or num_classes < 1:
+        raise unreadable(path, f"num_classes {num_classes!r} is not a positive integer", remedy)
+    if names is not None and (not isinstance(names, list) or len(names) != num_classes):
+        found = f"{len(names)} class_names" if isinstance(names, list) else "class_names not a list"
+        raise unreadable(path, f"num_classes {num_classes} but {found}", remedy)
+    return meta
+
+
+def check_labels(
+    dataset_dir: str | os.PathLike[str], num_classes: int, splits: dict[str, Split]
+) -> None:
+    """Check that every label of ``splits`` is a class of the head (0 .. num_classes - 1).
+
+    The head has ``num_classes`` outputs, one per entry of meta.json's ``class_names``. A
+    class without an image in any split is allowed (a small subset of a dataset need not hold
+    every class; the sources write their official class list) and logged as a warning.
+
+    Raises:
+        UnreadableFileError: naming meta.json and the split whose labels fall outside.
+    """
+    meta = Path(dataset_dir) / "meta.json"
+    seen: set[int] = set()
+    for split, data in splits.items():
+        if not len(data):
+            continue
+        low, high = int(data.labels.min()), int(data.labels.max())
+        if low < 0 or high >= num_classes:
+            raise unreadable(
+                meta,
+                f"num_classes {num_classes}, but {split}.parquet has labels from {low} to "
+                f"{high} (a label must lie in 0..{num_classes - 1})",
+                store_remedy(dataset_dir),
+            )
+        seen.update(np.unique(data.labels).tolist())
+    absent = sorted(set(range(num_classes)) - seen)
+    if absent:
+        log.warning(
+            "%s: %d of %d classes have no image in any split (e.g. %s); their head outputs "
+            "are trained only as negatives",
+            dataset_dir,
+            len(absent),
+            num_classes,
+            absent[:5],
+        )
 
 
 def has_fixed_val(dataset_dir: str | os.PathLike[str]) -> bool:

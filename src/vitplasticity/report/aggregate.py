@@ -24,6 +24,8 @@ from typing import Any
 
 import polars as pl
 
+from vitplasticity.io import read_json, unreadable
+
 LR_SELECTIONS: tuple[str, ...] = ("val", "test")
 
 # summary.json key -> runs column. Every key must be present in every summary.
@@ -68,23 +70,55 @@ def _accuracy(value: Any, key: str, path: str | os.PathLike[str]) -> float | Non
     return value
 
 
+# The Python types a summary.json value of each column's type may have (bool is an int in
+# Python, so it is told apart explicitly).
+_JSON_TYPES: dict[type[pl.DataType], tuple[tuple[type, ...], str]] = {
+    pl.String: ((str,), "a string"),
+    pl.Float64: ((int, float), "a number"),
+    pl.Int64: ((int,), "an integer"),
+    pl.Boolean: ((bool,), "true or false"),
+}
+# What to do about a summary.json that cannot be used.
+_SUMMARY_REMEDY = "it is written by the finetune job: delete it and rerun that run"
+# Keys that identify a run: never null.
+_IDENTITY = ("experiment", "model", "dataset", "configuration", "optimizer", "lr", "seed")
+
+
+def _check_types(summary: dict[str, Any], path: Path) -> None:
+    """Raise UnreadableFileError naming the first key whose value has the wrong type."""
+    for key, dtype in {**_RUN_FIELDS, **_OPTIONAL_FIELDS}.items():
+        value = summary.get(key)
+        if value is None and key not in _IDENTITY:
+            continue
+        allowed, word = _JSON_TYPES[type(dtype)]
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise unreadable(
+                path,
+                f"{key} is {json.dumps(value)}, not {word}",
+                _SUMMARY_REMEDY,
+            )
+
+
 def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     """One run's summary.json as a ``runs`` row.
 
     Raises:
         FileNotFoundError: if the file is missing.
-        ValueError: if it is not JSON, misses a key, or holds an accuracy outside [0, 1].
+        UnreadableFileError: if it is not JSON, misses a key or holds a value of the wrong
+            type, naming the key and the remedy.
+        ValueError: if it holds an accuracy outside [0, 1].
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"finetuning summary not found: {path}")
-    try:
-        summary = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from error
+    remedy = _SUMMARY_REMEDY
+    summary = read_json(path, remedy)
+    if not isinstance(summary, dict):
+        raise unreadable(path, f"expected a JSON object, found {type(summary).__name__}", remedy)
     missing = [key for key in _RUN_FIELDS if key not in summary]
     if missing:
-        raise ValueError(f"{path}: summary misses key(s) {', '.join(missing)}")
+        raise unreadable(path, f"summary misses key(s) {', '.join(missing)}", remedy)
+    _check_types(summary, path)
     row = {key: summary.get(key) for key in (*_RUN_FIELDS, *_OPTIONAL_FIELDS)}
     for key in ("best_val_accuracy", "test_accuracy"):
         row[key] = _accuracy(row[key], key, path)

@@ -87,9 +87,10 @@ def prepare(
             arrays[member] = np.load(io.BytesIO(data), allow_pickle=False)
     images, labels = arrays[image_member], arrays[label_member]
     if images.ndim != 4 or images.shape[1:] != (32, 32, 3) or images.shape[:1] != labels.shape:
-        raise archive.damaged(
-            f"{image_member} has shape {images.shape} and {label_member} {labels.shape}; "
-            "expected (N, 32, 32, 3) and (N,)"
+        layout = ", channel-first" if images.ndim == 4 and images.shape[1:] == (3, 32, 32) else ""
+        raise archive.misshapen(
+            f"{image_member} has shape {images.shape}{layout} and {label_member} "
+            f"{labels.shape}; the official arrays are (N, 32, 32, 3) uint8 images and (N,) labels"
         )
     if len(images) % SEVERITIES:
         raise archive.damaged(

@@ -58,6 +58,9 @@ def resolve_files(
     for filename in source_files(spec["source"], spec):
         entry = registry[filename]
         expected = file_checksum(name, spec, filename, entry)
+        # A digest from the entry's own checksums is the user's: a mismatch may be their typo.
+        yours = filename in (spec.get("checksums") or {})
+        origin = f"datasets.{name}.checksums.{filename}" if yours else None
         if filename in local:
             path = local[filename]
             if not path.is_file():
@@ -66,16 +69,21 @@ def resolve_files(
                 )
             actual = file_digest(path, expected.algorithm if expected else "md5")
             if expected is not None and actual != expected.hexdigest:
+                if origin:
+                    where, other = f"from your config {origin}", "correct that digest"
+                else:
+                    where = "the registry's"
+                    other = f"give their digest under datasets.{name}.checksums"
                 raise ChecksumError(
                     f"datasets.{name}.archive: checksum mismatch for {path}: "
-                    f"expected {expected.algorithm} {expected.hexdigest} ({filename}), "
+                    f"expected {expected.algorithm} {expected.hexdigest} ({filename}, {where}), "
                     f"got {actual}; {local_remedy(f'datasets.{name}.archive')} (or, if "
-                    f"these bytes are right, give their digest under datasets.{name}.checksums)"
+                    f"these bytes are right, {other})"
                 )
             resolved[filename] = InputFile.local(path, f"datasets.{name}.archive")
         else:
             url = remote_file(name, spec, filename).url if spec.get("url") else entry.url
-            path = download(url, downloads / filename, checksum=expected)
+            path = download(url, downloads / filename, checksum=expected, checksum_origin=origin)
             resolved[filename] = InputFile.downloaded(path)
     return resolved
 

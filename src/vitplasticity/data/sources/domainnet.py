@@ -41,6 +41,16 @@ def scan_domain(names: list[str], domain: str) -> tuple[list[str], list[str]]:
     return images, classes
 
 
+# The official list of each split: <domain>_train.txt is the pool.
+LIST_NAMES: dict[str, str] = {"pool": "train", "test": "test"}
+
+
+def _line_of(file: InputFile, image: str) -> int:
+    """The 1-based line of split list ``file`` that names ``image`` first."""
+    lines = file.path.read_text().splitlines()
+    return next(n for n, line in enumerate(lines, start=1) if line.split()[:1] == [image])
+
+
 def read_list(file: InputFile) -> list[str]:
     """The image paths of an official split list (lines ``<path> <label>``).
 
@@ -84,7 +94,12 @@ def prepare(
     with archive.reading("zip archive"), open_zip(archive.path) as zipped:
         images, classes = scan_domain(zipped.namelist(), domain)
         if not images:
-            raise archive.damaged(f"no images under '{domain}/<class>/'; wrong domain?")
+            tops = sorted({n.split("/", 1)[0] for n in zipped.namelist()})
+            raise archive.misshapen(
+                f"no images under '{domain}/<class>/' (its top-level entries: {tops[:5]}); "
+                f"the official {domain}.zip holds {domain}/<class>/<image>: re-packed, or "
+                "another domain's zip?"
+            )
         label_of = {c: k for k, c in enumerate(classes)}
         if split_mode == "random":
             pool_idx, test_idx = paper_fixed_split(len(images))
@@ -94,16 +109,20 @@ def prepare(
             }
         else:
             parts = {
-                "pool": read_list(paths[f"{domain}_train.txt"]),
-                "test": read_list(paths[f"{domain}_test.txt"]),
+                split: read_list(paths[f"{domain}_{name}.txt"])
+                for split, name in LIST_NAMES.items()
             }
             present = set(images)
             for split, listed in parts.items():
                 missing = [p for p in listed if p not in present]
                 if missing:
-                    raise archive.damaged(
-                        f"{len(missing)} image(s) of the official {split} list missing, "
-                        f"e.g. {missing[:3]}"
+                    # Both files passed their checksums: blame the list line naming an image
+                    # the zip does not hold (fetching either again brings the same bytes).
+                    listing = paths[f"{domain}_{LIST_NAMES[split]}.txt"]
+                    raise listing.misshapen(
+                        f"line {_line_of(listing, missing[0])} names image {missing[0]!r}, "
+                        f"which {archive.path.name} does not hold ({len(missing)} listed "
+                        "image(s) missing in all)"
                     )
         total = sum(len(v) for v in parts.values())
         progress = Progress(f"read {archive.path.name}", total, unit="img")

@@ -46,6 +46,18 @@ def parse_list(data: bytes) -> list[tuple[str, int]]:
     return entries
 
 
+def _first_line_naming(
+    image_ids: list[str], list_members: dict[str, str], texts: dict[str, bytes]
+) -> tuple[str, int]:
+    """The list member and 1-based line number where ``image_ids[0]`` is listed first."""
+    return next(
+        (member, number)
+        for member in list_members.values()
+        for number, line in enumerate(texts[member].decode().splitlines(), start=1)
+        if line.split()[:1] == [image_ids[0]]
+    )
+
+
 def class_name(image_id: str) -> str:
     """The breed name of an image id: ``american_bulldog_12`` -> ``American Bulldog``."""
     return " ".join(part.title() for part in image_id.rsplit("_", 1)[0].split("_"))
@@ -91,8 +103,16 @@ def prepare(
             n.rsplit("/", 1)[-1]: n for n in tar_names(images_tar.path) if n.endswith(".jpg")
         }
         missing = sorted(i for i in needed if f"{i}.jpg" not in by_name)
-        if missing:
-            raise images_tar.damaged(f"{len(missing)} listed image(s) missing, e.g. {missing[:3]}")
+    if missing:
+        # Both archives passed their checksums and read whole: the odd one out is the list
+        # line naming an image that does not exist (fetching either again brings the same).
+        member, number = _first_line_naming(missing, list_members, texts)
+        raise annotations_tar.misshapen(
+            f"line {number} names image {missing[0]!r}, which {images_tar.path.name} does not "
+            f"hold ({len(missing)} listed image(s) missing in all)",
+            member,
+        )
+    with images_tar.reading("tar.gz archive"):
         members = read_tar_members(images_tar.path, {by_name[f"{i}.jpg"] for i in needed})
     bad = first_undecodable(list(members.values()))
     if bad is not None:

@@ -398,19 +398,30 @@ def download_url(datasets: Mapping[str, Mapping[str, Any]], filename: str) -> st
 
 
 def download_checksum(datasets: Mapping[str, Mapping[str, Any]], filename: str) -> Checksum | None:
-    """The digest the download job of ``filename`` verifies: the registry's md5, or the one
+    """The digest the download job of ``filename`` verifies: the registry's md5, or the
     ``checksums`` override that the datasets downloading the file agree on.
 
+    Overrides are compared per algorithm: an md5 and a sha256 cannot be compared without the
+    file, and those of the same bytes are no conflict. The download job verifies the sha256
+    (the stronger digest) where one is given; each dataset's prepare job then verifies the
+    file against its own override, so a wrong one is still found, naming its key.
+
     Raises:
-        ValueError: two datasets give different checksums for the same file (named).
+        ValueError: two datasets give different digests of one algorithm for the same file
+            (both named).
     """
     chosen = {
-        f"datasets.{name}.checksums.{filename}": str(file_checksum(name, spec, filename))
+        f"datasets.{name}.checksums.{filename}": file_checksum(name, spec, filename)
         for name, spec in _downloaders(datasets, filename)
         if filename in (spec.get("checksums") or {})
     }
-    agreed = _agreed(chosen, filename, "checksums")
-    return Checksum.parse(agreed) if agreed else FILES[filename].checksum
+    agreed: dict[str, Checksum] = {}
+    for algorithm in sorted(CHECKSUM_HEX_LENGTHS, key=lambda a: -CHECKSUM_HEX_LENGTHS[a]):
+        same = {key: str(value) for key, value in chosen.items() if value.algorithm == algorithm}
+        value = _agreed(same, filename, "checksums")
+        if value is not None:
+            agreed[algorithm] = Checksum.parse(value)
+    return next(iter(agreed.values()), None) or FILES[filename].checksum
 
 
 def shared_download_problems(datasets: Mapping[str, Mapping[str, Any]]) -> list[str]:
