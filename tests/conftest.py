@@ -7,14 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.tiny_vit import TINY_SPEC
 from vitplasticity.models import ModelSpec, build_model
-
-TINY_VIT_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 3, "num_heads": 3}
-TINY_SPEC = ModelSpec(
-    timm_id="vit_tiny_patch16_224", weights="random", normalize="pretrained", kwargs=TINY_VIT_KWARGS
-)
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

@@ -325,7 +325,7 @@ def test_workflow_bounds_of_a_dinov3_model(tmp_path: Path) -> None:
     """The bounds job and its figure on the mini preset with a DINOv3 model (the bounds job
     crashed with a TypeError before): LN and FC rows beside the measured plasticity, the MHA
     refusal in the footer and the figure."""
-    from tests.test_workflow import snakemake
+    from tests.helpers.workflow import snakemake
     from vitplasticity.io import read_parquet_metadata
 
     extra = tmp_path / "dinov3.yaml"

@@ -6,7 +6,6 @@ Everything runs a 3-block, 48-wide random-init ViT at 32 px on a small synthetic
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 import re
@@ -20,13 +19,12 @@ import pytest
 import torch
 import torch.nn.functional as functional
 
+from tests.helpers.tiny_finetune import cli_args, first_batch, settings_for
 from vitplasticity import cli
-from vitplasticity.data import loader
 from vitplasticity.finetune import (
     GROUPS,
     METRICS_SCHEMA,
     TIMING_FIELDS,
-    FinetuneSettings,
     build_optimizer,
     build_run_model,
     run,
@@ -69,35 +67,6 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
-
-
-def settings_for(spec: ModelSpec, **overrides: Any) -> FinetuneSettings:
-    base = dict(
-        experiment="sgd",
-        model="tiny",
-        dataset="demo-stripes",
-        model_spec=dataclasses.asdict(spec),
-        configuration="mha",
-        lr=0.05,
-        seed=0,
-        steps=6,
-        val_every=3,
-        batch_size=8,
-        micro_batch_size=4,
-        warmup_steps=2,
-        device="cpu",
-        log_every=2,
-        checkpoint_every=2,
-    )
-    return FinetuneSettings(**{**base, **overrides})
-
-
-def first_batch(dataset: Path, settings: FinetuneSettings, pre: Any, step: int = 0) -> tuple:
-    splits = loader.load_finetune_splits(dataset, settings.seed, settings.val_fraction)
-    batches = loader.TrainBatches(
-        loader.ImageBank(splits.train.images), splits.train.labels, pre, settings.batch_size, 0
-    )
-    return batches[step]
 
 
 # -- which parameters each configuration trains ------------------------------------------
@@ -237,39 +206,6 @@ def test_missing_dataset_is_named_before_compute(tiny_spec: ModelSpec, tmp_path:
 
 
 # -- whole runs -----------------------------------------------------------------------------
-
-
-def cli_args(spec: ModelSpec, dataset: Path, out: Path, **flags: Any) -> list[str]:
-    values = {
-        "experiment": "sgd",
-        "model": "tiny",
-        "dataset": "demo-stripes",
-        "model-spec": json.dumps(dataclasses.asdict(spec)),
-        "dataset-dir": str(dataset),
-        "configuration": "mha",
-        "optimizer": "sgd",
-        "lr": "0.05",
-        "seed": "0",
-        "steps": "6",
-        "val-every": "3",
-        "batch-size": "8",
-        "micro-batch-size": "4",
-        "warmup-steps": "2",
-        "clip-grad-norm": "1.0",
-        "momentum": "0.9",
-        "val-fraction": "0.2",
-        "precision": "fp32",
-        "device": "cpu",
-        "num-workers": "0",
-        "log-every": "2",
-        "checkpoint-every": "2",
-        "out-dir": str(out),
-        **flags,
-    }
-    argv = ["finetune", "--adam-betas", "0.9", "0.999"]
-    for key, value in values.items():
-        argv += [f"--{key}", value]
-    return argv
 
 
 def test_cli_run_writes_the_contract(

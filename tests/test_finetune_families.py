@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import TINY_SPEC
-from tests.test_finetune import cli_args, first_batch, settings_for
+from tests.helpers.tiny_finetune import cli_args, first_batch, settings_for
+from tests.helpers.tiny_vit import TINY_SPEC
 from vitplasticity.architectures import UnsupportedModel, registry
 from vitplasticity.architectures.timm_vit import TimmVisionTransformer
 from vitplasticity.cli import main

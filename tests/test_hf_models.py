@@ -24,8 +24,8 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers.tiny_finetune import cli_args, first_batch, settings_for
 from tests.helpers.tiny_models import perturbed
-from tests.test_finetune import cli_args, first_batch, settings_for
 from vitplasticity.architectures import architecture_for, parameter_map
 from vitplasticity.cli import main
 from vitplasticity.finetune import build_optimizer, build_run_model, training_step
@@ -614,7 +614,7 @@ def test_hub_weights_load_at_their_revision_then_offline(tmp_path: Path) -> None
 
     from safetensors.torch import load_file, save
 
-    from tests.test_weights import COMMIT, FakeHub, hub_env
+    from tests.helpers.fake_hub import COMMIT, FakeHub, hub_env
 
     folder = tmp_path / "served"
     saved = saved_tower("dinov2", folder)

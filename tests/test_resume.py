@@ -78,7 +78,7 @@ def reference_runs(
     demo_dataset: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[dict[str, Any], pl.DataFrame]]:
     """Uninterrupted runs (SGD and AdamW): their summaries and metrics."""
-    from tests.conftest import TINY_SPEC
+    from tests.helpers.tiny_vit import TINY_SPEC
 
     out: dict[str, tuple[dict[str, Any], pl.DataFrame]] = {}
     for optimizer in ("sgd", "adamw"):

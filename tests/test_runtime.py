@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_config import paper_dry_run
-from tests.test_train_flops import hand_count
+from tests.helpers.flops import hand_count
+from tests.helpers.workflow import paper_dry_run
 from vitplasticity import runtime
 
 REPO = Path(__file__).resolve().parents[1]

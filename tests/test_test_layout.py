@@ -49,8 +49,8 @@ def test_no_test_module_imports_another_or_conftest() -> None:
         for module in imported_modules(path.read_text(), package_of(path))
         if forbidden(module)
     }
-    assert not offenders, (
-        "move what test modules share to tests/helpers/: " + "; ".join(sorted(offenders))
+    assert not offenders, "move what test modules share to tests/helpers/: " + "; ".join(
+        sorted(offenders)
     )
 
 
