@@ -113,6 +113,26 @@ def test_fetch_downloads_once_and_records_sha256(
     assert len(hub.file_requests()) == 3 and pinned["sha256"] == record["sha256"]
 
 
+def test_a_cached_checkpoint_that_is_not_the_hubs_is_refused(
+    hub: FakeHub, checkpoint: tuple[bytes, dict], tmp_path: Path
+) -> None:
+    """The cache names an LFS blob by its sha256: a blob whose bytes changed since stops the
+    fetch, naming the model and the cached file, and leaves no model.safetensors behind."""
+    data, _ = checkpoint
+    cache = tmp_path / "cache"
+    fetch("hub_vit", TIMM_ID, tmp_path / "a", endpoint=hub.url, cache_dir=cache)
+    blob = (
+        cache / f"models--{REPO_ID.replace('/', '--')}" / "blobs" / hashlib.sha256(data).hexdigest()
+    )
+    blob.write_bytes(data[:-1] + b"\0")
+    with pytest.raises(
+        RuntimeError, match=rf"models\.hub_vit .*has sha256 .*the hub says {blob.name}"
+    ):
+        fetch("hub_vit", TIMM_ID, tmp_path / "b", revision=COMMIT, cache_dir=cache)
+    assert not (tmp_path / "b" / "model.safetensors").exists()
+    assert not (tmp_path / "b" / RECORD_FILENAME).exists()
+
+
 def test_the_local_file_loads_the_served_tensors_and_is_in_provenance(
     hub: FakeHub, checkpoint: tuple[bytes, dict], tmp_path: Path
 ) -> None:
