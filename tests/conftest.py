@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,16 @@ import torch
 
 from tests.helpers.tiny_vit import TINY_SPEC
 from vitplasticity.models import ModelSpec, build_model
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for a module's tests: tiny models run fastest so, and the machine's
+    CPUs are shared (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import copy
 import json
 import math
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +59,8 @@ CONTRACT_KEYS = {
 }  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: tiny models run fastest so, and the CPU is shared by the team."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# One intra-op thread per module (conftest.py: tiny models run fastest so).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- which parameters each configuration trains ------------------------------------------

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +71,8 @@ TOWERS: dict[str, tuple[str, dict[str, Any]]] = {
 MODEL_TYPES = sorted(TOWERS)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# One intra-op thread per module (conftest.py: tiny models run fastest so).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_config(model_type: str) -> dict[str, Any]:

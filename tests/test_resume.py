@@ -30,13 +30,8 @@ STEPS = 24
 VOLATILE = (*TIMING_FIELDS, "created", "resumed")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: tiny models run fastest so, and the CPU is shared by the team."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# One intra-op thread per module (conftest.py: tiny models run fastest so).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def settings_for(spec: ModelSpec, optimizer: str) -> FinetuneSettings:
