@@ -20,8 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import workflow
 from tests.helpers.fake_hub import COMMIT, FakeHub, git_blob_id, hub_env
-from tests.helpers.workflow import PRESETS, planned_jobs
+from tests.helpers.workflow import planned_jobs
 from vitplasticity.io import read_parquet_metadata
 from vitplasticity.weights import RECORD_FILENAME, fetch_snapshot
 
@@ -293,10 +294,7 @@ def snakemake(
     """snakemake on the mini preset with ``edit`` (YAML) merged over it, in ``workdir``."""
     configfile = workdir.parent / "hf.yaml"
     configfile.write_text(edit)
-    command = [str(Path(sys.executable).parent / "snakemake")]
-    command += ["--snakefile", str(PRESETS[0].parent / "Snakefile"), "--directory", str(workdir)]
-    command += ["--configfile", *map(str, PRESETS), str(configfile), "--cores", "2", *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    return workflow.snakemake(workdir, *args, extra_configfiles=(configfile,), env=env)
 
 
 REFERENCE_TEXT = "".join(f"Document {i}: the quick brown fox, {i * 7} times.\n" for i in range(8))

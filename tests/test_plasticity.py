@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy.special import erf
 
+from tests.helpers.images import write_reference
 from tests.helpers.numpy_reference import layer_norm
 from vitplasticity import COMPONENTS
 from vitplasticity.plasticity import PAIR_SCHEMA, measure, measure_protocols, summarize
@@ -341,14 +342,6 @@ def test_summarize_against_numpy() -> None:
 # The CLI, end to end on the tiny model
 
 
-def _write_reference(path, n: int) -> None:
-    from vitplasticity.data.store import encode_png, write_split
-
-    rng = np.random.default_rng(3)
-    images = [encode_png(rng.integers(0, 256, (40, 36, 3), dtype=np.uint8)) for _ in range(n)]
-    write_split(path, images, [0] * n, [f"ref_{i}.png" for i in range(n)])
-
-
 def test_cli_end_to_end(tmp_path, demo_dataset, tiny_spec, caplog) -> None:
     import json
 
@@ -359,7 +352,9 @@ def test_cli_end_to_end(tmp_path, demo_dataset, tiny_spec, caplog) -> None:
     from vitplasticity.models import build_model, preprocessing
 
     reference = tmp_path / "reference.parquet"
-    _write_reference(reference, 40)  # test split has 32 images: the last 8 pairs cycle
+    write_reference(
+        reference, 40, seed=3, size=(40, 36)
+    )  # test split has 32 images: the last 8 pairs cycle
     out, summary = tmp_path / "pairs.parquet", tmp_path / "summary.parquet"
     spec_json = json.dumps(
         {"timm_id": tiny_spec.timm_id, "weights": "random", "kwargs": tiny_spec.kwargs}
@@ -415,7 +410,7 @@ def test_cli_rejects_bad_input_before_compute(tmp_path, demo_dataset, tiny_spec,
     from vitplasticity.cli import main
 
     reference = tmp_path / "reference.parquet"
-    _write_reference(reference, 4)
+    write_reference(reference, 4, seed=3, size=(40, 36))
     spec_json = json.dumps(
         {"timm_id": tiny_spec.timm_id, "weights": "random", "kwargs": tiny_spec.kwargs}
     )

@@ -17,11 +17,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers.images import image_folder
+from tests.helpers.images import image_folder, write_reference
 from tests.helpers.tiny_vit import TINY_SPEC, TINY_VIT_KWARGS
 from vitplasticity import COMPONENTS
 from vitplasticity.cli import main
-from vitplasticity.data.store import PreparedDatasetWriter, encode_png, write_split
+from vitplasticity.data.store import PreparedDatasetWriter, encode_png
 from vitplasticity.io import read_parquet_metadata
 from vitplasticity.models import build_model
 from vitplasticity.plasticity import measure
@@ -541,9 +541,7 @@ def test_cli_on_a_prepared_dataset_with_a_reference_and_combine(
     tmp_path: Path, demo_dataset: Path
 ) -> None:
     reference = tmp_path / "reference.parquet"
-    rng = np.random.default_rng(1)
-    images = [encode_png(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)) for _ in range(6)]
-    write_split(reference, images, [0] * 6, [f"{i}.png" for i in range(6)])
+    write_reference(reference, 6, seed=1, size=(32, 32), name_prefix="")
     prefix = tmp_path / "combined"
     argv = [
         "recommend",

@@ -20,8 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import workflow
 from tests.helpers.fake_hub import COMMIT, FakeHub, hub_env
-from tests.helpers.workflow import PRESETS, planned_jobs
+from tests.helpers.workflow import planned_jobs
 from vitplasticity.io import read_parquet_metadata
 from vitplasticity.models import ModelSpec, build_model
 from vitplasticity.provenance import provenance, weights_record
@@ -296,19 +297,7 @@ def snakemake(
     for index, text in enumerate((HUB_PRESET, *edits)):
         configs.append(workdir.parent / f"config{index}.yaml")
         configs[-1].write_text(text)
-    command = [
-        str(Path(sys.executable).parent / "snakemake"),
-        "--snakefile",
-        str(PRESETS[0].parent / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--configfile",
-        *map(str, (*PRESETS, *configs)),
-        "--cores",
-        "2",
-        *args,
-    ]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    return workflow.snakemake(workdir, *args, extra_configfiles=tuple(configs), env=env)
 
 
 @pytest.mark.slow

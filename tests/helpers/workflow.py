@@ -24,11 +24,17 @@ PRESETS = [
 
 
 def snakemake(
-    workdir: Path, *args: str, extra_configfiles: tuple[Path, ...] = ()
+    workdir: Path,
+    *args: str,
+    extra_configfiles: tuple[Path, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run snakemake on the repository's Snakefile inside ``workdir``."""
+    """Run snakemake on the repository's Snakefile inside ``workdir``, on the mini preset with
+    ``extra_configfiles`` merged last, in ``env`` (default: this process's environment) with
+    this interpreter's scripts first on PATH."""
     bindir = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    base = os.environ if env is None else env
+    env = {**base, "PATH": f"{bindir}{os.pathsep}{base['PATH']}"}
     command = [
         str(bindir / "snakemake"),
         "--snakefile",
