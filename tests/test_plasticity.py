@@ -12,7 +12,7 @@ import torch
 from scipy.special import erf
 
 from tests.helpers.images import write_reference
-from tests.helpers.numpy_reference import layer_norm
+from tests.helpers.numpy_reference import embedding_protocol, layer_norm, norm_ratio
 from vitplasticity import COMPONENTS
 from vitplasticity.plasticity import PAIR_SCHEMA, measure, measure_protocols, summarize
 
@@ -90,35 +90,31 @@ def direct_plasticity(
             def ln(name: str, t: np.ndarray, b: str = b) -> np.ndarray:
                 return layer_norm(t, w[f"{b}.{name}.weight"], w[f"{b}.{name}.bias"], eps)
 
-            def ratio(f, u: np.ndarray, v: np.ndarray) -> tuple[float, float]:
-                return float(np.linalg.norm(f(u) - f(v))), float(np.linalg.norm(u - v))
-
             if protocol == "embedding":
-                width = x.shape[1]
-                hidden = w[f"{b}.mlp.fc2.weight"].shape[1]
-
-                def pad(t: np.ndarray, width: int = width, hidden: int = hidden) -> np.ndarray:
-                    return np.hstack([t, np.zeros((t.shape[0], hidden - width))])
-
-                parts = {
-                    "ln1": ratio(lambda t: ln("norm1", t), x, y),
-                    "mha": ratio(lambda t, b=b: attention(w, f"{b}.attn", t, heads), x, y),
-                    "ln2": ratio(lambda t: ln("norm2", t), x, y),
-                    "fc1": ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc1", t), x, y),
-                    "fc2": ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc2", pad(t)), x, y),
-                }
+                parts = embedding_protocol(
+                    x,
+                    y,
+                    ln1=lambda t: ln("norm1", t),
+                    mha=lambda t, b=b: attention(w, f"{b}.attn", t, heads),
+                    ln2=lambda t: ln("norm2", t),
+                    fc1=lambda t, b=b: linear(w, f"{b}.mlp.fc1", t),
+                    fc2=lambda t, b=b: linear(w, f"{b}.mlp.fc2", t),
+                    fc2_width=w[f"{b}.mlp.fc2.weight"].shape[1],
+                )
             else:  # in_situ: the real block, each component fed what reaches it
-                parts = {"ln1": ratio(lambda t: ln("norm1", t), x, y)}
+                parts = {"ln1": norm_ratio(lambda t: ln("norm1", t), x, y)}
                 ux, uy = ln("norm1", x), ln("norm1", y)
-                parts["mha"] = ratio(lambda t, b=b: attention(w, f"{b}.attn", t, heads), ux, uy)
+                parts["mha"] = norm_ratio(
+                    lambda t, b=b: attention(w, f"{b}.attn", t, heads), ux, uy
+                )
                 rx = x + attention(w, f"{b}.attn", ux, heads)
                 ry = y + attention(w, f"{b}.attn", uy, heads)
-                parts["ln2"] = ratio(lambda t: ln("norm2", t), rx, ry)
+                parts["ln2"] = norm_ratio(lambda t: ln("norm2", t), rx, ry)
                 vx, vy = ln("norm2", rx), ln("norm2", ry)
-                parts["fc1"] = ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc1", t), vx, vy)
+                parts["fc1"] = norm_ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc1", t), vx, vy)
                 hx = gelu(linear(w, f"{b}.mlp.fc1", vx))
                 hy = gelu(linear(w, f"{b}.mlp.fc1", vy))
-                parts["fc2"] = ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc2", t), hx, hy)
+                parts["fc2"] = norm_ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc2", t), hx, hy)
                 x = rx + linear(w, f"{b}.mlp.fc2", hx)
                 y = ry + linear(w, f"{b}.mlp.fc2", hy)
             for component, value in parts.items():
