@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers.tiny_vit import TINY_SPEC
 from vitplasticity.models import ModelSpec, build_model
 
-TINY_VIT_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 3, "num_heads": 3}
-TINY_SPEC = ModelSpec(
-    timm_id="vit_tiny_patch16_224", weights="random", normalize="pretrained", kwargs=TINY_VIT_KWARGS
-)
 
-REPO = Path(__file__).resolve().parents[1]
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for a module's tests: tiny models run fastest so, and the machine's
+    CPUs are shared (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture

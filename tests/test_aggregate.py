@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tests.report_inputs import write_grid, write_run
+from tests.helpers.report_inputs import write_grid, write_run
 from vitplasticity.cli import main
 from vitplasticity.io import read_parquet_metadata
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 import torch
 
+from tests.helpers.images import write_reference
 from vitplasticity.bounds import BOUND_SCHEMA, TokenStatistics, upper_bounds
 from vitplasticity.components import COMPONENTS
 from vitplasticity.plasticity.measure import measure
@@ -150,14 +151,6 @@ def test_errors_name_the_culprit(tiny_vit: torch.nn.Module) -> None:
         upper_bounds(torch.nn.Linear(3, 3), torch.randn(2, 17, 48))
 
 
-def _write_reference(path, n: int) -> None:
-    from vitplasticity.data.store import encode_png, write_split
-
-    rng = np.random.default_rng(5)
-    images = [encode_png(rng.integers(0, 256, (36, 36, 3), dtype=np.uint8)) for _ in range(n)]
-    write_split(path, images, [0] * n, [f"ref_{i}.png" for i in range(n)])
-
-
 def test_cli_end_to_end(tmp_path, demo_dataset, tiny_spec, caplog) -> None:
     import pyarrow.parquet as pq
 
@@ -167,7 +160,7 @@ def test_cli_end_to_end(tmp_path, demo_dataset, tiny_spec, caplog) -> None:
     from vitplasticity.models import build_model, preprocessing
 
     reference = tmp_path / "reference.parquet"
-    _write_reference(reference, 12)
+    write_reference(reference, 12, seed=5)
     spec_json = json.dumps(
         {"timm_id": tiny_spec.timm_id, "weights": "random", "kwargs": tiny_spec.kwargs}
     )
@@ -214,7 +207,7 @@ def test_cli_rejects_missing_plasticity_file(tmp_path, tiny_spec, caplog) -> Non
     from vitplasticity.cli import main
 
     reference = tmp_path / "reference.parquet"
-    _write_reference(reference, 3)
+    write_reference(reference, 3, seed=5)
     spec_json = json.dumps({"timm_id": tiny_spec.timm_id, "weights": "random"})
     argv = ["bounds", "--model", "tiny", "--model-spec", spec_json, "--reference", str(reference)]
     argv += ["--n-images", "3", "--out", str(tmp_path / "b.parquet"), "--figure-prefix", "x"]

@@ -21,6 +21,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers.images import write_reference
 from tests.helpers.tiny_models import TINY_MODELS, perturbed
 from vitplasticity.architectures import architecture_for
 
@@ -37,17 +38,6 @@ STAGE_CASES = {
         "q_norm is LayerNorm",
     ),
 }
-
-
-def _write_reference(path: Path, n: int, broken: bool = False) -> None:
-    from vitplasticity.data.store import encode_png, write_split
-
-    rng = np.random.default_rng(5)
-    images = [
-        b"not an image" if broken else encode_png(rng.integers(0, 256, (36, 36, 3), np.uint8))
-        for _ in range(n)
-    ]
-    write_split(path, images, [0] * n, [f"ref_{i}.png" for i in range(n)])
 
 
 def _first_block_inputs(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -94,7 +84,7 @@ def test_bounds_stage_refuses_mha_by_name(case: str, tmp_path: Path, caplog) -> 
 
     timm_id, kwargs, reason = STAGE_CASES[case]
     reference = tmp_path / "reference.parquet"
-    _write_reference(reference, 12)
+    write_reference(reference, 12, seed=5)
     spec = {"timm_id": timm_id, "weights": "random", "kwargs": kwargs}
     out, prefix = tmp_path / "bounds" / f"{case}.parquet", tmp_path / f"bounds_{case}"
     argv = ["bounds", "--model", case, "--model-spec", json.dumps(spec)]
@@ -149,7 +139,7 @@ def test_refused_before_any_image_is_decoded(tmp_path: Path, monkeypatch) -> Non
             return "no bounds in this family" if stage == "bounds" else None
 
     reference = tmp_path / "reference.parquet"
-    _write_reference(reference, 3, broken=True)
+    write_reference(reference, 3, seed=5, broken=True)
     vit = {"timm_id": "vit_tiny_patch16_224", "weights": "random"}
     vit["kwargs"] = {"img_size": 32, "patch_size": 8, **TINY}
     monkeypatch.setattr(
@@ -325,7 +315,7 @@ def test_workflow_bounds_of_a_dinov3_model(tmp_path: Path) -> None:
     """The bounds job and its figure on the mini preset with a DINOv3 model (the bounds job
     crashed with a TypeError before): LN and FC rows beside the measured plasticity, the MHA
     refusal in the footer and the figure."""
-    from tests.test_workflow import snakemake
+    from tests.helpers.workflow import snakemake
     from vitplasticity.io import read_parquet_metadata
 
     extra = tmp_path / "dinov3.yaml"

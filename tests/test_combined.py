@@ -112,12 +112,12 @@ def test_schema_rejects_a_bad_lora_rank(paper_config: dict) -> None:
         validate(config, SCHEMA)
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_combined_run_and_its_table_row(
     tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
     """A whole "mha+fc1" run: its summary, gradient groups, and the aggregated table with the
     trainable parameter count (3 blocks x (qkv + proj + fc1) + head and final norm)."""
-    torch.set_num_threads(1)
     summaries = []
     for lr in (0.01, 0.05):
         settings = finetune_settings(

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import copy
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from tests.helpers.workflow import paper_dry_run
 from vitplasticity.config import (
     DATASET_KEYS,
     MODEL_ID_KEYS,
@@ -142,42 +140,6 @@ def test_disabled_experiment_is_not_checked(paper_config: dict) -> None:
         paper_config, {"experiments": {"model_size": {"enabled": False, "models": ["x"]}}}
     )
     check_config(config)
-
-
-def snakemake(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    bindir = Path(sys.executable).parent
-    full_env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", **(env or {})}
-    full_env.pop("VITPLASTICITY_IMAGENET", None) if env is None else None
-    return subprocess.run(
-        [str(bindir / "snakemake"), *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def paper_dry_run(
-    workdir: Path, *targets: str, edit: str = "", env: dict | None = None
-) -> subprocess.CompletedProcess:
-    """`snakemake -n` of ``targets`` on config.yaml, with the YAML text ``edit`` (if any)
-    merged over it, in ``workdir``."""
-    configfiles = [str(REPO / "config.yaml")]
-    if edit:
-        (workdir / "edit.yaml").write_text(edit)
-        configfiles.append(str(workdir / "edit.yaml"))
-    return snakemake(
-        "-n",
-        *targets,
-        "--configfile",
-        *configfiles,
-        "--directory",
-        str(workdir),
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        env=env,
-    )
 
 
 def job_counts(output: str) -> dict[str, int]:

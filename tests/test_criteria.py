@@ -15,8 +15,8 @@ import polars as pl
 import pytest
 from scipy import stats
 
-from tests.report_inputs import plasticity_summary, write_grid
-from tests.test_tables import compile_tables, needs_latex
+from tests.helpers.latex import compile_tables, needs_latex
+from tests.helpers.report_inputs import plasticity_summary, write_grid
 from vitplasticity.cli import main
 from vitplasticity.components import COMPONENTS
 from vitplasticity.io import read_parquet_metadata, write_parquet

@@ -44,7 +44,7 @@ from tests.fixtures_data import (
     write_official,
     write_val_folder,
 )
-from tests.report_inputs import write_grid
+from tests.helpers.report_inputs import write_grid
 from vitplasticity import cli
 from vitplasticity.data.archives import DamagedFileError
 from vitplasticity.data.download import ChecksumError

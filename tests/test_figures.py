@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from PIL import Image
 
-from tests.report_inputs import plasticity_summary, write_grid
+from tests.helpers.report_inputs import plasticity_summary, write_grid
 from vitplasticity.cli import main
 from vitplasticity.components import COMPONENTS
 from vitplasticity.report import figures

@@ -6,11 +6,9 @@ Everything runs a 3-block, 48-wide random-init ViT at 32 px on a small synthetic
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +18,10 @@ import pytest
 import torch
 import torch.nn.functional as functional
 
-from tests.helpers.run_settings import finetune_settings
+from tests.helpers.tiny_finetune import cli_args, first_batch, settings_for
 from vitplasticity import cli
-from vitplasticity.data import loader
 from vitplasticity.finetune.gradients import GROUPS
-from vitplasticity.finetune.identity import FinetuneSettings, check_runs
+from vitplasticity.finetune.identity import check_runs
 from vitplasticity.finetune.model import build_run_model, trainable_parameter_names
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.outputs import METRICS_SCHEMA, TIMING_FIELDS
@@ -59,46 +56,8 @@ CONTRACT_KEYS = {
 }  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: tiny models run fastest so, and the CPU is shared by the team."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def settings_for(spec: ModelSpec, **overrides: Any) -> FinetuneSettings:
-    base = dict(
-        experiment="sgd",
-        model="tiny",
-        dataset="demo-stripes",
-        model_spec=dataclasses.asdict(spec),
-        configuration="mha",
-        lr=0.05,
-        seed=0,
-        steps=6,
-        val_every=3,
-        batch_size=8,
-        micro_batch_size=4,
-        warmup_steps=2,
-        device="cpu",
-        log_every=2,
-        checkpoint_every=2,
-    )
-    return finetune_settings(**{**base, **overrides})
-
-
-def first_batch(dataset: Path, settings: FinetuneSettings, pre: Any, step: int = 0) -> tuple:
-    splits = loader.load_finetune_splits(dataset, settings.run.seed, settings.training.val_fraction)
-    batches = loader.TrainBatches(
-        loader.ImageBank(splits.train.images),
-        splits.train.labels,
-        pre,
-        settings.training.batch_size,
-        0,
-    )
-    return batches[step]
+# One intra-op thread per module (conftest.py: tiny models run fastest so).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- which parameters each configuration trains ------------------------------------------
@@ -240,39 +199,6 @@ def test_missing_dataset_is_named_before_compute(tiny_spec: ModelSpec, tmp_path:
 
 
 # -- whole runs -----------------------------------------------------------------------------
-
-
-def cli_args(spec: ModelSpec, dataset: Path, out: Path, **flags: Any) -> list[str]:
-    values = {
-        "experiment": "sgd",
-        "model": "tiny",
-        "dataset": "demo-stripes",
-        "model-spec": json.dumps(dataclasses.asdict(spec)),
-        "dataset-dir": str(dataset),
-        "configuration": "mha",
-        "optimizer": "sgd",
-        "lr": "0.05",
-        "seed": "0",
-        "steps": "6",
-        "val-every": "3",
-        "batch-size": "8",
-        "micro-batch-size": "4",
-        "warmup-steps": "2",
-        "clip-grad-norm": "1.0",
-        "momentum": "0.9",
-        "val-fraction": "0.2",
-        "precision": "fp32",
-        "device": "cpu",
-        "num-workers": "0",
-        "log-every": "2",
-        "checkpoint-every": "2",
-        "out-dir": str(out),
-        **flags,
-    }
-    argv = ["finetune", "--adam-betas", "0.9", "0.999"]
-    for key, value in values.items():
-        argv += [f"--{key}", value]
-    return argv
 
 
 def test_cli_run_writes_the_contract(

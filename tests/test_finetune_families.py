@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.conftest import TINY_SPEC
-from tests.test_finetune import cli_args, first_batch, settings_for
+from tests.helpers.tiny_finetune import cli_args, first_batch, settings_for
+from tests.helpers.tiny_vit import TINY_SPEC
 from vitplasticity.architectures import UnsupportedModel, registry
 from vitplasticity.architectures.timm_vit import TimmVisionTransformer
 from vitplasticity.cli import main
@@ -31,12 +30,8 @@ CLASSES = 4
 SMALL = {"img_size": 32, "embed_dim": 48, "depth": 2, "num_heads": 3}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# One intra-op thread per module (conftest.py: tiny models run fastest so).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def spec(timm_id: str, **kwargs: Any) -> ModelSpec:

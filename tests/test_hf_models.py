@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers.tiny_finetune import cli_args, first_batch, settings_for
 from tests.helpers.tiny_models import perturbed
-from tests.test_finetune import cli_args, first_batch, settings_for
 from vitplasticity.architectures import architecture_for, parameter_map
 from vitplasticity.cli import main
 from vitplasticity.finetune.model import build_run_model
@@ -74,12 +73,8 @@ TOWERS: dict[str, tuple[str, dict[str, Any]]] = {
 MODEL_TYPES = sorted(TOWERS)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# One intra-op thread per module (conftest.py: tiny models run fastest so).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_config(model_type: str) -> dict[str, Any]:
@@ -618,7 +613,7 @@ def test_hub_weights_load_at_their_revision_then_offline(tmp_path: Path) -> None
 
     from safetensors.torch import load_file, save
 
-    from tests.test_weights import COMMIT, FakeHub, hub_env
+    from tests.helpers.fake_hub import COMMIT, FakeHub, hub_env
 
     folder = tmp_path / "served"
     saved = saved_tower("dinov2", folder)

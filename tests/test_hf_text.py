@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from tests.helpers.contract import check_forward
-from tests.helpers.numpy_reference import check_against, norm_ratio, softmax_rows
+from tests.helpers.numpy_reference import (
+    check_against,
+    embedding_protocol,
+    norm_ratio,
+    softmax_rows,
+)
 from tests.helpers.tiny_models import HF_TEXT_TINY_CONFIG, TINY_MODELS, perturbed
 from vitplasticity.architectures import (
     ParameterMap,
@@ -151,18 +156,16 @@ class Direct:
                 return self.norm(b, name, t) if self.gemma else t
 
             if protocol == "embedding":
-                width = self.w[f"{b}.mlp.down_proj.weight"].shape[1]
-
-                def pad(t, width=width):
-                    return np.hstack([t, np.zeros((len(t), width - t.shape[1]))])
-
-                parts = {
-                    "ln1": norm_ratio(lambda t, b=b: self.norm(b, "input_layernorm", t), x, y),
-                    "mha": norm_ratio(lambda t, i=block: self.attention(i, t), x, y),
-                    "ln2": norm_ratio(lambda t, b=b: self.norm(b, ln2, t), x, y),
-                    "fc1": norm_ratio(fc1, x, y),
-                    "fc2": norm_ratio(lambda t, b=b: self.linear(b, "mlp.down_proj", pad(t)), x, y),
-                }
+                parts = embedding_protocol(
+                    x,
+                    y,
+                    ln1=lambda t, b=b: self.norm(b, "input_layernorm", t),
+                    mha=lambda t, i=block: self.attention(i, t),
+                    ln2=lambda t, b=b: self.norm(b, ln2, t),
+                    fc1=fc1,
+                    fc2=lambda t, b=b: self.linear(b, "mlp.down_proj", t),
+                    fc2_width=self.w[f"{b}.mlp.down_proj.weight"].shape[1],
+                )
             else:
                 parts = {"ln1": norm_ratio(lambda t, b=b: self.norm(b, "input_layernorm", t), x, y)}
                 ux, uy = self.norm(b, "input_layernorm", x), self.norm(b, "input_layernorm", y)

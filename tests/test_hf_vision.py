@@ -12,7 +12,7 @@ import torch
 from scipy.special import erf, expit
 
 from tests.helpers.contract import check_contract
-from tests.helpers.numpy_reference import layer_norm, norm_ratio, softmax_rows
+from tests.helpers.numpy_reference import embedding_protocol, layer_norm, norm_ratio, softmax_rows
 from tests.helpers.tiny_models import (
     HF_VISION_TINY_CONFIG,
     HF_VISION_TINY_MODELS,
@@ -161,18 +161,16 @@ def dinov2_direct(model: torch.nn.Module, reference, downstream, protocol: str) 
                 return 0.5 * u * (1.0 + erf(u / np.sqrt(2.0)))  # exact GELU
 
             if protocol == "embedding":
-                extra = w[f"{b}.{fc2_name}.weight"].shape[1] - x.shape[1]
-
-                def pad(t, extra=extra):
-                    return np.hstack([t, np.zeros((t.shape[0], extra))])
-
-                parts = {
-                    "ln1": norm_ratio(lambda t: ln("norm1", t), x, y),
-                    "mha": norm_ratio(attn, x, y),
-                    "ln2": norm_ratio(lambda t: ln("norm2", t), x, y),
-                    "fc1": norm_ratio(fc1, x, y),
-                    "fc2": norm_ratio(lambda t: lin(fc2_name, pad(t)), x, y),
-                }
+                parts = embedding_protocol(
+                    x,
+                    y,
+                    ln1=lambda t: ln("norm1", t),
+                    mha=attn,
+                    ln2=lambda t: ln("norm2", t),
+                    fc1=fc1,
+                    fc2=lambda t: lin(fc2_name, t),
+                    fc2_width=w[f"{b}.{fc2_name}.weight"].shape[1],
+                )
             else:
                 scale1, scale2 = w[f"{b}.layer_scale1.lambda1"], w[f"{b}.layer_scale2.lambda1"]
                 parts = {"ln1": norm_ratio(lambda t: ln("norm1", t), x, y)}

@@ -1,7 +1,7 @@
 """The weights stage for transformers models: a snapshot fetched once from a hub, recorded file
 by file, loaded offline by compute jobs.
 
-The stand-in hub of tests/test_weights.py (127.0.0.1, the hub's HTTP layout, its API calls
+The stand-in hub of tests/helpers/fake_hub.py (127.0.0.1, the hub's HTTP layout, its API calls
 for snapshot_download) serves tiny random-init models saved with save_pretrained: a GPT2 in
 shards with a byte-level tokenizer, a DINOv2 with its image processor, and repos that the
 stage must refuse.
@@ -20,11 +20,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import workflow
+from tests.helpers.fake_hub import COMMIT, FakeHub, git_blob_id, hub_env
+from tests.helpers.workflow import planned_jobs
 from vitplasticity.io import read_parquet_metadata
 from vitplasticity.weights import RECORD_FILENAME, fetch_snapshot
-
-from .test_weights import COMMIT, FakeHub, git_blob_id, hub_env
-from .test_workflow import PRESETS, planned_jobs
 
 transformers = pytest.importorskip("transformers")
 
@@ -294,10 +294,7 @@ def snakemake(
     """snakemake on the mini preset with ``edit`` (YAML) merged over it, in ``workdir``."""
     configfile = workdir.parent / "hf.yaml"
     configfile.write_text(edit)
-    command = [str(Path(sys.executable).parent / "snakemake")]
-    command += ["--snakefile", str(PRESETS[0].parent / "Snakefile"), "--directory", str(workdir)]
-    command += ["--configfile", *map(str, PRESETS), str(configfile), "--cores", "2", *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    return workflow.snakemake(workdir, *args, extra_configfiles=(configfile,), env=env)
 
 
 REFERENCE_TEXT = "".join(f"Document {i}: the quick brown fox, {i * 7} times.\n" for i in range(8))

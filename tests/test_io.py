@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from tests.report_inputs import write_grid
+from tests.helpers.report_inputs import write_grid
 from vitplasticity import io
 
 

@@ -35,12 +35,8 @@ def lora_count(rank: int) -> int:
 HEAD_AND_NORM = WIDTH * CLASSES + CLASSES + 2 * WIDTH
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# One intra-op thread per module (conftest.py: tiny models run fastest so).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def settings_for(spec: ModelSpec, **overrides) -> FinetuneSettings:

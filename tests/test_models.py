@@ -8,10 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from tests.helpers.tiny_vit import TINY_VIT_KWARGS
 from vitplasticity.model_inputs import IMAGENET_MEAN
 from vitplasticity.models import ModelSpec, build_model, preprocessing
-
-from .conftest import TINY_VIT_KWARGS
 
 
 def test_random_init_uses_kwargs(tiny_spec: ModelSpec) -> None:

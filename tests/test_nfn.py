@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.helpers.latex import compile_tables, needs_latex
 from tests.helpers.tiny_models import TINY_MODELS, perturbed
-from tests.test_tables import compile_tables, needs_latex
 from vitplasticity.architectures import UnsupportedModel
 from vitplasticity.components import COMPONENTS
 from vitplasticity.recommend.criteria import CRITERIA, Measurements, nfn_estimate

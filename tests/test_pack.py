@@ -10,14 +10,12 @@ import polars as pl
 import pytest
 import yaml
 
+from tests.helpers.tiny_finetune import cli_args
+from tests.helpers.workflow import PRESETS, merged, planned_jobs, snakemake
 from vitplasticity import cli
 from vitplasticity.finetune.outputs import TIMING_FIELDS
 from vitplasticity.models import ModelSpec
 from vitplasticity.packs import finetune_packs
-
-from .test_finetune import cli_args
-from .test_packs import merged
-from .test_workflow import PRESETS, planned_jobs, snakemake
 
 RUN_FLAGS = ("configuration", "lr", "seed", "out-dir")
 

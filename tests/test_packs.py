@@ -9,25 +9,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from snakemake.utils import update_config
 
-from tests.test_workflow import PRESETS, snakemake
+from tests.helpers.workflow import PRESETS, REPO, merged, snakemake
 from vitplasticity import packs as packs_module
 from vitplasticity import runtime
 from vitplasticity.config import ConfigError, enabled_experiments, experiment_runs
 from vitplasticity.packs import FinetunePack, finetune_packs
 
-REPO = Path(__file__).resolve().parents[1]
 LONG_LR = 0.0123456789  # its path label lr0.0123457 is another float
-
-
-def merged(*files: Path, edit: dict | None = None) -> dict:
-    """The config of ``snakemake --configfile *files`` with ``edit`` merged last."""
-    config: dict = {}
-    for path in files:
-        update_config(config, yaml.safe_load(path.read_text()))
-    update_config(config, copy.deepcopy(edit or {}))
-    return config
 
 
 @pytest.fixture

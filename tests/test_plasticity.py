@@ -11,7 +11,8 @@ import pytest
 import torch
 from scipy.special import erf
 
-from tests.helpers.numpy_reference import layer_norm
+from tests.helpers.images import write_reference
+from tests.helpers.numpy_reference import embedding_protocol, layer_norm, norm_ratio
 from vitplasticity.components import COMPONENTS
 from vitplasticity.plasticity.measure import PAIR_SCHEMA, measure, measure_protocols
 from vitplasticity.plasticity.summary import summarize
@@ -90,35 +91,31 @@ def direct_plasticity(
             def ln(name: str, t: np.ndarray, b: str = b) -> np.ndarray:
                 return layer_norm(t, w[f"{b}.{name}.weight"], w[f"{b}.{name}.bias"], eps)
 
-            def ratio(f, u: np.ndarray, v: np.ndarray) -> tuple[float, float]:
-                return float(np.linalg.norm(f(u) - f(v))), float(np.linalg.norm(u - v))
-
             if protocol == "embedding":
-                width = x.shape[1]
-                hidden = w[f"{b}.mlp.fc2.weight"].shape[1]
-
-                def pad(t: np.ndarray, width: int = width, hidden: int = hidden) -> np.ndarray:
-                    return np.hstack([t, np.zeros((t.shape[0], hidden - width))])
-
-                parts = {
-                    "ln1": ratio(lambda t: ln("norm1", t), x, y),
-                    "mha": ratio(lambda t, b=b: attention(w, f"{b}.attn", t, heads), x, y),
-                    "ln2": ratio(lambda t: ln("norm2", t), x, y),
-                    "fc1": ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc1", t), x, y),
-                    "fc2": ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc2", pad(t)), x, y),
-                }
+                parts = embedding_protocol(
+                    x,
+                    y,
+                    ln1=lambda t: ln("norm1", t),
+                    mha=lambda t, b=b: attention(w, f"{b}.attn", t, heads),
+                    ln2=lambda t: ln("norm2", t),
+                    fc1=lambda t, b=b: linear(w, f"{b}.mlp.fc1", t),
+                    fc2=lambda t, b=b: linear(w, f"{b}.mlp.fc2", t),
+                    fc2_width=w[f"{b}.mlp.fc2.weight"].shape[1],
+                )
             else:  # in_situ: the real block, each component fed what reaches it
-                parts = {"ln1": ratio(lambda t: ln("norm1", t), x, y)}
+                parts = {"ln1": norm_ratio(lambda t: ln("norm1", t), x, y)}
                 ux, uy = ln("norm1", x), ln("norm1", y)
-                parts["mha"] = ratio(lambda t, b=b: attention(w, f"{b}.attn", t, heads), ux, uy)
+                parts["mha"] = norm_ratio(
+                    lambda t, b=b: attention(w, f"{b}.attn", t, heads), ux, uy
+                )
                 rx = x + attention(w, f"{b}.attn", ux, heads)
                 ry = y + attention(w, f"{b}.attn", uy, heads)
-                parts["ln2"] = ratio(lambda t: ln("norm2", t), rx, ry)
+                parts["ln2"] = norm_ratio(lambda t: ln("norm2", t), rx, ry)
                 vx, vy = ln("norm2", rx), ln("norm2", ry)
-                parts["fc1"] = ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc1", t), vx, vy)
+                parts["fc1"] = norm_ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc1", t), vx, vy)
                 hx = gelu(linear(w, f"{b}.mlp.fc1", vx))
                 hy = gelu(linear(w, f"{b}.mlp.fc1", vy))
-                parts["fc2"] = ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc2", t), hx, hy)
+                parts["fc2"] = norm_ratio(lambda t, b=b: linear(w, f"{b}.mlp.fc2", t), hx, hy)
                 x = rx + linear(w, f"{b}.mlp.fc2", hx)
                 y = ry + linear(w, f"{b}.mlp.fc2", hy)
             for component, value in parts.items():
@@ -342,14 +339,6 @@ def test_summarize_against_numpy() -> None:
 # The CLI, end to end on the tiny model
 
 
-def _write_reference(path, n: int) -> None:
-    from vitplasticity.data.store import encode_png, write_split
-
-    rng = np.random.default_rng(3)
-    images = [encode_png(rng.integers(0, 256, (40, 36, 3), dtype=np.uint8)) for _ in range(n)]
-    write_split(path, images, [0] * n, [f"ref_{i}.png" for i in range(n)])
-
-
 def test_cli_end_to_end(tmp_path, demo_dataset, tiny_spec, caplog) -> None:
     import json
 
@@ -360,7 +349,9 @@ def test_cli_end_to_end(tmp_path, demo_dataset, tiny_spec, caplog) -> None:
     from vitplasticity.models import build_model, preprocessing
 
     reference = tmp_path / "reference.parquet"
-    _write_reference(reference, 40)  # test split has 32 images: the last 8 pairs cycle
+    write_reference(
+        reference, 40, seed=3, size=(40, 36)
+    )  # test split has 32 images: the last 8 pairs cycle
     out, summary = tmp_path / "pairs.parquet", tmp_path / "summary.parquet"
     spec_json = json.dumps(
         {"timm_id": tiny_spec.timm_id, "weights": "random", "kwargs": tiny_spec.kwargs}
@@ -416,7 +407,7 @@ def test_cli_rejects_bad_input_before_compute(tmp_path, demo_dataset, tiny_spec,
     from vitplasticity.cli import main
 
     reference = tmp_path / "reference.parquet"
-    _write_reference(reference, 4)
+    write_reference(reference, 4, seed=3, size=(40, 36))
     spec_json = json.dumps(
         {"timm_id": tiny_spec.timm_id, "weights": "random", "kwargs": tiny_spec.kwargs}
     )

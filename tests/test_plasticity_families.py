@@ -12,7 +12,13 @@ import timm
 import torch
 from scipy.special import erf, expit
 
-from tests.helpers.numpy_reference import check_against, layer_norm, norm_ratio, softmax_rows
+from tests.helpers.numpy_reference import (
+    check_against,
+    embedding_protocol,
+    layer_norm,
+    norm_ratio,
+    softmax_rows,
+)
 from vitplasticity.architectures import UnsupportedModel, architecture_for
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.text_models import build_gpt2
@@ -144,18 +150,16 @@ def dino_direct(
                 return 0.5 * u * (1.0 + erf(u / np.sqrt(2.0)))
 
             if protocol == "embedding":
-                extra = w[f"{b}.mlp.fc2.weight"].shape[1] - x.shape[1]
-
-                def pad(t, extra=extra):
-                    return np.hstack([t, np.zeros((t.shape[0], extra))])
-
-                parts = {
-                    "ln1": norm_ratio(lambda t: ln("norm1", t), x, y),
-                    "mha": norm_ratio(attn, x, y),
-                    "ln2": norm_ratio(lambda t: ln("norm2", t), x, y),
-                    "fc1": norm_ratio(fc1, x, y),
-                    "fc2": norm_ratio(lambda t: lin("mlp.fc2", pad(t)), x, y),
-                }
+                parts = embedding_protocol(
+                    x,
+                    y,
+                    ln1=lambda t: ln("norm1", t),
+                    mha=attn,
+                    ln2=lambda t: ln("norm2", t),
+                    fc1=fc1,
+                    fc2=lambda t: lin("mlp.fc2", t),
+                    fc2_width=w[f"{b}.mlp.fc2.weight"].shape[1],
+                )
             else:
                 parts = {"ln1": norm_ratio(lambda t: ln("norm1", t), x, y)}
                 ux, uy = ln("norm1", x), ln("norm1", y)
@@ -286,18 +290,16 @@ def gpt2_direct(model: torch.nn.Module, reference, downstream, protocol: str) ->
                 return 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
 
             if protocol == "embedding":
-                extra = w[f"{b}.mlp.c_proj.weight"].shape[0] - x.shape[1]
-
-                def pad(t, extra=extra):
-                    return np.hstack([t, np.zeros((t.shape[0], extra))])
-
-                parts = {
-                    "ln1": norm_ratio(lambda t: ln("ln_1", t), x, y),
-                    "mha": norm_ratio(attn, x, y),
-                    "ln2": norm_ratio(lambda t: ln("ln_2", t), x, y),
-                    "fc1": norm_ratio(lambda t: conv1d("mlp.c_fc", t), x, y),
-                    "fc2": norm_ratio(lambda t: conv1d("mlp.c_proj", pad(t)), x, y),
-                }
+                parts = embedding_protocol(
+                    x,
+                    y,
+                    ln1=lambda t: ln("ln_1", t),
+                    mha=attn,
+                    ln2=lambda t: ln("ln_2", t),
+                    fc1=lambda t: conv1d("mlp.c_fc", t),
+                    fc2=lambda t: conv1d("mlp.c_proj", t),
+                    fc2_width=w[f"{b}.mlp.c_proj.weight"].shape[0],  # Conv1D: (in, out)
+                )
             else:
                 parts = {"ln1": norm_ratio(lambda t: ln("ln_1", t), x, y)}
                 ux, uy = ln("ln_1", x), ln("ln_1", y)

@@ -5,7 +5,6 @@ documented tolerance of fp32, and the device augmentation crops exactly the CPU 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,8 @@ PRE = Preprocessing(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# One intra-op thread per module (conftest.py: tiny models run fastest so).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def settings_for(spec: ModelSpec, **overrides: Any) -> FinetuneSettings:

@@ -16,12 +16,12 @@ import polars as pl
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
-from tests.conftest import TINY_SPEC, TINY_VIT_KWARGS
+from tests.helpers.images import image_folder, write_reference
+from tests.helpers.tiny_vit import TINY_SPEC, TINY_VIT_KWARGS
 from vitplasticity.cli import main
 from vitplasticity.components import COMPONENTS
-from vitplasticity.data.store import PreparedDatasetWriter, encode_png, write_split
+from vitplasticity.data.store import PreparedDatasetWriter, encode_png
 from vitplasticity.io import read_parquet_metadata
 from vitplasticity.models import build_model
 from vitplasticity.plasticity.measure import measure
@@ -478,16 +478,6 @@ def test_markdown_holds_the_ranked_table_and_the_recommendation() -> None:
 # The command end to end
 
 
-def _image_folder(root: Path, per_class: int = 6) -> Path:
-    rng = np.random.default_rng(0)
-    for label in ("cat", "dog"):
-        (root / label).mkdir(parents=True)
-        for i in range(per_class):
-            pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / label / f"{i}.png")
-    return root
-
-
 def _model_args() -> list[str]:
     return [
         "--timm-id",
@@ -505,7 +495,7 @@ FAST = ["--batch-size", "4", "--batches", "2", "--warmup-steps", "2", "--device"
 
 
 def test_cli_on_an_image_folder(tmp_path: Path) -> None:
-    folder = _image_folder(tmp_path / "pets")
+    folder = image_folder(tmp_path / "pets")
     prefix = tmp_path / "out" / "tiny" / "pets"
     argv = [
         "recommend",
@@ -551,9 +541,7 @@ def test_cli_on_a_prepared_dataset_with_a_reference_and_combine(
     tmp_path: Path, demo_dataset: Path
 ) -> None:
     reference = tmp_path / "reference.parquet"
-    rng = np.random.default_rng(1)
-    images = [encode_png(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)) for _ in range(6)]
-    write_split(reference, images, [0] * 6, [f"{i}.png" for i in range(6)])
+    write_reference(reference, 6, seed=1, size=(32, 32), name_prefix="")
     prefix = tmp_path / "combined"
     argv = [
         "recommend",
@@ -633,7 +621,7 @@ def _empty_test_dataset(root: Path) -> Path:
 def test_bad_input_is_refused_before_writing(
     tmp_path: Path, change: list[str], message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    folder = _image_folder(tmp_path / "pets", per_class=3)
+    folder = image_folder(tmp_path / "pets", per_class=3)
     argv = ["recommend", *_model_args(), "--reference-fallback", "pool", "--n-pairs", "4", *FAST]
     argv += ["--out-prefix", str(tmp_path / "out" / "x")]
     if "--dataset-dir" in change:
@@ -661,7 +649,7 @@ def test_a_family_refusal_stops_recommend(
 
     families = {"refusing_vit": RefusingViT(), **registry.ARCHITECTURES}
     monkeypatch.setattr(registry, "ARCHITECTURES", families)
-    folder = _image_folder(tmp_path / "pets", per_class=3)
+    folder = image_folder(tmp_path / "pets", per_class=3)
     argv = ["recommend", *_model_args(), "--reference-fallback", "pool", "--n-pairs", "4", *FAST]
     argv += ["--image-folder", str(folder), "--out-prefix", str(tmp_path / "out" / "x")]
     with caplog.at_level(logging.ERROR):

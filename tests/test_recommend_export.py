@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import TINY_SPEC
 from tests.helpers.tiny_models import TINY_MODELS, TinyModel, _timm
+from tests.helpers.tiny_vit import TINY_SPEC
 from vitplasticity.architectures import UnsupportedModel, parameter_map
 from vitplasticity.cli import main
 from vitplasticity.io import read_parquet_metadata, write_json

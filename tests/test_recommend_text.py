@@ -527,9 +527,9 @@ def test_the_image_recommend_refuses_a_text_model_by_name(
 ) -> None:
     """The other way round: ``recommend`` (images) builds a text entry with a classification
     head, which hf_models refuses by class before any compute."""
-    from tests.test_recommend import _image_folder
+    from tests.helpers.images import image_folder
 
-    folder = _image_folder(tmp_path / "pets", per_class=3)
+    folder = image_folder(tmp_path / "pets", per_class=3)
     argv = ["recommend", "--model", "gpt2", "--model-spec", json.dumps(GPT2_ENTRY)]
     argv += ["--image-folder", str(folder), "--reference-fallback", "pool", "--n-pairs", "4"]
     argv += ["--device", "cpu", "--out-prefix", str(tmp_path / "out" / "x")]

@@ -33,13 +33,8 @@ STEPS = 24
 VOLATILE = (*TIMING_FIELDS, "created", "resumed")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: tiny models run fastest so, and the CPU is shared by the team."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# One intra-op thread per module (conftest.py: tiny models run fastest so).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def settings_for(spec: ModelSpec, optimizer: str) -> FinetuneSettings:
@@ -81,7 +76,7 @@ def reference_runs(
     demo_dataset: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[dict[str, Any], pl.DataFrame]]:
     """Uninterrupted runs (SGD and AdamW): their summaries and metrics."""
-    from tests.conftest import TINY_SPEC
+    from tests.helpers.tiny_vit import TINY_SPEC
 
     out: dict[str, tuple[dict[str, Any], pl.DataFrame]] = {}
     for optimizer in ("sgd", "adamw"):

@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 import yaml
 
-from tests.conftest import TINY_SPEC
-from tests.test_workflow import REPO, snakemake
+from tests.helpers.tiny_vit import TINY_SPEC
+from tests.helpers.workflow import REPO, snakemake
 from vitplasticity.config import ConfigError, Run, check_config, grid_lr, lr_label
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.outputs import TIMING_FIELDS

@@ -1,10 +1,14 @@
 """vitplasticity.runtime: the wall time a finetuning, plasticity or recommend job asks SLURM
-for, against the estimate computed by hand in exact rational arithmetic from the documented
-constants and the training FLOPs counted by hand (tests/test_train_flops.py's formula)."""
+for. Checked against values worked by hand from the documented model (training GFLOP per image
+over the precision's sustained TFLOP/s; finetuning x1.3 + 15 min, plasticity and recommend a
+third of an image per forward x10 + 20 min; x attempt; rounded down), with the arithmetic in
+the comments, and against the properties the scheduler relies on: more work never asks for
+less time, fp32 costs the documented factor over bf16, a retry asks for its attempt's
+multiple, and no job asks for less than its fixed allowance. The FLOPs per image are checked
+against tests/helpers/flops.py's hand count."""
 
 from __future__ import annotations
 
-import math
 import re
 import subprocess
 import sys
@@ -14,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_config import paper_dry_run
-from tests.test_train_flops import hand_count
+from tests.helpers.flops import hand_count
+from tests.helpers.workflow import paper_dry_run
 from vitplasticity import runtime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,14 +33,12 @@ FLOPS = {
     "vit_huge_patch14_224": hand_count(256, 1280, 32, 5120, 14),
     "vit_base_patch16_dinov3": hand_count(256, 768, 12, 3072, 16, prefix=5),
 }
-# The documented sustained TFLOP/s on an A100-class GPU, by precision.
-TFLOPS = {
-    "bf16": Fraction("107.6224"),
-    "fp32": Fraction(14),
-    "float32": Fraction(14),
-    "float64": Fraction(7),
-}
 BASE = "vit_base_patch16_224.orig_in21k"
+TINY = "vit_tiny_patch16_224"
+# The paper's ViTs from the smallest to the largest (their counts rise: the FLOPS above).
+BY_SIZE = [TINY, "vit_base_patch16_224", "vit_large_patch16_224", "vit_huge_patch14_224"]
+PRECISIONS = ("fp32", "bf16")
+DTYPES = ("float32", "float64")
 
 
 @pytest.fixture(scope="module")
@@ -44,51 +46,29 @@ def paper() -> dict:
     return yaml.safe_load((REPO / "config.yaml").read_text())
 
 
-def seconds_per_image(timm_id: str, precision: str) -> Fraction:
-    return Fraction(FLOPS[timm_id.partition(".")[0]]) / (TFLOPS[precision] * 10**12)
-
-
-def exact_finetune(steps: int, batch_size: int, timm_id: str, precision: str, attempt: int) -> int:
-    """attempt x (15 min + 1.3 x steps x batch_size x seconds per image), rounded down."""
-    seconds = Fraction(13, 10) * steps * batch_size * seconds_per_image(timm_id, precision)
-    return math.floor(attempt * (15 + seconds / 60))
-
-
-def exact_plasticity(
-    n_pairs: int, n_protocols: int, timm_id: str, precision: str, attempt: int
-) -> int:
-    """attempt x (20 min + 10 x two forwards per pair and protocol x a third of an image)."""
-    seconds = 10 * 2 * n_pairs * n_protocols * seconds_per_image(timm_id, precision) / 3
-    return math.floor(attempt * (20 + seconds / 60))
-
-
-def exact_recommend(
-    n_pairs: int, batch_size: int, warmup_steps: int, batches: int, timm_id: str, attempt: int
-) -> int:
-    """attempt x (20 min + 10 x (pair forwards and warm-up forwards at a third of an image,
-    gradient batches at a whole one) in float32)."""
-    images = Fraction(2 * n_pairs, 3) + Fraction(warmup_steps * batch_size, 3)
-    images += batches * batch_size
-    seconds = 10 * images * seconds_per_image(timm_id, "float32")
-    return math.floor(attempt * (20 + seconds / 60))
+# -- values worked by hand ----------------------------------------------------------------
+# ViT-B/16 at 224 px: 105,147,150,336 FLOPs = 105.147150336 GFLOP per training image.
 
 
 def test_paper_vit_b_on_cifar10_in_fp32_asks_for_14_hours(paper: dict) -> None:
-    """config.yaml finetunes in fp32: 105.147 GFLOP x 512 / 14 TFLOP/s = 3.845 s per step;
-    10,000 steps x 1.3 = 49,990 s = 833 min 10 s, + 15 min: 848 min."""
+    """fp32 at 14 TFLOP/s: 105.147150336 / 14,000 = 0.0075105107 s per image; 10,000 steps x
+    512 = 5,120,000 images, x 1.3 for evaluation = 6,656,000: 49,989.96 s = 833.166 min;
+    + 15 min = 848.166, rounded down 848. A retry asks 2 x 848.166 = 1696.33 -> 1696 and
+    3 x 848.166 = 2544.50 -> 2544 (the attempt scales the unrounded minutes)."""
     steps = paper["datasets"]["cifar10"]["steps"]
     timm_id = paper["models"]["vit_base"]["timm_id"]
     batch_size = paper["finetune"]["batch_size"]
     precision = paper["finetune"]["precision"]
     assert (steps, batch_size, precision) == (10_000, 512, "fp32")
     assert runtime.finetune_minutes(steps, batch_size, timm_id, precision) == 848
-    # A TIMEOUT retry asks for the attempt's multiple.
     assert runtime.finetune_minutes(steps, batch_size, timm_id, precision, attempt=2) == 1696
     assert runtime.finetune_minutes(steps, batch_size, timm_id, precision, attempt=3) == 2544
 
 
 def test_paper_vit_b_on_cifar10_in_bf16_keeps_two_hours(paper: dict) -> None:
-    """bf16: 0.5002 s per step (0.5 s before); 6,503 s = 108 min 23 s, + 15 min: 123 min."""
+    """bf16 at 107.6224 TFLOP/s: 105.147150336 / 107,622.4 = 0.00097700061 s per image (a
+    step of 512: 0.5002 s); x 6,656,000 = 6,502.92 s = 108.382 min; + 15 = 123.382 -> 123;
+    x 2 = 246.76 -> 246; x 3 = 370.15 -> 370."""
     steps = paper["datasets"]["cifar10"]["steps"]
     timm_id = paper["models"]["vit_base"]["timm_id"]
     assert runtime.finetune_minutes(steps, 512, timm_id, "bf16") == 123
@@ -96,19 +76,11 @@ def test_paper_vit_b_on_cifar10_in_bf16_keeps_two_hours(paper: dict) -> None:
     assert runtime.finetune_minutes(steps, 512, timm_id, "bf16", attempt=3) == 370
 
 
-def test_fp32_is_7_7_times_slower_than_bf16_and_float64_twice_fp32() -> None:
-    fp32 = runtime.image_seconds(BASE, "fp32")
-    assert fp32 / runtime.image_seconds(BASE, "bf16") == Fraction("107.6224") / 14
-    assert 7.68 < float(fp32 / runtime.image_seconds(BASE, "bf16")) < 7.69
-    # fp32 and float32 (plasticity.dtype's name) are one precision; float64 is half as fast.
-    assert runtime.image_seconds(BASE, "float32") == fp32
-    assert runtime.image_seconds(BASE, "float64") == 2 * fp32
-
-
 def test_paper_plasticity_of_vit_b(paper: dict) -> None:
-    """12,800 pairs x 2 images x 1 protocol = 25,600 forwards at a third of 105.147 GFLOP,
-    at 14 TFLOP/s in float32, x 10 margin: 640.9 s, + 20 min: 30 min (in_situ too: 41 min);
-    in float64 twice the seconds."""
+    """12,800 pairs x 2 images x 1 protocol = 25,600 forwards, each a third of an image:
+    8,533.33 images x 0.0075105107 s (float32 = fp32) = 64.09 s, x 10 margin = 640.90 s =
+    10.68 min; + 20 = 30.68 -> 30. Two protocols: 21.36 + 20 -> 41. float64 at 7 TFLOP/s
+    doubles the seconds: 21.36 + 20 -> 41, and 42.73 + 20 -> 62."""
     p = paper["plasticity"]
     assert (p["n_pairs"], p["protocols"], p["dtype"]) == (12_800, ["embedding"], "float32")
     timm_id = paper["models"]["vit_base"]["timm_id"]
@@ -118,46 +90,133 @@ def test_paper_plasticity_of_vit_b(paper: dict) -> None:
     assert runtime.plasticity_minutes(p["n_pairs"], 2, timm_id, "float64") == 62
 
 
-@pytest.mark.parametrize("attempt", [1, 2, 3])
-def test_every_paper_job_matches_the_exact_estimate(paper: dict, attempt: int) -> None:
-    p = paper["plasticity"]
-    batch_size = paper["finetune"]["batch_size"]
-    checked = 0
-    for model in paper["models"].values():
-        timm_id = model["timm_id"]
-        for dataset in paper["datasets"].values():
-            for precision in ("fp32", "bf16"):
-                got = runtime.finetune_minutes(
-                    dataset["steps"], batch_size, timm_id, precision, attempt
-                )
-                assert got == exact_finetune(
-                    dataset["steps"], batch_size, timm_id, precision, attempt
-                )
-                checked += 1
-        for dtype in ("float32", "float64"):
-            got = runtime.plasticity_minutes(
-                p["n_pairs"], len(p["protocols"]), timm_id, dtype, attempt
-            )
-            assert got == exact_plasticity(
-                p["n_pairs"], len(p["protocols"]), timm_id, dtype, attempt
-            )
-        got = runtime.recommend_minutes(p["n_pairs"], 32, 50, 8, timm_id, attempt)
-        assert got == exact_recommend(p["n_pairs"], 32, 50, 8, timm_id, attempt)
-    assert checked == len(paper["models"]) * 11 * 2
-
-
 def test_recommend_of_the_paper_models_and_the_demo(paper: dict) -> None:
     """ViT-B, 12,800 pairs, the recommend block's defaults (batch 32, 50 warm-up steps, 8
-    gradient batches): 9,322.7 images of training work at 14 TFLOP/s, x 10 margin: 700.2 s,
-    + 20 min: 31 min. The demo's tiny ViT (256 pairs, batch 16, 20 warm-up steps, 4
-    batches) stays at the 20 min allowance."""
+    gradient batches), in float32: (25,600 pair forwards + 50 x 32 = 1,600 warm-up forwards)
+    / 3 = 9,066.67 images, + 8 x 32 = 256 gradient images = 9,322.67 images x 0.0075105107 s
+    x 10 margin = 700.18 s = 11.67 min; + 20 = 31.67 -> 31; x 2 = 63.34 -> 63. The demo's
+    ViT-Ti (7.463 GFLOP, 256 pairs, batch 16, 20 warm-up steps, 4 batches): (512 + 320) / 3
+    + 64 = 341.33 images x 7.463 / 14,000 s x 10 = 1.82 s: 20 min, the allowance."""
     rec = paper["recommend"]
     n_pairs = paper["plasticity"]["n_pairs"]
     settings = (rec["batch_size"], rec["warmup_steps"], rec["batches"])
     assert rec["n_pairs"] is None and settings == (32, 50, 8)
     assert runtime.recommend_minutes(n_pairs, *settings, BASE) == 31
     assert runtime.recommend_minutes(n_pairs, *settings, BASE, attempt=2) == 63
-    assert runtime.recommend_minutes(256, 16, 20, 4, "vit_tiny_patch16_224") == 20
+    assert runtime.recommend_minutes(256, 16, 20, 4, TINY) == 20
+
+
+def test_vit_l_and_half_the_batch() -> None:
+    """ViT-L/16: 369.013850112 GFLOP. bf16: / 107,622.4 x 6,656,000 = 22,821.4 s = 380.36
+    min; + 15 -> 395. fp32: / 14,000 x 6,656,000 = 175,439.7 s = 2,924.0 min; + 15 -> 2938.
+    ViT-B at batch 256 in bf16: half of 108.382 = 54.19 min; + 15 -> 69."""
+    assert runtime.finetune_minutes(10_000, 512, "vit_large_patch16_224", "bf16") == 395
+    assert runtime.finetune_minutes(10_000, 512, "vit_large_patch16_224", "fp32") == 2938
+    assert runtime.finetune_minutes(10_000, 256, BASE, "bf16") == 69
+
+
+# -- properties ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("timm_id", BY_SIZE)
+def test_finetuning_asks_for_more_with_more_steps_and_larger_batches(
+    timm_id: str, precision: str
+) -> None:
+    steps = [0, 1, 100, 1_000, 10_000, 20_000, 50_000]
+    by_steps = [runtime.finetune_minutes(n, 512, timm_id, precision) for n in steps]
+    assert by_steps == sorted(by_steps)
+    batches = [1, 8, 64, 256, 512, 1024]
+    by_batch = [runtime.finetune_minutes(10_000, b, timm_id, precision) for b in batches]
+    assert by_batch == sorted(by_batch)
+    # Beyond the allowance the time is proportional to the images (rounding aside): twice
+    # the steps or twice the batch, twice the minutes above the 15 min allowance.
+    once = runtime.finetune_minutes(20_000, 512, timm_id, precision) - 15
+    for steps, batch_size in ((40_000, 512), (20_000, 1024)):
+        twice = runtime.finetune_minutes(steps, batch_size, timm_id, precision) - 15
+        assert 0 < 2 * once <= twice <= 2 * once + 1
+
+
+def test_larger_models_ask_for_more() -> None:
+    for precision in PRECISIONS:
+        minutes = [runtime.finetune_minutes(10_000, 512, m, precision) for m in BY_SIZE]
+        assert minutes == sorted(minutes) and len(set(minutes)) == len(minutes), minutes
+    for dtype in DTYPES:
+        minutes = [runtime.plasticity_minutes(12_800, 2, m, dtype) for m in BY_SIZE]
+        assert minutes == sorted(minutes) and minutes[-1] > minutes[0], minutes
+    minutes = [runtime.recommend_minutes(12_800, 32, 50, 8, m) for m in BY_SIZE]
+    assert minutes == sorted(minutes) and minutes[-1] > minutes[0], minutes
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plasticity_asks_for_more_with_more_pairs_and_protocols(dtype: str) -> None:
+    pairs = [1, 256, 1_024, 12_800, 100_000]
+    for protocols in (1, 2):
+        by_pairs = [runtime.plasticity_minutes(n, protocols, BASE, dtype) for n in pairs]
+        assert by_pairs == sorted(by_pairs)
+    one, two = (runtime.plasticity_minutes(100_000, n, BASE, dtype) for n in (1, 2))
+    assert two > one
+
+
+@pytest.mark.parametrize(
+    "which", ["n_pairs", "batch_size", "warmup_steps", "batches"], ids=lambda name: name
+)
+def test_recommend_asks_for_more_with_each_of_its_settings(which: str) -> None:
+    base = {"n_pairs": 12_800, "batch_size": 32, "warmup_steps": 50, "batches": 8}
+    minutes = [
+        runtime.recommend_minutes(**{**base, which: base[which] * factor}, timm_id=BASE)
+        for factor in (1, 4, 16, 64, 256)
+    ]
+    assert minutes == sorted(minutes) and minutes[-1] > minutes[0], minutes
+
+
+def test_fp32_costs_the_documented_factor_over_bf16() -> None:
+    """Per image, fp32 takes 107.6224 / 14 = 7.687 times bf16's seconds (the A100's fp32
+    rate has no tensor cores); float32 is fp32 by another name; float64 takes twice fp32."""
+    for timm_id in (TINY, BASE, "vit_huge_patch14_224"):
+        fp32 = runtime.image_seconds(timm_id, "fp32")
+        assert fp32 / runtime.image_seconds(timm_id, "bf16") == Fraction("107.6224") / 14
+        assert runtime.image_seconds(timm_id, "float32") == fp32
+        assert runtime.image_seconds(timm_id, "float64") == 2 * fp32
+        for steps in (1_000, 10_000):
+            fp32_minutes = runtime.finetune_minutes(steps, 512, timm_id, "fp32")
+            assert fp32_minutes >= runtime.finetune_minutes(steps, 512, timm_id, "bf16")
+
+
+JOBS = {
+    "finetune": (lambda attempt: runtime.finetune_minutes(10_000, 512, BASE, "fp32", attempt)),
+    "finetune_tiny": (lambda attempt: runtime.finetune_minutes(1, 1, TINY, "bf16", attempt)),
+    "plasticity": (lambda attempt: runtime.plasticity_minutes(12_800, 2, BASE, "float64", attempt)),
+    "recommend": (lambda attempt: runtime.recommend_minutes(12_800, 32, 50, 8, BASE, attempt)),
+}
+
+
+@pytest.mark.parametrize("job", JOBS)
+@pytest.mark.parametrize("attempt", [2, 3, 5])
+def test_a_retry_asks_for_its_attempts_multiple(job: str, attempt: int) -> None:
+    """The attempt scales the unrounded minutes: k x first rounded down lies within
+    [k x first's minutes, k x (first's minutes + 1))."""
+    first = JOBS[job](1)
+    assert attempt * first <= JOBS[job](attempt) < attempt * (first + 1)
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 3])
+def test_no_job_asks_for_less_than_its_allowance(attempt: int) -> None:
+    """The least work of each kind asks for exactly its fixed allowance (15 min finetuning,
+    20 min plasticity and recommend) times the attempt: its seconds are a fraction of a
+    minute; more work never asks for less."""
+    assert runtime.finetune_minutes(0, 512, BASE, "fp32", attempt) == 15 * attempt
+    assert runtime.finetune_minutes(1, 1, TINY, "bf16", attempt) == 15 * attempt
+    assert runtime.plasticity_minutes(1, 1, TINY, "float32", attempt) == 20 * attempt
+    assert runtime.recommend_minutes(1, 1, 0, 2, TINY, attempt) == 20 * attempt
+    for timm_id in BY_SIZE:
+        for steps in (1, 10, 10_000):
+            assert runtime.finetune_minutes(steps, 512, timm_id, "bf16", attempt) >= 15 * attempt
+        for n_pairs in (1, 12_800):
+            assert runtime.plasticity_minutes(n_pairs, 1, timm_id, "float32", attempt) >= (
+                20 * attempt
+            )
+            assert runtime.recommend_minutes(n_pairs, 1, 0, 2, timm_id, attempt) >= 20 * attempt
 
 
 def test_the_work_is_the_architectures_count_whatever_the_tag() -> None:
@@ -169,9 +228,7 @@ def test_the_work_is_the_architectures_count_whatever_the_tag() -> None:
         )
     for architecture, flops in FLOPS.items():
         assert runtime.TRAIN_FLOPS_PER_IMAGE[architecture] == flops
-        for precision in TFLOPS:
-            expected = Fraction(flops, 10**9) / (1000 * TFLOPS[precision])
-            assert runtime.image_seconds(f"{architecture}.any_tag", precision) == expected
+        assert runtime.train_gflop_per_image(f"{architecture}.any_tag") == Fraction(flops, 10**9)
 
 
 def test_an_unlisted_id_is_counted_and_an_unknown_family_refused() -> None:
@@ -222,16 +279,6 @@ def test_every_listed_count_is_the_architectures() -> None:
 def test_unknown_precision_is_named() -> None:
     with pytest.raises(ValueError, match=r"unknown precision 'fp16' \(known: bf16, float32"):
         runtime.finetune_minutes(10, 512, BASE, "fp16")
-
-
-def test_larger_batches_models_and_precisions_ask_for_more() -> None:
-    # Half the batch, half the training time: 15 + 54 min 11 s.
-    assert runtime.finetune_minutes(10_000, 256, BASE, "bf16") == 69
-    assert runtime.finetune_minutes(10_000, 512, "vit_large_patch16_224", "bf16") == 395
-    assert runtime.finetune_minutes(10_000, 512, "vit_large_patch16_224", "fp32") == 2938
-    # A job never asks for less than its fixed allowance.
-    assert runtime.finetune_minutes(1, 1, "vit_tiny_patch16_224", "fp32") == 15
-    assert runtime.plasticity_minutes(1, 1, "vit_tiny_patch16_224", "float64") == 20
 
 
 def test_a_cap_limits_the_request_and_none_leaves_it() -> None:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 
-from tests.report_inputs import plasticity_summary, write_grid, write_run
+from tests.helpers.latex import compile_tables, needs_latex
+from tests.helpers.report_inputs import plasticity_summary, write_grid, write_run
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.stats import compare_selected
 from vitplasticity.report.style import DEMO_NOTE
@@ -22,34 +21,6 @@ from vitplasticity.report.tables import (
     plasticity_table,
     wilcoxon_table,
 )
-
-LATEX = shutil.which("pdflatex") or shutil.which("lualatex")
-needs_latex = pytest.mark.skipif(
-    LATEX is None,
-    reason="no LaTeX engine (pdflatex/lualatex) installed: "
-    "apt-get install texlive-latex-base texlive-latex-recommended",
-)
-
-
-def compile_tables(tmp_path: Path, tables: dict[str, str]) -> None:
-    """Compile every table (name -> LaTeX) in one booktabs document; fail with the log."""
-    for name, tex in tables.items():
-        (tmp_path / f"{name}.tex").write_text(tex)
-    inputs = "\n".join(rf"\input{{{name}.tex}}" for name in tables)
-    (tmp_path / "doc.tex").write_text(
-        "\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n"
-        f"{inputs}\n\\end{{document}}\n"
-    )
-    result = subprocess.run(
-        [LATEX, "-interaction=nonstopmode", "-halt-on-error", "doc.tex"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert (tmp_path / "doc.pdf").stat().st_size > 1000
-
 
 LABELS = {
     "Full": "full",

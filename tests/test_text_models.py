@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,51 +25,28 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 TINY_GPT2 = {"n_embd": 16, "n_layer": 2, "n_head": 2, "vocab_size": 64, "n_positions": 16}
 
 
-def _llama() -> nn.Module:
-    return transformers.LlamaModel(
-        transformers.LlamaConfig(
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            vocab_size=64,
-        )
-    )
-
-
-def _qwen2() -> nn.Module:
-    return transformers.Qwen2Model(
-        transformers.Qwen2Config(
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            vocab_size=64,
-        )
-    )
-
-
-def _bert() -> nn.Module:
-    return transformers.BertModel(
-        transformers.BertConfig(
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            vocab_size=64,
-            max_position_embeddings=16,
-        )
-    )
-
-
-OTHER_MODELS: dict[str, Callable[[], nn.Module]] = {
-    "llama": _llama,
-    "qwen2": _qwen2,
-    "bert": _bert,
+# One block of width 16, 2 heads, 64 token ids: each family's config with these sizes.
+SMALL = {
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "vocab_size": 64,
 }
-"""Text models researchers use, each saved as its own model type (the key)."""
+OTHER_CONFIGS: dict[str, tuple[str, dict]] = {
+    "llama": ("Llama", {"num_key_value_heads": 2}),
+    "qwen2": ("Qwen2", {"num_key_value_heads": 2}),
+    "bert": ("Bert", {"max_position_embeddings": 16}),
+}
+"""Text models researchers use, each saved as its own model type (the key): the prefix of its
+transformers Model and Config classes, and its config besides :data:`SMALL`."""
+
+
+def other_model(model_type: str) -> nn.Module:
+    """A tiny random-init model of ``model_type`` (:data:`OTHER_CONFIGS`)."""
+    prefix, extra = OTHER_CONFIGS[model_type]
+    config = getattr(transformers, f"{prefix}Config")(**SMALL, **extra)
+    return getattr(transformers, f"{prefix}Model")(config)
 
 
 def saved(model: nn.Module, folder: Path) -> Path:
@@ -87,11 +63,11 @@ def folder_entry(folder: Path) -> dict:
     return {"family": "gpt2", "weights": str(folder)}
 
 
-@pytest.mark.parametrize("model_type", sorted(OTHER_MODELS))
+@pytest.mark.parametrize("model_type", sorted(OTHER_CONFIGS))
 def test_another_model_type_is_an_error_naming_folder_and_both_types(
     tmp_path: Path, model_type: str
 ) -> None:
-    folder = saved(OTHER_MODELS[model_type](), tmp_path / f"my_{model_type}")
+    folder = saved(other_model(model_type), tmp_path / f"my_{model_type}")
     assert json.loads((folder / "config.json").read_text())["model_type"] == model_type
     expected = rf"my_{model_type}'.*model_type '{model_type}', not 'gpt2'"
     with pytest.raises(ValueError, match=expected):
@@ -106,7 +82,7 @@ def test_text_plasticity_refuses_a_saved_llama_folder(
 ) -> None:
     """The stage end to end: a Llama folder given to a GPT2Model entry exits 2 naming it,
     writes nothing."""
-    folder = saved(_llama(), tmp_path / "llama_folder")
+    folder = saved(other_model("llama"), tmp_path / "llama_folder")
     text = tmp_path / "text.txt"
     text.write_text("some text to measure, long enough for a few sequences.\n" * 20)
     code = main(

@@ -7,36 +7,14 @@ import pytest
 import timm
 import torch
 
+from tests.helpers.flops import hand_count
+from tests.helpers.tiny_models import TINY_MODELS
 from vitplasticity.architectures import architecture_for
 from vitplasticity.models import train_flops_per_image
-
-from .helpers.tiny_models import TINY_MODELS
 
 # A tiny timm ViT: 32 px images in 8 px patches (16 patches + the class token), 48 wide,
 # 2 blocks of 3 heads, MLP 4x.
 KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3}
-
-
-def hand_count(
-    patches: int = 16,
-    width: int = 48,
-    depth: int = 2,
-    mlp: int = 192,
-    patch: int = 8,
-    prefix: int = 1,
-) -> int:
-    """Training FLOPs of one image of a pre-norm ViT (``prefix`` class and register tokens
-    before the patches), 2 per multiply-add, matrix products and convolutions only.
-
-    A product's backward is two products of its size (gradient of the input and of the
-    weight), so a block costs 3x its forward; the patch convolution's input is the image,
-    whose gradient is not needed: forward + weight gradient, 2x.
-    """
-    tokens = patches + prefix
-    patch_conv = 2 * patches * width * (3 * patch * patch)
-    linears = 2 * tokens * (width * 3 * width + width * width + width * mlp + mlp * width)
-    attention = 2 * (2 * tokens * tokens * width)  # Q K^T and A V over all heads
-    return 2 * patch_conv + depth * 3 * (linears + attention)
 
 
 def tiny_vit(device: str = "cpu") -> torch.nn.Module:

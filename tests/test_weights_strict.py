@@ -18,10 +18,9 @@ import timm
 import torch
 from safetensors.torch import save_file
 
+from tests.helpers.tiny_models import TINY_MODELS, TinyModel
+from tests.helpers.tiny_vit import TINY_VIT_KWARGS
 from vitplasticity.models import ModelSpec, build_model
-
-from .conftest import TINY_VIT_KWARGS
-from .helpers.tiny_models import TINY_MODELS, TinyModel
 
 TIMM_ID = "vit_tiny_patch16_224"
 # The transformers twin of TINY_VIT_KWARGS: 3 blocks, 48 wide, 3 heads, 32 px, 8 px patches.
@@ -108,6 +107,38 @@ def test_a_checkpoint_that_is_not_the_model_is_an_error(
     assert "timm.models.vision_transformer.checkpoint_filter_fn" in str(e.value)
 
 
+def loads_as_timm_does(
+    timm_id: str,
+    kwargs: dict,
+    path: Path,
+    state: dict[str, torch.Tensor],
+    num_classes: int,
+    seed: int,
+) -> dict[str, torch.Tensor]:
+    """Build ``timm_id`` from the checkpoint ``path`` (of ``state``) with a new head, ours and
+    timm's own way, from one seed; assert that every tensor and the RNG after are timm's and
+    every backbone tensor is the file's; return our model's state dict."""
+    torch.manual_seed(seed)
+    ours = build_model(ModelSpec(timm_id, str(path), kwargs=kwargs), num_classes=num_classes)
+    after_ours = torch.rand(3)
+    torch.manual_seed(seed)
+    theirs = timm.create_model(
+        timm_id,
+        pretrained=True,
+        pretrained_cfg_overlay={"file": str(path)},
+        num_classes=num_classes,
+        **kwargs,
+    )
+    assert torch.equal(torch.rand(3), after_ours)
+    loaded, reference = ours.state_dict(), theirs.state_dict()
+    assert list(loaded) == list(reference)
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, reference[name]), name
+        if not name.startswith("head."):
+            assert torch.equal(tensor, state[name]), name
+    return loaded
+
+
 @pytest.mark.parametrize("suffix", ["safetensors", "pth"])
 def test_a_matching_checkpoint_loads_as_timm_loaded_it(tmp_path: Path, suffix: str) -> None:
     """Every backbone tensor from the file; the model, its new head and the RNG after it are
@@ -118,24 +149,7 @@ def test_a_matching_checkpoint_loads_as_timm_loaded_it(tmp_path: Path, suffix: s
         torch.save({"epoch": 3, "state_dict": state}, path)
     else:
         save(state, path)
-    torch.manual_seed(11)
-    ours = build_model(ModelSpec(TIMM_ID, str(path), kwargs=TINY_VIT_KWARGS), num_classes=5)
-    after_ours = torch.rand(3)
-    torch.manual_seed(11)
-    theirs = timm.create_model(
-        TIMM_ID,
-        pretrained=True,
-        pretrained_cfg_overlay={"file": str(path)},
-        num_classes=5,
-        **TINY_VIT_KWARGS,
-    )
-    assert torch.equal(torch.rand(3), after_ours)
-    loaded, reference = ours.state_dict(), theirs.state_dict()
-    assert list(loaded) == list(reference)
-    for name, tensor in loaded.items():
-        assert torch.equal(tensor, reference[name]), name
-        if not name.startswith("head."):
-            assert torch.equal(tensor, state[name]), name
+    loaded = loads_as_timm_does(TIMM_ID, TINY_VIT_KWARGS, path, state, num_classes=5, seed=11)
     assert not torch.equal(loaded["head.weight"], state["head.weight"][:5])  # a new head
 
 
@@ -148,24 +162,7 @@ def test_every_timm_family_loads_its_own_checkpoint(tmp_path: Path, tiny: TinyMo
     source = tiny.build()
     state = {key: value.contiguous() for key, value in source.state_dict().items()}
     path = save(state, tmp_path / "model.safetensors")
-    torch.manual_seed(4)
-    ours = build_model(ModelSpec(tiny.timm_id, str(path), kwargs=tiny.kwargs), num_classes=3)
-    after_ours = torch.rand(3)
-    torch.manual_seed(4)
-    theirs = timm.create_model(
-        tiny.timm_id,
-        pretrained=True,
-        pretrained_cfg_overlay={"file": str(path)},
-        num_classes=3,
-        **tiny.kwargs,
-    )
-    assert torch.equal(torch.rand(3), after_ours)
-    loaded, reference = ours.state_dict(), theirs.state_dict()
-    assert list(loaded) == list(reference)
-    for name, tensor in loaded.items():
-        assert torch.equal(tensor, reference[name]), name
-        if not name.startswith("head."):
-            assert torch.equal(tensor, state[name]), name
+    loads_as_timm_does(tiny.timm_id, tiny.kwargs, path, state, num_classes=3, seed=4)
 
 
 def test_original_dinov2_names_are_converted(tmp_path: Path) -> None:

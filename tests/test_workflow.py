@@ -7,57 +7,15 @@ a config edit, and the HTML report.
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
 
+from tests.helpers.workflow import planned_jobs, snakemake
 from vitplasticity.io import read_parquet_metadata
 
-REPO = Path(__file__).resolve().parents[1]
-PRESETS = [
-    REPO / "config.yaml",
-    REPO / "workflow/presets/demo.yaml",
-    REPO / "tests/presets/mini.yaml",
-]
-
 pytestmark = pytest.mark.slow
-
-
-def snakemake(
-    workdir: Path, *args: str, extra_configfiles: tuple[Path, ...] = ()
-) -> subprocess.CompletedProcess:
-    """Run snakemake on the repository's Snakefile inside ``workdir``."""
-    bindir = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
-    command = [
-        str(bindir / "snakemake"),
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--configfile",
-        *map(str, PRESETS),
-        *map(str, extra_configfiles),
-        "--cores",
-        "2",
-        *args,
-    ]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
-
-
-def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
-    """Job counts of a dry run ({} when nothing is to be done)."""
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    text = result.stdout + result.stderr
-    if "Job stats:" not in text:
-        return {}
-    table = text[text.index("Job stats:") :].split("\n\n")[0]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
 
 
 @pytest.fixture(scope="module")

@@ -180,41 +180,26 @@ def fetch(
     source = hub_file(timm_id, revision, kwargs, model)
     endpoint = endpoint or huggingface_hub.constants.ENDPOINT
     cached = download(source, model, timm_id, endpoint, cache_dir)
-    where = f"models.{model} ({timm_id})"
-
     # The cache layout is snapshots/<commit>/<filename>, its files links to blobs/<etag>.
-    commit = cached.parents[source.filename.count("/")].name
+    commit = _commit_or_none(cached.parents[source.filename.count("/")].name)
     out_dir = Path(out_dir)
-    target = out_dir / LOCAL_FILENAME
-    sha256, size = _copy_hashing(cached, target)
-    blob = cached.resolve().name
-    if _SHA256.fullmatch(blob) and blob != sha256:
-        target.unlink()
-        raise RuntimeError(
-            f"{where}: {cached} has sha256 {sha256}, the hub says {blob}; remove it from the "
-            "huggingface_hub cache and fetch again"
-        )
+    where = f"models.{model} ({timm_id})"
+    sha256, size = _copy_verified(cached, out_dir / LOCAL_FILENAME, where)
     record = {
         "model": model,
         "timm_id": timm_id,
         "repo_id": source.repo_id,
         "filename": source.filename,
         "revision": source.revision,
-        "commit": commit if _COMMIT.fullmatch(commit) else None,
+        "commit": commit,
         "url": huggingface_hub.hf_hub_url(
-            source.repo_id,
-            source.filename,
-            revision=commit if _COMMIT.fullmatch(commit) else source.revision,
-            endpoint=endpoint,
+            source.repo_id, source.filename, revision=commit or source.revision, endpoint=endpoint
         ),
         "sha256": sha256,
         "size": size,
-        "fetched": datetime.now(UTC).isoformat(timespec="seconds"),
-        "huggingface_hub": huggingface_hub.__version__,
+        **_fetch_stamp(),
     }
-    from vitplasticity.io import write_json
-
-    write_json(out_dir / RECORD_FILENAME, record)
+    _write_record(out_dir, record)
     return record
 
 
@@ -251,13 +236,49 @@ def fetch_snapshot(
         RuntimeError: the hub cannot be reached and the snapshot is not in the cache, or a
             cached file whose bytes are not the hub's.
     """
-    import huggingface_hub
     from huggingface_hub import constants  # a submodule: not imported with the package
 
     endpoint = endpoint or constants.ENDPOINT
     where = f"models.{model} ({hf_id})"
+    snapshot = _download_snapshot(hf_id, revision, endpoint, cache_dir, where, model)
+    files = sorted(
+        path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*") if path.is_file()
+    )
+    _check_snapshot(files, snapshot, where, revision)
+    commit = _commit_or_none(snapshot.name)
+    out_dir = Path(out_dir)
+    _remove_stale_files(out_dir, keep=set(files))
+    records = []
+    for name in files:
+        sha256, size = _copy_verified(snapshot / name, out_dir / name, where)
+        records.append({"path": name, "sha256": sha256, "size": size})
+    record = {
+        "model": model,
+        "repo_id": hf_id,
+        "revision": revision,
+        "commit": commit,
+        "url": f"{endpoint}/{hf_id}/tree/{commit or revision}",
+        "files": records,
+        **_fetch_stamp(),
+    }
+    _write_record(out_dir, record)
+    return record
+
+
+def _download_snapshot(
+    hf_id: str,
+    revision: str,
+    endpoint: str,
+    cache_dir: str | Path | None,
+    where: str,
+    model: str,
+) -> Path:
+    """The folder of ``hf_id``'s snapshot (:data:`SNAPSHOT_PATTERNS`) at ``revision`` in the
+    huggingface_hub cache, downloaded there if need be; errors as :func:`_hub_errors`'."""
+    import huggingface_hub
+
     with _hub_errors(where, model, hf_id, revision, endpoint, f"{endpoint}/{hf_id}"):
-        snapshot = Path(
+        return Path(
             huggingface_hub.snapshot_download(
                 repo_id=hf_id,
                 revision=revision,
@@ -266,40 +287,46 @@ def fetch_snapshot(
                 cache_dir=cache_dir,
             )
         )
-    files = sorted(
-        path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*") if path.is_file()
-    )
-    _check_snapshot(files, snapshot, where, revision)
-    commit = snapshot.name
-    out_dir = Path(out_dir)
-    _remove_stale_files(out_dir, keep=set(files))
-    records = []
-    for name in files:
-        cached = snapshot / name
-        sha256, size = _copy_hashing(cached, out_dir / name)
-        problem = _cache_mismatch(cached, sha256)
-        if problem:
-            (out_dir / name).unlink()
-            raise RuntimeError(
-                f"{where}: {cached} {problem}; remove it from the huggingface_hub cache and "
-                "fetch again"
-            )
-        records.append({"path": name, "sha256": sha256, "size": size})
-    pinned = commit if _COMMIT.fullmatch(commit) else revision
-    record = {
-        "model": model,
-        "repo_id": hf_id,
-        "revision": revision,
-        "commit": commit if _COMMIT.fullmatch(commit) else None,
-        "url": f"{endpoint}/{hf_id}/tree/{pinned}",
-        "files": records,
+
+
+def _commit_or_none(name: str) -> str | None:
+    """``name`` (a cache folder's) if it is a commit id, else None (a revision the cache
+    names otherwise)."""
+    return name if _COMMIT.fullmatch(name) else None
+
+
+def _copy_verified(cached: Path, target: Path, where: str) -> tuple[str, int]:
+    """Copy ``cached`` to ``target`` atomically; return the copy's sha256 and size.
+
+    Raises:
+        RuntimeError: naming ``where`` and the cached file, when its bytes are not those the
+            hub named its blob by (:func:`_cache_mismatch`); ``target`` is removed then.
+    """
+    sha256, size = _copy_hashing(cached, target)
+    problem = _cache_mismatch(cached, sha256)
+    if problem:
+        target.unlink()
+        raise RuntimeError(
+            f"{where}: {cached} {problem}; remove it from the huggingface_hub cache and fetch again"
+        )
+    return sha256, size
+
+
+def _fetch_stamp() -> dict[str, str]:
+    """When a record was fetched, and with which huggingface_hub."""
+    import huggingface_hub
+
+    return {
         "fetched": datetime.now(UTC).isoformat(timespec="seconds"),
         "huggingface_hub": huggingface_hub.__version__,
     }
+
+
+def _write_record(out_dir: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` as ``out_dir``'s weights.json, atomically: the stage's last write."""
     from vitplasticity.io import write_json
 
     write_json(out_dir / RECORD_FILENAME, record)
-    return record
 
 
 @contextlib.contextmanager

@@ -3,6 +3,8 @@ model's state dict (never from its modules), and the comparison with a measured 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import polars as pl
 import pytest
@@ -37,3 +39,30 @@ def check_against(frame: pl.DataFrame, expected: dict, rtol: float) -> None:
     for key, (numerator, denominator) in expected.items():
         assert got[key][0] == pytest.approx(numerator, rel=rtol), key
         assert got[key][1] == pytest.approx(denominator, rel=rtol), key
+
+
+def embedding_protocol(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    ln1: Callable[[np.ndarray], np.ndarray],
+    mha: Callable[[np.ndarray], np.ndarray],
+    ln2: Callable[[np.ndarray], np.ndarray],
+    fc1: Callable[[np.ndarray], np.ndarray],
+    fc2: Callable[[np.ndarray], np.ndarray],
+    fc2_width: int,
+) -> dict[str, tuple[float, float]]:
+    """Each component's :func:`norm_ratio` under the embedding protocol (docs/protocol.md):
+    every component is fed the pair's token embeddings ``x`` and ``y``; fc2, whose input is
+    the MLP's hidden width ``fc2_width``, is fed them zero-padded to it."""
+
+    def padded(t: np.ndarray) -> np.ndarray:
+        return np.hstack([t, np.zeros((t.shape[0], fc2_width - t.shape[1]))])
+
+    return {
+        "ln1": norm_ratio(ln1, x, y),
+        "mha": norm_ratio(mha, x, y),
+        "ln2": norm_ratio(ln2, x, y),
+        "fc1": norm_ratio(fc1, x, y),
+        "fc2": norm_ratio(lambda t: fc2(padded(t)), x, y),
+    }

@@ -248,6 +248,71 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
     reference, reference_label = _reference_images(settings, pool)
     device = pick_device(settings.device)
     dtype = getattr(torch, settings.dtype)
+    model = _checked_model(settings, num_classes, device, dtype)
+    pre = preprocessing(model, settings.model_spec)
+    if reference is None:
+        reference = _synthetic_reference(settings.n_pairs, pre, settings.seed)
+    measurements = _measure(settings, model, pre, reference, pool, test, device, dtype)
+    table, recommendation, configurations = rank_and_choose(
+        measurements,
+        settings.configurations,
+        settings.criterion,
+        settings.budget,
+        settings.combine,
+        model=settings.model,
+        dataset=settings.dataset,
+    )
+    resolved = {
+        **asdict(settings),
+        "dataset_dir": str(dataset_dir),
+        "protocol": "embedding",
+        "configurations": configurations,
+        "preprocessing": asdict(pre),
+    }
+    record = _record(settings, resolved, device, reference_label, recommendation, measurements)
+    export = build_export(
+        model,
+        recommendation.configuration,
+        model_name=settings.model,
+        model_entry=asdict(settings.model_spec),
+        dataset=settings.dataset,
+        recommendation=asdict(recommendation),
+    )
+    return Result(settings, table, recommendation, measurements, reference_label, record, export)
+
+
+def _record(
+    settings: RecommendSettings,
+    resolved: dict[str, Any],
+    device: torch.device,
+    reference_label: str,
+    recommendation: Recommendation,
+    measurements: Measurements,
+) -> dict[str, Any]:
+    """The Parquet footer's record: provenance of the ``resolved`` settings, the decision and
+    the parameters each component (and no component) trains."""
+    return {
+        "provenance": provenance(resolved, device),
+        "model": settings.model,
+        "dataset": settings.dataset,
+        "demo": settings.demo,
+        "reference": reference_label,
+        "recommendation": asdict(recommendation),
+        "always_trained_parameters": measurements.always_trained,
+        "component_parameters": measurements.component_parameters,
+    }
+
+
+def _checked_model(
+    settings: RecommendSettings, num_classes: int, device: torch.device, dtype: torch.dtype
+) -> torch.nn.Module:
+    """The model of ``settings`` with a ``num_classes`` head, in eval mode on ``device`` in
+    ``dtype``, once its architecture accepts it for recommend.
+
+    Raises:
+        UnsupportedModel: for a model no architecture knows, one its architecture refuses to
+            rank, or one with a parameter its architecture cannot account for.
+    """
     spec = settings.model_spec
     # The seed draws the new head (as a finetuning run's seed does); a random-init backbone
     # has its own seed (models.init_seed).
@@ -258,11 +323,22 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
     if refusal is not None:
         raise UnsupportedModel(f"recommend {spec.model_id}: {refusal}")
     ParameterMap(architecture, model)  # names a missing component before any compute
-    model = model.to(device=device, dtype=dtype)
-    pre = preprocessing(model, spec)
+    return model.to(device=device, dtype=dtype)
+
+
+def _measure(
+    settings: RecommendSettings,
+    model: torch.nn.Module,
+    pre: Preprocessing,
+    reference: list[bytes],
+    pool: Split,
+    test: Split,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Measurements:
+    """Every criterion of ``model``: plasticity over the pairs (reference image i, test image
+    i cycled), then the head warm-up and the gradient batches drawn from the pool."""
     n = settings.n_pairs
-    if reference is None:
-        reference = _synthetic_reference(n, pre, settings.seed)
     cycled = [test.images[i % len(test)] for i in range(n)]
     log.info(
         "%s on %s: %d pairs, %d warm-up steps, %d gradient batches of %d, %s on %s",
@@ -282,7 +358,7 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
     warmup = range(settings.warmup_steps)
     gradients = range(settings.warmup_steps, settings.warmup_steps + settings.batches)
     with ProgressReporter(n, f"plasticity {settings.model}/{settings.dataset}") as progress:
-        measurements = measure_criteria(
+        return measure_criteria(
             model,
             decoded_batches(reference, pre, settings.batch_size),
             decoded_batches(cycled, pre, settings.batch_size),
@@ -293,42 +369,6 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
             batch_size=settings.batch_size,
             progress=progress,
         )
-
-    table, recommendation, configurations = rank_and_choose(
-        measurements,
-        settings.configurations,
-        settings.criterion,
-        settings.budget,
-        settings.combine,
-        model=settings.model,
-        dataset=settings.dataset,
-    )
-    resolved = {
-        **asdict(settings),
-        "dataset_dir": str(dataset_dir),
-        "protocol": "embedding",
-        "configurations": configurations,
-        "preprocessing": asdict(pre),
-    }
-    record = {
-        "provenance": provenance(resolved, device),
-        "model": settings.model,
-        "dataset": settings.dataset,
-        "demo": settings.demo,
-        "reference": reference_label,
-        "recommendation": asdict(recommendation),
-        "always_trained_parameters": measurements.always_trained,
-        "component_parameters": measurements.component_parameters,
-    }
-    export = build_export(
-        model,
-        recommendation.configuration,
-        model_name=settings.model,
-        model_entry=asdict(spec),
-        dataset=settings.dataset,
-        recommendation=asdict(recommendation),
-    )
-    return Result(settings, table, recommendation, measurements, reference_label, record, export)
 
 
 def write_outputs(result: Result, prefix: str | os.PathLike[str]) -> None:
