@@ -151,18 +151,6 @@ def check_requests(rows: list[dict[str, str]], config: dict, attempt: int = 1) -
         assert timelimit_minutes(row["Timelimit"]) == expected, row
 
 
-def test_shipped_profiles_ask_every_attempt_for_memory_a_128_gb_node_has() -> None:
-    # The workflow profile once asked min(48000 * attempt, 144000): a third attempt was
-    # refused by sbatch on a 128 GB node. Retries are counted by slurm/profile.yaml.
-    profile = yaml.safe_load(WORKFLOW_PROFILE.read_text())
-    retries = yaml.safe_load((GLOBAL_PROFILE / "profile.yaml").read_text())["retries"]
-    env = {"__builtins__": {}, "min": min}
-    for rule, wanted in profile["set-resources"].items():
-        for attempt in range(1, retries + 2):
-            mem_mb = eval(str(wanted["mem_mb"]), env, {"attempt": attempt})
-            assert mem_mb < 128 * 1024, (rule, attempt, mem_mb)
-
-
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The small demo run locally (the reference for the SLURM run)."""
