@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from snakemake.cli import get_argument_parser
 
 from tests.compare_results import compare_trees
 from tests.helpers.demo_workflow import merged_config, summaries, tables, workflow_args
@@ -172,11 +174,12 @@ def test_demo_through_slurm_completes_and_matches_a_local_run(
     )
     assert refused.returncode != 0
     one_line = " ".join(refused.stdout.split())
-    readme_command = (
-        "snakemake --profile slurm --configfile workflow/presets/demo.yaml"
-        " workflow/presets/demo_slurm.yaml all"
-    )
-    assert readme_command in one_line, refused.stdout[-3000:]
+    readme_command = re.search(r"the demo: (snakemake [^)]*)\)", one_line)
+    assert readme_command, refused.stdout[-3000:]
+    # What Snakemake makes of it: --configfile takes every name up to the next option.
+    parsed = get_argument_parser().parse_args(shlex.split(readme_command[1])[1:])
+    assert parsed.configfile == [Path("workflow/presets/demo.yaml"), DEMO_SLURM.relative_to(REPO)]
+    assert parsed.profile == ["slurm"] and parsed.targets == ["all"], readme_command[1]
     assert "has been submitted" not in refused.stdout
     assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
 

@@ -45,8 +45,8 @@ else:
             raise WorkflowError(
                 "finetune.pack_runs: true packs runs for one machine (snakemake --cores N), not"
                 " for a cluster executor. Switch it off: add workflow/presets/demo_slurm.yaml"
-                " last to --configfile (the demo: snakemake --profile slurm --configfile"
-                " workflow/presets/demo.yaml workflow/presets/demo_slurm.yaml all), or write"
+                " last to --configfile (the demo: snakemake --configfile workflow/presets/demo.yaml"
+                " workflow/presets/demo_slurm.yaml --profile slurm all), or write"
                 " pack_runs: false under finetune: in your config file. To run several runs in"
                 " one SLURM job, uncomment the packing block (groups) at the end of"
                 " slurm/profile.yaml."
