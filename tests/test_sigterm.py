@@ -97,16 +97,25 @@ def test_prepare_and_reference_without_images_to_decode_do_not_import_torch(
     assert out.is_file()
 
 
+def loading_torch(pid: int) -> bool:
+    """Whether process `pid` has mapped torch's library: its `import torch` has begun."""
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc/<pid>/maps")
 def test_prepare_stopped_by_sigterm_while_importing_its_decoder_leaves_nothing(
     tmp_path: Path,
 ) -> None:
     # An image folder: the writer's temporary folder appears, then the decode check imports
-    # torch and torchvision (seconds): the SIGTERM sent when the folder appears lands in there.
+    # torch and torchvision (a second or more); SIGTERM is sent once torch's library is mapped.
     rng = np.random.default_rng(0)
     for label in ("cat", "dog"):
         (tmp_path / "tree" / label).mkdir(parents=True)
-        for i in range(100):
-            pixels = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+        for i in range(200):
+            pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(tmp_path / "tree" / label / f"{i:03d}.png")
     store = tmp_path / "store"
     spec = json.dumps({"source": "image_folder", "root": str(tmp_path / "tree")})
@@ -115,9 +124,10 @@ def test_prepare_stopped_by_sigterm_while_importing_its_decoder_leaves_nothing(
         [sys.executable, "-m", "vitplasticity.cli", *command], stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 120
-    while not list(store.glob(".pets.*")) and process.poll() is None:
-        assert time.monotonic() < deadline, "the writer never started"
-        time.sleep(0.005)
+    while not loading_torch(process.pid) and process.poll() is None:
+        assert time.monotonic() < deadline, "torch was never imported"
+        time.sleep(0.002)
+    assert list(store.glob(".pets.*")), "torch was imported before the writer started"
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM, stderr

@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # How often a SIGTERM that arrived during an import looks again whether the import is over.
-SIGTERM_RECHECK_SECONDS = 0.05
+SIGTERM_RECHECK_SECONDS = 0.001
 # The source files of Python's import machinery, as its frames name them (frozen or not).
 IMPORT_MACHINERY = frozenset(
     {
