@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 SLURM_BASE = REPO / ".slurm-local"
@@ -232,14 +234,14 @@ def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     os.killpg(os.getpgid(proc.pid), sig)
 
 
-def shipped_profile_args(jobs: int) -> list[str]:
-    """Options running through the shipped slurm/profile.yaml (and, found by Snakemake, the
-    shipped workflow profile), changed only where a test cluster needs it: `jobs` at once,
-    status polls every second, a short latency-wait. No partition or account: the cluster's
-    default partition takes the jobs."""
+def shipped_profile_args(jobs: int, profile: Path = GLOBAL_PROFILE) -> list[str]:
+    """Options running through the shipped slurm/profile.yaml (or `profile`, a folder) and,
+    found by Snakemake, the shipped workflow profile, changed only where a test cluster needs
+    it: `jobs` at once, status polls every second, a short latency-wait. No partition or
+    account: the cluster's default partition takes the jobs."""
     return [
         "--profile",
-        str(GLOBAL_PROFILE),
+        str(profile),
         "--jobs",
         str(jobs),
         "--latency-wait",
@@ -248,19 +250,42 @@ def shipped_profile_args(jobs: int) -> list[str]:
     ]
 
 
-def slurm_args(jobs: int = 4) -> list[str]:
-    """Command-line options that send a run to the local SLURM through the plugin, without
-    the project's profiles (for the tiny workflow of tests/slurm/Snakefile)."""
-    return [
-        "--executor",
-        "slurm",
-        "--jobs",
-        str(jobs),
-        "--latency-wait",
-        "10",
-        *FAST_POLLING,
-        "--default-resources",
-        "slurm_partition=debug",
-        "mem_mb=500",
-        "runtime=10",
+def node_memory_mb() -> int:
+    """The memory (MB) the local cluster's node offers to jobs (sinfo's RealMemory)."""
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%m"], capture_output=True, text=True, timeout=10, check=True
+    )
+    return min(int(line) for line in out.stdout.split())
+
+
+def running_jobs(job_name: str, comment_prefix: str) -> list[str]:
+    """IDs of the RUNNING jobs named `job_name` whose comment starts with `comment_prefix`
+    (the plugin's comment: rule_<rule>_wildcards_...)."""
+    out = subprocess.run(
+        ["squeue", "-h", "--name", job_name, "-t", "RUNNING", "-o", "%i %k"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    rows = [line.split(maxsplit=1) for line in out.stdout.splitlines() if line.strip()]
+    return [row[0] for row in rows if len(row) == 2 and row[1].startswith(comment_prefix)]
+
+
+PACKING_HEADER = "# Packing several short runs into one SLURM job"
+
+
+def packing_block(profile_text: str) -> dict:
+    """The commented-out packing block at the end of slurm/profile.yaml, uncommented and parsed:
+    the lines after PACKING_HEADER that are YAML once their leading "# " is removed (keys and
+    list items), without their trailing comments."""
+    lines = profile_text[profile_text.index(PACKING_HEADER) :].splitlines()
+    block = [
+        line.removeprefix("# ").split("  #")[0]
+        for line in lines
+        if re.match(r"# ([a-z-]+:\s*$|\s+- )", line)
     ]
+    parsed = yaml.safe_load("\n".join(block))
+    if not isinstance(parsed, dict) or "groups" not in parsed:
+        raise ValueError(f"no packing block after {PACKING_HEADER!r} in slurm/profile.yaml")
+    return parsed

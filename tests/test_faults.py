@@ -2,11 +2,14 @@
 run locally: injected failures with retries, keep-going, an interrupted (SIGINT) and a killed
 (SIGKILL) workflow. The same options are what slurm/profile.yaml sets for the cluster
 (retries, keep-going, rerun-incomplete); tests/test_slurm.py repeats the kill on the real
-finetune rule through SLURM.
+finetune rule through SLURM. And the real workflow, run locally as a user would (its workflow
+profile found by Snakemake), interrupted by Ctrl-C, then rerun with the same command.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import signal
 import time
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.demo_workflow import workflow_args
 from tests.slurm_harness import REPO, run_snakemake, signal_group, start_snakemake
 
 TINY_SNAKEFILE = REPO / "tests" / "slurm" / "Snakefile"
@@ -115,3 +119,40 @@ def test_an_interrupted_workflow_continues_cleanly_on_the_next_invocation(
     assert "Error" not in rerun.stdout
     assert sorted(ran(wf)[2:]) == sorted({0, 1, 2, 3} - {first})  # the first is not redone
     assert complete_outputs(wf, 4) == [0, 1, 2, 3]
+
+
+# One finetuning run of the demo, long enough to be interrupted mid-run.
+ONE_RUN = {
+    "datasets": {"demo-stripes": {"steps": 400, "val_every": 100}},
+    "finetune": {"checkpoint_every": 10},
+    "experiments": {
+        "sgd": {"configurations": ["head"], "lrs_by_dataset": {"demo-stripes": [0.05]}}
+    },
+}
+
+
+@pytest.mark.parametrize("whom", ["process_group", "snakemake"])
+def test_a_local_run_interrupted_by_ctrl_c_completes_when_the_same_command_is_rerun(
+    tmp_path: Path, whom: str
+) -> None:
+    """Ctrl-C in a terminal sends SIGINT to Snakemake and its jobs (process_group); `kill -INT`
+    to Snakemake alone lets the jobs end while their outputs stay marked incomplete, which
+    Snakemake refuses to build on unless told to rerun them (the workflow profile does)."""
+    args = [*workflow_args(tmp_path, ONE_RUN), "--cores", "2", "finetune_all"]
+    run_dir = tmp_path / "results/finetune/sgd/demo_vit/demo-stripes/head/lr0.05_seed0"
+    proc = start_snakemake(args, REPO, tmp_path / "first.log")
+    wait_until(lambda: (run_dir / "checkpoint.pt").exists() or proc.poll() is not None, 300)
+    assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+    if whom == "process_group":
+        signal_group(proc, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=300) != 0
+    if whom == "snakemake":
+        assert list((tmp_path / ".snakemake/incomplete").iterdir()), "nothing left incomplete"
+
+    rerun = run_snakemake(args, REPO, timeout=600)  # the same command
+    stats = rerun.stdout[rerun.stdout.index("Job stats:") :].split("\n\n")[0]
+    assert "prepare" not in stats, stats  # the finished dataset is kept
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["final_step"] == 400, summary

@@ -43,9 +43,13 @@ else:
     onstart:
         if not workflow.local_exec:
             raise WorkflowError(
-                "finetune.pack_runs: true packs runs for one machine (snakemake --cores N); with"
-                " a cluster executor set it to false and pack with groups (the packing block at"
-                " the end of slurm/profile.yaml)"
+                "finetune.pack_runs: true packs runs for one machine (snakemake --cores N), not"
+                " for a cluster executor. Switch it off: add workflow/presets/demo_slurm.yaml"
+                " last to --configfile (the demo: snakemake --configfile workflow/presets/demo.yaml"
+                " workflow/presets/demo_slurm.yaml --profile slurm all), or write"
+                " pack_runs: false under finetune: in your config file. To run several runs in"
+                " one SLURM job, uncomment the packing block (groups) at the end of"
+                " slurm/profile.yaml."
             )
 
     # One rule per experiment and list of (configuration, lr, seed): datasets with their own

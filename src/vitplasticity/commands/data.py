@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import _frozen_importlib
+import _frozen_importlib_external
 import argparse
 import contextlib
 import logging
 import signal
 from collections.abc import Iterator
+from types import FrameType
 
 from vitplasticity.settings import json_argument
 
@@ -48,6 +51,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     reference.set_defaults(handler=run_reference)
 
 
+# How often a SIGTERM that arrived during an import looks again whether the import is over.
+SIGTERM_RECHECK_SECONDS = 0.001
+# The source files of Python's import machinery, as its frames name them (frozen or not).
+IMPORT_MACHINERY = frozenset(
+    {
+        _frozen_importlib._find_and_load.__code__.co_filename,
+        _frozen_importlib_external.SourceFileLoader.get_data.__code__.co_filename,
+    }
+)
+
+
+def importing(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside an import (its stack passes through importlib)."""
+    while frame is not None:
+        if frame.f_code.co_filename in IMPORT_MACHINERY:
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextlib.contextmanager
 def exit_on_sigterm() -> Iterator[None]:
     """Turn SIGTERM (scancel, a killed Snakemake) into SystemExit while the block runs.
@@ -55,36 +78,45 @@ def exit_on_sigterm() -> Iterator[None]:
     Python's default SIGTERM ends the process at once, skipping every ``finally``: the
     prepared-store writer's and ``atomic_path``'s temporary files would stay behind. As an
     exception, the writers remove them on the way out.
+
+    A SIGTERM that arrives while a module is being imported is held until the import returns
+    (checked every ``SIGTERM_RECHECK_SECONDS`` with SIGALRM): torch's extension swallows an
+    exception raised inside the imports it makes (numpy's), and the job would run to its end.
+    So the block may import lazily (torchvision only where images are decoded).
     """
 
     received: list[int] = []
+    raised: list[bool] = []
 
-    def stop(signum: int, frame: object) -> None:
-        received.append(signum)
-        raise SystemExit(128 + signum)
+    def stop(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM:
+            received.append(signum)
+        if not received or raised:  # another's SIGALRM; or already stopping: let cleanup run
+            return
+        if importing(frame):
+            signal.setitimer(signal.ITIMER_REAL, SIGTERM_RECHECK_SECONDS)
+            return
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        raised.append(True)
+        raise SystemExit(128 + received[0])
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous_term = signal.signal(signal.SIGTERM, stop)
+    previous_alarm = signal.signal(signal.SIGALRM, stop)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_alarm)
+        signal.signal(signal.SIGTERM, previous_term)
     if received:
         # The SystemExit was swallowed on its way out (library code with a bare except):
         # the job was still told to stop, so it must not report success.
         raise SystemExit(128 + received[0])
 
 
-def _import_decoders() -> None:
-    """Import torch and torchvision (the image decoders) before SIGTERM becomes SystemExit:
-    a SystemExit raised inside their import was seen swallowed there, and the prepare then
-    ran to its end."""
-    import vitplasticity.data.transforms  # noqa: F401
-
-
 def run_prepare(args: argparse.Namespace) -> int:
     from vitplasticity.data.prepare import prepare_dataset
 
-    _import_decoders()
     with exit_on_sigterm():
         counts = prepare_dataset(args.dataset, args.spec, args.out, downloads=args.downloads)
     log.info("prepared %s into %s: %s", args.dataset, args.out, counts)
@@ -94,7 +126,6 @@ def run_prepare(args: argparse.Namespace) -> int:
 def run_reference(args: argparse.Namespace) -> int:
     from vitplasticity.data.reference import build_reference
 
-    _import_decoders()
     with exit_on_sigterm():
         n = build_reference(
             args.out,
