@@ -71,6 +71,7 @@ TARGETS = ("finetune_all", "plasticity_all")
 CIRCUMSTANTIAL = {
     "created",
     "host",
+    "gpu_slot",
     "git_commit",
     "versions",
     "wall_seconds",

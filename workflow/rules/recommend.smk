@@ -44,7 +44,7 @@ rule recommend:
     conda:
         ENV
     shell:
-        f"{OFFLINE} vitplasticity recommend"
+        f"{OFFLINE} {GPU_SLOT} vitplasticity recommend"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --dataset {wildcards.dataset} --dataset-dir {input.dataset:q}"
         " --reference {input.reference:q} --n-pairs {params.n_pairs}"
@@ -89,7 +89,7 @@ rule recommend_text:
     conda:
         ENV
     shell:
-        f"{OFFLINE} vitplasticity recommend-text"
+        f"{OFFLINE} {GPU_SLOT} vitplasticity recommend-text"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --dataset {wildcards.dataset} --reference {input.reference:q} --text {input.text:q}"
         " --tokenizer {params.tokenizer:q} --sequence-length {params.sequence_length}"
