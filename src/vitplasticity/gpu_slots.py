@@ -159,9 +159,9 @@ def resources_advice(environ: Mapping[str, str], gpu_resource_given: bool) -> st
     return (
         f"{len(devices)} GPUs found ({', '.join(devices)}). Each GPU job takes one of them;"
         f" to run {len(devices)} GPU jobs at once, each on its own GPU, add"
-        f" `--resources gpu={len(devices)}` (e.g. snakemake --cores all --resources"
-        f" gpu={len(devices)} all). Without it, GPU jobs beyond {len(devices)} wait for a free"
-        " GPU while holding a core."
+        f" `--resources gpu={len(devices)}` before the targets (e.g. snakemake --resources"
+        f" gpu={len(devices)} --cores all all). Without it, GPU jobs beyond {len(devices)} wait"
+        " for a free GPU while holding a core."
     )
 
 
