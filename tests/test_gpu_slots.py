@@ -277,3 +277,29 @@ def test_a_local_run_puts_each_gpu_job_on_a_device_of_its_own(tmp_path: Path) ->
     assert len(slots) == 8 + 4  # 8 runs; 2 datasets x (pairs, summary)
     assert set(slots) == {"0", "1"}
     assert pl.read_parquet(pairs[0]).height > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("options", "said"), [((), True), (("--resources", "gpu=2"), False)])
+def test_a_local_run_on_several_gpus_says_once_how_to_use_them(
+    tmp_path: Path, options: tuple[str, ...], said: bool
+) -> None:
+    """Two stand-in GPUs: without `--resources gpu` the run says once how to use them
+    (one small CPU job run); with it, nothing. The demo preset packs finetuning runs, whose
+    own start check (a cluster executor refused) runs beside this one."""
+    bindir = Path(sys.executable).parent
+    env = job_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1")
+    env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
+    configfiles = ["config.yaml", "workflow/presets/demo.yaml"]
+    command = [
+        str(bindir / "snakemake"),
+        "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+        "--configfile", *(str(REPO / name) for name in configfiles),
+        *options, "--cores", "1", "resources/demo/datasets/demo-reference",
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert output.count("2 GPUs found (0, 1)") == (1 if said else 0), output[-5000:]
+    if said:
+        assert "--resources gpu=2" in output
