@@ -5,7 +5,7 @@ BIN := $(abspath $(VENV))/bin
 CORES ?= 2
 export PATH := $(BIN):$(PATH)
 
-.PHONY: demo test lint dryrun bench clean-demo venv
+.PHONY: demo test lint dryrun bench gpu-check clean-demo venv
 
 venv: $(VENV)/.installed
 
@@ -37,6 +37,11 @@ dryrun: venv
 BENCH_DEVICE ?= cpu
 bench: venv
 	$(BIN)/python -m benchmarks.run --device $(BENCH_DEVICE) --json results/benchmarks/bench_$(BENCH_DEVICE).json
+
+## gpu-check: on a CUDA machine (~8 min, offline) the GPU tests, a ViT-B/16 finetune per precision
+## and the quick benchmarks into results/benchmarks/gpu_check.json; without a GPU one line, no work
+gpu-check: venv
+	@$(BIN)/python -m benchmarks.gpu_check --json results/benchmarks/gpu_check.json
 
 clean-demo:
 	rm -rf results/demo resources/demo

@@ -30,6 +30,7 @@ VOLATILE: frozenset[str] = frozenset(
     {
         "created",  # when the file was written
         "host",  # where
+        "gpu_slot",  # on which of its GPUs (vitplasticity.gpu_slots)
         "git_commit",  # from which commit (the point of the comparison is that it changed)
         "wall_seconds",  # how long it took
         "steps_per_second",

@@ -22,6 +22,16 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(previous)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` are skipped, saying why, where torch sees no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu: needs a CUDA device, none is visible to torch")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def tiny_spec() -> ModelSpec:
     """The spec of a 3-block, 48-wide ViT at 32 px (16 patches + cls token)."""

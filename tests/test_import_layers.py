@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "base",
         "facts and plumbing every layer shares, knowing no model, dataset or config: the "
         "component names, the version, atomic files, optional packages, progress, the LR "
-        "schedule, checkpoint files, settings declarations and their CLI flags",
+        "schedule, checkpoint files, settings declarations and their CLI flags, the local GPU-slot launcher",
         (
             "components",
             "version",
@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "checkpoint",
             "settings",
             "stage_settings",
+            "gpu_slots",
         ),
     ),
     (

@@ -294,7 +294,7 @@ def test_errors_name_the_culprit(tiny_vit: torch.nn.Module) -> None:
         measure(tiny_vit.train(), images, images)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_cuda_matches_cpu(vit64: torch.nn.Module) -> None:
     reference, downstream = _images(4, seed=20), _images(3, seed=21)
     cpu = measure_protocols(vit64, reference, downstream, protocols=["embedding", "in_situ"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import platform
 import subprocess
 from collections.abc import Mapping
@@ -12,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from vitplasticity.gpu_slots import SLOT_VARIABLE
 from vitplasticity.weights import hub_file, read_record, read_snapshot_record, sha256_file
 
 log = logging.getLogger(__name__)
@@ -162,7 +164,9 @@ def _hub_cache_record(model_spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def provenance(settings: dict[str, Any], device: Any = None) -> dict[str, Any]:
     """The record stored beside every result: resolved settings, versions, device, commit,
-    and the model's weights (see :func:`weights_record`)."""
+    and the model's weights (see :func:`weights_record`). A job started through
+    :mod:`vitplasticity.gpu_slots` also records the GPU its slot gave it (``gpu_slot``, the
+    id it set ``CUDA_VISIBLE_DEVICES`` to); other jobs have no such key."""
     record = {
         "settings": settings,
         "versions": versions(),
@@ -171,6 +175,9 @@ def provenance(settings: dict[str, Any], device: Any = None) -> dict[str, Any]:
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
     }
+    slot = os.environ.get(SLOT_VARIABLE)
+    if slot is not None:
+        record["gpu_slot"] = slot
     weights = weights_record(settings.get("model_spec"))
     if weights is not None:
         record["weights"] = weights

@@ -30,6 +30,7 @@ SMALL = {
 }
 # Fields of summary.json that say when, where and how fast, not what was computed.
 CIRCUMSTANTIAL = {
+    "gpu_slot",
     "created",
     "host",
     "git_commit",

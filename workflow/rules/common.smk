@@ -4,7 +4,10 @@ import json
 import os
 import re
 
-from vitplasticity import runtime
+from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
+
+from vitplasticity import gpu_slots, runtime
 from vitplasticity.config import (
     enabled_experiments,
     experiment_runs,
@@ -139,6 +142,29 @@ def weights_targets():
 # Compute jobs load local files only: a stray hub call fails at once instead of hanging on a
 # compute node without internet.
 OFFLINE = "HF_HUB_OFFLINE=1"
+
+# A local GPU job runs on a GPU of its own (vitplasticity.gpu_slots: a free device's lock,
+# CUDA_VISIBLE_DEVICES set to it, then the command itself); under SLURM or without GPUs the
+# command runs unchanged. Snakemake assigns no GPU ids to local jobs (its issue #281).
+GPU_SLOT = "python -m vitplasticity.gpu_slots --"
+
+
+def advise_gpu_resources():
+    """On a local run without --resources gpu on a machine with several GPUs: how to use them."""
+    if workflow.local_exec:
+        advice = gpu_slots.resources_advice(os.environ, "gpu" in workflow.global_resources)
+        if advice:
+            logger.info(advice)
+
+
+# Run once when the jobs are about to start (not in a dry run). Snakemake keeps one onstart
+# handler, so the rule files add their checks to this list instead of declaring their own.
+ONSTART_CHECKS = [advise_gpu_resources]
+
+
+onstart:
+    for check in ONSTART_CHECKS:
+        check()
 
 
 def stage_params(settings, block):
@@ -297,7 +323,7 @@ FINETUNE_PARAMS = dict(
 )
 
 FINETUNE_COMMAND = (
-    f"{OFFLINE} vitplasticity finetune"
+    f"{OFFLINE} {GPU_SLOT} vitplasticity finetune"
     " --experiment {wildcards.experiment} --model {wildcards.model}"
     " --dataset {wildcards.dataset} --model-spec {params.model_spec:q}"
     " --dataset-dir {input.dataset:q}"
@@ -313,6 +339,20 @@ def pack_runs_json(pack):
         return as_json(pack.runs_argument(f"{RESULTS}/finetune/{w.experiment}/{w.model}/{w.dataset}"))
 
     return runs
+
+
+def refuse_packs_on_a_cluster():
+    """finetune.pack_runs' onstart check (workflow/rules/finetune.smk says why)."""
+    if not workflow.local_exec:
+        raise WorkflowError(
+            "finetune.pack_runs: true packs runs for one machine (snakemake --cores N), not"
+            " for a cluster executor. Switch it off: add workflow/presets/demo_slurm.yaml"
+            " last to --configfile (the demo: snakemake --configfile workflow/presets/demo.yaml"
+            " workflow/presets/demo_slurm.yaml --profile slurm all), or write"
+            " pack_runs: false under finetune: in your config file. To run several runs in"
+            " one SLURM job, uncomment the packing block (groups) at the end of"
+            " slurm/profile.yaml."
+        )
 
 
 def pack_lora_flags(pack):

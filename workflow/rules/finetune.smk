@@ -1,8 +1,6 @@
 # Single-component finetuning: one job per (experiment, model, dataset, configuration, lr, seed),
 # or, with finetune.pack_runs, one job per (experiment, model, dataset) running its runs in one
 # process (each run still has its own folder, summary and metrics).
-from snakemake.exceptions import WorkflowError
-
 from vitplasticity.config import grid_lr
 
 if not config["finetune"]["pack_runs"]:
@@ -40,17 +38,7 @@ else:
     # memory requests (set-resources: finetune) cannot reach it: on a cluster it would be
     # submitted without a GPU. Refused before the first submission (the executor is known
     # only once the workflow runs, not while this file is parsed).
-    onstart:
-        if not workflow.local_exec:
-            raise WorkflowError(
-                "finetune.pack_runs: true packs runs for one machine (snakemake --cores N), not"
-                " for a cluster executor. Switch it off: add workflow/presets/demo_slurm.yaml"
-                " last to --configfile (the demo: snakemake --configfile workflow/presets/demo.yaml"
-                " workflow/presets/demo_slurm.yaml --profile slurm all), or write"
-                " pack_runs: false under finetune: in your config file. To run several runs in"
-                " one SLURM job, uncomment the packing block (groups) at the end of"
-                " slurm/profile.yaml."
-            )
+    ONSTART_CHECKS.append(refuse_packs_on_a_cluster)
 
     # One rule per experiment and list of (configuration, lr, seed): datasets with their own
     # LR grid get their own rule, so that every output pattern is fixed. Its name comes from

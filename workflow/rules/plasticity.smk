@@ -21,7 +21,7 @@ rule plasticity:
     conda:
         ENV
     shell:
-        f"{OFFLINE} vitplasticity plasticity"
+        f"{OFFLINE} {GPU_SLOT} vitplasticity plasticity"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --reference {input.reference:q} --dataset-dir {input.dataset:q}"
         + command_flags(PlasticitySettings, PLASTICITY_PARAMS)
