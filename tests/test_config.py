@@ -908,7 +908,7 @@ def test_model_id_keys_match_the_schemas_families() -> None:
     definitions = SCHEMA_DICT["definitions"]
     for family, id_key in MODEL_ID_KEYS.items():
         branch = definitions[f"{family}_model"]
-        assert branch["properties"]["family"] == {"const": family}
+        assert branch["properties"]["family"]["const"] == family
         assert id_key in branch["required"] and branch["additionalProperties"] is False
     problems = unknown_keys({"models": {"m": {"family": ["timm"]}}}, SCHEMA_DICT)
     assert problems == ["models.m.family: unknown family ['timm'] (families: timm, transformers)"]
