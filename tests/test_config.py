@@ -650,10 +650,10 @@ def test_rules_read_settings_without_fallbacks() -> None:
 # --- models: one block, a family per entry -------------------------------------------------------
 
 
-def readme_models_example() -> dict:
-    """The YAML example of README's "Naming a model" section."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Naming a model") :]
+def docs_models_example() -> dict:
+    """The YAML example of docs/configuration.md's "Naming a model" section."""
+    page = (REPO / "docs/configuration.md").read_text()
+    section = page[page.index("## Naming a model") :]
     return yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
 
 
@@ -665,8 +665,8 @@ def validated(config: dict) -> dict:
     return config
 
 
-def test_every_family_of_the_readme_example_is_accepted(paper_config: dict) -> None:
-    example = readme_models_example()
+def test_every_family_of_the_docs_example_is_accepted(paper_config: dict) -> None:
+    example = docs_models_example()
     assert {entry["family"] for entry in example["models"].values()} == set(MODEL_ID_KEYS)
     config = validated(merged(paper_config, example))
     models = config["models"]

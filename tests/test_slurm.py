@@ -9,7 +9,7 @@
   nothing else reruns; its numbers equal an uninterrupted run's. The profile's squeue status
   command is what lets the first run see the cancellation (plugin 2.4.0-2.8.0, slurm/profile.yaml).
 - Many small jobs: the per-job overhead (submission to COMPLETED) of a trivial rule, and its
-  packing into one SLURM job with Snakemake groups (README, "Many small jobs").
+  packing into one SLURM job with Snakemake groups (docs/slurm.md, "Many small jobs").
 
 The cluster comes from tests/slurm_harness.py (started here when needed, stopped at the end
 by PID); its node advertises stand-in GPUs and a GPU node's CPUs and memory, so the shipped
@@ -259,7 +259,7 @@ def test_cancelled_finetune_job_resumes_from_its_checkpoint(
     }
     # No retry, so that the cancelled job fails the first run. The profile polls with squeue:
     # with sacct, plugins 2.4.0-2.8.0 read "CANCELLED by <uid>" as still running and the
-    # first run would wait forever (README, "Resume").
+    # first run would wait forever (docs/slurm.md, "Resume").
     args = [*slurm_workflow_args(tmp_path, longer), "--retries", "0", "finetune_all"]
     run_dir = tmp_path / "results/finetune/sgd/demo_vit/demo-stripes/head/lr0.05_seed0"
     proc = start_snakemake(args, REPO, tmp_path / "first.log")
