@@ -612,10 +612,10 @@ def test_rules_read_settings_without_fallbacks() -> None:
 # --- models: one block, a family per entry -------------------------------------------------------
 
 
-def readme_models_example() -> dict:
-    """The YAML example of README's "Naming a model" section."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Naming a model") :]
+def docs_models_example() -> dict:
+    """The YAML example of docs/configuration.md's "Naming a model" section."""
+    page = (REPO / "docs/configuration.md").read_text()
+    section = page[page.index("## Naming a model") :]
     return yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
 
 
@@ -627,8 +627,8 @@ def validated(config: dict) -> dict:
     return config
 
 
-def test_every_family_of_the_readme_example_is_accepted(paper_config: dict) -> None:
-    example = readme_models_example()
+def test_every_family_of_the_docs_example_is_accepted(paper_config: dict) -> None:
+    example = docs_models_example()
     assert {entry["family"] for entry in example["models"].values()} == set(MODEL_ID_KEYS)
     config = validated(merged(paper_config, example))
     models = config["models"]
@@ -870,7 +870,7 @@ def test_model_id_keys_match_the_schemas_families() -> None:
     definitions = SCHEMA_DICT["definitions"]
     for family, id_key in MODEL_ID_KEYS.items():
         branch = definitions[f"{family}_model"]
-        assert branch["properties"]["family"] == {"const": family}
+        assert branch["properties"]["family"]["const"] == family
         assert id_key in branch["required"] and branch["additionalProperties"] is False
     problems = unknown_keys({"models": {"m": {"family": ["timm"]}}}, SCHEMA_DICT)
     assert problems == ["models.m.family: unknown family ['timm'] (families: timm, transformers)"]

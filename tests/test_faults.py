@@ -113,7 +113,7 @@ def test_an_interrupted_workflow_continues_cleanly_on_the_next_invocation(
     if sig == signal.SIGKILL:
         assert (wf / f"out/{second}.txt").read_text().split() == ["start"]  # left half-written
 
-    if sig == signal.SIGKILL:  # a killed Snakemake leaves its lock: the README's resume step
+    if sig == signal.SIGKILL:  # a killed Snakemake leaves its lock: docs/slurm.md, "Resume"
         run_snakemake([*args, "--unlock"], wf)
     rerun = run_snakemake([*args, "--rerun-incomplete"], wf)
     assert "Error" not in rerun.stdout

@@ -225,7 +225,7 @@ def test_cancelled_finetune_job_resumes_from_its_checkpoint(
 ) -> None:
     # No retry, so that the cancelled job fails the first run. The profile polls with squeue:
     # with sacct, plugins 2.4.0-2.8.0 read "CANCELLED by <uid>" as still running and the
-    # first run would wait forever (README, "Resume").
+    # first run would wait forever (docs/slurm.md, "Resume").
     args = [*slurm_workflow_args(tmp_path, ONE_LONGER_RUN), "--retries", "0", "finetune_all"]
     run_dir = tmp_path / "results" / RUN
     proc = start_snakemake(args, REPO, tmp_path / "first.log")

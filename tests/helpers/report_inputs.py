@@ -1,5 +1,5 @@
 """Hand-made inputs of the report stage: finetuning run directories and plasticity summaries
-in the upstream formats (README, "finetune" and "plasticity" stages), built by the tests."""
+in the upstream formats (docs/outputs.md), built by the tests."""
 
 from __future__ import annotations
 
