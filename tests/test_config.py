@@ -11,6 +11,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from tests.helpers.configs import merged
 from tests.helpers.workflow import paper_dry_run
 from vitplasticity.config import (
     DATASET_KEYS,
@@ -32,17 +33,6 @@ SCHEMA = str(REPO / "workflow/schemas/config.schema.yaml")
 @pytest.fixture
 def paper_config() -> dict:
     return yaml.safe_load((REPO / "config.yaml").read_text())
-
-
-def merged(base: dict, override: dict) -> dict:
-    """Merge like Snakemake's --configfile: mappings merge, everything else replaces."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def test_paper_config_is_valid(paper_config: dict) -> None:
