@@ -280,3 +280,16 @@ def test_snakemake_names_every_cross_check_problem_before_any_job(tmp_path: Path
         "plasticity.device: 'tpu' is not a device",
         "experiments.sgd.seeds[0]: 1180591620717411303424 is out of the range of a seed",
     )
+
+
+@pytest.mark.slow
+def test_every_experiment_disabled_plans_the_plasticity_part_alone(tmp_path: Path) -> None:
+    """With every experiment disabled, `all` is the plasticity part: no aggregation of runs
+    that do not exist (it used to plan aggregate_all on no input, which failed after the
+    plasticity jobs had run)."""
+    edit = {"experiments": {name: {"enabled": False} for name in ("sgd", "adam")}}
+    result = dry_run(tmp_path, PAPER, DEMO, edit=edit)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "aggregate_all" not in out and "finetune" not in out
+    assert re.search(r"^plasticity\s+\d+$", out, re.M), out[-3000:]

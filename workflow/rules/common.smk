@@ -262,7 +262,9 @@ def experiment_summaries(wildcards):
 def report_targets():
     experiments = enabled_experiments(config)
     return [
-        f"{RESULTS}/aggregate/runs.parquet",
+        # every enabled experiment's runs in one table: none when every experiment is disabled
+        # (the workflow is then the plasticity part alone)
+        *([f"{RESULTS}/aggregate/runs.parquet"] if experiments else []),
         *expand(f"{RESULTS}/aggregate/{{experiment}}_selected.parquet", experiment=experiments),
         # stats, tables and figures: defined beside their rules in report.smk
         *report_figure_and_table_targets(),
