@@ -192,29 +192,61 @@ def download(
     dest = Path(dest)
     expected = expected_checksum(md5, checksum)
     algorithm = expected.algorithm if expected else "md5"
-    if dest.is_file():
-        try:
-            verify_checksum(dest, expected, origin=url)
-            log.info("%s: already downloaded and verified", dest)
-            return dest
-        except ChecksumError as error:
-            if checksum_origin:
-                # The user's own digest disagrees with the file already there (which another
-                # job may have verified with another digest): the typo is likelier than the
-                # file, which is kept.
-                raise ChecksumError(
-                    f"{error}; the expected digest is yours, from {checksum_origin}: correct "
-                    f"it, or delete {dest} and rerun to download the file again"
-                ) from error
-            log.warning("%s; downloading it again", error)
-            dest.unlink()
+    if _verified_already(dest, expected, url, checksum_origin):
+        return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
+    digest = _fetch_retrying(url, part, timeout, algorithm, retries, backoff)
+    _check_download(url, part, digest, expected, checksum_origin)
+    os.replace(part, dest)
+    log.info("%s: downloaded to %s (%s %s)", url, dest, algorithm, digest)
+    return dest
+
+
+def _verified_already(
+    dest: Path, expected: Checksum | None, url: str, checksum_origin: str | None
+) -> bool:
+    """Whether a file at ``dest`` is kept: True when it matches ``expected`` (or nothing is
+    expected); a mismatching one is deleted (False, to be downloaded again), unless the
+    expected digest is the user's (``checksum_origin``).
+
+    Raises:
+        ChecksumError: a file at ``dest`` does not match the user's digest; it is kept.
+    """
+    if not dest.is_file():
+        return False
+    try:
+        verify_checksum(dest, expected, origin=url)
+        log.info("%s: already downloaded and verified", dest)
+        return True
+    except ChecksumError as error:
+        if checksum_origin:
+            # The user's own digest disagrees with the file already there (which another
+            # job may have verified with another digest): the typo is likelier than the
+            # file, which is kept.
+            raise ChecksumError(
+                f"{error}; the expected digest is yours, from {checksum_origin}: correct "
+                f"it, or delete {dest} and rerun to download the file again"
+            ) from error
+        log.warning("%s; downloading it again", error)
+        dest.unlink()
+        return False
+
+
+def _fetch_retrying(
+    url: str, part: Path, timeout: float, algorithm: str, retries: int, backoff: float | None
+) -> str:
+    """:func:`_fetch_into` until it succeeds, retrying a transient failure up to ``retries``
+    times after ``backoff * 2**k`` seconds (capped at 60 s); the ``algorithm`` digest of the
+    whole ``part``.
+
+    Raises:
+        DownloadError: a permanent HTTP error, or the retries ran out (``part`` is kept).
+    """
     failures = 0
     while True:
         try:
-            digest = _fetch_into(url, part, timeout, algorithm)
-            break
+            return _fetch_into(url, part, timeout, algorithm)
         except DownloadError:
             raise
         except (_Incomplete, OSError, http.client.HTTPException) as error:
@@ -228,29 +260,39 @@ def download(
             delay = min(first * 2 ** (failures - 1), 60.0)
             log.warning("%s: %s; retry %d/%d in %.1f s", url, error, failures, retries, delay)
             time.sleep(delay)
-    if expected is not None and digest != expected.hexdigest:
-        hint = content_hint(part)
-        part.unlink(missing_ok=True)
-        if checksum_origin:
-            advice = (
-                f"the expected digest is yours, from {checksum_origin}: if the server's bytes "
-                "are right, correct that digest; the downloaded file was deleted"
-            )
-        else:
-            advice = (
-                "the downloaded file was deleted: rerun to download it again; if the mismatch "
-                "repeats, the URL serves other bytes (a mirror's own release: give their "
-                "digest under datasets.<name>.checksums)"
-            )
-        raise ChecksumError(
-            f"checksum mismatch for {url}: expected {algorithm} {expected.hexdigest}, "
-            f"got {digest}" + (f"; the server sent {hint}" if hint else "") + f"; {advice}"
-        )
+
+
+def _check_download(
+    url: str, part: Path, digest: str, expected: Checksum | None, checksum_origin: str | None
+) -> None:
+    """Check the downloaded ``part``'s ``digest`` against ``expected`` (None: log its md5).
+
+    Raises:
+        ChecksumError: the digests differ; ``part`` is deleted and the error says what the
+            server sent and what to do (correct the user's digest when ``checksum_origin``).
+    """
     if expected is None:
         log.warning("%s: no known checksum; downloaded file has md5 %s", url, digest)
-    os.replace(part, dest)
-    log.info("%s: downloaded to %s (%s %s)", url, dest, algorithm, digest)
-    return dest
+        return
+    if digest == expected.hexdigest:
+        return
+    hint = content_hint(part)
+    part.unlink(missing_ok=True)
+    if checksum_origin:
+        advice = (
+            f"the expected digest is yours, from {checksum_origin}: if the server's bytes "
+            "are right, correct that digest; the downloaded file was deleted"
+        )
+    else:
+        advice = (
+            "the downloaded file was deleted: rerun to download it again; if the mismatch "
+            "repeats, the URL serves other bytes (a mirror's own release: give their "
+            "digest under datasets.<name>.checksums)"
+        )
+    raise ChecksumError(
+        f"checksum mismatch for {url}: expected {expected.algorithm} {expected.hexdigest}, "
+        f"got {digest}" + (f"; the server sent {hint}" if hint else "") + f"; {advice}"
+    )
 
 
 def _fetch_into(url: str, part: Path, timeout: float, algorithm: str) -> str:

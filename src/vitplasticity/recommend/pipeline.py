@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import polars as pl
 import torch
@@ -253,15 +253,7 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
     if reference is None:
         reference = _synthetic_reference(settings.n_pairs, pre, settings.seed)
     measurements = _measure(settings, model, pre, reference, pool, test, device, dtype)
-    table, recommendation, configurations = rank_and_choose(
-        measurements,
-        settings.configurations,
-        settings.criterion,
-        settings.budget,
-        settings.combine,
-        model=settings.model,
-        dataset=settings.dataset,
-    )
+    table, recommendation, configurations = rank(settings, measurements)
     resolved = {
         **asdict(settings),
         "dataset_dir": str(dataset_dir),
@@ -269,7 +261,9 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
         "configurations": configurations,
         "preprocessing": asdict(pre),
     }
-    record = _record(settings, resolved, device, reference_label, recommendation, measurements)
+    record = footer_record(
+        settings, resolved, device, reference_label, recommendation, measurements
+    )
     export = build_export(
         model,
         recommendation.configuration,
@@ -281,8 +275,44 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
     return Result(settings, table, recommendation, measurements, reference_label, record, export)
 
 
-def _record(
-    settings: RecommendSettings,
+class RankingSettings(Protocol):
+    """What :func:`rank` and :func:`footer_record` read of a recommend's settings (images:
+    :class:`RecommendSettings`, text: :class:`.text.TextRecommendSettings`)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def dataset(self) -> str: ...
+    @property
+    def demo(self) -> bool: ...
+    @property
+    def configurations(self) -> tuple[str, ...]: ...
+    @property
+    def criterion(self) -> str: ...
+    @property
+    def budget(self) -> int | None: ...
+    @property
+    def combine(self) -> bool: ...
+
+
+def rank(
+    settings: RankingSettings, measurements: Measurements
+) -> tuple[pl.DataFrame, Recommendation, list[str]]:
+    """:func:`.ranking.rank_and_choose` of ``measurements`` with the configurations,
+    criterion, budget and combine of ``settings``."""
+    return rank_and_choose(
+        measurements,
+        settings.configurations,
+        settings.criterion,
+        settings.budget,
+        settings.combine,
+        model=settings.model,
+        dataset=settings.dataset,
+    )
+
+
+def footer_record(
+    settings: RankingSettings,
     resolved: dict[str, Any],
     device: torch.device,
     reference_label: str,

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitplasticity.architectures import (
+    Architecture,
     ParameterMap,
     UnsupportedModel,
     architecture_for,
@@ -61,12 +62,11 @@ from vitplasticity.recommend.criteria import (
 )
 from vitplasticity.recommend.export import build_export
 from vitplasticity.recommend.nfn import feature_norm_statistics
-from vitplasticity.recommend.pipeline import check_ranking
+from vitplasticity.recommend.pipeline import check_ranking, footer_record, rank
 from vitplasticity.recommend.ranking import (
     Recommendation,
     configuration_label,
     markdown,
-    rank_and_choose,
 )
 from vitplasticity.stage_settings import DTYPES, RecommendTextSettings
 
@@ -413,12 +413,52 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
             without its LM head's weights (each naming the class), or a parameter its
             architecture cannot account for.
     """
-    from vitplasticity.data.loader import batch_indices
-    from vitplasticity.data.text import cycled, load_tokenizer, read_sequences
     from vitplasticity.models import pick_device
-    from vitplasticity.provenance import provenance
 
     settings.validate()
+    lm, ranked, architecture = _checked_lm(settings, model)
+    tokenizer, references, user = _sequences(settings, lm, ranked)
+    device = pick_device(settings.device)
+    lm = lm.to(device=device, dtype=getattr(torch, settings.dtype))
+    measurements, refused = _measure(settings, lm, tokenizer, references, user, device)
+    table, recommendation, configurations = rank(settings, measurements)
+    prefix = prefix_in(lm, ranked)
+    resolved = {
+        **asdict(settings),
+        "texts": list(settings.texts),
+        "configurations": configurations,
+        "tokenizer": tokenizer,
+        "user_sequences": len(user),
+        "causal_lm": _class_path(lm),
+        "loss": "next-token cross-entropy",
+    }
+    reference_label = (
+        f"`{Path(settings.reference).name}` ({settings.n_pairs:,} sequences of "
+        f"{settings.sequence_length} tokens, tokenizer {tokenizer})"
+    )
+    record = footer_record(
+        settings, resolved, device, reference_label, recommendation, measurements
+    )
+    export = _export(settings, lm, ranked, prefix, recommendation)
+    head = [prefix + name for name in _module_names(ranked, architecture.head(ranked).modules)]
+    notes = _notes(settings, measurements, len(user), lm, ranked, prefix, head, refused)
+    return TextResult(
+        settings, table, recommendation, measurements, reference_label, notes, record, export
+    )
+
+
+def _checked_lm(
+    settings: TextRecommendSettings, model: nn.Module | None
+) -> tuple[nn.Module, nn.Module, Architecture]:
+    """(the causal LM, the module ranked in it, that module's architecture) of ``model``, or of
+    the model built from ``settings`` when None, in eval mode, once the architecture accepts it
+    for recommend.
+
+    Raises:
+        UnsupportedModel: for an image model, a model no architecture knows, a bare model
+            without its LM head's weights, one its architecture refuses to rank, or a
+            parameter its architecture cannot account for.
+    """
     if model is None:
         model = build_text_model(settings.model, settings.model_spec)
     model = model.eval()
@@ -430,6 +470,22 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
     if refusal is not None:
         raise UnsupportedModel(f"recommend-text {settings.model}: {refusal}")
     ParameterMap(architecture, ranked)  # names a missing component before any compute
+    return lm, ranked, architecture
+
+
+def _sequences(
+    settings: TextRecommendSettings, lm: nn.Module, ranked: nn.Module
+) -> tuple[str, np.ndarray, np.ndarray]:
+    """(the tokenizer's name, the ``n_pairs`` reference sequences, the user's sequences: enough
+    for the pairs and the gradient batches), each of ``sequence_length`` tokens.
+
+    Raises:
+        ValueError: for a sequence longer than the model's positions, a text file too short
+            for one sequence, or a reference text too short for ``n_pairs`` sequences.
+        FileNotFoundError: for a missing text file.
+    """
+    from vitplasticity.data.text import load_tokenizer, read_sequences
+
     length, n = settings.sequence_length, settings.n_pairs
     limit = max_positions(ranked.config)
     if limit is not None and length > limit:
@@ -445,9 +501,24 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
             f"fewer than --n-pairs {n}"
         )
     needed = max(n, settings.batches * settings.batch_size)
-    user = user_sequences(settings.texts, tokenize, length, needed)
-    device = pick_device(settings.device)
-    lm = lm.to(device=device, dtype=getattr(torch, settings.dtype))
+    return tokenizer, references, user_sequences(settings.texts, tokenize, length, needed)
+
+
+def _measure(
+    settings: TextRecommendSettings,
+    lm: nn.Module,
+    tokenizer: str,
+    references: np.ndarray,
+    user: np.ndarray,
+    device: torch.device,
+) -> tuple[Measurements, list[str]]:
+    """Every criterion of ``lm`` (:func:`measure_text_criteria`): plasticity over the pairs
+    (reference sequence i, user sequence i cycled), the gradient batches drawn from the user's
+    sequences; and the warnings the criteria logged (why a weight statistic is n/a)."""
+    from vitplasticity.data.loader import batch_indices
+    from vitplasticity.data.text import cycled
+
+    n = settings.n_pairs
     log.info(
         "%s on %s: %d pairs (%s), %d user sequences of %d tokens (tokenizer %s), "
         "%d gradient batches of %d, %s on %s",
@@ -456,7 +527,7 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
         n,
         settings.protocol,
         len(user),
-        length,
+        settings.sequence_length,
         tokenizer,
         settings.batches,
         settings.batch_size,
@@ -483,41 +554,23 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
             protocol=settings.protocol,
             progress=progress,
         )
+    return measurements, refused
 
-    table, recommendation, configurations = rank_and_choose(
-        measurements,
-        settings.configurations,
-        settings.criterion,
-        settings.budget,
-        settings.combine,
-        model=settings.model,
-        dataset=settings.dataset,
-    )
-    prefix = prefix_in(lm, ranked)
-    lm_class = f"{type(lm).__module__}.{type(lm).__qualname__}"
-    resolved = {
-        **asdict(settings),
-        "texts": list(settings.texts),
-        "configurations": configurations,
-        "tokenizer": tokenizer,
-        "user_sequences": len(user),
-        "causal_lm": lm_class,
-        "loss": "next-token cross-entropy",
-    }
-    reference_label = (
-        f"`{Path(settings.reference).name}` ({n:,} sequences of {length} tokens, "
-        f"tokenizer {tokenizer})"
-    )
-    record = {
-        "provenance": provenance(resolved, device),
-        "model": settings.model,
-        "dataset": settings.dataset,
-        "demo": settings.demo,
-        "reference": reference_label,
-        "recommendation": asdict(recommendation),
-        "always_trained_parameters": measurements.always_trained,
-        "component_parameters": measurements.component_parameters,
-    }
+
+def _class_path(module: nn.Module) -> str:
+    """``module``'s class as ``package.module.Class``."""
+    return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+def _export(
+    settings: TextRecommendSettings,
+    lm: nn.Module,
+    ranked: nn.Module,
+    prefix: str,
+    recommendation: Recommendation,
+) -> dict[str, Any]:
+    """The decision as data (:func:`.export.build_export` of ``ranked``), with where its names
+    sit in the causal LM ``lm`` (under ``prefix``) and the loss the gradients are of."""
     export = build_export(
         ranked,
         recommendation.configuration,
@@ -527,7 +580,7 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
         recommendation=asdict(recommendation),
     )
     export["text"] = {
-        "causal_lm": lm_class,
+        "causal_lm": _class_path(lm),
         "prefix": prefix,
         "names": (
             "the parameter and module names are the causal LM's"
@@ -537,11 +590,7 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
         ),
         "loss": "next-token cross-entropy (token t from the tokens before it)",
     }
-    head = [prefix + name for name in _module_names(ranked, architecture.head(ranked).modules)]
-    notes = _notes(settings, measurements, len(user), lm, ranked, prefix, head, refused)
-    return TextResult(
-        settings, table, recommendation, measurements, reference_label, notes, record, export
-    )
+    return export
 
 
 def _module_names(model: nn.Module, modules: Sequence[nn.Module]) -> list[str]:
