@@ -235,6 +235,48 @@ def test_a_command_that_cannot_run_is_named(tmp_path: Path) -> None:
     assert "no-such-command-here" in result.stderr
 
 
+HOLDER = """
+import os, sys, time
+from vitplasticity import gpu_slots
+print(gpu_slots.hold_slot(), os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_a_process_holds_its_slot_until_it_ends(tmp_path: Path) -> None:
+    """hold_slot (what the GPU stages' CLI calls first): two processes at once get the two
+    devices, a third after the first ends gets the freed one; under the launcher (the slot
+    already named) it takes nothing more."""
+    env = job_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1")
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, "1"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    second = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, "3"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    outputs = {first.communicate(timeout=60)[0].split()[0]}
+    third = subprocess.run(
+        [sys.executable, "-c", HOLDER, "0"], env=env, capture_output=True, text=True, timeout=60
+    )
+    outputs.add(second.communicate(timeout=60)[0].split()[0])
+    assert outputs == {"0", "1"}
+    # the second still holds its device: the third waited for, or took, the first's
+    assert third.stdout.split()[0] in {"0", "1"}
+    launched = subprocess.run(
+        [sys.executable, "-c", HOLDER, "0"], env={**env, gpu_slots.SLOT_VARIABLE: "1"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert launched.stdout.split() == ["None", "0,1"]
+
+
+def test_the_gpu_stages_take_a_slot_and_the_others_do_not() -> None:
+    from vitplasticity.cli import GPU_COMMANDS, build_parser
+
+    subcommands = build_parser()._subparsers._group_actions[0].choices
+    assert set(subcommands) >= GPU_COMMANDS
+    assert {"prepare", "reference", "bounds", "table", "download"}.isdisjoint(GPU_COMMANDS)
+
+
 def test_advice_only_for_several_gpus_without_the_resource() -> None:
     two = {"CUDA_VISIBLE_DEVICES": "0,1"}
     advice = gpu_slots.resources_advice(two, gpu_resource_given=False)

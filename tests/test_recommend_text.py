@@ -655,10 +655,7 @@ def test_the_workflow_runs_recommend_text_per_text_model_and_dataset(tmp_path: P
     # Each setting reaches the command line: recommend's, and text_plasticity's for the text.
     assert "--tokenizer auto --sequence-length 12 --n-pairs 6 --batch-size 4" in output
     assert "--batches 2 --budget 40K --criterion plasticity" in output
-    assert (
-        "HF_HUB_OFFLINE=1 python -m vitplasticity.gpu_slots --"
-        " vitplasticity recommend-text --model tiny_llama" in output
-    )
+    assert "HF_HUB_OFFLINE=1 vitplasticity recommend-text --model tiny_llama" in output
 
     # Not enabled: no text recommend in `all`.
     result = _snakemake(tmp_path, _text_override(tmp_path, enabled=False), "-n", "all")

@@ -380,10 +380,7 @@ def test_dry_run_lists_the_text_jobs_when_enabled(tmp_path: Path) -> None:
     assert "--demo" in output
     # The schema's defaults filled in, revision (which only the weights stage reads) left out.
     spec = {**random_entry(), "crop_pct": None, "model_class": None, "normalize": "pretrained"}
-    command = (
-        "HF_HUB_OFFLINE=1 python -m vitplasticity.gpu_slots --"
-        " vitplasticity text-plasticity --model tiny_gpt2 --model-spec"
-    )
+    command = "HF_HUB_OFFLINE=1 vitplasticity text-plasticity --model tiny_gpt2 --model-spec"
     assert f"{command} '{json.dumps(spec, sort_keys=True)}'" in output
 
     # Naming an undefined model, or enabled without a reference file: the workflow stops

@@ -359,6 +359,6 @@ def test_weights_stage_end_to_end(
     )
     assert dry.returncode == 0, (dry.stdout + dry.stderr)[-4000:]
     printed = dry.stdout + dry.stderr
-    assert "HF_HUB_OFFLINE=1 python -m vitplasticity.gpu_slots -- vitplasticity finetune" in printed
+    assert "HF_HUB_OFFLINE=1 vitplasticity finetune" in printed
     assert "finetune_pack" in printed
     assert local in printed and "weights" not in planned_jobs(dry)

@@ -12,7 +12,14 @@ import importlib
 import logging
 import sys
 
+from vitplasticity import gpu_slots
 from vitplasticity.version import __version__
+
+# The stages that compute on a GPU: on a workstation each takes a GPU of its own before it
+# imports torch (vitplasticity.gpu_slots; nothing changes under SLURM or without a GPU).
+GPU_COMMANDS: frozenset[str] = frozenset(
+    {"finetune", "plasticity", "text-plasticity", "recommend", "recommend-text"}
+)
 
 # Modules that register subcommands, in the order --help lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -59,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        if args.command in GPU_COMMANDS:
+            gpu_slots.hold_slot()
         return int(args.handler(args) or 0)
     except (ValueError, OSError, RuntimeError) as error:
         # Bad input, or an output the system refuses (full disk, read-only folder): one clear

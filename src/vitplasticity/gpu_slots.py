@@ -1,4 +1,6 @@
-"""One GPU per local job: the launcher the workflow's GPU rules run their command through.
+"""One GPU per local job. The workflow's GPU stages (``vitplasticity finetune``, ``plasticity``,
+``text-plasticity``, ``recommend``, ``recommend-text``) take their slot first thing
+(:func:`hold_slot`, called by the CLI); any other command can run on one through the launcher
 
     python -m vitplasticity.gpu_slots -- COMMAND [ARG ...]
 
@@ -165,27 +167,63 @@ def resources_advice(environ: Mapping[str, str], gpu_resource_given: bool) -> st
     )
 
 
+def claim(env: dict[str, str]) -> int | None:
+    """Take a free GPU slot for a job that runs with ``env``: set its ``CUDA_VISIBLE_DEVICES``
+    and :data:`SLOT_VARIABLE` to the device, and return the descriptor holding the lock (the
+    slot lasts as long as it stays open). None, ``env`` unchanged, under SLURM, where no device
+    is found, or where ``env`` already names a slot (a job launched through :func:`launch`).
+
+    Raises:
+        OSError: naming the lock folder when it cannot be written.
+    """
+    if "SLURM_JOB_ID" in env or SLOT_VARIABLE in env:
+        return None
+    devices = find_devices(env)
+    if not devices:
+        return None
+    folder = lock_dir(env)
+    try:
+        device, held = take_slot(devices, folder)
+    except OSError as error:
+        raise OSError(
+            f"GPU lock folder {folder}: {error}; set {LOCK_DIR_VARIABLE} to a writable folder"
+        ) from error
+    env["CUDA_VISIBLE_DEVICES"] = device
+    env[SLOT_VARIABLE] = device
+    return held
+
+
+_HELD: list[int] = []  # the slot this process holds: open until the process ends
+
+
+def hold_slot() -> str | None:
+    """Take a GPU slot for the rest of this process (:func:`claim` on ``os.environ``), before
+    torch is imported; the device id, or None where no slot applies. What the GPU stages'
+    commands call first, so that the workflow's rules need no launcher in their commands.
+
+    Raises:
+        OSError: as :func:`claim`.
+    """
+    env = dict(os.environ)
+    held = claim(env)
+    if held is None:
+        return None
+    _HELD.append(held)
+    os.environ["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+    os.environ[SLOT_VARIABLE] = env[SLOT_VARIABLE]
+    return env[SLOT_VARIABLE]
+
+
 def launch(command: Sequence[str], environ: Mapping[str, str]) -> None:
-    """Replace this process with ``command``, on a GPU slot of its own where one applies.
+    """Replace this process with ``command``, on a GPU slot of its own where one applies
+    (for commands other than the workflow's own, which take theirs: :func:`hold_slot`).
 
     Raises:
         OSError: naming the lock folder when it cannot be written, or ``command`` when it
             cannot be executed.
     """
     env = dict(environ)
-    if "SLURM_JOB_ID" not in env:
-        devices = find_devices(env)
-        if devices:
-            folder = lock_dir(env)
-            try:
-                device, _held = take_slot(devices, folder)
-            except OSError as error:
-                raise OSError(
-                    f"GPU lock folder {folder}: {error}; set {LOCK_DIR_VARIABLE} to a writable"
-                    " folder"
-                ) from error
-            env["CUDA_VISIBLE_DEVICES"] = device
-            env[SLOT_VARIABLE] = device
+    claim(env)
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as error:

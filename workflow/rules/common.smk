@@ -143,10 +143,10 @@ def weights_targets():
 # compute node without internet.
 OFFLINE = "HF_HUB_OFFLINE=1"
 
-# A local GPU job runs on a GPU of its own (vitplasticity.gpu_slots: a free device's lock,
-# CUDA_VISIBLE_DEVICES set to it, then the command itself); under SLURM or without GPUs the
-# command runs unchanged. Snakemake assigns no GPU ids to local jobs (its issue #281).
-GPU_SLOT = "python -m vitplasticity.gpu_slots --"
+# A local GPU job runs on a GPU of its own: its command takes a free device's lock and sets
+# CUDA_VISIBLE_DEVICES to it before it imports torch (vitplasticity.gpu_slots, called by the
+# CLI), so the rules' commands stay as they are. Under SLURM or without GPUs nothing changes.
+# Snakemake assigns no GPU ids to local jobs (its issue #281).
 
 
 def advise_gpu_resources():
@@ -325,7 +325,7 @@ FINETUNE_PARAMS = dict(
 )
 
 FINETUNE_COMMAND = (
-    f"{OFFLINE} {GPU_SLOT} vitplasticity finetune"
+    f"{OFFLINE} vitplasticity finetune"
     " --experiment {wildcards.experiment} --model {wildcards.model}"
     " --dataset {wildcards.dataset} --model-spec {params.model_spec:q}"
     " --dataset-dir {input.dataset:q}"

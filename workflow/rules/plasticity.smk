@@ -21,7 +21,7 @@ rule plasticity:
     conda:
         ENV
     shell:
-        f"{OFFLINE} {GPU_SLOT} vitplasticity plasticity"
+        f"{OFFLINE} vitplasticity plasticity"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --reference {input.reference:q} --dataset-dir {input.dataset:q}"
         + command_flags(PlasticitySettings, PLASTICITY_PARAMS)

@@ -32,7 +32,7 @@ rule recommend:
     conda:
         ENV
     shell:
-        f"{OFFLINE} {GPU_SLOT} vitplasticity recommend"
+        f"{OFFLINE} vitplasticity recommend"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --dataset {wildcards.dataset} --dataset-dir {input.dataset:q}"
         " --reference {input.reference:q}"
@@ -62,7 +62,7 @@ rule recommend_text:
     conda:
         ENV
     shell:
-        f"{OFFLINE} {GPU_SLOT} vitplasticity recommend-text"
+        f"{OFFLINE} vitplasticity recommend-text"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --dataset {wildcards.dataset} --reference {input.reference:q} --text {input.text:q}"
         + command_flags(RecommendTextSettings, RECOMMEND_TEXT_PARAMS)

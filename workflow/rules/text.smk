@@ -24,7 +24,7 @@ rule text_plasticity:
     conda:
         ENV
     shell:
-        f"{OFFLINE} {GPU_SLOT} vitplasticity text-plasticity"
+        f"{OFFLINE} vitplasticity text-plasticity"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --reference {input.reference:q} --text {input.text:q} --dataset {wildcards.dataset}"
         + command_flags(TextPlasticitySettings, TEXT_PLASTICITY_PARAMS)
