@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from snakemake.utils import update_config
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "config.yaml"
@@ -19,13 +20,10 @@ SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
 
 
 def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Merge like Snakemake's --configfile: mappings merge, everything else replaces."""
+    """``override`` merged over a copy of ``base`` by Snakemake's own --configfile merge
+    (``snakemake.utils.update_config``: mappings merge, everything else replaces)."""
     out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = value
+    update_config(out, copy.deepcopy(override))
     return out
 
 
