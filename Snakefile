@@ -4,7 +4,7 @@ from snakemake.utils import min_version, validate
 
 from snakemake.exceptions import WorkflowError
 
-from vitplasticity.config import check_config, check_keys, config_errors_end_the_run
+from vitplasticity.workflow.config import check_config, check_keys, config_errors_end_the_run
 
 min_version("9.27")
 

@@ -123,10 +123,10 @@ def measure_finetune(
     peak GPU memory (None on a CPU)."""
     import torch
 
-    from vitplasticity.config import Run
     from vitplasticity.finetune import loop
     from vitplasticity.finetune.settings import TrainingSettings
     from vitplasticity.finetune.train import train
+    from vitplasticity.workflow.config import Run
 
     run = Run(
         experiment="gpu_check", model="vit_b16", dataset="synthetic", configuration="full",
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from benchmarks.run import matmul_peak_flops, train_flops_per_image
     from vitplasticity.data.synthetic import prepare_synthetic
-    from vitplasticity.io import write_json
+    from vitplasticity.utils.io import write_json
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()

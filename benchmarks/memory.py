@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from vitplasticity.config import Run
 from vitplasticity.finetune.identity import FinetuneSettings, check_runs
 from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.step import training_step
+from vitplasticity.workflow.config import Run
 
 CONFIGURATIONS = ("full", "emb", "ln1", "mha", "ln2", "fc1", "fc2", "head")
 

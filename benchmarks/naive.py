@@ -17,7 +17,7 @@ from PIL import Image
 from torch import nn
 from torchvision import transforms
 
-from vitplasticity.model_inputs import Preprocessing
+from vitplasticity.data.preprocessing import Preprocessing
 
 
 def explicit_attention_copy(model: nn.Module) -> nn.Module:

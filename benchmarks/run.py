@@ -51,7 +51,6 @@ from benchmarks.naive import (
     pil_train_transform,
 )
 from benchmarks.timing import interleaved_medians
-from vitplasticity.config import Run
 from vitplasticity.data import loader, store
 from vitplasticity.data.synthetic import prepare_synthetic
 from vitplasticity.data.transforms import eval_image, normalize
@@ -61,8 +60,9 @@ from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.precision import cpu_bf16_native
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.step import training_step
-from vitplasticity.io import write_json
 from vitplasticity.plasticity.measure import measure
+from vitplasticity.utils.io import write_json
+from vitplasticity.workflow.config import Run
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 3, "num_heads": 3}

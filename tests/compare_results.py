@@ -30,7 +30,7 @@ VOLATILE: frozenset[str] = frozenset(
     {
         "created",  # when the file was written
         "host",  # where
-        "gpu_slot",  # on which of its GPUs (vitplasticity.gpu_slots)
+        "gpu_slot",  # on which of its GPUs (vitplasticity.utils.gpu_slots)
         "git_commit",  # from which commit (the point of the comparison is that it changed)
         "wall_seconds",  # how long it took
         "steps_per_second",
@@ -64,7 +64,7 @@ def result_files(root: Path) -> set[str]:
 
 
 def _parquet_difference(before: Path, after: Path, volatile: frozenset[str]) -> str | None:
-    from vitplasticity.io import read_parquet_metadata
+    from vitplasticity.utils.io import read_parquet_metadata
 
     frames = []
     for path in (before, after):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.helpers.tiny_vit import TINY_SPEC
-from vitplasticity.models import ModelSpec, build_model
+from vitplasticity.models.build import ModelSpec, build_model
 
 
 @pytest.fixture(scope="module")

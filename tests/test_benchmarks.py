@@ -15,13 +15,12 @@ from benchmarks import run as bench
 from benchmarks.memory import state_accounting
 from benchmarks.naive import explicit_attention_copy
 
+from tests.helpers.repo import REPO
 from tests.helpers.run_settings import finetune_settings
 from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.step import training_step
-from vitplasticity.models import ModelSpec
-
-REPO = Path(__file__).resolve().parents[1]
+from vitplasticity.models.build import ModelSpec
 
 
 def test_quick_benchmark_writes_every_key(

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from tests.compare_results import compare_trees, main
-from vitplasticity.io import write_json, write_parquet
+from vitplasticity.utils.io import write_json, write_parquet
 
 
 def _tree(root: Path, *, lr: float = 0.1, seconds: float = 1.0, created: str = "t0") -> Path:

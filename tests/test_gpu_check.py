@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from benchmarks import gpu_check
 
+from tests.helpers.repo import REPO
 from vitplasticity.data.synthetic import prepare_synthetic
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = {
     "timm_id": "vit_tiny_patch16_224",
     "weights": "random",
@@ -49,7 +49,7 @@ def test_without_a_gpu_one_line_and_no_work(tmp_path: Path) -> None:
 def test_gpu_marked_tests_are_skipped_without_a_gpu_saying_why() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
-         "tests/test_plasticity.py"],
+         "tests/plasticity/test_plasticity.py"],
         cwd=REPO, env=without_gpu(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]

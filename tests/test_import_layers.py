@@ -21,66 +21,47 @@ import pytest
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "vitplasticity"
 PACKAGE = "vitplasticity"
 
-# Lowest first: (name, what it holds and why it sits there, module prefixes). A module belongs
-# to the layer of its longest listed prefix (a module or a package, relative to vitplasticity;
-# "" is the package's own __init__); it may import its own layer and the layers below.
+# Lowest first: (name, what it holds and why it sits there, folders). The layers are the
+# package's folders (and the few modules at its root): a module belongs to the layer of its
+# top-level folder ("" is the package's own __init__), and may import its own layer and the
+# layers below. docs/architecture.md describes each folder.
 LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "base",
         "facts and plumbing every layer shares, knowing no model, dataset or config: the "
-        "component names, the version, atomic files, optional packages, progress, the LR "
-        "schedule, checkpoint files, settings declarations and their CLI flags, the local GPU-slot launcher",
-        (
-            "components",
-            "version",
-            "io",
-            "optional",
-            "progress",
-            "schedule",
-            "checkpoint",
-            "settings",
-            "stage_settings",
-            "gpu_slots",
-        ),
+        "component names, the version, utils/ (atomic files and the one reader, progress, "
+        "optional packages, local GPU slots)",
+        ("components", "version", "utils"),
     ),
     (
-        "storage",
-        "inputs onto disk and back: model weights, dataset sources, downloads, archives, the "
-        "prepared store, ImageNet and the reference set, text files; and provenance, the "
-        "record of what made a file (it hashes the weights)",
-        ("weights", "provenance", "data"),
+        "settings",
+        "how a stage declares its settings once (fields, CLI flags, checks, rule params)",
+        ("settings",),
     ),
     (
-        "config",
-        "the workflow config: strict keys, cross-checks, the run grid and its packing (reads "
-        "the dataset sources' declarations and ImageNet's layouts)",
-        ("config", "config_checks", "packs"),
+        "data",
+        "inputs onto disk and back: dataset sources, downloads, archives, the prepared store, "
+        "ImageNet and the reference set, text files, the loader and its preprocessing",
+        ("data",),
     ),
     (
         "models",
-        "what a model is: built from its config entry (timm, transformers), its architecture "
-        "(blocks, components, parameters by identity), LoRA adapters, parameter selection",
-        (
-            "architectures",
-            "model_inputs",
-            "models",
-            "hf_models",
-            "text_models",
-            "lora",
-            "selection",
-        ),
+        "what a model is: its spec, the one build entry point, weights, the architectures "
+        "(blocks, components, parameters by identity), LoRA, parameter selection; and "
+        "provenance, the record of what made a file (it hashes the weights)",
+        ("models", "provenance"),
     ),
     (
-        "inputs",
-        "what a model is fed and what it costs: images preprocessed for a model, training "
-        "batches, job runtimes from a model's FLOPs",
-        ("data.transforms", "data.loader", "runtime"),
+        "workflow",
+        "what the Snakefile imports, without torch: config keys and cross-checks, the run "
+        "grid, packs, the runtime a job asks for (from a model's FLOPs)",
+        ("workflow",),
     ),
     (
         "stages",
-        "the workflow's stages, each a computation over models and data: plasticity, bounds, "
-        "finetuning, and the report's tables, figures and statistics",
-        ("plasticity", "bounds", "finetune", "report"),
+        "the workflow's stages, each a computation over models and data: plasticity and the "
+        "bounds, finetuning, and the report's tables, figures and statistics",
+        ("plasticity", "finetune", "report"),
     ),
     (
         "recommend",
@@ -142,18 +123,13 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def layer_of(module: str) -> int:
-    """The index in :data:`LAYERS` of ``module``'s layer (its longest listed prefix; ``""``
-    is the package itself)."""
-    relative = module.removeprefix(PACKAGE).removeprefix(".")
-    matches = [
-        (len(prefix), index)
-        for index, (_, _, prefixes) in enumerate(LAYERS)
-        for prefix in prefixes
-        if relative == prefix or (prefix and relative.startswith(f"{prefix}."))
-    ]
-    if not matches:
-        raise AssertionError(f"{module} is in no layer: add it to LAYERS")
-    return max(matches)[1]
+    """The index in :data:`LAYERS` of ``module``'s layer: that of its top-level folder (or
+    root module; ``""`` is the package itself)."""
+    top = module.removeprefix(PACKAGE).removeprefix(".").split(".")[0]
+    for index, (_, _, folders) in enumerate(LAYERS):
+        if top in folders:
+            return index
+    raise AssertionError(f"{module} is in no layer: add its folder {top!r} to LAYERS")
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -230,7 +206,7 @@ def test_the_graph_sees_every_kind_of_import(graph: dict[str, set[str]]) -> None
     TYPE_CHECKING imports of known modules all appear."""
     assert "vitplasticity.finetune.settings" in graph["vitplasticity.finetune.identity"]
     # Function-level: the Snakefile-safe settings import models only when they validate.
-    assert "vitplasticity.models" in graph["vitplasticity.finetune.settings"]
+    assert "vitplasticity.models.build" in graph["vitplasticity.finetune.settings"]
     # TYPE_CHECKING-only.
     assert "vitplasticity.plasticity.summary" in graph["vitplasticity.commands"]
     # from package import submodule.

@@ -57,22 +57,22 @@ def test_no_test_module_imports_another_or_conftest() -> None:
 def test_the_check_sees_every_form_of_import() -> None:
     """The forms the suite used: absolute, relative, in a function, and conftest."""
     source = (
-        "from tests.test_workflow import snakemake\n"
+        "from tests.pipeline.test_workflow import snakemake\n"
         "from .test_weights import FakeHub\n"
         "from . import test_tables\n"
         "from .conftest import TINY_SPEC\n"
-        "import tests.test_config\n"
+        "import tests.workflow.test_config\n"
         "def f():\n"
-        "    from tests.test_recommend import _image_folder\n"
+        "    from tests.recommend.test_recommend import _image_folder\n"
         "from tests.helpers.tiny_models import TINY_MODELS\n"
         "from .helpers import tiny_models\n"
     )
     found = {module for module in imported_modules(source, "tests") if forbidden(module)}
     assert found == {
-        "tests.test_workflow",
+        "tests.pipeline.test_workflow",
         "tests.test_weights",
         "tests.test_tables",
         "tests.conftest",
-        "tests.test_config",
-        "tests.test_recommend",
+        "tests.workflow.test_config",
+        "tests.recommend.test_recommend",
     }

@@ -9,10 +9,10 @@ from vitplasticity.version import __version__ as __version__
 
 
 def __getattr__(name: str) -> object:
-    """``vitplasticity.select`` (:func:`vitplasticity.selection.select`), imported on first
+    """``vitplasticity.select`` (:func:`vitplasticity.models.selection.select`), imported on first
     use: ``import vitplasticity`` loads no torch."""
     if name == "select":
-        from vitplasticity.selection import select
+        from vitplasticity.models.selection import select
 
         return select
     raise AttributeError(f"module 'vitplasticity' has no attribute {name!r}")

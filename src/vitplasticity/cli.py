@@ -12,11 +12,11 @@ import importlib
 import logging
 import sys
 
-from vitplasticity import gpu_slots
+from vitplasticity.utils import gpu_slots
 from vitplasticity.version import __version__
 
 # The stages that compute on a GPU: on a workstation each takes a GPU of its own before it
-# imports torch (vitplasticity.gpu_slots; nothing changes under SLURM or without a GPU).
+# imports torch (vitplasticity.utils.gpu_slots; nothing changes under SLURM or without a GPU).
 GPU_COMMANDS: frozenset[str] = frozenset(
     {"finetune", "plasticity", "text-plasticity", "recommend", "recommend-text"}
 )

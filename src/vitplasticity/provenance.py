@@ -13,8 +13,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from vitplasticity.gpu_slots import SLOT_VARIABLE
-from vitplasticity.weights import hub_file, read_record, read_snapshot_record, sha256_file
+from vitplasticity.models.weights import hub_file, read_record, read_snapshot_record, sha256_file
+from vitplasticity.utils.gpu_slots import SLOT_VARIABLE
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def _hub_cache_record(model_spec: Mapping[str, Any]) -> dict[str, Any]:
 def provenance(settings: dict[str, Any], device: Any = None) -> dict[str, Any]:
     """The record stored beside every result: resolved settings, versions, device, commit,
     and the model's weights (see :func:`weights_record`). A job started through
-    :mod:`vitplasticity.gpu_slots` also records the GPU its slot gave it (``gpu_slot``, the
+    :mod:`vitplasticity.utils.gpu_slots` also records the GPU its slot gave it (``gpu_slot``, the
     id it set ``CUDA_VISIBLE_DEVICES`` to); other jobs have no such key."""
     record = {
         "settings": settings,

@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 from snakemake.utils import update_config
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.repo import REPO
+
 PAPER = REPO / "config.yaml"
 DEMO = REPO / "workflow/presets/demo.yaml"
 SCHEMA = REPO / "workflow/schemas/config.schema.yaml"

@@ -1,5 +1,5 @@
 """The architectures registry's contract, as checks any test module can run on a model of a
-registered family (tests/test_architectures.py runs them on every tiny model)."""
+registered family (tests/models/test_architectures.py runs them on every tiny model)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections import Counter
 import torch
 from torch import nn
 
-from vitplasticity.architectures import Architecture, ParameterMap
 from vitplasticity.components import COMPONENTS
+from vitplasticity.models.architectures import Architecture, ParameterMap
 
 TOLERANCE = 1e-5
 

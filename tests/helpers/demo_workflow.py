@@ -12,7 +12,7 @@ import polars as pl
 import yaml
 from snakemake.utils import update_config
 
-from tests.slurm_harness import REPO
+from tests.helpers.slurm_harness import REPO
 
 PRESETS = [
     REPO / "config.yaml",

@@ -1,5 +1,5 @@
 """Training FLOPs of a ViT counted by hand, the independent count the architectures' counter
-(tests/test_train_flops.py) and the runtime table (tests/test_runtime.py) are checked against."""
+(tests/models/test_train_flops.py) and the runtime table (tests/workflow/test_runtime.py) are checked against."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 
 from vitplasticity.components import COMPONENTS
-from vitplasticity.io import write_parquet
+from vitplasticity.utils.io import write_parquet
 
 
 def write_run(

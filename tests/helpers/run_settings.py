@@ -1,5 +1,5 @@
 """A run's :class:`~vitplasticity.finetune.identity.FinetuneSettings` from one flat set of
-keyword arguments, as the tests write them: the :class:`~vitplasticity.config.Run` fields make
+keyword arguments, as the tests write them: the :class:`~vitplasticity.workflow.config.Run` fields make
 the run, the rest its :class:`~vitplasticity.finetune.settings.TrainingSettings`."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vitplasticity.config import Run
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.workflow.config import Run
 
 RUN_FIELDS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Run))
 

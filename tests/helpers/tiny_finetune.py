@@ -10,7 +10,7 @@ from typing import Any
 from tests.helpers.run_settings import finetune_settings
 from vitplasticity.data import loader
 from vitplasticity.finetune.identity import FinetuneSettings
-from vitplasticity.models import ModelSpec
+from vitplasticity.models.build import ModelSpec
 
 
 def settings_for(spec: ModelSpec, **overrides: Any) -> FinetuneSettings:

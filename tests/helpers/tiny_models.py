@@ -50,7 +50,7 @@ GPT2_TINY_CONFIG = {
 
 def _gpt2() -> TinyModel:
     def build() -> nn.Module:
-        from vitplasticity.optional import require_transformers
+        from vitplasticity.utils.optional import require_transformers
 
         transformers = require_transformers()
         torch.manual_seed(0)
@@ -81,7 +81,7 @@ def _hf_vision(
     """A tiny transformers vision model: ``model_class(config_class(...))``, random init."""
 
     def build() -> nn.Module:
-        from vitplasticity.optional import require_transformers
+        from vitplasticity.utils.optional import require_transformers
 
         transformers = require_transformers()
         torch.manual_seed(0)
@@ -96,10 +96,10 @@ def _hf_vision(
 
 def _hf_classifier(case_id: str, family: str, model_type: str, **config) -> TinyModel:
     """A tiny transformers vision tower in its classification class with a 5-way head, built as
-    finetuning builds it (``vitplasticity.hf_models.build_hf_model``), random init."""
+    finetuning builds it (``vitplasticity.models.hf.build_hf_model``), random init."""
 
     def build() -> nn.Module:
-        from vitplasticity.hf_models import HFModelSpec, build_hf_model
+        from vitplasticity.models.hf import HFModelSpec, build_hf_model
 
         settings = {"model_type": model_type, **HF_VISION_TINY_CONFIG, **config}
         spec = HFModelSpec(hf_id=f"tiny/{model_type}", weights="random", config=settings)
@@ -254,7 +254,7 @@ def _hf_text(case_id: str) -> TinyModel:
     family, config_class, model_class, extra = HF_TEXT_TINY_MODELS[case_id]
 
     def build() -> nn.Module:
-        from vitplasticity.optional import require_transformers
+        from vitplasticity.utils.optional import require_transformers
 
         transformers = require_transformers()
         torch.manual_seed(0)
@@ -286,7 +286,7 @@ TINY_MODELS: list[TinyModel] = [
     *HF_VISION_TINY_MODELS,
     *(_hf_text(case_id) for case_id in HF_TEXT_TINY_MODELS),
 ]
-"""Every family's tiny models; each family has at least one (tests/test_architectures.py)."""
+"""Every family's tiny models; each family has at least one (tests/models/test_architectures.py)."""
 
 
 def perturbed(model: nn.Module, seed: int = 0) -> nn.Module:

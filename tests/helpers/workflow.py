@@ -14,7 +14,8 @@ from pathlib import Path
 import yaml
 from snakemake.utils import update_config
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.repo import REPO
+
 PRESETS = [
     REPO / "config.yaml",
     REPO / "workflow/presets/demo.yaml",

@@ -7,17 +7,18 @@ import re
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
-from vitplasticity import gpu_slots, runtime
-from vitplasticity.config import (
+from vitplasticity.utils import gpu_slots
+from vitplasticity.workflow import runtime
+from vitplasticity.workflow.config import (
     enabled_experiments,
     experiment_runs,
     imagenet_path,
 )
 from vitplasticity.data.sources import registry as source_registry
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.packs import finetune_packs
-from vitplasticity.settings import command_flags, config_flags, rule_params
-from vitplasticity.stage_settings import (
+from vitplasticity.workflow.packs import finetune_packs
+from vitplasticity.settings.declaration import command_flags, config_flags, rule_params
+from vitplasticity.settings.stages import (
     BoundsSettings,
     CriteriaSettings,
     PlasticitySettings,
@@ -25,7 +26,7 @@ from vitplasticity.stage_settings import (
     RecommendTextSettings,
     TextPlasticitySettings,
 )
-from vitplasticity.weights import LOCAL_FILENAME, RECORD_FILENAME, SOURCE_KWARGS
+from vitplasticity.models.weights import LOCAL_FILENAME, RECORD_FILENAME, SOURCE_KWARGS
 
 RESOURCES = config["paths"]["resources"]
 RESULTS = config["paths"]["results"]
@@ -144,7 +145,7 @@ def weights_targets():
 OFFLINE = "HF_HUB_OFFLINE=1"
 
 # A local GPU job runs on a GPU of its own: its command takes a free device's lock and sets
-# CUDA_VISIBLE_DEVICES to it before it imports torch (vitplasticity.gpu_slots, called by the
+# CUDA_VISIBLE_DEVICES to it before it imports torch (vitplasticity.utils.gpu_slots, called by the
 # CLI), so the rules' commands stay as they are. Under SLURM or without GPUs nothing changes.
 # Snakemake assigns no GPU ids to local jobs (its issue #281).
 
@@ -168,7 +169,7 @@ onstart:
 
 
 def stage_params(settings, block):
-    """One params entry per setting of ``settings`` (a vitplasticity.stage_settings class) that
+    """One params entry per setting of ``settings`` (a vitplasticity.settings.stages class) that
     the config block ``block`` (e.g. "report.criteria") holds, in field order, and the demo
     switch: each value the config's own, so that editing one key reruns only its jobs."""
     values = config
@@ -271,14 +272,14 @@ def report_targets():
     ]
 
 
-# Wall time (minutes) a SLURM job asks for: vitplasticity.runtime's estimates from the config,
+# Wall time (minutes) a SLURM job asks for: vitplasticity.workflow.runtime's estimates from the config,
 # in the precision the job computes in, capped at scheduler.max_runtime_minutes.
 def scheduler_minutes(minutes):
     return runtime.capped(minutes, config["scheduler"]["max_runtime_minutes"])
 
 
 def model_minutes(model, estimate):
-    """The wall time of a job of ``model``: ``estimate(timm_id)``, capped. vitplasticity.runtime
+    """The wall time of a job of ``model``: ``estimate(timm_id)``, capped. vitplasticity.workflow.runtime
     counts the FLOPs of timm architectures only: a transformers model's job asks for
     scheduler.max_runtime_minutes, or, where that is null, for no runtime (Snakemake leaves
     the resource out: the partition's default time)."""
@@ -333,7 +334,7 @@ FINETUNE_COMMAND = (
 )
 
 
-# finetune.pack_runs: one rule per vitplasticity.packs.FinetunePack (workflow/rules/finetune.smk).
+# finetune.pack_runs: one rule per vitplasticity.workflow.packs.FinetunePack (workflow/rules/finetune.smk).
 def pack_runs_json(pack):
     """The pack's --runs param: each run's configuration, lr, seed and output folder (JSON)."""
 

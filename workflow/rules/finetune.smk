@@ -1,7 +1,7 @@
 # Single-component finetuning: one job per (experiment, model, dataset, configuration, lr, seed),
 # or, with finetune.pack_runs, one job per (experiment, model, dataset) running its runs in one
 # process (each run still has its own folder, summary and metrics).
-from vitplasticity.config import grid_lr
+from vitplasticity.workflow.config import grid_lr
 
 if not config["finetune"]["pack_runs"]:
 
@@ -42,7 +42,7 @@ else:
 
     # One rule per experiment and list of (configuration, lr, seed): datasets with their own
     # LR grid get their own rule, so that every output pattern is fixed. Its name comes from
-    # its content (vitplasticity.packs), so it stays put when the config grows.
+    # its content (vitplasticity.workflow.packs), so it stays put when the config grows.
     for pack in finetune_packs(config):
 
         rule:

@@ -18,7 +18,7 @@ def recommend_text_n_pairs():
     return TEXT["n_pairs"] if value is None else value
 
 
-# Each rule's settings, one params entry per key (vitplasticity.stage_settings), with the
+# Each rule's settings, one params entry per key (vitplasticity.settings.stages), with the
 # pairs resolved: recommend.n_pairs, or the measuring stage's where it is null.
 RECOMMEND_PARAMS = {
     **stage_params(RecommendImageSettings, "recommend"),
@@ -61,7 +61,7 @@ def recommend_text_targets():
 
 
 def recommend_runtime(wildcards, attempt):
-    """Minutes for one recommend job: vitplasticity.runtime's estimate from the block
+    """Minutes for one recommend job: vitplasticity.workflow.runtime's estimate from the block
     (common.smk's model_minutes: a transformers model's job asks for the cap)."""
     return model_minutes(
         wildcards.model,

@@ -24,7 +24,7 @@ def write_measurement(
 ) -> None:
     """Write a plasticity measurement: the per-pair table to ``out`` and its summary to
     ``summary``, both with the measurement's footer metadata."""
-    from vitplasticity.io import write_parquet
+    from vitplasticity.utils.io import write_parquet
 
     write_parquet(out, result.pairs, result.metadata)
     write_parquet(summary, result.summary, result.metadata)
@@ -48,7 +48,7 @@ def input_remedy(path: str | os.PathLike[str], expected: str) -> str:
 
 def parquet_is_demo(paths: Sequence[str]) -> bool:
     """Whether any of the Parquet files ``paths`` is marked demo in its footer."""
-    from vitplasticity.io import read_parquet_metadata
+    from vitplasticity.utils.io import read_parquet_metadata
 
     return any(bool(read_parquet_metadata(p).get("demo", False)) for p in paths)
 
@@ -72,7 +72,7 @@ def read_frames(
     """
     import polars as pl
 
-    from vitplasticity.io import read_parquet, unreadable
+    from vitplasticity.utils.io import read_parquet, unreadable
 
     check_inputs(paths)
     frames = []

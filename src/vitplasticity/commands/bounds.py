@@ -7,13 +7,13 @@ import dataclasses
 import logging
 import math
 
-from vitplasticity.settings import (
+from vitplasticity.settings.declaration import (
     add_settings_arguments,
     check_settings,
     json_argument,
     settings_from_args,
 )
-from vitplasticity.stage_settings import BoundsSettings
+from vitplasticity.settings.stages import BoundsSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_bounds(args: argparse.Namespace) -> int:
-    """Compute (:func:`vitplasticity.bounds.model_bounds`) and write the table (and figure)."""
-    from vitplasticity.bounds import model_bounds
-    from vitplasticity.io import write_parquet
+    """Compute (:func:`vitplasticity.plasticity.bounds.model_bounds`) and write the table (and figure)."""
+    from vitplasticity.plasticity.bounds import model_bounds
+    from vitplasticity.utils.io import write_parquet
 
     settings = settings_from_args(BoundsSettings, args)
     check_settings(settings)

@@ -19,8 +19,12 @@ from vitplasticity.commands import (
     read_frames,
     report_record,
 )
-from vitplasticity.settings import add_settings_arguments, check_settings, settings_from_args
-from vitplasticity.stage_settings import CriteriaSettings
+from vitplasticity.settings.declaration import (
+    add_settings_arguments,
+    check_settings,
+    settings_from_args,
+)
+from vitplasticity.settings.stages import CriteriaSettings
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +107,8 @@ def run_criteria(args: argparse.Namespace) -> int:
     """Score every criterion against the accuracy and write the result table (Parquet)."""
     import polars as pl
 
-    from vitplasticity.io import write_parquet
     from vitplasticity.report.criteria import analyse, best_criterion_lines
+    from vitplasticity.utils.io import write_parquet
 
     check_settings(settings_from_args(CriteriaSettings, args))
     configurations = _configurations(args.configurations)
@@ -137,8 +141,8 @@ def run_criteria(args: argparse.Namespace) -> int:
 
 def run_criteria_table(args: argparse.Namespace) -> int:
     """Write the criteria table (and, with --csv, its rows as CSV)."""
-    from vitplasticity.io import atomic_path
     from vitplasticity.report.tables import criteria_csv, criteria_table
+    from vitplasticity.utils.io import atomic_path
 
     frame = read_frames([args.input])
     demo = args.demo or parquet_is_demo([args.input])

@@ -11,7 +11,7 @@ import signal
 from collections.abc import Iterator
 from types import FrameType
 
-from vitplasticity.settings import json_argument
+from vitplasticity.settings.declaration import json_argument
 
 log = logging.getLogger(__name__)
 

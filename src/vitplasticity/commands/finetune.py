@@ -7,7 +7,11 @@ import logging
 from pathlib import Path
 
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.settings import add_settings_arguments, json_argument, settings_from_args
+from vitplasticity.settings.declaration import (
+    add_settings_arguments,
+    json_argument,
+    settings_from_args,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +78,9 @@ def _requested_runs(args: argparse.Namespace) -> list[dict]:
 
 def run_finetune(args: argparse.Namespace) -> int:
     """Train each requested run in turn (``--runs``, or the single-run flags)."""
-    from vitplasticity.config import Run
     from vitplasticity.finetune.loop import Preempted
     from vitplasticity.finetune.train import train_runs
+    from vitplasticity.workflow.config import Run
 
     settings = settings_from_args(TrainingSettings, args)
     # Both ways give the LR as a float parsed from its shortest repr (--lr, or a JSON number):

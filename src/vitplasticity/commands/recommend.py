@@ -19,8 +19,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vitplasticity.settings import add_settings_arguments, json_argument, settings_from_args
-from vitplasticity.stage_settings import (
+from vitplasticity.settings.declaration import (
+    add_settings_arguments,
+    json_argument,
+    settings_from_args,
+)
+from vitplasticity.settings.stages import (
     DTYPES,
     REFERENCE_FALLBACKS,
     RecommendImageSettings,
@@ -99,7 +103,7 @@ def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def ranking_settings(args: argparse.Namespace, declared: type) -> dict[str, Any]:
-    """The declared settings (``declared``: a class of :mod:`vitplasticity.stage_settings`)
+    """The declared settings (``declared``: a class of :mod:`vitplasticity.settings.stages`)
     that the flags give, with ``--budget`` parsed and ``--dtype``, as both recommends take them.
 
     Raises:
@@ -122,7 +126,7 @@ def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings
         ValueError: naming the flag of a missing, contradictory or bad value.
         FileNotFoundError: for a dataset folder that does not exist.
     """
-    from vitplasticity.models import ModelSpec
+    from vitplasticity.models.build import ModelSpec
     from vitplasticity.recommend.pipeline import RecommendSettings
 
     for flag, sources in (

@@ -119,8 +119,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_aggregate(args: argparse.Namespace) -> int:
-    from vitplasticity.io import write_parquet
     from vitplasticity.report.aggregate import collect_runs, select_learning_rates
+    from vitplasticity.utils.io import write_parquet
 
     runs = collect_runs(args.summaries)
     other = sorted(set(runs["experiment"]) - {args.experiment})
@@ -145,8 +145,8 @@ def run_aggregate(args: argparse.Namespace) -> int:
 
 
 def run_concat(args: argparse.Namespace) -> int:
-    from vitplasticity.io import write_parquet
     from vitplasticity.report.aggregate import concat_runs
+    from vitplasticity.utils.io import write_parquet
 
     runs = concat_runs(
         [read_frames([p], RUNS_TABLE, ("experiment", "lr", "seed")) for p in args.inputs]
@@ -159,8 +159,8 @@ def run_concat(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from vitplasticity.io import write_parquet
     from vitplasticity.report.stats import compare_selected
+    from vitplasticity.utils.io import write_parquet
 
     selected = read_frames([args.selected], SELECTED_TABLE, TABLE_INPUTS["accuracy"][1])
     result = compare_selected(selected, args.reference, args.alternative, args.alpha)
@@ -184,8 +184,8 @@ def run_stats(args: argparse.Namespace) -> int:
 
 def run_table(args: argparse.Namespace) -> int:
     """Write one LaTeX table (and, with --csv, its rows as CSV)."""
-    from vitplasticity.io import atomic_path
     from vitplasticity.report import tables
+    from vitplasticity.utils.io import atomic_path
 
     frame = read_frames(args.inputs, *TABLE_INPUTS[args.kind])
     demo = args.demo or parquet_is_demo(args.inputs)
@@ -237,7 +237,7 @@ def _read_curves(paths: Sequence[str]) -> Any:
 def _undefined_bounds(paths: Sequence[str]) -> dict[str, str]:
     """The components without a bound, and why, that the bounds tables ``paths`` name in
     their footer (the ``bounds`` stage's ``undefined``)."""
-    from vitplasticity.io import read_parquet_metadata
+    from vitplasticity.utils.io import read_parquet_metadata
 
     undefined: dict[str, str] = {}
     for path in paths:

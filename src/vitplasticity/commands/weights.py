@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from vitplasticity.settings import json_argument
+from vitplasticity.settings.declaration import json_argument
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_weights(args: argparse.Namespace) -> int:
-    """Fetch (:func:`vitplasticity.weights.fetch` or ``fetch_snapshot``) and log the record."""
-    from vitplasticity.weights import SOURCE_KWARGS, fetch, fetch_snapshot
+    """Fetch (:func:`vitplasticity.models.weights.fetch` or ``fetch_snapshot``) and log the record."""
+    from vitplasticity.models.weights import SOURCE_KWARGS, fetch, fetch_snapshot
 
     if args.hf_id is not None:
         if args.source_kwargs:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from vitplasticity.data.download import Progress, download_remedy
-from vitplasticity.io import content_hint
+from vitplasticity.utils.io import content_hint
 
 
 class ArchiveError(RuntimeError):

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vitplasticity.data.sources.registry import Checksum
-from vitplasticity.io import content_hint
+from vitplasticity.utils.io import content_hint
 
 log = logging.getLogger(__name__)
 

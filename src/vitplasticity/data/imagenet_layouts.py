@@ -1,6 +1,6 @@
 """Where the ImageNet-1k val images of the plasticity reference set are found: the environment
 variable, the layouts :mod:`vitplasticity.data.imagenet` reads, and the message when no path is
-set. Plain Python (no torch): :mod:`vitplasticity.config` imports it for the Snakefile."""
+set. Plain Python (no torch): :mod:`vitplasticity.workflow.config` imports it for the Snakefile."""
 
 IMAGENET_ENV = "VITPLASTICITY_IMAGENET"
 IMAGENET_LAYOUTS = (

@@ -28,8 +28,8 @@ from torchvision.transforms.v2 import functional as F
 
 from vitplasticity.data import store
 from vitplasticity.data.decode import decode
+from vitplasticity.data.preprocessing import Preprocessing
 from vitplasticity.data.transforms import eval_image, interpolation_mode
-from vitplasticity.model_inputs import Preprocessing
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from vitplasticity.data.imagenet_layouts import imagenet_missing_message
 from vitplasticity.data.store import read_split, write_split
-from vitplasticity.io import atomic_path, read_parquet_table
+from vitplasticity.utils.io import atomic_path, read_parquet_table
 
 
 def build_reference(

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vitplasticity.io import read_json, read_parquet_table, unreadable
+from vitplasticity.utils.io import read_json, read_parquet_table, unreadable
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ def load_tokenizer(name: str, vocab_size: int) -> Tokenize:
     """
     if name == BYTE_TOKENIZER:
         return byte_tokenizer(vocab_size)
-    from vitplasticity.optional import require_transformers
+    from vitplasticity.utils.optional import require_transformers
 
     tokenizer = require_transformers().AutoTokenizer.from_pretrained(name)
     if len(tokenizer) > vocab_size:

@@ -14,7 +14,7 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
 from vitplasticity.data.decode import decode
-from vitplasticity.model_inputs import Preprocessing
+from vitplasticity.data.preprocessing import Preprocessing
 
 _INTERPOLATION = {
     "bicubic": InterpolationMode.BICUBIC,

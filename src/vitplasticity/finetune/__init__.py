@@ -1,9 +1,9 @@
 """Single-component finetuning of a ViT, as in the paper (docs/protocol.md, "Finetuning").
 
-One run trains one configuration (:data:`vitplasticity.architectures.CONFIGURATIONS`): the
+One run trains one configuration (:data:`vitplasticity.models.architectures.CONFIGURATIONS`): the
 components it names, plus the new classifier head and the final norm; everything else is
 frozen (``requires_grad`` False: no gradient, no optimizer state). Which parameter is whose
-comes from the model's architecture (:class:`vitplasticity.architectures.ParameterMap`, by
+comes from the model's architecture (:class:`vitplasticity.models.architectures.ParameterMap`, by
 identity): a model no architecture knows, or one its architecture refuses to finetune, is an
 error before any step. SGD (momentum 0.9) or AdamW, no weight decay; linear warmup from 0 then
 cosine to 0; gradient-norm clipping; gradients accumulated over micro-batches when the batch
@@ -19,7 +19,7 @@ to an uninterrupted run; the checkpoint is deleted when the run completes. A run
 or gradient norm becomes non-finite stops and is recorded as diverged.
 
 :func:`vitplasticity.finetune.train.train_runs` takes the runs of one job (each a
-:class:`vitplasticity.config.Run` and its output folder) and the
+:class:`vitplasticity.workflow.config.Run` and its output folder) and the
 :class:`~vitplasticity.finetune.settings.TrainingSettings` they share, checks them all once
 (:mod:`~vitplasticity.finetune.identity`), then takes each run through four pieces, one module
 each: :mod:`~vitplasticity.finetune.setup` (model, optimizer, data),

@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-from vitplasticity.checkpoint import (
+from vitplasticity.data import loader
+from vitplasticity.finetune.checkpoint import (
     fingerprint,
     load_checkpoint,
     restore_rng_states,
     rng_states,
     save_checkpoint,
 )
-from vitplasticity.data import loader
 from vitplasticity.finetune.setup import RunContext
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from vitplasticity.architectures import (
+from vitplasticity.models.architectures import (
     Owner,
     ParameterMap,
 )

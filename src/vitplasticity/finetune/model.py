@@ -1,6 +1,6 @@
 """A run's model: built seeded by the run seed, LoRA-adapted when the configuration asks for
 it, and frozen but for the parameters its configuration trains (by identity, from the
-model's architecture: :class:`vitplasticity.architectures.ParameterMap`).
+model's architecture: :class:`vitplasticity.models.architectures.ParameterMap`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vitplasticity.architectures import (
+from vitplasticity.data.preprocessing import Preprocessing
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.models.architectures import (
     Architecture,
     ParameterMap,
     UnsupportedModel,
@@ -18,10 +20,8 @@ from vitplasticity.architectures import (
     parameter_map,
     parse_configuration,
 )
-from vitplasticity.finetune.identity import FinetuneSettings
-from vitplasticity.lora import apply_lora, check_adapters_used
-from vitplasticity.model_inputs import Preprocessing
-from vitplasticity.models import ModelSpec, build_model, preprocessing
+from vitplasticity.models.build import ModelSpec, build_model, preprocessing
+from vitplasticity.models.lora import apply_lora, check_adapters_used
 
 
 def trainable_parameter_names(model: nn.Module, configuration: str) -> set[str]:
@@ -31,8 +31,8 @@ def trainable_parameter_names(model: nn.Module, configuration: str) -> set[str]:
     "emb" adds the embedding; "ln1", "mha", "ln2", "fc1", "fc2" that component of every
     block (with the parameters its architecture declares for it, e.g. LayerScale);
     "head" nothing more (linear probing); "lora" the LoRA adapters (which
-    :func:`vitplasticity.lora.apply_lora` must have injected). Combinations join with "+".
-    See :meth:`vitplasticity.architectures.ParameterMap.trained_names`.
+    :func:`vitplasticity.models.lora.apply_lora` must have injected). Combinations join with "+".
+    See :meth:`vitplasticity.models.architectures.ParameterMap.trained_names`.
 
     Raises:
         UnsupportedModel: for a model no architecture knows or cannot account for exactly.
@@ -72,7 +72,7 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
 
     Rebuilding with the same settings gives bit-identical parameters, which is why a
     checkpoint only needs the trained ones. A ``family: transformers`` model is its vision
-    tower in its classification class (:func:`vitplasticity.hf_models.build_hf_model`).
+    tower in its classification class (:func:`vitplasticity.models.hf.build_hf_model`).
 
     Raises:
         UnsupportedModel: before any step, for a model no architecture knows (naming its

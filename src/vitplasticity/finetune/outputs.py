@@ -8,13 +8,13 @@ from typing import Any
 
 import polars as pl
 
-from vitplasticity.checkpoint import remove_checkpoint
+from vitplasticity.finetune.checkpoint import remove_checkpoint
 from vitplasticity.finetune.checkpointing import ResumableState
 from vitplasticity.finetune.gradients import GROUPS
 from vitplasticity.finetune.loop import TrainingOutcome
 from vitplasticity.finetune.setup import RunContext
-from vitplasticity.io import write_json, write_parquet
 from vitplasticity.provenance import provenance
+from vitplasticity.utils.io import write_json, write_parquet
 
 METRICS_SCHEMA: dict[str, pl.DataType] = {
     "step": pl.Int64(),

@@ -1,9 +1,9 @@
 """The training settings of a finetuning job: each field is a ``vitplasticity finetune`` flag,
-its check, and a ``params:`` entry of the finetune rules (see :mod:`vitplasticity.settings`).
+its check, and a ``params:`` entry of the finetune rules (see :mod:`vitplasticity.settings.declaration`).
 
 Adding a setting: a field here (default, help, config key, bounds), the key with the same
 default in workflow/schemas/config.schema.yaml, and its line in config.yaml; the flag, its
-check and the rule's param and command line follow. tests/test_settings_agreement.py fails
+check and the rule's param and command line follow. tests/settings/test_settings_agreement.py fails
 while the field and the schema disagree. Torch-free: the Snakefile imports it.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vitplasticity.settings import bad_setting, check_settings, setting
+from vitplasticity.settings.declaration import bad_setting, check_settings, setting
 
 __all__ = ["WORKFLOW_ONLY_KEYS", "TrainingSettings"]
 
@@ -25,7 +25,7 @@ class TrainingSettings:
     """The training settings that every run of one (experiment, model, dataset) shares.
 
     A run's identity (experiment, model, dataset, configuration, lr, seed) is not here: it
-    is a :class:`vitplasticity.config.Run`, handed to :func:`vitplasticity.finetune.train.train`
+    is a :class:`vitplasticity.workflow.config.Run`, handed to :func:`vitplasticity.finetune.train.train`
     beside these settings, so that a packed job builds one ``TrainingSettings`` for all its
     runs. Field order is the order of the flags on the rule's command line.
     """
@@ -140,7 +140,7 @@ class TrainingSettings:
                 "finetune.micro_batch_size",
                 f"{self.micro_batch_size} does not divide the batch size {self.batch_size}",
             )
-        from vitplasticity.models import ModelSpec  # torch: only where a run is checked
+        from vitplasticity.models.build import ModelSpec  # torch: only where a run is checked
 
         try:
             ModelSpec.from_config(self.model_spec)

@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from vitplasticity.checkpoint import CHECKPOINT_NAME
 from vitplasticity.data import loader, store
+from vitplasticity.finetune.checkpoint import CHECKPOINT_NAME
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.model import RunModel, build_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.models import pick_device
+from vitplasticity.models.build import pick_device
 
 log = logging.getLogger(__name__)
 

@@ -11,16 +11,16 @@ import torch
 import torch.nn.functional as functional
 from torch import nn
 
-from vitplasticity.architectures import Architecture
 from vitplasticity.data import loader
+from vitplasticity.data.preprocessing import Preprocessing
 from vitplasticity.data.transforms import normalize
 from vitplasticity.finetune.gradients import group_grad_norms
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.model import RunModel
 from vitplasticity.finetune.precision import autocast
+from vitplasticity.finetune.schedule import warmup_cosine_lr
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.model_inputs import Preprocessing
-from vitplasticity.schedule import warmup_cosine_lr
+from vitplasticity.models.architectures import Architecture
 
 EVAL_BATCH_FACTOR = 4
 """Eval batches hold this many micro-batches: without stored activations they fit."""

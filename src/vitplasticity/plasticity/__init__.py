@@ -1,6 +1,6 @@
 """Plasticity: the average rate of change ||f(x) - f(y)||_F / ||x - y||_F of every component f
 (ln1, mha, ln2, fc1, fc2) of every block of a transformer, over pairs of images or token
-sequences (docs/protocol.md). The model's architecture (:mod:`vitplasticity.architectures`)
+sequences (docs/protocol.md). The model's architecture (:mod:`vitplasticity.models.architectures`)
 says what its embedding and its components are; the measurement knows no module names.
 
 Two protocols (:mod:`~vitplasticity.plasticity.protocols`) decide what each component is fed:

@@ -12,16 +12,16 @@ from typing import Any
 
 import torch
 
-from vitplasticity.architectures import architecture_for
-from vitplasticity.architectures.base import check_fc1_mode
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import read_split
 from vitplasticity.data.transforms import decoded_batches
-from vitplasticity.models import ModelSpec, build_model, pick_device, preprocessing
+from vitplasticity.models.architectures import architecture_for
+from vitplasticity.models.architectures.base import check_fc1_mode
+from vitplasticity.models.build import ModelSpec, build_model, pick_device, preprocessing
 from vitplasticity.plasticity.measure import measure_protocols
 from vitplasticity.plasticity.protocols import check_protocols, fc1_mode_matters
 from vitplasticity.plasticity.summary import Measurement, measurement
-from vitplasticity.progress import ProgressReporter
+from vitplasticity.utils.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import polars as pl
 import torch
 from torch import nn
 
-from vitplasticity.architectures import architecture_for
-from vitplasticity.architectures.base import check_fc1_mode
 from vitplasticity.components import COMPONENTS
+from vitplasticity.models.architectures import architecture_for
+from vitplasticity.models.architectures.base import check_fc1_mode
 from vitplasticity.plasticity.pairs import ImageQueue, Images, image_chunks
 from vitplasticity.plasticity.protocols import PROTOCOL_FUNCTIONS, check_protocols
 
@@ -131,7 +131,7 @@ def measure(
     """Plasticity of every component of every block of ``model``, per image pair.
 
     Args:
-        model: a model of a registered architecture (:mod:`vitplasticity.architectures`: a
+        model: a model of a registered architecture (:mod:`vitplasticity.models.architectures`: a
             timm ViT, Eva (EVA-02, DINOv3, rope ViT) or Beit; a transformers GPT2Model fed
             token ids (N, L) as ``reference`` and ``downstream``) in eval mode; it runs on its
             own device and dtype.
@@ -144,7 +144,7 @@ def measure(
         batch_size: pairs per forward pass (each pass carries 2 x batch_size images).
         n_pairs: pairs to measure; defaults to every reference image.
         progress: called with the number of pairs done after each batch.
-        fc1: what FC1 of a gated MLP is (:data:`vitplasticity.architectures.FC1_MODES`):
+        fc1: what FC1 of a gated MLP is (:data:`vitplasticity.models.architectures.FC1_MODES`):
             ``stage`` (gate and up projections together, the default) or ``up`` (the up
             projection alone, the reference code's DINOv3 ablation). A plain MLP has one fc1.
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from vitplasticity.architectures import Architecture
+from vitplasticity.models.architectures import Architecture
 
 Images = torch.Tensor | Iterable[torch.Tensor]
 """Preprocessed images (N, 3, H, W), or an iterable of such batches (token ids (N, L) for GPT2)."""

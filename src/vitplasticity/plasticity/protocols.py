@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitplasticity.architectures import (
+from vitplasticity.models.architectures import (
     Architecture,
     Embedded,
     UnsupportedModel,

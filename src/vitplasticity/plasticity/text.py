@@ -4,7 +4,7 @@
 The text counterpart of :func:`vitplasticity.plasticity.images.measure_dataset`: pair i is reference
 sequence i with downstream sequence i (cycled), both cut from text files
 (:mod:`vitplasticity.data.text`); the tables have the image plasticity's schema. The model is
-a ``models:`` entry (``family: transformers``) built by :mod:`vitplasticity.hf_models`; in the
+a ``models:`` entry (``family: transformers``) built by :mod:`vitplasticity.models.hf`; in the
 workflow its weights (and tokenizer) are the weights stage's folder, loaded offline. Torch and
 transformers are imported when a measurement starts, so that the CLI's ``--help`` stays fast.
 """
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from vitplasticity.hf_models import HFModelSpec
+    from vitplasticity.models.hf import HFModelSpec
     from vitplasticity.plasticity.summary import Measurement
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def text_model_spec(model_name: str, entry: Any) -> HFModelSpec:
         ValueError: when ``entry`` is not a mapping, is of another family, carries the old
             text-model key ``source``, or has an unknown key (naming it).
     """
-    from vitplasticity.hf_models import HFModelSpec
+    from vitplasticity.models.hf import HFModelSpec
 
     if not isinstance(entry, dict):
         raise ValueError(f"--model-spec: expected a JSON object, got {entry!r}")
@@ -72,7 +72,7 @@ def check_text_model(model_name: str, model: Any) -> None:
         UnsupportedModel: no architecture knows the model (naming its class).
         ValueError: naming the model and its class when it takes images.
     """
-    from vitplasticity.architectures import architecture_for
+    from vitplasticity.models.architectures import architecture_for
 
     architecture = architecture_for(model)
     if architecture.inputs != "tokens":
@@ -125,7 +125,7 @@ def _text_model(model_name: str, spec: HFModelSpec, sequence_length: int) -> Any
         ValueError: for a model that takes images or has fewer positions than
             ``sequence_length``.
     """
-    from vitplasticity.hf_models import build_hf_model
+    from vitplasticity.models.hf import build_hf_model
 
     # A random init depends on init_seed alone: every job of the model measures the same weights.
     model = build_hf_model(spec, num_classes=0)
@@ -183,17 +183,17 @@ def measure_text(
             transformers entry (:func:`text_model_spec`), a model that takes images, a
             sequence longer than the model's positions, fewer reference sequences than
             ``n_pairs``, or weights that are not a complete checkpoint of the model
-            (:func:`~vitplasticity.hf_models.build_hf_model`).
+            (:func:`~vitplasticity.models.hf.build_hf_model`).
         FileNotFoundError: for a missing text file, or a weights folder without config.json.
     """
     import torch
 
     from vitplasticity.data.text import cycled, load_tokenizer
-    from vitplasticity.models import pick_device
+    from vitplasticity.models.build import pick_device
     from vitplasticity.plasticity.measure import measure_protocols
     from vitplasticity.plasticity.protocols import check_protocols
     from vitplasticity.plasticity.summary import measurement
-    from vitplasticity.progress import ProgressReporter
+    from vitplasticity.utils.progress import ProgressReporter
 
     # Every argument and file is checked before the model runs.
     protocols = check_protocols(protocols)

@@ -25,7 +25,7 @@ the items of its parts:
 A configuration's trainable parameters exclude the classifier head and the final norm, which
 every configuration trains (:func:`always_trained_parameters` counts those). Which parameter
 belongs to which component comes from the model's architecture
-(:class:`vitplasticity.architectures.ParameterMap`, by identity).
+(:class:`vitplasticity.models.architectures.ParameterMap`, by identity).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitplasticity.architectures import (
+from vitplasticity.components import COMPONENTS
+from vitplasticity.models.architectures import (
     Architecture,
     ParameterMap,
     UndefinedStage,
@@ -51,17 +52,16 @@ from vitplasticity.architectures import (
     parameter_map,
     parse_configuration,
 )
-from vitplasticity.bounds import (
+from vitplasticity.plasticity.bounds import (
     attention_head_norms,
     layernorm_refusal,
     spectral_norm,
     stacked_weight,
 )
-from vitplasticity.components import COMPONENTS
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.plasticity.pairs import Images
 from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics
-from vitplasticity.stage_settings import CRITERIA as CRITERIA  # declared with the CLI's flags
+from vitplasticity.settings.stages import CRITERIA as CRITERIA  # declared with the CLI's flags
 
 Z95 = 1.96
 """Normal quantile of a two-sided 95% interval (the paper's CI)."""
@@ -243,7 +243,7 @@ def classification_loss(
     model: nn.Module, batch: Batch, architecture: Architecture | None = None
 ) -> torch.Tensor:
     """The mean cross-entropy of ``model``'s logits (its architecture's
-    :meth:`~vitplasticity.architectures.Architecture.logits`) on a labelled image batch: the
+    :meth:`~vitplasticity.models.architectures.Architecture.logits`) on a labelled image batch: the
     loss whose gradients :func:`gradient_statistics` takes unless it is given another."""
     images, labels = batch
     architecture = architecture_for(model) if architecture is None else architecture
@@ -278,10 +278,10 @@ def gradient_statistics(
 
     Returns:
         One row per name, columns :data:`TENSOR_SCHEMA`: component, the configuration that
-        trains the tensor (:attr:`vitplasticity.architectures.Owner.gradient_group`: a
+        trains the tensor (:attr:`vitplasticity.models.architectures.Owner.gradient_group`: a
         component, ``emb``, ``head``, ``lora``, or ``other`` for ``full`` alone), and block,
         the block that holds it (null outside the blocks), both from the model's
-        :class:`~vitplasticity.architectures.ParameterMap`.
+        :class:`~vitplasticity.models.architectures.ParameterMap`.
 
     Raises:
         ValueError: for a model in training mode, an unknown name, or fewer than 2 batches.
@@ -364,7 +364,7 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
     """The weight factor of the paper's plasticity bound, per (block, component), in float64.
 
     The components' modules come from the model's architecture
-    (:func:`vitplasticity.architectures.architecture_for`):
+    (:func:`vitplasticity.models.architectures.architecture_for`):
 
     - ln1, ln2: ||gamma||_inf (the LayerNorm bound ||gamma||_inf / sigma without the data's
       sigma);
@@ -378,7 +378,7 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
 
     Rotary positions (DINOv3, EVA-02, the rope ViTs) change only the attention pattern, so the
     MHA statistic is still that value-output factor there, although the paper's MHA bound is
-    not defined (:func:`vitplasticity.bounds.undefined_bounds`). A statistic that is not
+    not defined (:func:`vitplasticity.plasticity.bounds.undefined_bounds`). A statistic that is not
     defined for the model (a norm that is not a LayerNorm; attention whose value-output path
     the architecture cannot give as per-head V and O: normalised queries and keys, a
     normalised or gated output) is refused for that component: its rows hold NaN and one
@@ -387,7 +387,7 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
     last, never recommended nor joined into a union), where absent rows would make
     ``mha+fc1`` the mean of fc1 alone.
 
-    Computed with :mod:`vitplasticity.bounds` (``spectral_norm``, ``stacked_weight``,
+    Computed with :mod:`vitplasticity.plasticity.bounds` (``spectral_norm``, ``stacked_weight``,
     ``attention_head_norms``).
 
     Raises:

@@ -1,7 +1,7 @@
 """recommend's decision as data that applies without vitplasticity: the ``PREFIX.json`` file.
 
 :func:`build_export` describes one configuration (``mha+fc1``) of one model: the exact names
-of the parameters it trains (:class:`~vitplasticity.architectures.ParameterMap`, by identity),
+of the parameters it trains (:class:`~vitplasticity.models.architectures.ParameterMap`, by identity),
 split into the chosen components' and the head and final norm's (which every configuration
 trains, docs/protocol.md), their counts, and PEFT configs to pass to peft as they are:
 
@@ -12,7 +12,7 @@ trains, docs/protocol.md), their counts, and PEFT configs to pass to peft as the
   ``modules_to_save`` trains copies of the chosen norms and of the head and final norm, so
   this one config stands for the whole configuration, its linear weights in low rank.
   ``peft.lora.set_attributes`` are module attributes to set first, so that the forward pass
-  calls every adapted linear (:meth:`~vitplasticity.architectures.Architecture.prepare_lora`:
+  calls every adapted linear (:meth:`~vitplasticity.models.architectures.Architecture.prepare_lora`:
   timm Eva and Beit with q/v biases otherwise read ``qkv.weight`` themselves, bypassing
   the adapter).
 - ``peft.ln_tuning.config``: ``peft.LNTuningConfig`` fields: the chosen norms, and the head
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-    from vitplasticity.architectures import Architecture, ParameterMap
+    from vitplasticity.models.architectures import Architecture, ParameterMap
 
 FORMAT = "vitplasticity.recommend.export/1"
 """What the file is and its version, its ``format`` key."""
@@ -77,7 +77,7 @@ def build_export(
             linear targets of two kinds (``nn.Linear`` and transformers' ``Conv1D``: no one
             ``fan_in_fan_out``), or an architecture whose LoRA targets are not its MHA's.
     """
-    from vitplasticity.architectures import ParameterMap, architecture_for
+    from vitplasticity.models.architectures import ParameterMap, architecture_for
     from vitplasticity.recommend.criteria import configuration_components
 
     components = () if configuration is None else configuration_components(configuration)
@@ -246,7 +246,7 @@ def _lora_form(
     Raises:
         UnsupportedModel: when a LoRA target's weight is not the component's.
     """
-    from vitplasticity.architectures import UnsupportedModel
+    from vitplasticity.models.architectures import UnsupportedModel
 
     trained = parameters.component_names(component)
     if component == "mha":
@@ -317,7 +317,7 @@ def _peft_configs(
     Raises:
         UnsupportedModel: for LoRA targets of two kinds (no one ``fan_in_fan_out``).
     """
-    from vitplasticity.architectures import UnsupportedModel
+    from vitplasticity.models.architectures import UnsupportedModel
 
     def modules(form: str) -> list[str]:
         return [m for f in forms.values() if f["form"] == form for m in f["modules"]]
@@ -368,7 +368,7 @@ def _lora_preparation(architecture: Architecture, model: nn.Module) -> dict[str,
     Raises:
         UnsupportedModel: when it changes more than plain attributes (modules, parameters).
     """
-    from vitplasticity.architectures import UnsupportedModel
+    from vitplasticity.models.architectures import UnsupportedModel
 
     before = _scalar_attributes(model)
     structure = [id(x) for x in (*model.modules(), *model.parameters())]
@@ -392,7 +392,7 @@ def _lora_preparation(architecture: Architecture, model: nn.Module) -> dict[str,
 
 def _adapter_count(model: nn.Module, targets: Sequence[str]) -> int:
     """LoRA adapter parameters at :data:`LORA_RANK`: r (in + out) per adapted linear."""
-    from vitplasticity.architectures.base import linear_weight
+    from vitplasticity.models.architectures.base import linear_weight
 
     by_name = dict(model.named_modules())
     return sum(LORA_RANK * sum(linear_weight(by_name[t])[0].shape) for t in targets)

@@ -23,7 +23,7 @@ Per map (one forward pass of a batch of the task's preprocessed images, the mode
   W's; a bias would add the same vector to both).
 
 A map is every linear layer (``nn.Linear``, transformers' ``Conv1D``) inside a component's
-modules (:meth:`vitplasticity.architectures.Architecture.components`, FC1 the whole stage); the
+modules (:meth:`vitplasticity.models.architectures.Architecture.components`, FC1 the whole stage); the
 linears of one component that read the same input tensor are one map, their weights stacked
 (||[W_1; W_2] z||^2 = ||W_1 z||^2 + ||W_2 z||^2, with the same z~ for both). So a gated FC1 (gate
 and up projections, split as DINOv3's SwiGLU or packed in one Linear as EVA-02's GluMlp) has
@@ -33,7 +33,7 @@ map as a fused qkv is; the attention's output projection reads another tensor an
 its own. Norms (LN1, LN2) hold no linear layer: they have no NFN (:mod:`.criteria` reports
 them n/a). A family whose attention reads a linear's weight without calling the layer (timm
 Eva and Beit with separate q/v biases) is switched to calling it for this pass by its
-architecture (:meth:`~vitplasticity.architectures.Architecture.prepare_lora`), and switched
+architecture (:meth:`~vitplasticity.models.architectures.Architecture.prepare_lora`), and switched
 back after; a linear the pass still does not call, or calls twice, is an error.
 """
 
@@ -47,9 +47,9 @@ import polars as pl
 import torch
 from torch import nn
 
-from vitplasticity.architectures import Architecture, UnsupportedModel, architecture_for
-from vitplasticity.architectures.base import linear_weight
 from vitplasticity.components import COMPONENTS
+from vitplasticity.models.architectures import Architecture, UnsupportedModel, architecture_for
+from vitplasticity.models.architectures.base import linear_weight
 
 NFN_SEED = 0
 """The random inputs' seed (fixed: the same model and images give the same NFN)."""

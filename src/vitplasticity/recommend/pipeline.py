@@ -16,14 +16,12 @@ from typing import Any, Protocol
 import polars as pl
 import torch
 
-from vitplasticity.architectures import ParameterMap, UnsupportedModel, architecture_for
+from vitplasticity.data.preprocessing import Preprocessing
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import Split, encode_png, read_meta, read_split
 from vitplasticity.data.transforms import decoded_batches
-from vitplasticity.io import atomic_path, write_json, write_parquet
-from vitplasticity.model_inputs import Preprocessing
-from vitplasticity.models import ModelSpec, build_model, pick_device, preprocessing
-from vitplasticity.progress import ProgressReporter
+from vitplasticity.models.architectures import ParameterMap, UnsupportedModel, architecture_for
+from vitplasticity.models.build import ModelSpec, build_model, pick_device, preprocessing
 from vitplasticity.provenance import provenance
 from vitplasticity.recommend.criteria import (
     CRITERIA,
@@ -37,11 +35,13 @@ from vitplasticity.recommend.ranking import (
     markdown,
     rank_and_choose,
 )
-from vitplasticity.stage_settings import (
+from vitplasticity.settings.stages import (
     DTYPES,
     REFERENCE_FALLBACKS,
     RecommendImageSettings,
 )
+from vitplasticity.utils.io import atomic_path, write_json, write_parquet
+from vitplasticity.utils.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ _SYNTHETIC_CLASSES = 8
 @dataclass(frozen=True)
 class RecommendSettings:
     """The settings of one recommendation; each field is the CLI flag of that name. The
-    defaults are the declared ones (:class:`vitplasticity.stage_settings.RecommendImageSettings`);
+    defaults are the declared ones (:class:`vitplasticity.settings.stages.RecommendImageSettings`);
     ``budget`` here is parsed into a number of parameters."""
 
     model: str

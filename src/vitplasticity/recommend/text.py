@@ -42,18 +42,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitplasticity.architectures import (
+from vitplasticity.components import COMPONENTS
+from vitplasticity.models.architectures import (
     Architecture,
     ParameterMap,
     UnsupportedModel,
     architecture_for,
     parameter_map,
 )
-from vitplasticity.components import COMPONENTS
-from vitplasticity.io import atomic_path, write_json, write_parquet
 from vitplasticity.plasticity.protocols import PROTOCOLS
 from vitplasticity.plasticity.text import max_positions
-from vitplasticity.progress import ProgressReporter
 from vitplasticity.recommend.criteria import (
     Measurements,
     always_trained_parameters,
@@ -68,7 +66,9 @@ from vitplasticity.recommend.ranking import (
     configuration_label,
     markdown,
 )
-from vitplasticity.stage_settings import DTYPES, RecommendTextSettings
+from vitplasticity.settings.stages import DTYPES, RecommendTextSettings
+from vitplasticity.utils.io import atomic_path, write_json, write_parquet
+from vitplasticity.utils.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ _DECLARED = RecommendTextSettings()
 class TextRecommendSettings:
     """The settings of one text recommendation; each field is the CLI flag of that name
     (``texts``: ``--text``). The defaults are the declared ones
-    (:class:`vitplasticity.stage_settings.RecommendTextSettings`); ``budget`` here is parsed
+    (:class:`vitplasticity.settings.stages.RecommendTextSettings`); ``budget`` here is parsed
     into a number of parameters."""
 
     model: str
@@ -185,7 +185,7 @@ def causal_lm(model: nn.Module) -> nn.Module:
         return model
     name = type(model).__name__
     config = model.config
-    from vitplasticity.optional import require_transformers
+    from vitplasticity.utils.optional import require_transformers
 
     require_transformers()
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
@@ -299,7 +299,7 @@ def resolve_tokenizer(requested: str, model_name: str, model_spec: dict[str, Any
 
 def build_text_model(model_name: str, model_spec: dict[str, Any]) -> nn.Module:
     """The model of ``model_name``'s ``models:`` entry (``family: transformers``), as the
-    text-plasticity stage builds it (:func:`vitplasticity.hf_models.build_hf_model`: a random
+    text-plasticity stage builds it (:func:`vitplasticity.models.hf.build_hf_model`: a random
     init from the entry's ``init_seed`` alone, a checkpoint strictly).
 
     Raises:
@@ -308,7 +308,7 @@ def build_text_model(model_name: str, model_spec: dict[str, Any]) -> nn.Module:
             weights that are not a complete checkpoint of the model.
         FileNotFoundError: for a missing weights folder.
     """
-    from vitplasticity.hf_models import build_hf_model
+    from vitplasticity.models.hf import build_hf_model
     from vitplasticity.plasticity.text import text_model_spec
 
     if isinstance(model_spec, dict) and model_spec.get("family", "timm") == "timm":
@@ -413,7 +413,7 @@ def recommend_text(settings: TextRecommendSettings, model: nn.Module | None = No
             without its LM head's weights (each naming the class), or a parameter its
             architecture cannot account for.
     """
-    from vitplasticity.models import pick_device
+    from vitplasticity.models.build import pick_device
 
     settings.validate()
     lm, ranked, architecture = _checked_lm(settings, model)

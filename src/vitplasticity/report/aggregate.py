@@ -24,7 +24,7 @@ from typing import Any
 
 import polars as pl
 
-from vitplasticity.io import read_json, unreadable
+from vitplasticity.utils.io import read_json, unreadable
 
 LR_SELECTIONS: tuple[str, ...] = ("val", "test")
 

@@ -21,7 +21,6 @@ import numpy as np
 import polars as pl
 
 from vitplasticity.components import COMPONENTS
-from vitplasticity.io import atomic_path
 from vitplasticity.report.plasticity_summary import pool_plasticity
 from vitplasticity.report.style import (
     apply_theme,
@@ -31,6 +30,7 @@ from vitplasticity.report.style import (
     mark_demo,
     palette,
 )
+from vitplasticity.utils.io import atomic_path
 
 FORMATS: tuple[str, ...] = ("pdf", "png", "svg")
 

@@ -47,7 +47,7 @@ COMPONENT_LABELS: dict[str, str] = {
 DEMO_NOTE = "DEMO: synthetic data, tiny random-init ViT, not the paper's result"
 """The label every demo figure and table carries."""
 
-# The order of vitplasticity.architectures.CONFIGURATIONS, restated so that the report stage
+# The order of vitplasticity.models.architectures.CONFIGURATIONS, restated so that the report stage
 # does not import torch (the registry does) only to sort columns.
 _COLUMN_ORDER: tuple[str, ...] = ("full", "emb", *COMPONENTS)
 

@@ -1,0 +1,359 @@
+"""What transformers' decoder-only language models share (Llama, Mistral, Qwen2, Qwen3, Gemma 2
+and 3): token-id inputs, a causal (per layer possibly sliding-window) mask and rotary positions
+handed to every layer, RMSNorm pre-norms and a gated MLP (docs/protocol.md, section 3.1).
+
+A layer is ``input_layernorm`` -> ``self_attn`` -> residual, then a norm -> ``mlp`` (``down_proj(
+act(gate_proj(v)) * up_proj(v))``) -> residual. LN1 is ``input_layernorm``, MHA ``self_attn``
+(all of it: ``q/k/v/o_proj``, their biases, Qwen3's and Gemma3's ``q_norm``/``k_norm``, the
+attention logit softcapping), FC1 the gated MLP's first linear stage ``gate_proj`` + ``up_proj``
+(fc1 mode ``up``: ``up_proj`` alone), FC2 ``down_proj``; which norm is LN2 is the family's
+(:mod:`~vitplasticity.models.architectures.hf_llama`, :mod:`~vitplasticity.models.architectures.hf_gemma`).
+
+The embedding output is ``embed_tokens(ids)`` (Gemma's scales by sqrt(hidden) inside that module).
+What every layer gets beside it (the embedding's context) is built as the model's own forward
+builds it: rotary cos/sin from the model's own ``rotary_emb`` at positions 0..L-1 (Gemma3: one
+per layer type, local and global), and an explicit additive mask per layer, causal, and
+sliding-window on the layers the model runs with one. An explicit mask makes eager and SDPA
+attention compute the same thing (the model's forward may hand SDPA no mask and let it be
+causal by itself). The bare ``XModel`` classes are the families; ``XForCausalLM`` (the bare model
+as ``.model`` plus ``lm_head``) is accepted too, its LM head with the final norm. Matched by class
+name: transformers is optional and not imported to answer "no".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from vitplasticity.models.architectures.base import (
+    Architecture,
+    AttentionWeights,
+    Embedded,
+    Owned,
+    UndefinedStage,
+    UnsupportedModel,
+    check_fc1_mode,
+)
+
+ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa")
+"""The attention implementations an explicit float mask is exact for (flash and flex attention
+take no additive mask)."""
+
+MODEL_PARTS: tuple[str, ...] = ("embed_tokens", "layers", "norm", "rotary_emb")
+"""What a bare decoder model holds: token embedding, layers, final norm, rotary embedding."""
+
+ATTENTION_LINEARS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_LINEARS: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
+
+_BOUNDS_REASON = (
+    "the paper's bounds are stated for LayerNorm (RMSNorm does not centre) and for attention "
+    "without rotary positions (these models rotate queries and keys by position), and the "
+    "bounds stage feeds the reference images through the model, while a text model takes "
+    "token ids"
+)
+
+_REFUSALS: dict[str, str] = {
+    "finetune": "finetuning classifies images; text models are not finetuned here",
+    "bounds": _BOUNDS_REASON,
+}
+"""The stages a decoder language model is refused by, and why (plasticity, lora and recommend
+on text, ``vitplasticity recommend-text``, are supported)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How one bare model class chooses each layer's attention window and rotary table."""
+
+    windows: str
+    """``none`` (every layer causal), ``config`` (``config.sliding_window`` on every layer when
+    set: Mistral) or ``layer_types`` (on the layers ``config.layer_types`` marks
+    ``sliding_attention``)."""
+    rotary_by_layer_type: bool = False
+    """Whether ``rotary_emb`` takes the layer type (Gemma3: local and global rotary tables)."""
+
+
+@dataclass(frozen=True)
+class DecoderContext:
+    """What every layer receives beside the tokens, per layer, as the model's forward gives it."""
+
+    positions: torch.Tensor  # (1, L)
+    masks: tuple[torch.Tensor, ...]  # per layer, additive (1, 1, L, L)
+    rotary: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer, (cos, sin) (1, L, d_h)
+
+
+def _is_linear(module: nn.Module) -> bool:
+    """A Linear, or peft's LoRA layer around one (its ``base_layer``)."""
+    return isinstance(module, nn.Linear) or isinstance(
+        getattr(module, "base_layer", None), nn.Linear
+    )
+
+
+def _class_names(model: nn.Module) -> list[str]:
+    return [cls.__name__ for cls in type(model).__mro__]
+
+
+def additive_mask(length: int, window: int | None, tokens: torch.Tensor) -> torch.Tensor:
+    """Additive mask (1, 1, L, L): 0 where query i may see key j (j <= i, and i - j < window
+    for a sliding window, as transformers' ``sliding_window_overlay``), the dtype's min
+    elsewhere."""
+    query = torch.arange(length, device=tokens.device)[:, None]
+    key = torch.arange(length, device=tokens.device)[None, :]
+    blocked = key > query
+    if window is not None:
+        blocked |= key <= query - window
+    mask = torch.zeros(length, length, dtype=tokens.dtype, device=tokens.device)
+    return mask.masked_fill(blocked, torch.finfo(tokens.dtype).min)[None, None]
+
+
+class HFDecoder(Architecture):
+    """A transformers decoder-only language model with RMSNorm, rotary positions and a gated
+    MLP. Subclasses set :attr:`variants`, :attr:`causal_lm`, :attr:`ln2_name`, and write
+    :meth:`compose_block`."""
+
+    inputs = "tokens"
+    variants: ClassVar[dict[str, Variant]] = {}
+    """The bare model classes of the family, by class name."""
+    causal_lm: ClassVar[dict[str, str]] = {}
+    """``XForCausalLM`` class name -> the bare class it wraps as ``.model``."""
+    ln2_name: str = ""
+    """The layer's norm before the MLP."""
+
+    # --- what it is ---------------------------------------------------------------------------
+
+    def _bare(self, model: nn.Module) -> tuple[nn.Module, Variant] | None:
+        """The bare decoder model inside ``model`` (itself, or a causal LM's ``.model``) and its
+        variant; None when ``model`` is not of the family."""
+        names = _class_names(model)
+        for name in names:
+            if name in self.variants:
+                return model, self.variants[name]
+        for name in names:
+            if name in self.causal_lm:
+                inner = getattr(model, "model", None)
+                if isinstance(inner, nn.Module) and self.causal_lm[name] in _class_names(inner):
+                    return inner, self.variants[self.causal_lm[name]]
+        return None
+
+    def decoder(self, model: nn.Module) -> tuple[nn.Module, Variant]:
+        """The bare decoder model and its variant.
+
+        Raises:
+            UnsupportedModel: when ``model`` is not of this family.
+        """
+        found = self._bare(model)
+        if found is None:
+            raise UnsupportedModel(f"{type(model).__name__} is not a {self.title}")
+        return found
+
+    def matches(self, model: nn.Module) -> bool:
+        return self._bare(model) is not None
+
+    def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
+        decoder, _ = self.decoder(model)
+        # The model's forward runs layers[:num_hidden_layers]; so do the stages.
+        return list(decoder.layers[: decoder.config.num_hidden_layers])
+
+    def check_model(self, model: nn.Module) -> None:
+        """Raise :class:`UnsupportedModel` naming what the model has unlike the family."""
+        decoder, _ = self.decoder(model)
+        name = type(model).__name__
+        missing = [part for part in MODEL_PARTS if not hasattr(decoder, part)]
+        if missing:
+            raise UnsupportedModel(f"{name} is not a {self.title}: it lacks {missing}")
+        implementation = decoder.config._attn_implementation
+        if implementation not in ATTENTION_IMPLEMENTATIONS:
+            raise UnsupportedModel(
+                f"{name} runs attention_implementation {implementation!r}: the stages hand every "
+                f"layer an explicit additive mask, exact for {', '.join(ATTENTION_IMPLEMENTATIONS)}"
+                " only (load it with attn_implementation='eager' or 'sdpa')"
+            )
+        if getattr(decoder.config, "use_bidirectional_attention", False):
+            raise UnsupportedModel(
+                f"{name} attends bidirectionally (use_bidirectional_attention, an embedding "
+                "encoder): not the causal decoder this family's masks describe"
+            )
+        if "lm_head" in dict(model.named_children()) and not isinstance(model.lm_head, nn.Linear):
+            raise UnsupportedModel(f"{name}: lm_head is {type(model.lm_head).__name__}, not Linear")
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The model's layers, after checking the model and each layer.
+
+        Raises:
+            UnsupportedModel: naming what the model or a layer lacks or has unlike the family.
+        """
+        self.check_model(model)
+        return super().blocks(model)
+
+    def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
+        layer = f"layer {index} ({type(block).__name__}) of {type(model).__name__}"
+        wanted = [
+            "input_layernorm",
+            self.ln2_name,
+            *(f"self_attn.{name}" for name in ATTENTION_LINEARS),
+            *(f"mlp.{name}" for name in MLP_LINEARS),
+        ]
+        modules = dict(block.named_modules())
+        missing = [name for name in wanted if name not in modules]
+        if missing:
+            raise UnsupportedModel(f"{layer} is not a {self.title} layer: it lacks {missing}")
+        linears = [
+            *(f"self_attn.{n}" for n in ATTENTION_LINEARS),
+            *(f"mlp.{n}" for n in MLP_LINEARS),
+        ]
+        not_linear = [name for name in linears if not _is_linear(modules[name])]
+        if not_linear or not hasattr(block.mlp, "act_fn"):
+            raise UnsupportedModel(
+                f"{layer}: expected Linear {not_linear or linears} and an MLP activation act_fn"
+            )
+        width = block.input_layernorm.weight.shape[0]
+        if block.mlp.down_proj.in_features < width:
+            raise UnsupportedModel(
+                f"{layer}: down_proj takes {block.mlp.down_proj.in_features} features, fewer than "
+                f"the {width} of a token: the zero-padded FC2 input is undefined"
+            )
+        super().check_block(block, index, model)
+
+    # --- which parameters are whose -----------------------------------------------------------
+
+    def components(self, block: nn.Module, fc1: str = "stage") -> dict[str, tuple[nn.Module, ...]]:
+        mlp = block.mlp
+        return {
+            "ln1": (block.input_layernorm,),
+            "mha": (block.self_attn,),
+            "ln2": (getattr(block, self.ln2_name),),
+            "fc1": (mlp.gate_proj, mlp.up_proj)
+            if check_fc1_mode(fc1) == "stage"
+            else (mlp.up_proj,),
+            "fc2": (mlp.down_proj,),
+        }
+
+    def embedding(self, model: nn.Module) -> Owned:
+        decoder, _ = self.decoder(model)
+        return Owned((decoder.embed_tokens,))
+
+    def head(self, model: nn.Module) -> Owned:
+        """The final norm, and a causal LM's ``lm_head`` unless it is tied to the token
+        embedding (its weight is then the embedding's, trained by ``emb``)."""
+        decoder, _ = self.decoder(model)
+        lm_head = getattr(model, "lm_head", None) if model is not decoder else None
+        tied = lm_head is not None and lm_head.weight is decoder.embed_tokens.weight
+        return Owned((decoder.norm,) if lm_head is None or tied else (decoder.norm, lm_head))
+
+    # --- how it runs --------------------------------------------------------------------------
+
+    def windows(self, model: nn.Module) -> list[int | None]:
+        """Each layer's sliding window (None: the whole causal past), as the model's forward
+        chooses its mask.
+
+        Raises:
+            UnsupportedModel: for a sliding layer without a window size.
+        """
+        decoder, variant = self.decoder(model)
+        config = decoder.config
+        count = len(self.block_list(model))
+        if variant.windows == "none":
+            return [None] * count
+        if variant.windows == "config":
+            return [config.sliding_window] * count
+        types = config.layer_types[:count]
+        if "sliding_attention" in types and config.sliding_window is None:
+            raise UnsupportedModel(
+                f"{type(model).__name__}: layer_types has sliding_attention layers but "
+                "sliding_window is None"
+            )
+        return [config.sliding_window if t == "sliding_attention" else None for t in types]
+
+    def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
+        """``embed_tokens(ids)`` and, per layer, its mask and rotary cos/sin.
+
+        Raises:
+            ValueError: for sequences longer than the model's ``max_position_embeddings``.
+        """
+        decoder, variant = self.decoder(model)
+        length, limit = inputs.shape[1], decoder.config.max_position_embeddings
+        if length > limit:
+            raise ValueError(f"sequences of {length} tokens exceed the model's {limit} positions")
+        tokens = decoder.embed_tokens(inputs)  # (B, L, d); Gemma's scales inside
+        positions = torch.arange(length, device=inputs.device)[None]  # (1, L)
+        count = len(self.block_list(model))
+        if variant.rotary_by_layer_type:
+            types = decoder.config.layer_types[:count]
+            tables = {t: decoder.rotary_emb(tokens, positions, t) for t in sorted(set(types))}
+            rotary = tuple(tables[t] for t in types)
+        else:
+            rotary = (decoder.rotary_emb(tokens, positions),) * count
+        masks = {w: additive_mask(length, w, tokens) for w in set(self.windows(model))}
+        context = DecoderContext(
+            positions, tuple(masks[w] for w in self.windows(model)), tuple(rotary)
+        )
+        return Embedded(tokens, context)
+
+    def attend(
+        self, attention: nn.Module, tokens: torch.Tensor, embedded: Embedded, index: int
+    ) -> torch.Tensor:
+        context: DecoderContext = embedded.context
+        return attention(
+            hidden_states=tokens,
+            position_embeddings=context.rotary[index],
+            attention_mask=context.masks[index],
+        )[0]  # (output, weights)
+
+    def hook_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        return args[0] if args else kwargs["hidden_states"]  # self_attn(hidden_states=...)
+
+    def hook_output(self, output: Any) -> torch.Tensor:
+        return output[0] if isinstance(output, tuple) else output  # attn: (output, weights)
+
+    def run_block(
+        self, block: nn.Module, index: int, tokens: torch.Tensor, embedded: Embedded
+    ) -> torch.Tensor:
+        context: DecoderContext = embedded.context
+        out = block(
+            tokens,
+            attention_mask=context.masks[index],
+            position_embeddings=context.rotary[index],
+            position_ids=context.positions,
+        )
+        return out[0] if isinstance(out, tuple) else out
+
+    def mlp(
+        self,
+        block: nn.Module,
+        fc1: tuple[nn.Module, ...],
+        fc2: tuple[nn.Module, ...],
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        """The MLP from its mapped stages: FC1's output is the concatenation [gate(v), up(v)]
+        (docs/protocol.md, section 3.1), split in halves for ``act(gate) * up``."""
+        gate, up = torch.cat([linear(v) for linear in fc1], dim=-1).chunk(2, dim=-1)
+        hidden = block.mlp.act_fn(gate) * up
+        return torch.cat([linear(hidden) for linear in fc2], dim=-1)
+
+    # --- other stages -------------------------------------------------------------------------
+
+    def attention_weights(self, attention: nn.Module) -> AttentionWeights:
+        raise UndefinedStage(f"{self.title}: {_BOUNDS_REASON}")
+
+    def mha_bound_refusal(self, model: nn.Module) -> str | None:
+        return (
+            f"{type(model).__name__} rotates queries and keys by their positions (rotary "
+            "position embedding): the paper's MHA bound is stated for softmax(x A x^T) without "
+            "rotary positions"
+        )
+
+    def lora_targets(self, model: nn.Module) -> list[str]:
+        """``self_attn.{q,k,v,o}_proj`` of every layer (fully qualified names)."""
+        targets = {
+            id(getattr(block.self_attn, name))
+            for block in self.block_list(model)
+            for name in ATTENTION_LINEARS
+        }
+        return [name for name, module in model.named_modules() if id(module) in targets]
+
+    def refusal(self, stage: str, model: nn.Module) -> str | None:
+        reason = _REFUSALS.get(stage)
+        return None if reason is None else f"{type(model).__name__} is a text model: {reason}"

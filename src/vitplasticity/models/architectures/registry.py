@@ -1,0 +1,112 @@
+"""The registered architectures, and which one a model is.
+
+Adding a family is one file (an :class:`~vitplasticity.models.architectures.base.Architecture`
+subclass) and one line in :data:`ARCHITECTURES` (docs/architectures.md).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from vitplasticity.models.architectures.base import Architecture, UnsupportedModel
+from vitplasticity.models.architectures.hf_gemma import HFGemma
+from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
+from vitplasticity.models.architectures.hf_llama import HFLlama
+from vitplasticity.models.architectures.hf_vision import (
+    HFClipVision,
+    HFDinov2,
+    HFDinov3,
+    HFSiglipVision,
+    HFViT,
+)
+from vitplasticity.models.architectures.timm_beit import TimmBeit
+from vitplasticity.models.architectures.timm_eva import TimmEva
+from vitplasticity.models.architectures.timm_vit import TimmVisionTransformer
+
+ARCHITECTURES: dict[str, Architecture] = {
+    architecture.name: architecture
+    for architecture in (
+        TimmVisionTransformer(),
+        TimmEva(),
+        TimmBeit(),
+        HFGPT2(),
+        HFLlama(),
+        HFGemma(),
+        HFViT(),
+        HFDinov2(),
+        HFDinov3(),
+        HFClipVision(),
+        HFSiglipVision(),
+    )
+}
+"""Every known family by name, checked in this order."""
+
+_NO_LN1_LN2 = "no LN1 and LN2 in the paper's sense"
+
+REFUSED: dict[str, str] = {
+    "BertPreTrainedModel": (
+        f"BERT is a post-norm encoder (LayerNorm after each residual sum): {_NO_LN1_LN2}"
+    ),
+    "RobertaPreTrainedModel": (
+        f"RoBERTa is a post-norm encoder (LayerNorm after each residual sum): {_NO_LN1_LN2}"
+    ),
+    "GPTJPreTrainedModel": (
+        "GPT-J blocks run attention and MLP in parallel on one normed input (x + attn(ln(x)) "
+        f"+ mlp(ln(x))): a single norm, {_NO_LN1_LN2}"
+    ),
+    "FalconPreTrainedModel": (
+        "Falcon blocks run attention and MLP in parallel on the normed input (parallel_attn, "
+        f"new_decoder_architecture): {_NO_LN1_LN2}; no family maps its sequential variant"
+    ),
+    "PhiPreTrainedModel": (
+        "Phi blocks run attention and MLP in parallel on one normed input (x + attn(ln(x)) + "
+        f"mlp(ln(x))): a single norm, {_NO_LN1_LN2}"
+    ),
+    "GPTNeoXPreTrainedModel": (
+        "GPT-NeoX blocks with use_parallel_residual (the default) add attention and MLP of the "
+        f"same input in parallel: {_NO_LN1_LN2}; no family maps its sequential variant"
+    ),
+}
+"""transformers model classes refused by name (any class whose MRO holds one: the bare model
+and every head class), with the reason; docs/architectures.md."""
+
+
+def known_families() -> str:
+    """The registered families, for error messages."""
+    return "; ".join(f"{a.name} ({a.title})" for a in ARCHITECTURES.values())
+
+
+def architecture_for(model: nn.Module) -> Architecture:
+    """The architecture of ``model``.
+
+    Raises:
+        UnsupportedModel: naming the model's class and why, for a class refused by name
+            (:data:`REFUSED`); naming it and the known families, when none matches.
+    """
+    for cls in type(model).__mro__:
+        if cls.__name__ in REFUSED:
+            raise UnsupportedModel(
+                f"{type(model).__name__} ({type(model).__module__}) is refused: "
+                f"{REFUSED[cls.__name__]}"
+            )
+    for architecture in ARCHITECTURES.values():
+        if architecture.matches(model):
+            return architecture
+    raise UnsupportedModel(
+        f"{type(model).__name__} ({type(model).__module__}): no vitplasticity architecture "
+        f"knows this model class; known families: {known_families()}"
+    )
+
+
+def get_architecture(name: str) -> Architecture:
+    """The registered architecture ``name``.
+
+    Raises:
+        ValueError: naming the known ones.
+    """
+    try:
+        return ARCHITECTURES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown architecture {name!r}; known: {', '.join(ARCHITECTURES)}"
+        ) from None

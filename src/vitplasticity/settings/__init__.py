@@ -1,0 +1,1 @@
+"""How a stage declares its settings once: fields, CLI flags, checks, rule params (each stage's own settings live beside the stage)."""

@@ -1,0 +1,1 @@
+"""What the Snakefile imports (no torch): config keys and cross-checks, the run grid, packs, runtime."""

@@ -1,0 +1,407 @@
+"""Cross-checks of a workflow config that only its values together (or the files it names) can
+tell, run by :func:`vitplasticity.workflow.config.check_config` when the Snakefile is parsed, before
+any job: each returns one message per problem, starting with the config key at fault and
+saying what to write instead.
+
+Plain Python: nothing here imports torch, except :func:`model_kwargs_problems`, which only the
+main Snakemake process calls (the SLURM plugin re-parses the Snakefile for every job).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from vitplasticity.data.sources import registry
+
+# The ImageNet-1k validation set: 50 images of each of 1000 classes (docs/protocol.md).
+IMAGENET_VAL_IMAGES = 50_000
+# A seed is stored in the results as a 64-bit signed integer (and numpy takes no negative one).
+MAX_SEED = 2**63 - 1
+SEED_KEYS = ("seed", "seeds", "init_seed")
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DEVICE_KEYS = ("plasticity", "text_plasticity", "recommend", "finetune")
+# The splits of a prepared dataset of each source (vitplasticity.data.sources); image_folder's
+# depend on its folder (image_folder_splits).
+SPLITS_BY_SOURCE: dict[str, tuple[str, ...]] = {
+    source: tuple(s for s in ("pool", "val", "test") if s in counts)
+    for source, counts in registry.KNOWN_COUNTS.items()
+}
+SPLITS_BY_SOURCE["domainnet"] = ("pool", "test")
+SPLITS_BY_SOURCE["synthetic"] = ("pool", "test")
+
+
+def _names(items: Iterable[str]) -> str:
+    return ", ".join(sorted(items))
+
+
+def path_problems(config: Mapping[str, Any]) -> list[str]:
+    """``paths.results`` and ``paths.resources`` must be folders (or not exist yet)."""
+    problems = []
+    for key in ("resources", "results"):
+        value = config["paths"].get(key)
+        if value and Path(value).exists() and not Path(value).is_dir():
+            problems.append(
+                f"paths.{key}: {value!r} is a file, not a folder: name a folder (it is "
+                "created if missing)"
+            )
+    return problems
+
+
+def archive_problems(name: str, spec: Mapping[str, Any]) -> list[str]:
+    """The files ``datasets.<name>.archive`` points at must exist, and a single path of a
+    source of several files must be a folder holding them all (one file would leave the
+    others to be downloaded, unseen). A mapping may name some files only: the others are
+    downloaded, as its user chose."""
+    archive, source = spec.get("archive"), spec.get("source", "")
+    if not archive or not registry.has_files(source):
+        return []
+    try:
+        files = registry.source_files(source, spec)
+    except ValueError:
+        return []  # named by registry.entry_problems
+    key = f"datasets.{name}.archive"
+    if isinstance(archive, Mapping):
+        return [
+            f"{key}.{filename}: {str(path)!r} is not a file: give the path of your copy of "
+            f"{filename}, or leave it out of archive: to download it"
+            for filename, path in archive.items()
+            if filename in files and not Path(os.path.expanduser(str(path))).is_file()
+        ]
+    path = Path(os.path.expanduser(str(archive)))
+    every = ", ".join(files)
+    mapping = ", ".join(f"{f}: <path>" for f in files)
+    if path.is_dir():
+        missing = [f for f in files if not (path / f).is_file()]
+        if not missing:
+            return []
+        return [
+            f"{key}: the folder {str(archive)!r} lacks {', '.join(missing)} (this {source} "
+            f"entry needs {every}, under these names): put them there, or map each file you "
+            f"have to its path (archive: {{{mapping}}}; files left out are downloaded)"
+        ]
+    if not path.exists():
+        return [
+            f"{key}: {str(archive)!r} does not exist: give the path of your {files[0]}"
+            + (f" (or a folder holding {every})" if len(files) > 1 else "")
+            + ", or remove archive: to download it"
+        ]
+    if len(files) > 1:
+        return [
+            f"{key}: {str(archive)!r} is one file, but this {source} entry needs "
+            f"{len(files)}: {every}; missing: {', '.join(files[1:])}. Point archive at a "
+            f"folder holding all of them under these names, or map each file to its path "
+            f"(archive: {{{mapping}}}; files left out of the mapping are downloaded)"
+        ]
+    return []
+
+
+def image_folder_splits(spec: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The splits an image_folder entry prepares (train/, val/ and test/ subfolders give
+    pool, val and test; otherwise a pool/test split); None when its root is not a folder."""
+    root = spec.get("root")
+    if not root or not Path(root).is_dir():
+        return None
+    if (Path(root) / "train").is_dir() and (Path(root) / "test").is_dir():
+        return ("pool", "val", "test") if (Path(root) / "val").is_dir() else ("pool", "test")
+    return ("pool", "test")
+
+
+def image_folder_problems(name: str, spec: Mapping[str, Any]) -> list[str]:
+    """An image_folder entry needs ``root``, an existing folder."""
+    if spec.get("source") != "image_folder":
+        return []
+    root = spec.get("root")
+    key = f"datasets.{name}.root"
+    if not root:
+        return [
+            f"{key}: missing: an image_folder entry reads its images from root: <folder> "
+            "(a <class>/<image> tree, or train/ and test/ folders of such trees)"
+        ]
+    if not Path(root).is_dir():
+        return [f"{key}: {root!r} is not a folder: give the folder of your <class>/<image> tree"]
+    return []
+
+
+def dataset_splits(spec: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The splits of a dataset entry's prepared store; None when not known before preparing."""
+    if spec.get("source") == "image_folder":
+        return image_folder_splits(spec)
+    return SPLITS_BY_SOURCE.get(spec.get("source", ""))
+
+
+def split_problems(config: Mapping[str, Any]) -> list[str]:
+    """Every split a stage reads must be one its dataset has (only flowers102 and an
+    image_folder with a val/ folder have a val split)."""
+    datasets = config["datasets"]
+    users = []
+    reference = config["reference"]
+    if reference.get("source") == "dataset" and reference.get("dataset") in datasets:
+        users.append(("reference.split", reference.get("split", "test"), reference["dataset"]))
+    downstream = config["plasticity"].get("downstream_split", "test")
+    users += [
+        ("plasticity.downstream_split", downstream, name)
+        for name in config["plasticity"]["datasets"]
+        if name in datasets
+    ]
+    problems = []
+    for key, split, name in users:
+        splits = dataset_splits(datasets[name])
+        if splits is not None and split not in splits:
+            problems.append(
+                f"{key}: {split!r}, but dataset {name!r} ({datasets[name]['source']}) has no "
+                f"{split} split (its splits: {', '.join(splits)}): pick one of these"
+            )
+    return problems
+
+
+def reference_size(config: Mapping[str, Any]) -> int | None:
+    """How many images the reference set can hold at most; None when not known before
+    preparing (an image_folder)."""
+    reference = config["reference"]
+    if reference.get("source", "imagenet") == "imagenet":
+        return IMAGENET_VAL_IMAGES
+    spec = config["datasets"].get(reference.get("dataset"))
+    if spec is None:
+        return None
+    split = reference.get("split", "test")
+    if spec.get("source") == "synthetic":
+        return {"pool": spec.get("n_pool"), "test": spec.get("n_test")}.get(split)
+    return registry.KNOWN_COUNTS.get(spec.get("source", ""), {}).get(split)
+
+
+def pair_problems(config: Mapping[str, Any]) -> list[str]:
+    """``reference.n_images`` within the set it is drawn from; every stage's plasticity pairs
+    within the reference set (pair i starts from reference image i; only the downstream
+    images are cycled)."""
+    problems = []
+    reference = config["reference"]
+    n_images, available = reference["n_images"], reference_size(config)
+    if available is not None and n_images > available:
+        where = (
+            "ImageNet-1k val"
+            if reference.get("source", "imagenet") == "imagenet"
+            else f"the {reference.get('split', 'test')} split of {reference.get('dataset')!r}"
+        )
+        problems.append(
+            f"reference.n_images: {n_images} is more than the {available:,} images of "
+            f"{where}: at most {available}"
+        )
+    recommend = config.get("recommend") or {}
+    stages = [("plasticity.n_pairs", config["plasticity"]["n_pairs"])]
+    if recommend.get("enabled") and recommend.get("n_pairs") is not None:
+        stages.append(("recommend.n_pairs", recommend["n_pairs"]))
+    for key, n_pairs in stages:
+        if n_pairs > n_images:
+            problems.append(
+                f"{key}: {n_pairs} pairs, but the reference set holds reference.n_images = "
+                f"{n_images} images (pair i starts from reference image i): at most {n_images}, "
+                "or raise reference.n_images"
+            )
+    return problems
+
+
+def finetune_problems(config: Mapping[str, Any]) -> list[str]:
+    """The micro-batch must divide the batch (gradients accumulate over whole micro-batches)."""
+    finetune = config["finetune"]
+    batch, micro = finetune["batch_size"], finetune["micro_batch_size"]
+    if batch % micro:
+        return [
+            f"finetune.micro_batch_size: {micro} does not divide finetune.batch_size {batch}: "
+            f"pick a divisor of {batch} (e.g. {_divisor_below(batch, micro)})"
+        ]
+    return []
+
+
+def _divisor_below(number: int, limit: int) -> int:
+    """The largest divisor of ``number`` not above ``limit``."""
+    return max(d for d in range(1, min(number, limit) + 1) if number % d == 0)
+
+
+def device_problems(config: Mapping[str, Any]) -> list[str]:
+    """Every ``device`` setting is auto, cpu, cuda, cuda:<index> or mps."""
+    problems = []
+    for block in DEVICE_KEYS:
+        device = (config.get(block) or {}).get("device")
+        if device is not None and not DEVICE_PATTERN.fullmatch(str(device)):
+            problems.append(
+                f"{block}.device: {device!r} is not a device: auto (GPU when present), cpu, "
+                "cuda, cuda:<index> or mps"
+            )
+    return problems
+
+
+def _duplicates(values: Iterable[Any]) -> list[Any]:
+    seen: list[Any] = []
+    twice: list[Any] = []
+    for value in values:
+        if value in seen and value not in twice:
+            twice.append(value)
+        seen.append(value)
+    return twice
+
+
+def grid_problems(config: Mapping[str, Any], experiments: Iterable[str]) -> list[str]:
+    """The grids of the ``experiments``: learning rates finite and > 0, no value twice (two
+    runs would write one folder)."""
+    problems = []
+    for name in experiments:
+        exp = config["experiments"][name]
+        grids = {"lrs": exp.get("lrs") or []}
+        grids |= {f"lrs_by_dataset.{d}": v for d, v in (exp.get("lrs_by_dataset") or {}).items()}
+        for field, lrs in grids.items():
+            key = f"experiments.{name}.{field}"
+            for lr in lrs:
+                if not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
+                    problems.append(f"{key}: {lr!r} is not a learning rate (a finite number > 0)")
+            numbers = [lr for lr in lrs if isinstance(lr, int | float)]
+            for lr in _duplicates(float(lr) for lr in numbers):
+                problems.append(f"{key}: {lr!r} is listed twice: list each learning rate once")
+        for field in ("models", "datasets"):
+            for value in _duplicates(exp.get(field) or []):
+                problems.append(
+                    f"experiments.{name}.{field}: {value!r} is listed twice: list it once"
+                )
+    return problems
+
+
+def _seeds(value: Any, path: str) -> Iterable[tuple[str, Any]]:
+    """(key path, seed) of every seed below ``value`` (keys SEED_KEYS)."""
+    if not isinstance(value, Mapping):
+        return
+    for key, item in value.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key in SEED_KEYS and isinstance(item, list):
+            yield from ((f"{where}[{i}]", seed) for i, seed in enumerate(item))
+        elif key in SEED_KEYS:
+            yield where, item
+        else:
+            yield from _seeds(item, where)
+
+
+def seed_problems(config: Mapping[str, Any]) -> list[str]:
+    """Every seed (``seed``, ``seeds``, ``init_seed`` at any level) within 0 .. 2**63 - 1."""
+    return [
+        f"{key}: {seed} is out of the range of a seed (0 to 2**63 - 1 = {MAX_SEED}): pick a "
+        "smaller one"
+        for key, seed in _seeds(config, "")
+        if isinstance(seed, int) and not 0 <= seed <= MAX_SEED
+    ]
+
+
+def report_problems(config: Mapping[str, Any], experiments: list[str]) -> list[str]:
+    """The report's names resolve: the Wilcoxon reference component is trained by an enabled
+    experiment (else no Wilcoxon table is made), and ``optimizer_comparison`` names two
+    defined experiments (or none)."""
+    report = config["report"]
+    problems = []
+    compared = report.get("optimizer_comparison", [])
+    unknown = [name for name in compared if name not in config["experiments"]]
+    if unknown:
+        problems.append(
+            f"report.optimizer_comparison: unknown experiment(s) {', '.join(map(repr, unknown))} "
+            f"(defined: {_names(config['experiments'])}): name two of these, or [] for no figure"
+        )
+    elif len(compared) == 1:
+        problems.append(
+            f"report.optimizer_comparison: {compared} names one experiment: name two (the "
+            "figure plots one's accuracies against the other's), or [] for no figure"
+        )
+    component = report.get("reference_component", "mha")
+    tested = {
+        name: config["experiments"][name].get("configurations") or []
+        for name in experiments
+        if len(config["experiments"][name].get("configurations") or []) > 1
+    }
+    if tested and not any(component in configs for configs in tested.values()):
+        trained = {c for configs in tested.values() for c in configs}
+        problems.append(
+            f"report.reference_component: {component!r} is trained by no enabled experiment "
+            f"({', '.join(tested)}), so no Wilcoxon table would be made: pick one of "
+            f"{_names(trained)}"
+        )
+    return problems
+
+
+def _model_key(entry: Mapping[str, Any]) -> str:
+    """What a meta-device build of a timm entry depends on: timm's version, id and kwargs."""
+    identity = [importlib.metadata.version("timm"), entry["timm_id"], entry["kwargs"]]
+    return json.dumps(identity, sort_keys=True, default=str)
+
+
+def _read_checked(cache: Path | None) -> set[str]:
+    """The model keys a cache file lists as built before (none for a missing or odd file)."""
+    try:
+        return set(json.loads(cache.read_text())) if cache else set()
+    except (OSError, ValueError, TypeError):
+        return set()
+
+
+def _write_checked(cache: Path, keys: set[str]) -> None:
+    """Record ``keys`` as built (atomically; a cache that cannot be written is skipped)."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(sorted(keys)))
+        partial.replace(cache)
+    except OSError:
+        pass
+
+
+def model_kwargs_problems(
+    models: Mapping[str, Mapping[str, Any]], cache: str | os.PathLike[str] | None = None
+) -> list[str]:
+    """Build every timm model entry that has ``kwargs`` once on the meta device (no memory,
+    no weights), so that a wrong keyword or id is named before any job.
+
+    Imports torch and timm (seconds), only when an entry has kwargs that ``cache`` does not
+    list as built before with this timm version; the entries that build are added to it.
+
+    Args:
+        models: the config's ``models`` block.
+        cache: a JSON file of the entries built before (None: build every one, record none).
+    """
+    cache = Path(cache) if cache is not None else None
+    built = _read_checked(cache)
+    entries = {
+        name: entry
+        for name, entry in models.items()
+        if entry.get("family") == "timm" and entry.get("kwargs") and _model_key(entry) not in built
+    }
+    if not entries:
+        return []
+    import timm
+    import torch
+
+    problems = []
+    before = len(built)
+    for name, entry in entries.items():
+        timm_id = entry["timm_id"]
+        if not timm.is_model(timm_id):
+            problems.append(
+                f"models.{name}.timm_id: {timm_id!r} is not a timm model (timm.list_models() "
+                "lists them)"
+            )
+            continue
+        try:
+            with torch.device("meta"):
+                timm.create_model(
+                    timm_id, pretrained=False, **{**entry["kwargs"], "num_classes": 0}
+                )
+        # A bad keyword or value; not an op that the meta device lacks (the job tells those).
+        except (TypeError, ValueError, AssertionError, KeyError) as error:
+            problems.append(
+                f"models.{name}.kwargs: timm.create_model({timm_id!r}) refuses them "
+                f"({type(error).__name__}: {error}): fix or remove the key"
+            )
+            continue
+        built.add(_model_key(entry))
+    if cache is not None and len(built) > before:
+        _write_checked(cache, built)
+    return problems

@@ -1,0 +1,583 @@
+"""Strict keys, cross-checks and the run grid of a workflow config (plain Python: no torch
+import, so the Snakefile can use it on every node cheaply).
+
+``check_keys`` runs first: every key at every level must be one the schema defines (a dataset
+entry's keys depend on its ``source``, a model entry's on its ``family``), and each unknown one
+is named with the nearest valid key; a key of an earlier config layout is named with what to
+write instead. The JSON schema then checks types and ranges; ``check_config`` checks what a schema
+cannot: that every name an experiment uses is defined, that grids are not empty, that a
+dataset's ``url``/``archive``/``checksums`` fit its files, and (:mod:`vitplasticity.workflow.checks`)
+what only values together or the files they name can tell; and this module expands an
+experiment into its runs. In the Snakefile, :func:`config_errors_end_the_run` shows a config
+error as its message alone.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vitplasticity.data.imagenet_layouts import IMAGENET_ENV
+from vitplasticity.data.sources import registry
+from vitplasticity.workflow import checks as config_checks
+
+
+class ConfigError(ValueError):
+    """A config with unknown keys, or that names something undefined or asks for an empty grid."""
+
+
+@contextmanager
+def config_errors_end_the_run(*also: type[Exception]) -> Iterator[None]:
+    """Around the config checks of the Snakefile: a ConfigError (or one of ``also``, e.g.
+    Snakemake's schema error) ends the process with its message alone.
+
+    Snakemake shows an exception raised while it parses the Snakefile with the ``File ...,
+    line ...`` lines of where it was raised, which read as a crash; a config error is the
+    user's to fix, and its message names every key at fault.
+
+    Raises:
+        SystemExit: with the error's message (exit status 1).
+    """
+    try:
+        yield
+    except (ConfigError, *also) as error:
+        raise SystemExit(str(error)) from None
+
+
+# The keys a dataset entry may carry, by its source (the schema gives each key's type; a key
+# of another source is an error, e.g. corruption: on a cifar10 entry, so a typo never slips
+# through as "some other source's option").
+_DATASET_COMMON = ("source", "steps", "val_every")
+_DOWNLOADED = ("url", "archive", "checksums")
+DATASET_KEYS: dict[str, tuple[str, ...]] = {
+    "synthetic": (
+        *_DATASET_COMMON,
+        "style",
+        "num_classes",
+        "n_pool",
+        "n_test",
+        "image_size",
+        "seed",
+    ),
+    "image_folder": (*_DATASET_COMMON, "root"),
+    "cifar10": (*_DATASET_COMMON, *_DOWNLOADED),
+    "cifar100": (*_DATASET_COMMON, *_DOWNLOADED),
+    "cifar10c": (*_DATASET_COMMON, "corruption", "severity", *_DOWNLOADED),
+    "domainnet": (*_DATASET_COMMON, "domain", "split", *_DOWNLOADED),
+    "flowers102": (*_DATASET_COMMON, *_DOWNLOADED),
+    "pet": (*_DATASET_COMMON, *_DOWNLOADED),
+}
+# How check_keys names a value that should be a mapping (and counts such problems).
+MAPPING_EXPECTED = "expected a mapping"
+# Keys written for another one that string similarity cannot guess.
+KEY_HINTS: dict[str, str] = {"md5": "checksums", "sha256": "checksums", "hash": "checksums"}
+
+# The key a model entry's family is chosen by, and the key that names the model in each family
+# (an entry without a family is told which family its id key belongs to).
+FAMILY_KEY = "family"
+MODEL_ID_KEYS: dict[str, str] = {"timm": "timm_id", "transformers": "hf_id"}
+# Keys of earlier config layouts (key paths, ``*`` for a user-chosen name), each with what to
+# write instead: a config written for them is told how to update, not offered a near key.
+REPLACED_KEYS: dict[str, str] = {
+    "text_plasticity.models": (
+        "text models are models like any other now: move each entry under models: with "
+        "family: transformers (hf_id, weights, config, init_seed) and name it in "
+        "text_plasticity.run_models"
+    ),
+    "models.*.source": (
+        "the old text-model key: write weights: hub | random | <saved model folder> "
+        "(with family: transformers)"
+    ),
+}
+
+
+def load_schema(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The workflow's JSON schema (YAML) as a mapping."""
+    return yaml.safe_load(Path(path).read_text())
+
+
+def _resolve(node: Mapping[str, Any], schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``node`` with its local ``$ref`` (``#/definitions/...``) followed."""
+    while isinstance(node, Mapping) and "$ref" in node:
+        target: Any = schema
+        for part in str(node["$ref"]).removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def _object_branch(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    """For a mapping value: the one ``oneOf``/``anyOf`` branch describing an object, if any."""
+    branches = [
+        branch
+        for branch in (*node.get("oneOf", ()), *node.get("anyOf", ()))
+        if "properties" in branch or "object" in str(branch.get("type", ""))
+    ]
+    return branches[0] if len(branches) == 1 else node
+
+
+def _unknown_key(where: str, key: str, allowed: list[str]) -> str:
+    """The message for ``key`` at ``where``: its nearest valid key, else the valid ones."""
+    close = difflib.get_close_matches(key, allowed, n=1)
+    if not close and KEY_HINTS.get(key) in allowed:
+        close = [KEY_HINTS[key]]
+    if close:
+        return f"{where}: unknown key; did you mean {close[0]!r}?"
+    return f"{where}: unknown key (valid here: {', '.join(sorted(allowed))})"
+
+
+def _family_branches(node: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The branches of a model entry, each applying to one family (``if: {properties: {family:
+    {const: F}}}``, ``then``: F's object): {F: F's object}; {} for any other node."""
+    branches: dict[str, Any] = {}
+    for branch in node.get("allOf", ()):
+        const = branch.get("if", {}).get("properties", {}).get(FAMILY_KEY, {}).get("const")
+        if const is not None and "then" in branch:
+            branches[const] = _resolve(branch["then"], schema)
+    return branches
+
+
+def _model_family(
+    value: Mapping[str, Any], families: dict[str, Any], where: str, problems: list[str]
+) -> str | None:
+    """The family of the model entry ``value`` at ``where``; appends the message when it has
+    none or an unknown one (guessing it from the id key, so that its keys are still checked)."""
+    family = value.get(FAMILY_KEY)
+    if isinstance(family, str) and family in families:
+        return family
+    if family is not None:
+        problems.append(
+            f"{where}.{FAMILY_KEY}: unknown family {family!r} (families: {', '.join(families)})"
+        )
+        return None
+    guessed = [name for name, key in MODEL_ID_KEYS.items() if key in value]
+    if "source" in value:  # an entry of the old text_plasticity.models block
+        guessed = ["transformers"]
+    if len(guessed) == 1:
+        problems.append(
+            f"{where}: no {FAMILY_KEY}: key (every model entry names its family now): add "
+            f"{FAMILY_KEY}: {guessed[0]} (its {MODEL_ID_KEYS[guessed[0]]} names a "
+            f"{guessed[0]} model)"
+        )
+        return guessed[0]
+    options = " or ".join(f"{FAMILY_KEY}: {f} (with {k})" for f, k in MODEL_ID_KEYS.items())
+    problems.append(f"{where}: no {FAMILY_KEY}: key; add {options}")
+    return None
+
+
+def _walk(
+    value: Any,
+    node: Mapping[str, Any],
+    schema: Mapping[str, Any],
+    path: str,
+    problems: list[str],
+    pattern: str = "",
+) -> None:
+    """Append a message for every key below ``value`` that ``node`` does not define
+    (``pattern``: ``path`` with user-chosen names as ``*``)."""
+    node = _resolve(node, schema)
+    if node.get("type") == "object" and not isinstance(value, Mapping):
+        # Named here, in one line among the others: the schema would dump itself instead.
+        about = f" ({node['description']})" if node.get("description") else ""
+        problems.append(
+            f"{path}: {MAPPING_EXPECTED} (key: value entries), got the "
+            f"{type(value).__name__} {value!r}{about}"
+        )
+        return
+    if isinstance(value, list) and isinstance(node.get("items"), Mapping):
+        for index, item in enumerate(value):
+            _walk(item, node["items"], schema, f"{path}[{index}]", problems, pattern)
+        return
+    if not isinstance(value, Mapping) or not isinstance(node, Mapping):
+        return
+    kind, choice, keys_of = "", None, {}
+    families = _family_branches(node, schema)
+    if families:  # a model entry: the keys of its family
+        kind, keys_of = FAMILY_KEY, {f: list(b.get("properties", {})) for f, b in families.items()}
+        choice = _model_family(value, families, path, problems)
+        if choice is None:
+            return
+        node = families[choice]
+    node = _object_branch(node)
+    properties: Mapping[str, Any] = node.get("properties", {})
+    extra = node.get("additionalProperties", True)
+    allowed = list(properties)
+    source = value.get("source") if path.startswith("datasets.") and path.count(".") == 1 else None
+    if source in DATASET_KEYS:
+        kind, choice, keys_of = "source", source, dict(DATASET_KEYS)
+        allowed = [key for key in allowed if key in DATASET_KEYS[source]]
+    for key, item in value.items():
+        where = f"{path}.{key}" if path else str(key)
+        key_pattern = f"{pattern}.{key}" if pattern else str(key)
+        if key_pattern in REPLACED_KEYS:
+            problems.append(f"{where}: no longer a key: {REPLACED_KEYS[key_pattern]}")
+        elif key in allowed:
+            _walk(item, properties[key], schema, where, problems, key_pattern)
+        elif choice is not None and any(key in keys for keys in keys_of.values()):
+            # a key of another dataset source or model family
+            users = [name for name, keys in keys_of.items() if key in keys]
+            problems.append(
+                f"{where}: not a key of {kind} {choice!r} (a key of {', '.join(users)}; "
+                f"{choice} accepts: {', '.join(sorted(allowed))})"
+            )
+        elif isinstance(extra, Mapping):  # a mapping of user-chosen names
+            _walk(item, extra, schema, where, problems, f"{pattern}.*" if pattern else "*")
+        elif extra is False:
+            problems.append(_unknown_key(where, str(key), allowed))
+
+
+def unknown_keys(config: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
+    """One message per key of ``config`` that ``schema`` does not define, at every level.
+
+    A closed object (``additionalProperties: false``) accepts its ``properties`` only; a
+    dataset entry accepts the keys of its ``source`` (``DATASET_KEYS``), a model entry those
+    of its ``family`` (the schema's branch for it). Free-form mappings (``models.<m>.kwargs``,
+    ``models.<m>.config``) are not checked. A key of an earlier layout
+    (:data:`REPLACED_KEYS`) and a model entry without a family are named with what to write
+    instead. A value where the schema wants a mapping (``checksums: md5:...``) is named too,
+    so that the schema's dump of its first error does not hide the others.
+
+    Returns:
+        Messages naming the full key path (``datasets.cifar10.archvie``) and the nearest
+        valid key (or the replacement), in config order.
+    """
+    problems: list[str] = []
+    _walk(config, schema, schema, "", problems)
+    return problems
+
+
+def check_keys(
+    config: Mapping[str, Any], schema: Mapping[str, Any] | str | os.PathLike[str]
+) -> None:
+    """Reject every unknown config key at once, before anything else reads the config.
+
+    Call it before Snakemake's ``validate``: that one fills the schema's defaults into every
+    dataset entry (``severity``, ``split``), keys this check would take for the entry's own.
+
+    Args:
+        config: the merged config (config.yaml, presets and ``--config`` overrides).
+        schema: the JSON schema, or the path of its YAML file.
+
+    Raises:
+        ConfigError: listing every unknown key with its nearest valid one, and every key of
+            an earlier layout with its replacement.
+    """
+    if not isinstance(schema, Mapping):
+        schema = load_schema(schema)
+    problems = unknown_keys(config, schema)
+    if problems:
+        mistyped = sum(MAPPING_EXPECTED in problem for problem in problems)
+        counts = []
+        if len(problems) > mistyped:
+            counts.append(f"{len(problems) - mistyped} unknown or outdated key(s)")
+        if mistyped:
+            counts.append(f"{mistyped} value(s) that must be a mapping")
+        raise ConfigError(
+            f"invalid config: {', '.join(counts)} (config.yaml with the presets, "
+            "--configfile and --config merged over it):\n  " + "\n  ".join(problems)
+        )
+
+
+# The transformers model types of the registered families (vitplasticity.models.architectures), by
+# what they take: how a model entry tells a text model from a vision one without importing
+# torch (its config.model_type, set with weights: random). Other entries are checked by the
+# job that builds the model.
+TEXT_MODEL_TYPES = frozenset(
+    {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"}
+)
+VISION_MODEL_TYPES = frozenset(
+    {
+        "vit",
+        "dinov2",
+        "dinov2_with_registers",
+        "dinov3_vit",
+        "clip",
+        "clip_vision_model",
+        "siglip",
+        "siglip_vision_model",
+    }
+)
+
+
+def model_inputs(entry: Mapping[str, Any]) -> str | None:
+    """What the model of config entry ``entry`` takes: "images", "tokens", or None when the
+    entry does not tell (a transformers model whose config.json only its job reads)."""
+    if entry.get(FAMILY_KEY) == "timm":
+        return "images"
+    model_type = (entry.get("config") or {}).get("model_type")
+    if model_type in TEXT_MODEL_TYPES:
+        return "tokens"
+    return "images" if model_type in VISION_MODEL_TYPES else None
+
+
+def model_problems(config: Mapping[str, Any]) -> list[str]:
+    """One message per model entry that lacks what its weights need (a random-init
+    transformers model: config.model_type), and per model named by
+    a stage that cannot take its inputs (images for plasticity, finetuning and recommend;
+    token ids for text plasticity), where the entry tells (:func:`model_inputs`)."""
+    models = config["models"]
+    problems = []
+    for name, entry in models.items():
+        if entry.get(FAMILY_KEY) != "transformers":
+            continue
+        if entry.get("weights") == "random" and not (entry.get("config") or {}).get("model_type"):
+            problems.append(
+                f"models.{name}.config.model_type: missing (weights: random builds the model "
+                "from its config alone, e.g. model_type: dinov2)"
+            )
+    image_users = {"plasticity.models": config["plasticity"]["models"]}
+    recommend = config.get("recommend") or {}
+    if recommend.get("models"):
+        image_users["recommend.models"] = recommend["models"]
+    for experiment in enabled_experiments(dict(config)):
+        image_users[f"experiments.{experiment}.models"] = config["experiments"][experiment].get(
+            "models", []
+        )
+    for key, names in image_users.items():
+        for name in names:
+            if name in models and model_inputs(models[name]) == "tokens":
+                problems.append(
+                    f"{key}: {name!r} is a text model (config.model_type "
+                    f"{models[name]['config']['model_type']!r}): measure it with "
+                    "text_plasticity.run_models"
+                )
+    text_models = (config.get("text_plasticity") or {}).get("run_models") or []
+    for name in text_models:
+        if name not in models:
+            problems.append(
+                f"text_plasticity.run_models: unknown model {name!r} "
+                f"(defined: {', '.join(sorted(models))})"
+            )
+        elif models[name].get(FAMILY_KEY) != "transformers":
+            problems.append(
+                f"text_plasticity.run_models: {name!r} is a {models[name].get(FAMILY_KEY)} "
+                "model; text plasticity measures transformers text models (family: transformers)"
+            )
+        elif model_inputs(models[name]) == "images":
+            problems.append(
+                f"text_plasticity.run_models: {name!r} is a vision model (config.model_type "
+                f"{models[name]['config']['model_type']!r}), not a text model"
+            )
+    return problems
+
+
+def lr_label(lr: float) -> str:
+    """The learning rate as it appears in paths: ``f"{lr:g}"`` (0.001, 3e-05)."""
+    return f"{float(lr):g}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One single-component finetuning run of an experiment."""
+
+    experiment: str
+    model: str
+    dataset: str
+    configuration: str
+    lr: float
+    seed: int
+
+    @property
+    def directory(self) -> str:
+        """The run's directory below ``<results>/finetune/``."""
+        return (
+            f"{self.experiment}/{self.model}/{self.dataset}/{self.configuration}/"
+            f"lr{lr_label(self.lr)}_seed{self.seed}"
+        )
+
+
+def enabled_experiments(config: dict[str, Any]) -> list[str]:
+    """Names of the experiments with ``enabled`` true (the default), in config order."""
+    return [name for name, exp in config["experiments"].items() if exp.get("enabled", True)]
+
+
+def learning_rates(experiment: dict[str, Any], dataset: str) -> list[float]:
+    """The LR grid of ``dataset`` in ``experiment``: its own entry, else the shared ``lrs``."""
+    by_dataset = experiment.get("lrs_by_dataset") or {}
+    return [float(lr) for lr in by_dataset.get(dataset, experiment["lrs"])]
+
+
+def grid_lr(config: dict[str, Any], experiment: str, dataset: str, label: str) -> float:
+    """The learning rate of ``experiment``'s grid on ``dataset`` whose path label is ``label``.
+
+    A run folder names its LR by :func:`lr_label` (6 significant digits); the run itself must
+    train with the grid's exact value, which this gives back.
+
+    Raises:
+        ConfigError: when no LR of the grid, or more than one, has that label.
+    """
+    key = f"experiments.{experiment}"
+    found = set(learning_rates(config["experiments"][experiment], dataset))
+    matches = sorted(lr for lr in found if lr_label(lr) == label)
+    if len(matches) != 1:
+        raise ConfigError(
+            f"{key}: {len(matches)} learning rates of dataset {dataset!r} have the path label "
+            f"lr{label} ({', '.join(map(repr, matches)) or 'none'}; grid: {sorted(found)})"
+        )
+    return matches[0]
+
+
+def lr_label_problems(config: dict[str, Any], name: str) -> list[str]:
+    """One message per pair of LRs of experiment ``name`` that share a path label (their runs
+    would write one folder)."""
+    exp = config["experiments"][name]
+    problems = []
+    for dataset in exp.get("datasets", []):
+        labels: dict[str, float] = {}
+        for lr in learning_rates(exp, dataset):
+            other = labels.setdefault(lr_label(lr), lr)
+            if other != lr:
+                problems.append(
+                    f"experiments.{name}: learning rates {other!r} and {lr!r} of dataset "
+                    f"{dataset!r} share the path label lr{lr_label(lr)} (differ within 6 "
+                    "significant digits)"
+                )
+    return problems
+
+
+def experiment_runs(config: dict[str, Any], name: str) -> list[Run]:
+    """Every run of experiment ``name``: models x datasets x configurations x LRs x seeds."""
+    exp = config["experiments"][name]
+    return [
+        Run(name, model, dataset, configuration, lr, int(seed))
+        for model in exp["models"]
+        for dataset in exp["datasets"]
+        for configuration in exp["configurations"]
+        for lr in learning_rates(exp, dataset)
+        for seed in exp["seeds"]
+    ]
+
+
+def imagenet_path(config: dict[str, Any]) -> str | None:
+    """Where ImageNet val is: the environment variable wins over ``paths.imagenet``."""
+    return os.environ.get(IMAGENET_ENV) or config["paths"].get("imagenet") or None
+
+
+def text_plasticity_problems(config: Mapping[str, Any]) -> list[str]:
+    """With text_plasticity.enabled true, one message per missing reference file, model list
+    or dataset list (:func:`model_problems` checks the models themselves)."""
+    text = config.get("text_plasticity") or {}
+    if not text.get("enabled"):
+        return []
+    return [
+        f"text_plasticity.{key}: {what} (text_plasticity.enabled is true)"
+        for key, what in (
+            ("reference", "no reference text file"),
+            ("run_models", "no model"),
+            ("datasets", "no dataset"),
+        )
+        if not text.get(key)
+    ]
+
+
+def recommend_problems(config: Mapping[str, Any]) -> list[str]:
+    """One message per model or dataset that recommend.models or recommend.datasets names and
+    the config does not define."""
+    recommend = config.get("recommend") or {}
+    return [
+        f"recommend.{key}: unknown {kind} {name!r} (defined: {', '.join(sorted(config[key]))})"
+        for key, kind in (("models", "model"), ("datasets", "dataset"))
+        for name in recommend.get(key) or []
+        if name not in config[key]
+    ]
+
+
+def criteria_problems(config: Mapping[str, Any]) -> list[str]:
+    """A message naming the experiments of report.criteria.experiments that the config does
+    not define."""
+    criteria = (config.get("report") or {}).get("criteria") or {}
+    unknown = [
+        name for name in criteria.get("experiments", []) if name not in config["experiments"]
+    ]
+    if not unknown:
+        return []
+    return [
+        f"report.criteria.experiments: unknown experiment(s) {', '.join(unknown)} "
+        f"(defined: {', '.join(config['experiments'])})"
+    ]
+
+
+def check_config(
+    config: dict[str, Any],
+    build_models: bool = False,
+    models_cache: str | os.PathLike[str] | None = None,
+) -> None:
+    """Check what the schema cannot, before any job: the names, grids, dataset file overrides
+    and local files (:mod:`vitplasticity.workflow.checks`) of the config.
+
+    Args:
+        config: the merged config (with the schema's defaults filled in, or not).
+        build_models: also build every timm model with ``kwargs`` on the meta device (imports
+            torch and timm: the main Snakemake process only, not each cluster job).
+        models_cache: with ``build_models``, a JSON file recording the models built before,
+            which are not built again (:func:`config_checks.model_kwargs_problems`).
+
+    Raises:
+        ConfigError: listing every problem, each naming its key and what to write instead.
+    """
+    problems: list[str] = config_checks.path_problems(config)
+    models, datasets = set(config["models"]), set(config["datasets"])
+
+    def unknown(kind: str, names: list[str], known: set[str], key: str) -> None:
+        for name in names:
+            if name not in known:
+                problems.append(
+                    f"{key}: unknown {kind} {name!r} (defined: {', '.join(sorted(known))})"
+                )
+
+    plasticity = config["plasticity"]
+    unknown("model", plasticity["models"], models, "plasticity.models")
+    problems += model_problems(config)
+    unknown("dataset", plasticity["datasets"], datasets, "plasticity.datasets")
+    reference = config["reference"]
+    if reference["source"] == "dataset" and reference.get("dataset") not in datasets:
+        problems.append(
+            f"reference.dataset: unknown dataset {reference.get('dataset')!r} "
+            "(reference.source is 'dataset')"
+        )
+    for name in enabled_experiments(config):
+        exp = config["experiments"][name]
+        key = f"experiments.{name}"
+        for field in ("optimizer", "models", "datasets", "configurations", "lrs", "seeds"):
+            if field not in exp:
+                problems.append(f"{key}.{field}: missing")
+            elif isinstance(exp[field], list) and not exp[field]:
+                problems.append(f"{key}.{field}: empty grid")
+        unknown("model", exp.get("models", []), models, f"{key}.models")
+        unknown("dataset", exp.get("datasets", []), datasets, f"{key}.datasets")
+        unknown("dataset", list(exp.get("lrs_by_dataset") or {}), datasets, f"{key}.lrs_by_dataset")
+        if "lrs" in exp:
+            problems += lr_label_problems(config, name)
+    experiments = enabled_experiments(config)
+    problems += config_checks.grid_problems(config, experiments)
+    problems += config_checks.seed_problems(config)
+    problems += config_checks.report_problems(config, experiments)
+    problems += config_checks.finetune_problems(config)
+    problems += config_checks.device_problems(config)
+    problems += config_checks.pair_problems(config)
+    problems += config_checks.split_problems(config)
+    file_problems = [
+        problem
+        for name, spec in config["datasets"].items()
+        for problem in registry.entry_problems(name, spec)
+    ]
+    # Only valid overrides can be compared across the datasets that share a download.
+    problems += file_problems or registry.shared_download_problems(config["datasets"])
+    problems += text_plasticity_problems(config)
+    problems += recommend_problems(config)
+    problems += criteria_problems(config)
+    for name, spec in config["datasets"].items():
+        problems += config_checks.image_folder_problems(name, spec)
+        if not file_problems:
+            problems += config_checks.archive_problems(name, spec)
+    if build_models:
+        problems += config_checks.model_kwargs_problems(config["models"], models_cache)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))

@@ -1,0 +1,409 @@
+"""The workflow through a real local SLURM and snakemake-executor-plugin-slurm.
+
+- A small demo through the shipped profiles (slurm/profile.yaml and
+  workflow/profiles/default/profile.yaml, unmodified) and workflow/presets/demo_slurm.yaml,
+  which switches off the demo's finetune.pack_runs (refused under a cluster executor, with a
+  message naming that preset): every job COMPLETED in sacct with the profile's requests
+  (finetune and plasticity one GPU each and 8 CPUs per GPU, CPU-only rules no GPU; memory;
+  wall time from the rules' runtime formulas), and the results identical to a local run.
+- A finetuning job cancelled mid-run (scancel) is resumed by a rerun from its checkpoint, and
+  nothing else reruns; its numbers equal an uninterrupted run's. The profile's squeue status
+  command is what lets the first run see the cancellation (plugin 2.4.0-2.8.0, slurm/profile.yaml).
+- A finetuning job cancelled twice is retried by the same run (the profile's retries) and
+  finishes on its third attempt, resuming from its checkpoint each time, every attempt asking
+  for memory the node has (the profile's, not growing with the attempt).
+- Many small jobs: the finetuning runs packed into SLURM jobs by the packing block at the end
+  of slurm/profile.yaml (uncommented as shipped), against one SLURM job per run: the same
+  results, fewer jobs, and the per-job overhead and wall time of both printed.
+
+The cluster comes from tests/helpers/slurm_harness.py (started here when needed, stopped at the end
+by PID); its node advertises stand-in GPUs and a GPU node's CPUs and memory, so the shipped
+requests are scheduled as asked. Without root or apt the tests skip and say why (in CI they
+must run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.cli import get_argument_parser
+
+from tests.compare_results import compare_trees
+from tests.helpers.demo_workflow import merged_config, summaries, tables, workflow_args
+from tests.helpers.slurm_harness import (
+    GLOBAL_PROFILE,
+    REPO,
+    WORKFLOW_PROFILE,
+    LocalSlurm,
+    alloc_tres,
+    node_memory_mb,
+    packing_block,
+    run_snakemake,
+    run_uuids,
+    running_jobs,
+    shipped_profile_args,
+    start_snakemake,
+    timelimit_minutes,
+    wait_for_accounting,
+    why_no_slurm,
+)
+from vitplasticity.workflow import runtime
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TARGETS = ("finetune_all", "plasticity_all")
+DEMO_SLURM = REPO / "workflow/presets/demo_slurm.yaml"
+
+
+@pytest.fixture(scope="module")
+def local_slurm() -> Iterator[LocalSlurm]:
+    """A running local SLURM for the module; stopped afterwards if started here."""
+    reason = why_no_slurm()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the SLURM tests, but: {reason}")
+        pytest.skip(reason)
+    cluster = LocalSlurm()
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def slurm_workflow_args(workdir: Path, *extra_configs: dict) -> list[str]:
+    """workflow_args through the shipped profiles, two SLURM jobs at a time."""
+    return [*workflow_args(workdir, *extra_configs), *shipped_profile_args(jobs=2)]
+
+
+# The wall-time estimates (minutes) of vitplasticity.workflow.runtime, which the rules send to SLURM
+# (tests/workflow/test_runtime.py checks the estimates themselves): the test fails if the rules stop
+# sending them.
+def finetune_minutes(config: dict, model: str, dataset: str, attempt: int = 1) -> int:
+    return runtime.finetune_minutes(
+        config["datasets"][dataset]["steps"],
+        config["finetune"]["batch_size"],
+        config["models"][model]["timm_id"],
+        config["finetune"]["precision"],  # fp32: config.yaml's, which the presets keep
+        attempt,
+    )
+
+
+def plasticity_minutes(config: dict, model: str) -> int:
+    p = config["plasticity"]
+    timm_id = config["models"][model]["timm_id"]
+    return runtime.plasticity_minutes(p["n_pairs"], len(p["protocols"]), timm_id, p["dtype"])
+
+
+def job_rule(row: dict[str, str]) -> str:
+    """The rule of a job, from the comment the plugin gives it: rule_<rule>[_wildcards_<values>]."""
+    return row["Comment"].removeprefix("rule_").split("_wildcards_")[0]
+
+
+def expected_minutes(row: dict[str, str], config: dict, profile: dict, attempt: int) -> int:
+    """The wall time the job of `row` should have asked for on its `attempt`.
+
+    The plugin's comment joins the wildcard values with "_" (names may contain "_" too), so a
+    job's (model, dataset) is the one pair whose names appear there, in order.
+    """
+    rule, comment = job_rule(row), row["Comment"]
+    if rule in ("finetune", "plasticity"):
+        pairs = [
+            (model, dataset)
+            for model in config["models"]
+            for dataset in config["datasets"]
+            if f"_{model}_{dataset}" in comment
+        ]
+        assert len(pairs) == 1, (comment, pairs)
+        model, dataset = pairs[0]
+        if rule == "finetune":
+            return finetune_minutes(config, model, dataset, attempt)
+        return plasticity_minutes(config, model)
+    return profile["set-resources"][rule]["runtime"]
+
+
+def check_requests(rows: list[dict[str, str]], config: dict, attempt: int = 1) -> None:
+    """Every job got what the shipped workflow profile and the rules ask for on `attempt`
+    (sacct rows), and no more memory than the node has."""
+    profile = yaml.safe_load(WORKFLOW_PROFILE.read_text())
+    node_mb = node_memory_mb()
+    for row in rows:
+        rule, tres = job_rule(row), alloc_tres(row)
+        wanted = profile["set-resources"][rule]
+        # mem_mb is a number or a Snakemake resource expression of `attempt`.
+        env = {"__builtins__": {}, "min": min}
+        mem_mb = eval(str(wanted["mem_mb"]), env, {"attempt": attempt})
+        assert tres["mem"] == mem_mb <= node_mb, row
+        if rule in ("finetune", "plasticity"):
+            assert wanted["gpu"] == 1, f"the shipped profile asks no GPU for {rule}"
+        if wanted.get("gpu"):
+            assert tres.get("gres/gpu") == wanted["gpu"], row
+            assert tres["cpu"] == wanted["gpu"] * wanted["cpus_per_gpu"], row
+        else:
+            assert "gres/gpu" not in tres and tres["cpu"] == 1, row
+        expected = expected_minutes(row, config, profile, attempt)
+        assert timelimit_minutes(row["Timelimit"]) == expected, row
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small demo run locally (the reference for the SLURM run)."""
+    workdir = tmp_path_factory.mktemp("local")
+    run_snakemake([*workflow_args(workdir), "--cores", "2", *TARGETS], REPO)
+    return workdir
+
+
+def test_demo_through_slurm_completes_and_matches_a_local_run(
+    local_slurm: LocalSlurm, local_run: Path, tmp_path: Path
+) -> None:
+    # The demo preset packs its runs (finetune.pack_runs), which a cluster executor refuses,
+    # naming the preset that switches it off: the README's command adds it last.
+    packed = {"finetune": {"pack_runs": True}}
+    refused = run_snakemake(
+        [*workflow_args(tmp_path, packed), *shipped_profile_args(jobs=2), *TARGETS],
+        REPO,
+        check=False,
+    )
+    assert refused.returncode != 0
+    one_line = " ".join(refused.stdout.split())
+    readme_command = re.search(r"the demo: (snakemake [^)]*)\)", one_line)
+    assert readme_command, refused.stdout[-3000:]
+    # What Snakemake makes of it: --configfile takes every name up to the next option.
+    parsed = get_argument_parser().parse_args(shlex.split(readme_command[1])[1:])
+    assert parsed.configfile == [Path("workflow/presets/demo.yaml"), DEMO_SLURM.relative_to(REPO)]
+    assert parsed.profile == ["slurm"] and parsed.targets == ["all"], readme_command[1]
+    assert "has been submitted" not in refused.stdout
+    assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
+
+    args = [
+        *workflow_args(tmp_path, packed, last_configfiles=[DEMO_SLURM]),
+        *shipped_profile_args(jobs=2),
+    ]
+    t0 = time.monotonic()
+    proc = run_snakemake([*args, *TARGETS], REPO, timeout=900)
+    wall = time.monotonic() - t0
+    (uuid,) = run_uuids(proc.stdout)
+    n_jobs = proc.stdout.count("has been submitted with SLURM jobid")
+    rows = wait_for_accounting(uuid, n_jobs)
+    # Every job but the two target rules (local) went through SLURM, and each kind is there.
+    stats = proc.stdout[proc.stdout.index("Job stats:") :].split("\n\n")[0]
+    planned = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M)}
+    assert len(rows) == n_jobs == planned["total"] - len(TARGETS), proc.stdout[-3000:]
+    assert {job_rule(r) for r in rows} == {"prepare", "reference", "finetune", "plasticity"}, rows
+    assert {r["State"] for r in rows} == {"COMPLETED"}, rows
+    check_requests(rows, merged_config())
+
+    assert summaries(tmp_path / "results") == summaries(local_run / "results")
+    ours, theirs = tables(tmp_path / "results"), tables(local_run / "results")
+    assert sorted(ours) == sorted(theirs) and ours
+    print(f"\nSLURM demo: {n_jobs} jobs, all COMPLETED, {wall:.0f} s wall")
+    differ = [name for name, frame in ours.items() if not frame.equals(theirs[name])]
+    assert not differ
+
+
+# One run, long enough to be caught mid-run; checkpoints every 10 steps.
+ONE_LONGER_RUN = {
+    "datasets": {"demo-stripes": {"steps": 400, "val_every": 100}},
+    "finetune": {"checkpoint_every": 10},
+    "experiments": {
+        "sgd": {"configurations": ["head"], "lrs_by_dataset": {"demo-stripes": [0.05]}}
+    },
+}
+RUN = "finetune/sgd/demo_vit/demo-stripes/head/lr0.05_seed0"
+
+
+def test_cancelled_finetune_job_resumes_from_its_checkpoint(
+    local_slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    # No retry, so that the cancelled job fails the first run. The profile polls with squeue:
+    # with sacct, plugins 2.4.0-2.8.0 read "CANCELLED by <uid>" as still running and the
+    # first run would wait forever (docs/slurm.md, "Resume").
+    args = [*slurm_workflow_args(tmp_path, ONE_LONGER_RUN), "--retries", "0", "finetune_all"]
+    run_dir = tmp_path / "results" / RUN
+    proc = start_snakemake(args, REPO, tmp_path / "first.log")
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoint.pt").exists():
+        assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.2)
+    (uuid,) = run_uuids((tmp_path / "first.log").read_text())
+    running = running_jobs(uuid, "rule_finetune")
+    assert len(running) == 1, running
+    subprocess.run(["scancel", running[0]], check=True)
+    assert proc.wait(timeout=300) != 0
+    first_log = (tmp_path / "first.log").read_text()
+    assert "CANCELLED" in first_log, first_log[-3000:]
+    # The first run's jobs: the dataset's prepare (COMPLETED) and the cancelled finetune.
+    first_rows = wait_for_accounting(uuid, 2)
+    states = {r["JobID"]: r["State"] for r in first_rows}
+    assert sorted(map(job_rule, first_rows)) == ["finetune", "prepare"], first_rows
+    assert states[running[0]].startswith("CANCELLED"), first_rows
+    check_requests(first_rows, merged_config(ONE_LONGER_RUN))
+    assert not (run_dir / "summary.json").exists()
+    assert (run_dir / "checkpoint.pt").exists()
+
+    rerun = run_snakemake(args, REPO, timeout=600)
+    (uuid2,) = run_uuids(rerun.stdout)
+    rows = wait_for_accounting(uuid2, 1)
+    assert [r["Comment"].split("_wildcards")[0] for r in rows] == ["rule_finetune"], rows
+    assert rows[0]["State"] == "COMPLETED"
+    check_requests(rows, merged_config(ONE_LONGER_RUN))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed"] is True and summary["status"] == "completed"
+    log = tmp_path / f"results/logs/{RUN}.log"
+    assert "resuming" in log.read_text()
+
+    # The resumed run's numbers are those of an uninterrupted one (run locally here).
+    clean = tmp_path / "uninterrupted"
+    clean.mkdir()
+    run_snakemake([*workflow_args(clean, ONE_LONGER_RUN), "--cores", "2", "finetune_all"], REPO)
+    assert summaries(tmp_path / "results") == summaries(clean / "results")
+
+
+RESUMED_AT = re.compile(r"resuming \S+ from step (\d+)")
+
+
+def test_finetune_job_cancelled_twice_finishes_on_its_third_attempt_within_the_node(
+    local_slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """The profile's retries (2) in one run: attempt 1 and 2 are cancelled after a checkpoint,
+    attempt 3 completes. Each retry resumes from the checkpoint its predecessor left, and every
+    attempt's memory request is the profile's, within the node (sinfo's RealMemory)."""
+    args = [*slurm_workflow_args(tmp_path, ONE_LONGER_RUN), "finetune_all"]
+    run_dir = tmp_path / "results" / RUN
+    log = tmp_path / f"results/logs/{RUN}.log"
+    proc = start_snakemake(args, REPO, tmp_path / "snakemake.log")
+
+    def wait_for(condition, what: str) -> None:
+        deadline = time.monotonic() + 300
+        while not condition():
+            assert proc.poll() is None, (tmp_path / "snakemake.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, what
+            time.sleep(0.1)
+
+    def cancel_the_running_attempt(cancelled: list[str]) -> None:
+        (uuid,) = run_uuids((tmp_path / "snakemake.log").read_text())
+        running = [job for job in running_jobs(uuid, "rule_finetune") if job not in cancelled]
+        assert len(running) == 1, running
+        subprocess.run(["scancel", running[0]], check=True)
+        cancelled.append(running[0])
+
+    def resumed_at() -> int | None:
+        found = RESUMED_AT.search(log.read_text()) if log.exists() else None
+        return int(found[1]) if found else None
+
+    cancelled: list[str] = []
+    wait_for(lambda: (run_dir / "checkpoint.pt").exists(), "no checkpoint appeared")
+    cancel_the_running_attempt(cancelled)
+    # The retry resumes (its log says from which step), then writes a checkpoint of its own.
+    wait_for(lambda: resumed_at() is not None, "the second attempt did not resume")
+    second_from = resumed_at()
+    resumed_checkpoint = (run_dir / "checkpoint.pt").stat().st_mtime
+    wait_for(
+        lambda: (run_dir / "checkpoint.pt").stat().st_mtime > resumed_checkpoint,
+        "the second attempt wrote no checkpoint",
+    )
+    cancel_the_running_attempt(cancelled)
+    assert proc.wait(timeout=600) == 0, (tmp_path / "snakemake.log").read_text()[-3000:]
+
+    third_from = resumed_at()  # the log of the last attempt
+    assert second_from is not None and third_from is not None
+    assert 10 <= second_from < third_from < 400, (second_from, third_from)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed"] is True and summary["status"] == "completed"
+
+    (uuid,) = run_uuids((tmp_path / "snakemake.log").read_text())
+    rows = sorted(
+        (r for r in wait_for_accounting(uuid, 4) if job_rule(r) == "finetune"),
+        key=lambda r: int(r["JobID"]),
+    )
+    assert [r["JobID"] for r in rows[:2]] == cancelled, rows
+    assert [r["State"].split()[0] for r in rows] == ["CANCELLED", "CANCELLED", "COMPLETED"], rows
+    config = merged_config(ONE_LONGER_RUN)
+    for attempt, row in enumerate(rows, start=1):
+        check_requests([row], config, attempt)  # memory within the node; wall time grows
+    print(
+        f"\nattempts: {[(r['JobID'], r['State'], r['AllocTRES'], r['Timelimit']) for r in rows]};"
+        f" resumed from steps {second_from} and {third_from}; node {node_memory_mb()} MB"
+    )
+
+
+def seconds_between(start: str, end: str) -> float:
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+# Six short finetuning runs on one dataset: two packs of three with the shipped packing block.
+SIX_RUNS = {
+    "experiments": {
+        "sgd": {"configurations": ["full", "emb", "ln1", "mha", "ln2", "fc1"]},
+    },
+}
+
+
+def test_packing_block_packs_the_runs_into_fewer_jobs_with_the_same_results(
+    local_slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """The finetuning runs as one SLURM job each (the shipped profile), then packed by the
+    shipped packing block (slurm/profile.yaml's commented end, uncommented), back to back:
+    the same results, packs of three in sacct, each asking for one GPU; the per-run overhead
+    and the wall time of both are printed."""
+    shipped = yaml.safe_load((GLOBAL_PROFILE / "profile.yaml").read_text())
+    packed_profile = tmp_path / "packed_profile"
+    packed_profile.mkdir()
+    block = packing_block((GLOBAL_PROFILE / "profile.yaml").read_text())
+    (packed_profile / "profile.yaml").write_text(yaml.safe_dump({**shipped, **block}))
+
+    measured = {}
+    for mode, profile in {"unpacked": GLOBAL_PROFILE, "packed": packed_profile}.items():
+        workdir = tmp_path / mode
+        workdir.mkdir()
+        args = [*workflow_args(workdir, SIX_RUNS), *shipped_profile_args(jobs=2, profile=profile)]
+        t0 = time.monotonic()
+        proc = run_snakemake([*args, "finetune_all"], REPO, timeout=1200)
+        wall = time.monotonic() - t0
+        (uuid,) = run_uuids(proc.stdout)
+        n_jobs = proc.stdout.count("has been submitted with SLURM jobid")
+        rows = wait_for_accounting(uuid, n_jobs)
+        assert len(rows) == n_jobs and {r["State"] for r in rows} == {"COMPLETED"}, rows
+        finetune_rows = [r for r in rows if job_rule(r) != "prepare"]
+        runs = summaries(workdir / "results")
+        assert len(runs) == 6
+        compute = sum(
+            json.loads(p.read_text())["wall_seconds"]
+            for p in (workdir / "results").rglob("summary.json")
+        )
+        slurm_seconds = sum(seconds_between(r["Submit"], r["End"]) for r in finetune_rows)
+        measured[mode] = {
+            "finetune_slurm_jobs": len(finetune_rows),
+            "runs": len(runs),
+            "workflow_wall_s": round(wall, 1),
+            "queue_wait_s": [seconds_between(r["Submit"], r["Start"]) for r in finetune_rows],
+            "submit_to_end_s": [seconds_between(r["Submit"], r["End"]) for r in finetune_rows],
+            "runs_compute_s": round(compute, 1),
+            "overhead_per_run_s": round((slurm_seconds - compute) / len(runs), 1),
+        }
+        if mode == "packed":
+            assert len(finetune_rows) == 2, finetune_rows
+            assert all("finetune_pack" in r["Comment"] for r in finetune_rows), finetune_rows
+            for row in finetune_rows:  # one GPU per pack, its runs one after another
+                tres = alloc_tres(row)
+                assert tres["gres/gpu"] == 1 and tres["mem"] <= node_memory_mb(), row
+        else:
+            assert len(finetune_rows) == 6 and {job_rule(r) for r in finetune_rows} == {"finetune"}
+    differences = [
+        (name, verdict)
+        for name, verdict in compare_trees(
+            tmp_path / "unpacked" / "results", tmp_path / "packed" / "results"
+        )
+        if verdict != "same"
+    ]
+    assert not differences
+    print("\nfinetune runs packed and unpacked on the local SLURM:", json.dumps(measured, indent=1))
