@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-SOURCE = Path(__file__).resolve().parents[1] / "src" / "vitplasticity"
+from tests.helpers.repo import REPO
+
+SOURCE = REPO / "src" / "vitplasticity"
 PACKAGE = "vitplasticity"
 
 # Lowest first: (name, what it holds and why it sits there, folders). The layers are the

@@ -4,19 +4,18 @@ documented tolerance of fp32, and the device augmentation crops exactly the CPU 
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import polars as pl
 import pytest
 import torch
 
-from tests.helpers.run_settings import finetune_settings
+from tests.helpers.tiny_finetune import settings_for
 from vitplasticity.data import loader, store
 from vitplasticity.data.preprocessing import Preprocessing
-from vitplasticity.finetune.identity import FinetuneSettings, check_runs
+from vitplasticity.finetune.identity import check_runs
 from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.precision import cpu_bf16_native
@@ -40,14 +39,12 @@ PRE = Preprocessing(
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def settings_for(spec: ModelSpec, **overrides: Any) -> FinetuneSettings:
-    base = dict(
-        experiment="sgd", model="tiny", dataset="demo-stripes",
-        model_spec=dataclasses.asdict(spec), configuration="full", lr=0.05, seed=0, steps=4,
-        val_every=2, batch_size=8, micro_batch_size=8, warmup_steps=0, device="cpu",
-        log_every=1, checkpoint_every=100, num_workers=0,
-    )  # fmt: skip
-    return finetune_settings(**{**base, **overrides})
+# A 4-step run of the whole model (configuration full): no warmup, one micro-batch per step,
+# every step logged.
+full_settings = functools.partial(
+    settings_for, configuration="full", steps=4, val_every=2, micro_batch_size=8,
+    warmup_steps=0, log_every=1, checkpoint_every=100, num_workers=0,
+)  # fmt: skip
 
 
 def test_bf16_step_within_tolerance_of_fp32(tiny_spec: ModelSpec, demo_dataset: Path) -> None:
@@ -55,7 +52,7 @@ def test_bf16_step_within_tolerance_of_fp32(tiny_spec: ModelSpec, demo_dataset: 
     device = torch.device("cpu")
     outcomes = {}
     for precision in ("fp32", "bf16"):
-        settings = settings_for(tiny_spec, precision=precision)
+        settings = full_settings(tiny_spec, precision=precision)
         run_model = build_run_model(settings, splits.num_classes, device)
         initial = {n: p.detach().clone() for n, p in run_model.trainable}
         optimizer = build_optimizer(run_model.trainable, settings)
@@ -84,7 +81,7 @@ def test_bf16_cpu_run_within_tolerance_of_fp32(
     # every logged loss and gradient norm, and every validation loss, within the tolerances.
     metrics = {}
     for precision in ("fp32", "bf16"):
-        settings = settings_for(tiny_spec, precision=precision, steps=6, val_every=3)
+        settings = full_settings(tiny_spec, precision=precision, steps=6, val_every=3)
         summary = train(settings.run, settings.training, demo_dataset, tmp_path / precision)
         assert summary["status"] == "completed"
         assert summary["settings"]["precision"] == precision
@@ -192,19 +189,19 @@ def test_mixed_sizes_never_sample_the_padding() -> None:
 
 def test_augment_setting(tiny_spec: ModelSpec) -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert not augment_on_device(settings_for(tiny_spec).training, cpu)
-    assert augment_on_device(settings_for(tiny_spec).training, cuda)
-    assert augment_on_device(settings_for(tiny_spec, augment="device").training, cpu)
-    assert not augment_on_device(settings_for(tiny_spec, augment="cpu").training, cuda)
+    assert not augment_on_device(full_settings(tiny_spec).training, cpu)
+    assert augment_on_device(full_settings(tiny_spec).training, cuda)
+    assert augment_on_device(full_settings(tiny_spec, augment="device").training, cpu)
+    assert not augment_on_device(full_settings(tiny_spec, augment="cpu").training, cuda)
     with pytest.raises(ValueError, match=r"--augment \(finetune.augment\)"):
-        bad = settings_for(tiny_spec, augment="gpu")
+        bad = full_settings(tiny_spec, augment="gpu")
         check_runs([bad.run], bad.training)
 
 
 def test_run_with_device_augmentation(
     tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
-    settings = settings_for(tiny_spec, augment="device")
+    settings = full_settings(tiny_spec, augment="device")
     summary = train(settings.run, settings.training, demo_dataset, tmp_path / "run")
     assert summary["status"] == "completed" and summary["final_step"] == 4
     assert 0 <= summary["test_accuracy"] <= 1

@@ -3,7 +3,6 @@ ends bit-identical (on CPU) to an uninterrupted run."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ import polars as pl
 import pytest
 import torch
 
-from tests.helpers.run_settings import finetune_settings
+from tests.helpers.tiny_finetune import settings_for
 from vitplasticity import cli
 from vitplasticity.finetune.checkpoint import load_checkpoint, save_checkpoint
 from vitplasticity.finetune.identity import FinetuneSettings
@@ -37,22 +36,18 @@ VOLATILE = (*TIMING_FIELDS, "created", "resumed")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def settings_for(spec: ModelSpec, optimizer: str) -> FinetuneSettings:
-    return finetune_settings(
+def resume_settings(spec: ModelSpec, optimizer: str) -> FinetuneSettings:
+    """A run of two components long enough for several checkpoints (every 4 of 24 steps)."""
+    return settings_for(
+        spec,
         experiment="resume",
-        model="tiny",
-        dataset="demo-stripes",
-        model_spec=dataclasses.asdict(spec),
         configuration="mha+fc2",
         optimizer=optimizer,
         lr=0.05 if optimizer == "sgd" else 1e-3,
         seed=3,
         steps=STEPS,
         val_every=6,
-        batch_size=8,
-        micro_batch_size=4,
         warmup_steps=5,
-        device="cpu",
         log_every=5,
         checkpoint_every=4,
     )
@@ -81,7 +76,7 @@ def reference_runs(
     out: dict[str, tuple[dict[str, Any], pl.DataFrame]] = {}
     for optimizer in ("sgd", "adamw"):
         folder = tmp_path_factory.mktemp(f"reference-{optimizer}")
-        settings = settings_for(TINY_SPEC, optimizer)
+        settings = resume_settings(TINY_SPEC, optimizer)
         summary = train(settings.run, settings.training, demo_dataset, folder)
         out[optimizer] = (summary, pl.read_parquet(folder / "metrics.parquet"))
     return out
@@ -122,7 +117,7 @@ def assert_same_as_reference(
 def test_sigterm_writes_a_checkpoint_and_the_run_resumes_bitwise(
     tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path, reference_runs, sigterm_guard
 ) -> None:
-    settings = settings_for(tiny_spec, "adamw")
+    settings = resume_settings(tiny_spec, "adamw")
     out = tmp_path / "run"
     checkpoint = out / "checkpoint.pt"
 
@@ -154,7 +149,7 @@ def test_sigterm_writes_a_checkpoint_and_the_run_resumes_bitwise(
 def test_sigkill_then_rerun_continues_bitwise(
     tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path, reference_runs
 ) -> None:
-    settings = settings_for(tiny_spec, "sgd")
+    settings = resume_settings(tiny_spec, "sgd")
     out = tmp_path / "run"
     # The same thread count as this process: CPU kernels may sum in another order otherwise.
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import re
 import sys
@@ -13,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.run_settings import finetune_settings
+from tests.helpers.tiny_finetune import settings_for
 from vitplasticity import cli
-from vitplasticity.finetune.identity import FinetuneSettings, check_runs
+from vitplasticity.finetune.identity import check_runs
 from vitplasticity.finetune.model import build_run_model, trainable_parameter_names
 from vitplasticity.finetune.train import train
 from vitplasticity.models.build import ModelSpec
@@ -39,26 +40,11 @@ HEAD_AND_NORM = WIDTH * CLASSES + CLASSES + 2 * WIDTH
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def settings_for(spec: ModelSpec, **overrides) -> FinetuneSettings:
-    base = dict(
-        experiment="lora",
-        model="tiny",
-        dataset="demo-stripes",
-        model_spec=dataclasses.asdict(spec),
-        configuration="lora",
-        optimizer="adamw",
-        lr=0.01,
-        seed=0,
-        steps=4,
-        val_every=2,
-        batch_size=8,
-        micro_batch_size=8,
-        warmup_steps=1,
-        device="cpu",
-        log_every=2,
-        checkpoint_every=2,
-    )
-    return finetune_settings(**{**base, **overrides})
+# A 4-step AdamW run of the "lora" configuration.
+lora_settings = functools.partial(
+    settings_for, experiment="lora", configuration="lora", optimizer="adamw", lr=0.01,
+    steps=4, val_every=2, micro_batch_size=8, warmup_steps=1,
+)  # fmt: skip
 
 
 def test_adapters_sit_on_the_attention_linears_only(tiny_vit: torch.nn.Module) -> None:
@@ -93,7 +79,7 @@ def test_lora_update_is_scaled_low_rank(tiny_vit: torch.nn.Module) -> None:
 
 
 def test_lora_configuration_trains_adapters_head_and_norm(tiny_spec: ModelSpec) -> None:
-    run_model = build_run_model(settings_for(tiny_spec), CLASSES, torch.device("cpu"))
+    run_model = build_run_model(lora_settings(tiny_spec), CLASSES, torch.device("cpu"))
     trained = {name for name, _ in run_model.trainable}
     expected = lora_parameter_names(run_model.model) | {
         "head.weight",
@@ -109,7 +95,7 @@ def test_lora_configuration_trains_adapters_head_and_norm(tiny_spec: ModelSpec) 
 
 def test_rebuilt_lora_model_is_identical(tiny_spec: ModelSpec) -> None:
     """Resuming rebuilds the model: the adapters' random A must come back the same."""
-    settings = settings_for(tiny_spec)
+    settings = lora_settings(tiny_spec)
     first = build_run_model(settings, CLASSES, torch.device("cpu")).model.state_dict()
     second = build_run_model(settings, CLASSES, torch.device("cpu")).model.state_dict()
     assert first.keys() == second.keys()
@@ -124,10 +110,10 @@ def test_lora_without_adapters_is_an_error(tiny_vit: torch.nn.Module) -> None:
 
 def test_bad_lora_settings_name_the_key(tiny_spec: ModelSpec, tiny_vit: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match=r"--lora-rank \(finetune.lora.rank\)"):
-        bad = settings_for(tiny_spec, lora_rank=0)
+        bad = lora_settings(tiny_spec, lora_rank=0)
         check_runs([bad.run], bad.training)
     with pytest.raises(ValueError, match=r"--lora-alpha \(finetune.lora.alpha\)"):
-        bad = settings_for(tiny_spec, lora_alpha=0.0)
+        bad = lora_settings(tiny_spec, lora_alpha=0.0)
         check_runs([bad.run], bad.training)
     with pytest.raises(ValueError, match="match no module"):
         apply_lora(tiny_vit, rank=2, alpha=4, target_modules=["blocks.0.nothing"])
@@ -144,9 +130,9 @@ def test_missing_peft_names_the_extra(
 
 
 def test_lora_settings_fingerprint_only_lora_runs(tiny_spec: ModelSpec) -> None:
-    lora = settings_for(tiny_spec).fingerprint_fields()
+    lora = lora_settings(tiny_spec).fingerprint_fields()
     assert lora["lora_rank"] == 8 and lora["lora_alpha"] == 16.0
-    mha = settings_for(tiny_spec, configuration="mha").fingerprint_fields()
+    mha = lora_settings(tiny_spec, configuration="mha").fingerprint_fields()
     assert "lora_rank" not in mha and "lora_alpha" not in mha
 
 
@@ -174,7 +160,7 @@ def test_lora_run_through_the_cli(tiny_spec: ModelSpec, demo_dataset: Path, tmp_
 def test_lora_run_moves_only_adapters_and_head(
     tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
-    settings = settings_for(tiny_spec)
+    settings = lora_settings(tiny_spec)
     summary = train(settings.run, settings.training, demo_dataset, tmp_path / "run")
     assert summary["trainable_parameters"] == lora_count(8) + HEAD_AND_NORM
     # The run's grad norms of the adapters land in the "mha" group (they sit in attn.*).
