@@ -16,7 +16,7 @@ from vitplasticity.workflow.report import FIGURE_FLAGS, ReportFiles
 from vitplasticity.workflow.resolved import save_resolved_config
 from vitplasticity.workflow.results import ResultFiles
 from vitplasticity.workflow.targets import Targets
-from vitplasticity.settings.declaration import command_flags, rule_params
+from vitplasticity.settings.declaration import command_flags
 from vitplasticity.settings.stages import (
     BoundsSettings,
     CriteriaSettings,

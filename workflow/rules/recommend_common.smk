@@ -1,15 +1,8 @@
 # The recommend rules' settings (recommend.smk). Kept apart from the rules, as `snakemake
 # --lint` asks.
-from vitplasticity.workflow.fallbacks import recommend_text_n_pairs, recommend_value
+from vitplasticity.workflow.recommend_jobs import recommend_params, recommend_text_params
 
 # Each rule's settings, one params entry per key, with the pairs resolved: recommend.n_pairs,
-# or the measuring stage's where it is null (vitplasticity.workflow.fallbacks).
-RECOMMEND_PARAMS = {
-    **stage_params(config, RecommendImageSettings, "recommend"),
-    "n_pairs": recommend_value(config, "n_pairs"),
-}
-RECOMMEND_TEXT_PARAMS = {
-    **rule_params(RecommendTextSettings, config["text_plasticity"], "text_plasticity"),
-    **stage_params(config, RecommendTextSettings, "recommend"),
-    "n_pairs": recommend_text_n_pairs(config),
-}
+# or the measuring stage's where it is null (vitplasticity.workflow.recommend_jobs).
+RECOMMEND_PARAMS = recommend_params(config, RecommendImageSettings)
+RECOMMEND_TEXT_PARAMS = recommend_text_params(config, RecommendTextSettings)

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 from vitplasticity.workflow import runtime
-from vitplasticity.workflow.fallbacks import recommend_value
 from vitplasticity.workflow.jobs import ModelJobs
 from vitplasticity.workflow.packs import FinetunePack
 from vitplasticity.workflow.params import Wildcards
+from vitplasticity.workflow.recommend_jobs import recommend_value
 
 Estimate = Callable[[str], int]
 """Minutes of a job of one model, from its timm id."""

@@ -13,8 +13,8 @@ from vitplasticity.workflow.experiments import (
     criteria_experiments,
     stats_experiments,
 )
-from vitplasticity.workflow.fallbacks import recommend_value
 from vitplasticity.workflow.jobs import ModelJobs
+from vitplasticity.workflow.recommend_jobs import recommend_value
 from vitplasticity.workflow.report import ReportFiles
 from vitplasticity.workflow.results import POOLED, ResultFiles
 
