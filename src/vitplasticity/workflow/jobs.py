@@ -92,9 +92,10 @@ class ModelJobs:
         wiring = self.wiring(model)
         left_out = ("revision",) if wiring.spec_family else ("revision", "family")
         spec = {k: v for k, v in entry.items() if k not in left_out}
-        if entry["weights"] == "hub":
-            local = self.weights_files(model)[0] if wiring.spec_weights_file else None
-            spec["weights"] = local or self.weights_folder(model)
+        if entry["weights"] == "hub" and wiring.spec_weights_file:
+            spec["weights"] = self.weights_files(model)[0]
+        elif entry["weights"] == "hub":
+            spec["weights"] = self.weights_folder(model)
         return as_json(spec)
 
     def weights(self, wildcards: Wildcards) -> list[str]:
