@@ -40,36 +40,36 @@ include: "workflow/rules/recommend.smk"
 
 rule all:
     input:
-        plasticity_targets(),
-        bounds_targets(),
-        report_targets(),
-        text_plasticity_targets(),
-        criteria_targets(),
-        recommend_targets(),
+        TARGETS.plasticity(),
+        TARGETS.bounds(),
+        TARGETS.report(),
+        TARGETS.text_plasticity(),
+        TARGETS.criteria(),
+        TARGETS.recommend(),
     default_target: True
 
 
 rule plasticity_all:
     input:
-        plasticity_targets(),
+        TARGETS.plasticity(),
 
 
 rule text_plasticity_all:
     input:
-        text_plasticity_targets(),
+        TARGETS.text_plasticity(),
 
 
 rule finetune_all:
     input:
-        finetune_targets(),
+        TARGETS.finetune(),
 
 
 rule recommend_all:
     input:
-        recommend_targets(),
+        TARGETS.recommend(),
 
 
 # Every hub checkpoint the runs use, fetched (e.g. on a login node before submitting).
 rule weights_all:
     input:
-        weights_targets(),
+        TARGETS.weights(),

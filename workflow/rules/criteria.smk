@@ -8,8 +8,8 @@ include: "criteria_common.smk"
 rule criteria_stats:
     input:
         selected=f"{RESULTS}/aggregate/{{experiment}}_selected.parquet",
-        plasticity=lambda w: criteria_plasticity(w.experiment),
-        recommend=lambda w: criteria_recommend(w.experiment),
+        plasticity=FILES.criteria_plasticity,
+        recommend=FILES.criteria_recommend,
     output:
         f"{RESULTS}/stats/{{experiment}}_criteria.parquet",
     log:
@@ -29,18 +29,7 @@ rule criteria_table:
     input:
         f"{RESULTS}/stats/{{experiment}}_criteria.parquet",
     output:
-        tex=report(
-            f"{RESULTS}/tables/{{experiment}}_criteria.tex",
-            caption=f"{CAPTIONS}/criteria_table.rst",
-            category="Tables",
-            subcategory="{experiment}",
-        ),
-        csv=report(
-            f"{RESULTS}/tables/{{experiment}}_criteria.csv",
-            caption=f"{CAPTIONS}/criteria_table.rst",
-            category="Tables",
-            subcategory="{experiment}",
-        ),
+        **REPORT_FILES.table_outputs("criteria"),
     log:
         f"{RESULTS}/logs/tables/{{experiment}}_criteria.log",
     params:
@@ -56,7 +45,7 @@ rule criteria_figure:
     input:
         f"{RESULTS}/stats/{{experiment}}_criteria.parquet",
     output:
-        figure_outputs("criteria/{experiment}", "criteria_figure", "{experiment}"),
+        REPORT_FILES.figure_outputs("criteria"),
     log:
         f"{RESULTS}/logs/figures/criteria/{{experiment}}.log",
     params:
@@ -65,10 +54,9 @@ rule criteria_figure:
         ENV
     shell:
         "vitplasticity criteria-figure --input {input:q}"
-        " --width-in {params.width_in} --dpi {params.dpi} --context {params.context}"
-        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+        f"{FIGURE_FLAGS}"
 
 
 rule criteria_all:
     input:
-        criteria_targets(),
+        TARGETS.criteria(),

@@ -1,6 +1,5 @@
 # Downloads (local rules: login nodes have internet, compute nodes often do not), datasets into
 # the prepared store, and the plasticity reference set.
-import re
 
 
 rule download:
@@ -9,11 +8,11 @@ rule download:
     log:
         f"{RESOURCES}/logs/download/{{file}}.log",
     params:
-        url=download_url,
-        checksum=lambda w: str(source_registry.download_checksum(config["datasets"], w.file) or ""),
+        url=DATA.download_url,
+        checksum=DATA.download_checksum,
     localrule: True
     wildcard_constraints:
-        file="|".join(re.escape(name) for name in source_registry.FILES),
+        file=DATA.registry_files,
     conda:
         ENV
     shell:
@@ -23,14 +22,14 @@ rule download:
 
 rule prepare:
     input:
-        prepare_inputs,
+        DATA.prepare_inputs,
     output:
         directory(f"{RESOURCES}/datasets/{{dataset}}"),
     log:
         f"{RESOURCES}/logs/prepare/{{dataset}}.log",
     params:
-        spec=lambda w: source_spec(w.dataset),
-        downloads=f"{RESOURCES}/downloads",
+        spec=DATA.source_spec,
+        downloads=DATA.downloads,
     conda:
         ENV
     shell:
@@ -40,15 +39,15 @@ rule prepare:
 
 rule reference:
     input:
-        reference_input,
+        DATA.reference_input,
     output:
         f"{RESOURCES}/reference/{{reference}}.parquet",
     log:
         f"{RESOURCES}/logs/reference/{{reference}}.log",
     params:
         source=config["reference"]["source"],
-        imagenet=lambda w: imagenet_path(config) or "",
-        dataset_dir=lambda w, input: input[0] if input else "",
+        imagenet=DATA.imagenet,
+        dataset_dir=DATA.reference_dataset_dir,
         split=config["reference"]["split"],
         n_images=config["reference"]["n_images"],
         selection=config["reference"]["selection"],

@@ -3,9 +3,9 @@
 
 rule plasticity:
     input:
-        reference=reference_file(),
-        dataset=lambda w: dataset_dir(w.dataset),
-        weights=lambda w: weights_files(w.model),
+        reference=DATA.reference_file(),
+        dataset=DATA.dataset,
+        weights=MODELS.weights,
     output:
         pairs=f"{RESULTS}/plasticity/{{model}}/{{dataset}}.parquet",
         summary=f"{RESULTS}/plasticity/{{model}}/{{dataset}}_summary.parquet",
@@ -14,10 +14,10 @@ rule plasticity:
     benchmark:
         f"{RESULTS}/benchmarks/plasticity/{{model}}/{{dataset}}.tsv"
     params:
-        model_spec=lambda w: compute_model_spec(w.model),
+        model_spec=MODELS.spec,
         **PLASTICITY_PARAMS,
     resources:
-        runtime=plasticity_runtime,
+        runtime=RUNTIMES.plasticity,
     conda:
         ENV
     shell:
@@ -33,9 +33,9 @@ rule plasticity:
 # figure_bounds in report.smk).
 rule bounds:
     input:
-        reference=reference_file(),
-        plasticity=lambda w: plasticity_pairs(w.model),
-        weights=lambda w: weights_files(w.model),
+        reference=DATA.reference_file(),
+        plasticity=FILES.plasticity_pairs,
+        weights=MODELS.weights,
     output:
         table=f"{RESULTS}/bounds/{{model}}.parquet",
     log:
@@ -43,7 +43,7 @@ rule bounds:
     benchmark:
         f"{RESULTS}/benchmarks/bounds/{{model}}.tsv"
     params:
-        model_spec=lambda w: compute_model_spec(w.model),
+        model_spec=MODELS.spec,
         **BOUNDS_PARAMS,
     conda:
         ENV

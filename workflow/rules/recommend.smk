@@ -10,9 +10,9 @@ include: "recommend_common.smk"
 
 rule recommend:
     input:
-        reference=reference_file(),
-        dataset=lambda w: dataset_dir(w.dataset),
-        weights=lambda w: weights_files(w.model),
+        reference=DATA.reference_file(),
+        dataset=DATA.dataset,
+        weights=MODELS.weights,
     output:
         markdown=f"{RESULTS}/recommend/{{model}}/{{dataset}}.md",
         export=f"{RESULTS}/recommend/{{model}}/{{dataset}}.json",
@@ -24,11 +24,11 @@ rule recommend:
     benchmark:
         f"{RESULTS}/benchmarks/recommend/{{model}}/{{dataset}}.tsv"
     params:
-        model_spec=lambda w: compute_model_spec(w.model),
+        model_spec=MODELS.spec,
         **RECOMMEND_PARAMS,
-        out_prefix=lambda w, output: output.table.removesuffix(".parquet"),
+        out_prefix=output_prefix("table", ".parquet"),
     resources:
-        runtime=recommend_runtime,
+        runtime=RUNTIMES.recommend,
     conda:
         ENV
     shell:
@@ -42,9 +42,9 @@ rule recommend:
 
 rule recommend_text:
     input:
-        reference=lambda w: TEXT["reference"],
-        text=text_dataset_file,
-        weights=lambda w: weights_files(w.model),
+        reference=DATA.text_reference,
+        text=DATA.text_file,
+        weights=MODELS.weights,
     output:
         markdown=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.md",
         export=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.json",
@@ -54,11 +54,11 @@ rule recommend_text:
     benchmark:
         f"{RESULTS}/benchmarks/recommend_text/{{model}}/{{dataset}}.tsv"
     params:
-        model_spec=lambda w: compute_model_spec(w.model),
+        model_spec=MODELS.spec,
         **RECOMMEND_TEXT_PARAMS,
-        out_prefix=lambda w, output: output.table.removesuffix(".parquet"),
+        out_prefix=output_prefix("table", ".parquet"),
     wildcard_constraints:
-        model=names_pattern(family_models("transformers")),
+        model=MODELS.of_family("transformers"),
     conda:
         ENV
     shell:

@@ -7,7 +7,7 @@ include: "report_common.smk"
 
 rule aggregate_experiment:
     input:
-        experiment_summaries,
+        FILES.experiment_summaries,
     output:
         runs=f"{RESULTS}/aggregate/{{experiment}}_runs.parquet",
         selected=f"{RESULTS}/aggregate/{{experiment}}_selected.parquet",
@@ -64,18 +64,7 @@ rule table_accuracy:
     input:
         f"{RESULTS}/aggregate/{{experiment}}_selected.parquet",
     output:
-        tex=report(
-            f"{RESULTS}/tables/{{experiment}}_accuracy.tex",
-            caption=f"{CAPTIONS}/table_accuracy.rst",
-            category="Tables",
-            subcategory="{experiment}",
-        ),
-        csv=report(
-            f"{RESULTS}/tables/{{experiment}}_accuracy.csv",
-            caption=f"{CAPTIONS}/table_accuracy.rst",
-            category="Tables",
-            subcategory="{experiment}",
-        ),
+        **REPORT_FILES.table_outputs("accuracy"),
     log:
         f"{RESULTS}/logs/tables/{{experiment}}_accuracy.log",
     params:
@@ -92,18 +81,7 @@ rule table_wilcoxon:
     input:
         f"{RESULTS}/stats/{{experiment}}_wilcoxon.parquet",
     output:
-        tex=report(
-            f"{RESULTS}/tables/{{experiment}}_wilcoxon.tex",
-            caption=f"{CAPTIONS}/table_wilcoxon.rst",
-            category="Tables",
-            subcategory="{experiment}",
-        ),
-        csv=report(
-            f"{RESULTS}/tables/{{experiment}}_wilcoxon.csv",
-            caption=f"{CAPTIONS}/table_wilcoxon.rst",
-            category="Tables",
-            subcategory="{experiment}",
-        ),
+        **REPORT_FILES.table_outputs("wilcoxon"),
     log:
         f"{RESULTS}/logs/tables/{{experiment}}_wilcoxon.log",
     params:
@@ -118,20 +96,9 @@ rule table_wilcoxon:
 
 rule table_plasticity:
     input:
-        [s for model in config["plasticity"]["models"] for s in plasticity_summaries(model)],
+        FILES.grid_summaries(),
     output:
-        tex=report(
-            f"{RESULTS}/tables/plasticity.tex",
-            caption=f"{CAPTIONS}/table_plasticity.rst",
-            category="Tables",
-            subcategory="plasticity",
-        ),
-        csv=report(
-            f"{RESULTS}/tables/plasticity.csv",
-            caption=f"{CAPTIONS}/table_plasticity.rst",
-            category="Tables",
-            subcategory="plasticity",
-        ),
+        **REPORT_FILES.table_outputs("plasticity"),
     log:
         f"{RESULTS}/logs/tables/plasticity.log",
     params:
@@ -145,11 +112,9 @@ rule table_plasticity:
 
 rule figure_plasticity_boxplot:
     input:
-        scope_summaries,
+        FILES.scope_summaries,
     output:
-        figure_outputs(
-            "plasticity_boxplot/{model}/{scope}", "figure_plasticity_boxplot", "plasticity"
-        ),
+        REPORT_FILES.figure_outputs("plasticity_boxplot"),
     log:
         f"{RESULTS}/logs/figures/plasticity_boxplot/{{model}}/{{scope}}.log",
     wildcard_constraints:
@@ -161,15 +126,14 @@ rule figure_plasticity_boxplot:
     shell:
         "vitplasticity figure --kind plasticity-boxplot --inputs {input:q}"
         " --title '{wildcards.model}, {wildcards.scope}'"
-        " --width-in {params.width_in} --dpi {params.dpi} --context {params.context}"
-        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+        f"{FIGURE_FLAGS}"
 
 
 rule figure_plasticity_depth:
     input:
-        lambda w: plasticity_summaries(w.model),
+        FILES.model_summaries,
     output:
-        figure_outputs("plasticity_depth/{model}", "figure_plasticity_depth", "plasticity"),
+        REPORT_FILES.figure_outputs("plasticity_depth"),
     log:
         f"{RESULTS}/logs/figures/plasticity_depth/{{model}}.log",
     params:
@@ -179,15 +143,14 @@ rule figure_plasticity_depth:
     shell:
         "vitplasticity figure --kind plasticity-depth --inputs {input:q}"
         " --title {wildcards.model:q}"
-        " --width-in {params.width_in} --dpi {params.dpi} --context {params.context}"
-        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+        f"{FIGURE_FLAGS}"
 
 
 rule figure_accuracy:
     input:
         f"{RESULTS}/aggregate/{{experiment}}_selected.parquet",
     output:
-        figure_outputs("accuracy/{experiment}", "figure_accuracy", "{experiment}"),
+        REPORT_FILES.figure_outputs("accuracy"),
     log:
         f"{RESULTS}/logs/figures/accuracy/{{experiment}}.log",
     params:
@@ -196,15 +159,14 @@ rule figure_accuracy:
         ENV
     shell:
         "vitplasticity figure --kind accuracy --inputs {input:q}"
-        " --width-in {params.width_in} --dpi {params.dpi} --context {params.context}"
-        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+        f"{FIGURE_FLAGS}"
 
 
 rule figure_robustness:
     input:
         f"{RESULTS}/aggregate/{{experiment}}_runs.parquet",
     output:
-        figure_outputs("robustness/{experiment}", "figure_robustness", "{experiment}"),
+        REPORT_FILES.figure_outputs("robustness"),
     log:
         f"{RESULTS}/logs/figures/robustness/{{experiment}}.log",
     params:
@@ -213,17 +175,14 @@ rule figure_robustness:
         ENV
     shell:
         "vitplasticity figure --kind robustness --inputs {input:q}"
-        " --width-in {params.width_in} --dpi {params.dpi} --context {params.context}"
-        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+        f"{FIGURE_FLAGS}"
 
 
 rule figure_curves:
     input:
-        unpack(curve_inputs),
+        unpack(FILES.curve_inputs),
     output:
-        figure_outputs(
-            "curves/{experiment}/{model}/{dataset}", "figure_curves", "{experiment} curves"
-        ),
+        REPORT_FILES.figure_outputs("curves"),
     log:
         f"{RESULTS}/logs/figures/curves/{{experiment}}/{{model}}/{{dataset}}.log",
     params:
@@ -233,15 +192,14 @@ rule figure_curves:
     shell:
         "vitplasticity figure --kind curves --inputs {input.metrics:q}"
         " --title '{wildcards.experiment}, {wildcards.model}, {wildcards.dataset}'"
-        " --width-in {params.width_in} --dpi {params.dpi} --context {params.context}"
-        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+        f"{FIGURE_FLAGS}"
 
 
 rule figure_optimizers:
     input:
-        expand(f"{RESULTS}/aggregate/{{experiment}}_selected.parquet", experiment=compared_optimizers()),
+        expand(f"{RESULTS}/aggregate/{{experiment}}_selected.parquet", experiment=compared_optimizers(config)),
     output:
-        figure_outputs("optimizers", "figure_optimizers", "optimizers"),
+        REPORT_FILES.figure_outputs("optimizers"),
     log:
         f"{RESULTS}/logs/figures/optimizers.log",
     params:
@@ -250,8 +208,7 @@ rule figure_optimizers:
         ENV
     shell:
         "vitplasticity figure --kind optimizers --inputs {input:q}"
-        " --width-in {params.width_in} --dpi {params.dpi} --context {params.context}"
-        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+        f"{FIGURE_FLAGS}"
 
 
 rule figure_bounds:
@@ -259,7 +216,7 @@ rule figure_bounds:
         # The bounds table holds the measured plasticity it is compared with.
         f"{RESULTS}/bounds/{{model}}.parquet",
     output:
-        figure_outputs("bounds_{model}", "figure_bounds", "bounds"),
+        REPORT_FILES.figure_outputs("bounds"),
     log:
         f"{RESULTS}/logs/figures/bounds_{{model}}.log",
     params:
@@ -268,5 +225,4 @@ rule figure_bounds:
         ENV
     shell:
         "vitplasticity figure --kind bounds --inputs {input:q} --title {wildcards.model:q}"
-        " --width-in {params.width_in} --dpi {params.dpi} --context {params.context}"
-        " {params.demo_flag} --out {output:q} > {log:q} 2>&1"
+        f"{FIGURE_FLAGS}"

@@ -6,9 +6,9 @@
 
 rule text_plasticity:
     input:
-        reference=lambda w: TEXT["reference"],
-        text=text_dataset_file,
-        weights=lambda w: weights_files(w.model),
+        reference=DATA.text_reference,
+        text=DATA.text_file,
+        weights=MODELS.weights,
     output:
         pairs=f"{RESULTS}/plasticity_text/{{model}}/{{dataset}}.parquet",
         summary=f"{RESULTS}/plasticity_text/{{model}}/{{dataset}}_summary.parquet",
@@ -17,10 +17,10 @@ rule text_plasticity:
     benchmark:
         f"{RESULTS}/benchmarks/plasticity_text/{{model}}/{{dataset}}.tsv"
     params:
-        model_spec=lambda w: compute_model_spec(w.model),
+        model_spec=MODELS.spec,
         **TEXT_PLASTICITY_PARAMS,
     wildcard_constraints:
-        model=names_pattern(family_models("transformers")),
+        model=MODELS.of_family("transformers"),
     conda:
         ENV
     shell:

@@ -12,13 +12,13 @@ rule weights:
         f"{RESOURCES}/logs/weights/{{model}}.log",
     params:
         # Only what decides the file: editing another model key does not fetch again.
-        timm_id=lambda w: config["models"][w.model]["timm_id"],
-        revision=lambda w: config["models"][w.model]["revision"],
-        source_kwargs=lambda w: weights_source_kwargs(w.model),
-        out_dir=lambda w, output: os.path.dirname(output.weights),
+        timm_id=MODELS.entry_value("timm_id"),
+        revision=MODELS.entry_value("revision"),
+        source_kwargs=MODELS.source_kwargs,
+        out_dir=output_folder("weights"),
     localrule: True
     wildcard_constraints:
-        model=names_pattern(family_models("timm")),
+        model=MODELS.of_family("timm"),
     conda:
         ENV
     shell:
@@ -36,12 +36,12 @@ rule weights_snapshot:
     log:
         f"{RESOURCES}/logs/weights/{{model}}.log",
     params:
-        hf_id=lambda w: config["models"][w.model]["hf_id"],
-        revision=lambda w: config["models"][w.model]["revision"],
-        out_dir=lambda w, output: os.path.dirname(output.record),
+        hf_id=MODELS.entry_value("hf_id"),
+        revision=MODELS.entry_value("revision"),
+        out_dir=output_folder("record"),
     localrule: True
     wildcard_constraints:
-        model=names_pattern(family_models("transformers")),
+        model=MODELS.of_family("transformers"),
     conda:
         ENV
     shell:

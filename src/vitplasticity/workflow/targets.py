@@ -1,0 +1,166 @@
+"""What each target rule asks for (``rule all`` and the ``<stage>_all`` rules): the files of
+every job the config enables, each stage's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from snakemake.io import expand
+
+from vitplasticity.workflow.config import enabled_experiments, experiment_runs
+from vitplasticity.workflow.experiments import (
+    compared_optimizers,
+    criteria_experiments,
+    stats_experiments,
+)
+from vitplasticity.workflow.jobs import ModelJobs
+from vitplasticity.workflow.recommend_jobs import recommend_value
+from vitplasticity.workflow.report import ReportFiles
+from vitplasticity.workflow.results import POOLED, ResultFiles
+
+RECOMMEND_FORMATS = ("md", "json", "parquet", "png", "pdf")
+RECOMMEND_TEXT_FORMATS = ("md", "json", "parquet")
+
+
+class Targets:
+    """The target files of the config's stages below ``<results>`` (config ``paths.results``).
+
+    Args:
+        config: the validated config (every default filled in by the schema).
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.results = config["paths"]["results"]
+        self.models = ModelJobs(config)
+        self.report_files = ReportFiles(config)
+        self.result_files = ResultFiles(config)
+
+    def plasticity(self) -> list[str]:
+        """Per-pair and summary tables of every plasticity (model, dataset)."""
+        p = self.config["plasticity"]
+        return [
+            f"{self.results}/plasticity/{model}/{dataset}{suffix}.parquet"
+            for model in p["models"]
+            for dataset in p["datasets"]
+            for suffix in ("", "_summary")
+        ]
+
+    def bounds(self) -> list[str]:
+        """The bounds table of every plasticity.models (its figure: :meth:`report`)."""
+        return [
+            f"{self.results}/bounds/{model}.parquet"
+            for model in self.config["plasticity"]["models"]
+        ]
+
+    def text_plasticity(self) -> list[str]:
+        """Per-pair and summary tables of every text_plasticity (model, dataset); none unless
+        enabled."""
+        text = self.config["text_plasticity"]
+        if not text["enabled"]:
+            return []
+        return [
+            f"{self.results}/plasticity_text/{model}/{dataset}{suffix}.parquet"
+            for model in text["run_models"]
+            for dataset in text["datasets"]
+            for suffix in ("", "_summary")
+        ]
+
+    def finetune(self, experiment: str | None = None) -> list[str]:
+        """The summary of every run of ``experiment`` (default: every enabled experiment)."""
+        names = [experiment] if experiment else enabled_experiments(self.config)
+        return [
+            self.result_files.finetune_summary(run)
+            for name in names
+            for run in experiment_runs(self.config, name)
+        ]
+
+    def weights(self) -> list[str]:
+        """The weights stage's outputs of every `weights: hub` model that a plasticity job, an
+        enabled experiment, enabled recommend or enabled text plasticity uses."""
+        config = self.config
+        used = list(config["plasticity"]["models"])
+        for name in enabled_experiments(config):
+            used += config["experiments"][name]["models"]
+        if config["recommend"]["enabled"]:
+            used += config["recommend"]["models"] or []
+        if config["text_plasticity"]["enabled"]:
+            used += config["text_plasticity"]["run_models"]
+        return [path for model in dict.fromkeys(used) for path in self.models.weights_files(model)]
+
+    def report(self) -> list[str]:
+        """Every enabled experiment's runs in one table (none when every experiment is
+        disabled: the workflow is then the plasticity part alone), each one's selected runs,
+        and every stats file, table and figure (:meth:`figures_and_tables`)."""
+        experiments = enabled_experiments(self.config)
+        return [
+            *([f"{self.results}/aggregate/runs.parquet"] if experiments else []),
+            *expand(
+                f"{self.results}/aggregate/{{experiment}}_selected.parquet", experiment=experiments
+            ),
+            *self.figures_and_tables(),
+        ]
+
+    def figures_and_tables(self) -> list[str]:
+        """Every stats file, table and figure of the enabled experiments and the plasticity grid."""
+        config, files = self.config, self.report_files
+        experiments = enabled_experiments(config)
+        tested = stats_experiments(config)
+        p = config["plasticity"]
+        targets = [
+            *expand(f"{self.results}/stats/{{experiment}}_wilcoxon.parquet", experiment=tested),
+            *files.table_files("wilcoxon", experiment=tested),
+            *files.table_files("accuracy", experiment=experiments),
+            *files.figure_files("accuracy", experiment=experiments),
+            *files.figure_files("robustness", experiment=experiments),
+        ]
+        for name in experiments:
+            exp = config["experiments"][name]
+            targets += files.figure_files(
+                "curves", experiment=[name], model=exp["models"], dataset=exp["datasets"]
+            )
+        if p["models"] and p["datasets"]:
+            targets += files.table_files("plasticity")
+            targets += files.figure_files(
+                "plasticity_boxplot", model=p["models"], scope=[*p["datasets"], POOLED]
+            )
+            targets += files.figure_files("plasticity_depth", model=p["models"])
+        if compared_optimizers(config):
+            targets += files.figure_files("optimizers")
+        targets += files.figure_files("bounds", model=p["models"])
+        return targets
+
+    def criteria(self) -> list[str]:
+        """Stats (Parquet), table (.tex + .csv) and figure of every scored experiment."""
+        names = criteria_experiments(self.config)
+        return [
+            *expand(f"{self.results}/stats/{{experiment}}_criteria.parquet", experiment=names),
+            *self.report_files.table_files("criteria", experiment=names),
+            *self.report_files.figure_files("criteria", experiment=names),
+        ]
+
+    def recommend(self) -> list[str]:
+        """Report, decision, table and figure of every recommend (model, dataset), and those
+        of every text recommend (:meth:`recommend_text`); none unless enabled."""
+        if not self.config["recommend"]["enabled"]:
+            return []
+        images = expand(
+            f"{self.results}/recommend/{{model}}/{{dataset}}.{{ext}}",
+            model=recommend_value(self.config, "models"),
+            dataset=recommend_value(self.config, "datasets"),
+            ext=list(RECOMMEND_FORMATS),
+        )
+        return images + self.recommend_text()
+
+    def recommend_text(self) -> list[str]:
+        """Report, decision and table of every text model x text dataset that text_plasticity
+        measures; none unless recommend and text_plasticity are both enabled."""
+        text = self.config["text_plasticity"]
+        if not (self.config["recommend"]["enabled"] and text["enabled"]):
+            return []
+        return expand(
+            f"{self.results}/recommend_text/{{model}}/{{dataset}}.{{ext}}",
+            model=text["run_models"],
+            dataset=list(text["datasets"]),
+            ext=list(RECOMMEND_TEXT_FORMATS),
+        )
