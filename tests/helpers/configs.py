@@ -7,17 +7,21 @@ import copy
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from snakemake.utils import update_config
+from snakemake.utils import update_config, validate
 
 from tests.helpers.repo import REPO
 
 PAPER = REPO / "config.yaml"
 DEMO = REPO / "workflow/presets/demo.yaml"
 SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
+
+Configure = Callable[..., dict[str, Any]]
+"""A config edit merged over the demo's, validated (the ``demo_with`` fixture of tests/workflow)."""
 
 
 def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -26,6 +30,12 @@ def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     update_config(out, copy.deepcopy(override))
     return out
+
+
+def validated(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the schema's defaults filled in (Snakemake's validate, as the Snakefile)."""
+    validate(config, str(SCHEMA))
+    return config
 
 
 def load_config(*files: Path) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.configs import validated
 from tests.helpers.workflow import PRESETS, merged, snakemake
-from tests.workflow.conftest import validated
 
 pytestmark = pytest.mark.slow
 

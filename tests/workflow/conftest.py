@@ -3,21 +3,11 @@ with the demo preset, merged as --configfile merges them, the schema's defaults 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from snakemake.utils import validate
 
-from tests.helpers.configs import DEMO, PAPER, SCHEMA, load_config, merged
-
-Configure = Callable[..., dict[str, Any]]
-
-
-def validated(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with the schema's defaults filled in (Snakemake's validate, as the Snakefile)."""
-    validate(config, str(SCHEMA))
-    return config
+from tests.helpers.configs import DEMO, PAPER, Configure, load_config, merged, validated
 
 
 @pytest.fixture

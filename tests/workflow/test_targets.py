@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.workflow.conftest import Configure
+from tests.helpers.configs import Configure
 from vitplasticity.workflow.config import experiment_runs
 from vitplasticity.workflow.targets import Targets
 
