@@ -18,12 +18,11 @@ import polars as pl
 from vitplasticity.components import COMPONENTS
 from vitplasticity.report.criteria import (
     NO_SCORE_REASONS,
-    RESULT_SCHEMA,
     criterion_label,
-    minimum_p,
     single_experiment,
     unscored_configurations,
 )
+from vitplasticity.report.criteria_statistics import RESULT_SCHEMA, minimum_p
 from vitplasticity.report.plasticity_summary import plasticity_ranking
 from vitplasticity.report.style import DEMO_NOTE, configuration_order, label
 from vitplasticity.version import __version__
