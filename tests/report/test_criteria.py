@@ -23,7 +23,8 @@ from vitplasticity.report import criteria as C
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.criteria_statistics import minimum_p, wilcoxon_greater
 from vitplasticity.report.style import DEMO_NOTE
-from vitplasticity.report.tables import criteria_table, p_value
+from vitplasticity.report.table_format import p_value
+from vitplasticity.report.tables import criteria_table
 from vitplasticity.utils.io import read_parquet_metadata, write_parquet
 
 

@@ -184,14 +184,14 @@ def run_stats(args: argparse.Namespace) -> int:
 
 def run_table(args: argparse.Namespace) -> int:
     """Write one LaTeX table (and, with --csv, its rows as CSV)."""
-    from vitplasticity.report import tables
+    from vitplasticity.report import accuracy_table, tables
     from vitplasticity.utils.io import atomic_path
 
     frame = read_frames(args.inputs, *TABLE_INPUTS[args.kind])
     demo = args.demo or parquet_is_demo(args.inputs)
     if args.kind == "accuracy":
-        text = tables.accuracy_table(frame, demo=demo)
-        rows = tables.accuracy_csv
+        text = accuracy_table.accuracy_table(frame, demo=demo)
+        rows = accuracy_table.accuracy_csv
     elif args.kind == "wilcoxon":
         text = tables.wilcoxon_table(frame, demo=demo, experiment=args.experiment)
         rows = tables.wilcoxon_csv
