@@ -246,18 +246,18 @@ def _undefined_bounds(paths: Sequence[str]) -> dict[str, str]:
 
 
 def run_figure(args: argparse.Namespace) -> int:
-    from vitplasticity.report import figures
+    from vitplasticity.report import figures, finetune_figures
 
     settings = figure_settings(args)
     if args.kind == "curves":
         metrics, demo = _read_curves(args.inputs)
-        figures.training_curves(metrics, args.out, settings, args.demo or demo, args.title)
+        finetune_figures.training_curves(metrics, args.out, settings, args.demo or demo, args.title)
     elif args.kind == "optimizers":
         if len(args.inputs) != 2:
             raise ValueError("--kind optimizers takes two selected-LR tables (--inputs A B)")
         first, second = read_frames(args.inputs[:1]), read_frames(args.inputs[1:])
         demo = args.demo or parquet_is_demo(args.inputs)
-        figures.optimizer_scatter(first, second, args.out, settings, demo)
+        finetune_figures.optimizer_scatter(first, second, args.out, settings, demo)
     else:
         frame = read_frames(args.inputs)
         demo = args.demo or parquet_is_demo(args.inputs)
@@ -271,8 +271,8 @@ def run_figure(args: argparse.Namespace) -> int:
             undefined = _undefined_bounds(args.inputs)
             figures.bounds_figure(frame, args.out, settings, demo, args.title, undefined)
         elif args.kind == "accuracy":
-            figures.accuracy_bars(frame, args.out, settings, demo)
+            finetune_figures.accuracy_bars(frame, args.out, settings, demo)
         else:
-            figures.robustness_boxplot(frame, args.out, settings, demo)
+            finetune_figures.robustness_boxplot(frame, args.out, settings, demo)
     log.info("%s figure written to %s", args.kind, ", ".join(args.out))
     return 0

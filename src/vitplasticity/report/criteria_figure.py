@@ -1,7 +1,7 @@
 """The criteria figure: per criterion, each dataset's Spearman rho and their mean.
 
-Apart from :mod:`.figures` (the paper's figures, one module already near its size limit), on
-its shared helpers (:func:`.figures.panels`, :func:`.figures.finish`) and house style.
+On :mod:`.figures`' shared helpers (:func:`.figures.panels`, :func:`.figures.finish`) and
+house style.
 """
 
 from __future__ import annotations
