@@ -292,6 +292,54 @@ def _undefined_note(figure: Any, note: Any, undefined: Mapping[str, str]) -> Non
         figure.set_size_inches(width, height + (needed - space) / figure.dpi)
 
 
+def _bounds_panels(
+    n: int, settings: FigureSettings, ncols: int, with_note: bool
+) -> tuple[Any, list[Any], Any]:
+    """The bounds figure's ``n`` panels, and with ``with_note`` a lower, shorter row whose
+    first panel (returned last; else None) will say which components have no bound."""
+    if not with_note:
+        figure, axes = panels(n, settings, ncols=ncols, aspect=0.75)
+        return figure, axes, None
+    rows = math.ceil(n / ncols)
+    figure, axes = panels(rows * ncols + 1, settings, ncols=ncols, aspect=0.75)
+    note = axes[-1]
+    for ax in axes[n:-1]:
+        ax.set_visible(False)
+    note.get_subplotspec().get_gridspec().set_height_ratios([1] * rows + [NOTE_ROW_HEIGHT])
+    width, height = figure.get_size_inches()
+    row_height = height / (rows + 1)
+    figure.set_size_inches(width, height - (1 - NOTE_ROW_HEIGHT) * row_height)
+    return figure, axes[:n], note
+
+
+def _bound_panel(ax: Any, rows: pl.DataFrame, component: str) -> None:
+    """One component's bound and measured mean against block, on a log axis fitted to them."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    line = {"color": colour(component), "linewidth": 1.0, "markersize": 2.5}
+    ax.plot(rows["block"], rows["bound"], marker="o", label="Bound", **line)
+    if "measured_mean" in rows.columns and rows["measured_mean"].is_not_null().any():
+        ax.plot(
+            rows["block"],
+            rows["measured_mean"],
+            marker="s",
+            linestyle="--",
+            markerfacecolor="white",
+            label="Measured (mean)",
+            **line,
+        )
+    ax.set_yscale("log")
+    values = [v for c in ("bound", "measured_mean") if c in rows.columns for v in rows[c]]
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if finite:
+        # Widened 2.5x each way: a bound and its measurement often lie within one decade.
+        low, high = min(finite) / 2.5, max(finite) * 2.5
+        ax.set_ylim(low, high)
+        ax.yaxis.set_major_locator(FixedLocator(_log_ticks(low, high)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def bounds_figure(
     table: pl.DataFrame,
     outputs: Sequence[str | os.PathLike[str]],
@@ -315,47 +363,10 @@ def bounds_figure(
     data = table.sort("block")
     blocks = sorted(set(data["block"].to_list()))
     ticks = blocks if len(blocks) <= 12 else blocks[:: max(1, len(blocks) // 8)]
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
-
     ncols = 2
-    if not undefined:
-        figure, axes = panels(len(order), settings, ncols=ncols, aspect=0.75)
-        note = None
-    else:  # the panels, then a lower row for the note
-        rows = math.ceil(len(order) / ncols)
-        figure, axes = panels(rows * ncols + 1, settings, ncols=ncols, aspect=0.75)
-        note = axes[-1]
-        for ax in axes[len(order) : -1]:
-            ax.set_visible(False)
-        axes = axes[: len(order)]
-        note.get_subplotspec().get_gridspec().set_height_ratios([1] * rows + [NOTE_ROW_HEIGHT])
-        width, height = figure.get_size_inches()
-        row_height = height / (rows + 1)
-        figure.set_size_inches(width, height - (1 - NOTE_ROW_HEIGHT) * row_height)
+    figure, axes, note = _bounds_panels(len(order), settings, ncols, bool(undefined))
     for ax, component in zip(axes, order, strict=True):
-        rows = data.filter(pl.col("component") == component)
-        line = {"color": colour(component), "linewidth": 1.0, "markersize": 2.5}
-        ax.plot(rows["block"], rows["bound"], marker="o", label="Bound", **line)
-        if "measured_mean" in rows.columns and rows["measured_mean"].is_not_null().any():
-            ax.plot(
-                rows["block"],
-                rows["measured_mean"],
-                marker="s",
-                linestyle="--",
-                markerfacecolor="white",
-                label="Measured (mean)",
-                **line,
-            )
-        ax.set_yscale("log")
-        values = [v for c in ("bound", "measured_mean") if c in rows.columns for v in rows[c]]
-        finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
-        if finite:
-            # Widened 2.5x each way: a bound and its measurement often lie within one decade.
-            low, high = min(finite) / 2.5, max(finite) * 2.5
-            ax.set_ylim(low, high)
-            ax.yaxis.set_major_locator(FixedLocator(_log_ticks(low, high)))
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-            ax.yaxis.set_minor_formatter(NullFormatter())
+        _bound_panel(ax, data.filter(pl.col("component") == component), component)
         ax.set_xticks(ticks)
         ax.set_title(label(component), color=colour(component), fontweight="bold")
     label_left(axes, ncols, "Plasticity")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -150,47 +151,67 @@ def training_curves(
                 & (pl.col("kind") == kind)
                 & pl.col(field).is_finite()
             ).with_columns(LR=pl.col("run_lr").replace_strict(lr_names, return_dtype=pl.String))
-            if data.is_empty():
-                ax.text(
-                    0.5,
-                    0.5,
-                    "no finite values",
-                    ha="center",
-                    va="center",
-                    transform=ax.transAxes,
-                    fontsize="small",
-                )
-            else:
-                sns.lineplot(
-                    data=data.to_pandas(),
-                    x="step",
-                    y=field,
-                    hue="LR",
-                    hue_order=[f"{v:g}" for v in lrs],
-                    palette={f"{k:g}": v for k, v in lr_palette.items()},
-                    errorbar=None,
-                    ax=ax,
-                    linewidth=0.9,
-                    legend=index == 0 and column == 0,
-                )
+            _curve_panel(ax, data, field, lr_palette, legend=index == 0 and column == 0)
             ax.set_ylabel(name)
             ax.set_xlabel("Step" if index == len(order) - 1 else "")
             ax.set_title(label(configuration), color=colour(configuration), fontweight="bold")
-    legend = axes[0].get_legend()
-    if legend is not None:
-        # One legend for the whole figure, below it, clear of the panel titles.
-        handles, names = axes[0].get_legend_handles_labels()
-        legend.remove()
-        figure.legend(
-            handles,
-            names,
-            title=f"{title}: peak LR" if title else "Peak LR",
-            loc="outside lower center",
-            ncols=len(lrs),
-            fontsize="x-small",
-            title_fontsize="x-small",
-        )
+    _lr_legend_below(figure, axes[0], title, len(lrs))
     finish(figure, demo, outputs, settings)
+
+
+def _curve_panel(
+    ax: Any, data: pl.DataFrame, field: str, lr_palette: dict[float, Any], legend: bool
+) -> None:
+    """One quantity of one configuration against step, a line per peak LR (``data``'s
+    ``LR``); a note instead when nothing is finite."""
+    import seaborn as sns
+
+    if data.is_empty():
+        ax.text(
+            0.5,
+            0.5,
+            "no finite values",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            fontsize="small",
+        )
+        return
+    sns.lineplot(
+        data=data.to_pandas(),
+        x="step",
+        y=field,
+        hue="LR",
+        hue_order=[f"{v:g}" for v in lr_palette],
+        palette={f"{k:g}": v for k, v in lr_palette.items()},
+        errorbar=None,
+        ax=ax,
+        linewidth=0.9,
+        legend=legend,
+    )
+
+
+def _lr_legend_below(figure: Any, first: Any, title: str, n_lrs: int) -> None:
+    """Move the first panel's LR legend below the figure: one legend for the whole figure,
+    clear of the panel titles."""
+    legend = first.get_legend()
+    if legend is None:
+        return
+    handles, names = first.get_legend_handles_labels()
+    legend.remove()
+    figure.legend(
+        handles,
+        names,
+        title=f"{title}: peak LR" if title else "Peak LR",
+        loc="outside lower center",
+        ncols=n_lrs,
+        fontsize="x-small",
+        title_fontsize="x-small",
+    )
+
+
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h"]
+"""The optimizer scatter's marker of each dataset, in turn."""
 
 
 def optimizer_scatter(
@@ -208,23 +229,12 @@ def optimizer_scatter(
     """
     import matplotlib.pyplot as plt
 
-    keys = ["model", "dataset", "configuration"]
-    pair = (
-        first.select(*keys, "optimizer", x="test_accuracy_mean")
-        .join(second.select(*keys, y="test_accuracy_mean", optimizer_y="optimizer"), on=keys)
-        .drop_nulls(["x", "y"])
-    )
-    if pair.is_empty():
-        raise ValueError(
-            f"experiments {first['experiment'][0]!r} and {second['experiment'][0]!r} share no "
-            "(model, dataset, configuration) with results"
-        )
+    pair = _paired_accuracies(first, second)
     x_name, y_name = pair["optimizer"][0], pair["optimizer_y"][0]
     apply_theme(settings.context)
     figure, ax = plt.subplots(
         figsize=(settings.width_in, settings.width_in * 0.9), layout="constrained"
     )
-    markers = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h"]
     datasets = pair["dataset"].unique(maintain_order=True).to_list()
     order = configuration_order(pair["configuration"].to_list())
     for d_index, dataset in enumerate(datasets):
@@ -236,7 +246,7 @@ def optimizer_scatter(
                 100 * rows["x"].to_numpy(),
                 100 * rows["y"].to_numpy(),
                 color=colour(configuration),
-                marker=markers[d_index % len(markers)],
+                marker=MARKERS[d_index % len(MARKERS)],
                 s=18,
                 edgecolors="black",
                 linewidths=0.3,
@@ -249,14 +259,36 @@ def optimizer_scatter(
     ax.set_aspect("equal")
     ax.set_xlabel(f"{x_name} test accuracy (%)")
     ax.set_ylabel(f"{y_name} test accuracy (%)")
+    _scatter_legend(ax, order, datasets)
+    finish(figure, demo, outputs, settings)
+
+
+def _paired_accuracies(first: pl.DataFrame, second: pl.DataFrame) -> pl.DataFrame:
+    """The (model, dataset, configuration) cells both experiments have results for: their
+    accuracies ``x`` and ``y`` and optimizers ``optimizer`` and ``optimizer_y``."""
+    keys = ["model", "dataset", "configuration"]
+    pair = (
+        first.select(*keys, "optimizer", x="test_accuracy_mean")
+        .join(second.select(*keys, y="test_accuracy_mean", optimizer_y="optimizer"), on=keys)
+        .drop_nulls(["x", "y"])
+    )
+    if pair.is_empty():
+        raise ValueError(
+            f"experiments {first['experiment'][0]!r} and {second['experiment'][0]!r} share no "
+            "(model, dataset, configuration) with results"
+        )
+    return pair
+
+
+def _scatter_legend(ax: Any, order: list[str], datasets: list[str]) -> None:
+    """A legend right of the axes: each configuration's colour, then each dataset's marker."""
     from matplotlib.lines import Line2D
 
     handles = [
         Line2D([], [], marker="o", linestyle="", color=colour(c), label=label(c)) for c in order
     ]
     handles += [
-        Line2D([], [], marker=markers[i % len(markers)], linestyle="", color="0.3", label=d)
+        Line2D([], [], marker=MARKERS[i % len(MARKERS)], linestyle="", color="0.3", label=d)
         for i, d in enumerate(datasets)
     ]
     ax.legend(handles=handles, fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    finish(figure, demo, outputs, settings)
