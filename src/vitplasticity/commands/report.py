@@ -56,6 +56,15 @@ FIGURE_KINDS: tuple[str, ...] = (
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the report stage's subcommands."""
+    _add_aggregate(subparsers)
+    _add_concat(subparsers)
+    _add_stats(subparsers)
+    _add_table(subparsers)
+    _add_figure(subparsers)
+
+
+def _add_aggregate(subparsers: argparse._SubParsersAction) -> None:
+    """The ``aggregate`` subcommand: run summaries into a runs and a selected-LR table."""
     aggregate = subparsers.add_parser(
         "aggregate",
         help="one experiment's run summaries into a runs table and a selected-LR table",
@@ -70,6 +79,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     aggregate.add_argument("--selected-out", required=True, help="selected-LR table (Parquet)")
     aggregate.set_defaults(handler=run_aggregate)
 
+
+def _add_concat(subparsers: argparse._SubParsersAction) -> None:
+    """The ``concat`` subcommand: stack runs tables."""
     concat = subparsers.add_parser(
         "concat", help="stack several runs tables into one", description="Stack runs tables."
     )
@@ -77,6 +89,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     concat.add_argument("--out", required=True, help="output Parquet file")
     concat.set_defaults(handler=run_concat)
 
+
+def _add_stats(subparsers: argparse._SubParsersAction) -> None:
+    """The ``stats`` subcommand: the paired tests of one configuration against the others."""
     stats = subparsers.add_parser(
         "stats",
         help="Wilcoxon signed-rank and paired t-test of one configuration against the others",
@@ -90,6 +105,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument("--out", required=True, help="output Parquet file")
     stats.set_defaults(handler=run_stats)
 
+
+def _add_table(subparsers: argparse._SubParsersAction) -> None:
+    """The ``table`` subcommand: a LaTeX table (and its CSV)."""
     table = subparsers.add_parser(
         "table",
         help="a LaTeX (booktabs) table",
@@ -104,6 +122,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     table.add_argument("--csv", help="also write the table's rows as CSV to this file")
     table.set_defaults(handler=run_table)
 
+
+def _add_figure(subparsers: argparse._SubParsersAction) -> None:
+    """The ``figure`` subcommand: a figure, one file per format."""
     figure = subparsers.add_parser(
         "figure",
         help="a figure, in one file per format",
