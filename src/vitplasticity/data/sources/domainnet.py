@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vitplasticity.data.archives import FormatError, InputFile, first_undecodable, open_zip
+from vitplasticity.data.archives import FormatError, InputFile, open_zip
 from vitplasticity.data.download import Progress
 from vitplasticity.data.sources.common import (
     PreparedSplits,
@@ -133,9 +133,7 @@ def prepare(
                 with archive.reading("zip member", path):
                     data.append(zipped.read(path))
                 progress.update(1)
-            bad = first_undecodable(data)
-            if bad is not None:
-                raise archive.damaged(f"not a decodable image ({bad[1]})", chosen[bad[0]])
+            archive.check_images(data, chosen)
             labels = np.array([label_of[p.split("/")[1]] for p in chosen], dtype=np.int64)
             splits[split] = make_split(data, labels.tolist(), chosen)
         progress.close()
