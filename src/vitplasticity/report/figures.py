@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from vitplasticity.components import COMPONENTS
 from vitplasticity.report.plasticity_summary import pool_plasticity
 from vitplasticity.report.style import (
     apply_theme,
     colour,
+    component_order,
     label,
     mark_demo,
     palette,
@@ -147,12 +147,15 @@ def coloured_boxplot(
     )
 
 
-def _components_present(names: Sequence[str]) -> list[str]:
-    present = set(names)
-    return [c for c in COMPONENTS if c in present] + sorted(present - set(COMPONENTS))
-
-
 # --- plasticity ----------------------------------------------------------------------------
+
+
+def _pooled_by_protocol(summaries: pl.DataFrame) -> tuple[pl.DataFrame, list[str], list[str]]:
+    """The summaries pooled over datasets (:func:`pool_plasticity`), their protocols (one
+    panel each) and their components in order."""
+    pooled = pool_plasticity(summaries)
+    protocols = pooled["protocol"].unique(maintain_order=True).to_list()
+    return pooled, protocols, component_order(pooled["component"].to_list())
 
 
 def plasticity_boxplot(
@@ -168,9 +171,7 @@ def plasticity_boxplot(
     """
     import seaborn as sns
 
-    pooled = pool_plasticity(summaries)
-    protocols = pooled["protocol"].unique(maintain_order=True).to_list()
-    order = _components_present(pooled["component"].to_list())
+    pooled, protocols, order = _pooled_by_protocol(summaries)
     figure, axes = panels(len(protocols), settings, ncols=1, aspect=0.5)
     for ax, protocol in zip(axes, protocols, strict=True):
         data = pooled.filter(pl.col("protocol") == protocol).to_pandas()
@@ -205,9 +206,7 @@ def plasticity_depth(
 
     Datasets are pooled (:func:`pool_plasticity`); one panel per protocol.
     """
-    pooled = pool_plasticity(summaries)
-    protocols = pooled["protocol"].unique(maintain_order=True).to_list()
-    order = _components_present(pooled["component"].to_list())
+    pooled, protocols, order = _pooled_by_protocol(summaries)
     figure, axes = panels(len(protocols), settings, ncols=1, aspect=0.55)
     for ax, protocol in zip(axes, protocols, strict=True):
         data = pooled.filter(pl.col("protocol") == protocol).sort("relative_depth")
@@ -359,7 +358,7 @@ def bounds_figure(
     panel, and a last panel says which and why.
     """
     undefined = dict(undefined or {})
-    order = [c for c in _components_present(table["component"].to_list()) if c not in undefined]
+    order = [c for c in component_order(table["component"].to_list()) if c not in undefined]
     data = table.sort("block")
     blocks = sorted(set(data["block"].to_list()))
     ticks = blocks if len(blocks) <= 12 else blocks[:: max(1, len(blocks) // 8)]

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from vitplasticity.components import COMPONENTS
 from vitplasticity.report.criteria import (
     NO_SCORE_REASONS,
     criterion_label,
@@ -24,7 +23,7 @@ from vitplasticity.report.criteria import (
 )
 from vitplasticity.report.criteria_statistics import RESULT_SCHEMA, minimum_p
 from vitplasticity.report.plasticity_summary import plasticity_ranking
-from vitplasticity.report.style import label
+from vitplasticity.report.style import component_order, label
 from vitplasticity.report.table_format import (
     MISSING,
     csv_text,
@@ -117,8 +116,7 @@ def _plasticity_layout(
 ) -> tuple[list[str], list[dict[str, str | None]]]:
     """The plasticity table's tabular lines (LaTeX) and the same rows as plain CSV cells."""
     ranking = plasticity_ranking(summaries)
-    components = [c for c in COMPONENTS if c in set(ranking["component"])]
-    components += sorted(set(ranking["component"]) - set(components))
+    components = component_order(ranking["component"].to_list())
     protocols = ranking["protocol"].unique(maintain_order=True).to_list()
     multi = len(protocols) > 1
     head = ["Model", *(["Protocol"] if multi else [])]
