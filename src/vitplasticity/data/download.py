@@ -107,11 +107,6 @@ def download_remedy(path: str | os.PathLike[str]) -> str:
     return f"delete {path} and rerun: it will be downloaded again"
 
 
-def md5sum(path: str | os.PathLike[str], *, label: str | None = None) -> str:
-    """The md5 hex digest of a file (``file_digest`` with md5)."""
-    return file_digest(path, "md5", label=label)
-
-
 def expected_checksum(md5: str | None, checksum: str | Checksum | None) -> Checksum | None:
     """The digest to verify: ``checksum`` (``"md5:<hex>"`` or ``"sha256:<hex>"``) when given,
     else ``md5`` (bare hex), else None (not verified).
