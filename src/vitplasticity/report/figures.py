@@ -161,7 +161,7 @@ def _pooled_by_protocol(summaries: pl.DataFrame) -> tuple[pl.DataFrame, list[str
 def plasticity_boxplot(
     summaries: pl.DataFrame,
     outputs: Sequence[str | os.PathLike[str]],
-    settings: FigureSettings = FigureSettings(),
+    settings: FigureSettings = DEFAULT_SETTINGS,
     demo: bool = False,
     title: str = "",
 ) -> None:
@@ -198,7 +198,7 @@ def plasticity_boxplot(
 def plasticity_depth(
     summaries: pl.DataFrame,
     outputs: Sequence[str | os.PathLike[str]],
-    settings: FigureSettings = FigureSettings(),
+    settings: FigureSettings = DEFAULT_SETTINGS,
     demo: bool = False,
     title: str = "",
 ) -> None:
@@ -342,7 +342,7 @@ def _bound_panel(ax: Any, rows: pl.DataFrame, component: str) -> None:
 def bounds_figure(
     table: pl.DataFrame,
     outputs: Sequence[str | os.PathLike[str]],
-    settings: FigureSettings = FigureSettings(),
+    settings: FigureSettings = DEFAULT_SETTINGS,
     demo: bool = False,
     title: str = "",
     undefined: Mapping[str, str] | None = None,
