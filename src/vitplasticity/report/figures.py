@@ -158,6 +158,14 @@ def _pooled_by_protocol(summaries: pl.DataFrame) -> tuple[pl.DataFrame, list[str
     return pooled, protocols, component_order(pooled["component"].to_list())
 
 
+def _plasticity_panel(ax: Any, xlabel: str, title: str) -> None:
+    """A plasticity panel's frame: the dashed line at 1 (no change), its labels and title."""
+    ax.axhline(1.0, color="0.4", linewidth=0.6, linestyle="--", zorder=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("Plasticity")
+    ax.set_title(title)
+
+
 def plasticity_boxplot(
     summaries: pl.DataFrame,
     outputs: Sequence[str | os.PathLike[str]],
@@ -187,11 +195,8 @@ def plasticity_boxplot(
                 ax=ax,
                 jitter=0.15,
             )
-        ax.axhline(1.0, color="0.4", linewidth=0.6, linestyle="--", zorder=0)
         ax.set_xticks(range(len(order)), [label(c) for c in order])
-        ax.set_xlabel("")
-        ax.set_ylabel("Plasticity")
-        ax.set_title(f"{title} ({protocol})" if title else protocol)
+        _plasticity_panel(ax, "", f"{title} ({protocol})" if title else protocol)
     finish(figure, demo, outputs, settings)
 
 
@@ -223,10 +228,7 @@ def plasticity_depth(
                 label=label(component),
             )
             ax.fill_between(x, y - ci, y + ci, color=colour(component), alpha=0.25, linewidth=0)
-        ax.axhline(1.0, color="0.4", linewidth=0.6, linestyle="--", zorder=0)
-        ax.set_xlabel("Relative depth")
-        ax.set_ylabel("Plasticity")
-        ax.set_title(f"{title} ({protocol})" if title else protocol)
+        _plasticity_panel(ax, "Relative depth", f"{title} ({protocol})" if title else protocol)
     figure.legend(
         *axes[0].get_legend_handles_labels(),
         loc="outside lower center",
