@@ -21,8 +21,10 @@ from vitplasticity.cli import main
 from vitplasticity.components import COMPONENTS
 from vitplasticity.report import criteria as C
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
+from vitplasticity.report.criteria_statistics import minimum_p, wilcoxon_greater
 from vitplasticity.report.style import DEMO_NOTE
-from vitplasticity.report.tables import criteria_table, p_value
+from vitplasticity.report.table_format import p_value
+from vitplasticity.report.tables import criteria_table
 from vitplasticity.utils.io import read_parquet_metadata, write_parquet
 
 
@@ -278,7 +280,7 @@ def test_wilcoxon_without_a_nonzero_difference_is_nan_with_a_note() -> None:
             assert row["spearman_rho"] == 0.0 and row["note"] == "every rho is zero: no test"
         else:  # scipy would answer p = 1 here, after a 0/0 warning
             assert row["note"] == "every rho equal: no test"
-    mixed = C.wilcoxon_greater([0.0, 0.5, 0.8, 0.0, -0.1])  # zeros dropped, the rest tested
+    mixed = wilcoxon_greater([0.0, 0.5, 0.8, 0.0, -0.1])  # zeros dropped, the rest tested
     expected = stats.wilcoxon([0.0, 0.5, 0.8, 0.0, -0.1], alternative="greater")
     assert mixed == pytest.approx((float(expected.statistic), float(expected.pvalue)))
 
@@ -289,9 +291,9 @@ def test_minimum_p_is_the_one_sign_pattern_in_2_to_the_n(n: int) -> None:
     ranks = np.arange(1, n + 1)
     top = n * (n + 1) / 2
     count = sum(1 for signs in itertools.product((0, 1), repeat=n) if np.dot(signs, ranks) >= top)
-    assert C.minimum_p(n) == count / 2**n
+    assert minimum_p(n) == count / 2**n
     assert float(stats.wilcoxon(ranks / 10, alternative="greater").pvalue) == pytest.approx(
-        C.minimum_p(n)
+        minimum_p(n)
     )
 
 

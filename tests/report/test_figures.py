@@ -13,7 +13,7 @@ from PIL import Image
 from tests.helpers.report_inputs import plasticity_summary, write_grid
 from vitplasticity.cli import main
 from vitplasticity.components import COMPONENTS
-from vitplasticity.report import figures
+from vitplasticity.report import figures, finetune_figures
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.plasticity_summary import pool_plasticity
 from vitplasticity.report.style import COMPONENT_COLOURS, DEMO_NOTE
@@ -87,11 +87,13 @@ def _draw(kind: str, tables: dict[str, pl.DataFrame], outputs: list[Path], demo:
     elif kind == "depth":
         figures.plasticity_depth(tables["summaries"], outputs, SETTINGS, demo, "vit")
     elif kind == "accuracy":
-        figures.accuracy_bars(tables["selected"], outputs, SETTINGS, demo)
+        finetune_figures.accuracy_bars(tables["selected"], outputs, SETTINGS, demo)
     elif kind == "robustness":
-        figures.robustness_boxplot(tables["runs"], outputs, SETTINGS, demo)
+        finetune_figures.robustness_boxplot(tables["runs"], outputs, SETTINGS, demo)
     else:
-        figures.optimizer_scatter(tables["selected"], tables["adam"], outputs, SETTINGS, demo)
+        finetune_figures.optimizer_scatter(
+            tables["selected"], tables["adam"], outputs, SETTINGS, demo
+        )
 
 
 @pytest.mark.parametrize("kind", ["boxplot", "depth", "accuracy", "robustness", "optimizers"])
@@ -146,7 +148,7 @@ def test_unknown_format_is_refused_before_writing(
     tables: dict[str, pl.DataFrame], tmp_path: Path
 ) -> None:
     with pytest.raises(ValueError, match=r"unknown figure format .*fig\.bmp"):
-        figures.accuracy_bars(tables["selected"], [tmp_path / "fig.bmp"], SETTINGS)
+        finetune_figures.accuracy_bars(tables["selected"], [tmp_path / "fig.bmp"], SETTINGS)
     assert not (tmp_path / "fig.bmp").exists()
 
 

@@ -18,7 +18,8 @@ from tests.helpers.repo import REPO
 from tests.helpers.report_inputs import plasticity_summary, write_grid
 from vitplasticity.cli import main
 from vitplasticity.components import COMPONENTS
-from vitplasticity.report import figures, tables
+from vitplasticity.report import figures, table_format, tables
+from vitplasticity.report.accuracy_table import accuracy_csv, accuracy_table
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.stats import compare_selected
 from vitplasticity.report.style import COMPONENT_COLOURS, DEMO_NOTE, label
@@ -51,8 +52,8 @@ def selected(tmp_path_factory: pytest.TempPathFactory) -> pl.DataFrame:
 
 
 def test_accuracy_csv_holds_the_printed_numbers(selected: pl.DataFrame) -> None:
-    tex_rows = _tex_rows(tables.accuracy_table(selected))
-    csv = _csv(tables.accuracy_csv(selected))
+    tex_rows = _tex_rows(accuracy_table(selected))
+    csv = _csv(accuracy_csv(selected))
     header = tex_rows[0][1:]
     assert csv.columns == [
         "Model",
@@ -62,11 +63,11 @@ def test_accuracy_csv_holds_the_printed_numbers(selected: pl.DataFrame) -> None:
     ]
     assert len(tex_rows) - 1 == csv.height  # every row, each model's block in turn
     for cells, row in zip(tex_rows[1:], csv.iter_rows(named=True), strict=True):
-        assert cells[0] == tables.escape(row["Dataset"])
+        assert cells[0] == table_format.escape(row["Dataset"])
         bold = set()
         for column, cell in zip(header, cells[1:], strict=True):
             value, std = row[column], row[f"{column} std"]
-            if cell == tables.MISSING:
+            if cell == table_format.MISSING:
                 assert value is None and std is None
                 continue
             match = re.fullmatch(r"(\\textbf\{)?(.+?)\}?(\\textsubscript\{\$\\pm\$(.+)\})?", cell)
@@ -76,7 +77,7 @@ def test_accuracy_csv_holds_the_printed_numbers(selected: pl.DataFrame) -> None:
             if match.group(1):
                 bold.add(column)
             if match.group(4) is not None:
-                assert std == (None if match.group(4) == tables.MISSING else match.group(4))
+                assert std == (None if match.group(4) == table_format.MISSING else match.group(4))
         assert set((row["Best"] or "").split("; ")) - {""} == bold
     # The missing std, and the models of the two blocks.
     assert csv.filter(pl.col("Model") == "vit", pl.col("Dataset") == "c")["FC2 std"][0] is None
@@ -90,7 +91,7 @@ def test_wilcoxon_csv_holds_the_printed_numbers(selected: pl.DataFrame) -> None:
     assert csv.columns == ["Model", "vs.", "n", "Delta (pp)", "W", "p_W", "t", "p_t", "Sig."]
     assert len(tex_rows) == csv.height == comparison.height
     for cells, row in zip(tex_rows, csv.iter_rows(named=True), strict=True):
-        plain = [None if c == tables.MISSING else c.replace("$", "") for c in cells]
+        plain = [None if c == table_format.MISSING else c.replace("$", "") for c in cells]
         assert plain == list(row.values())[1:]
         assert row["Model"] == "vit"
 
@@ -110,15 +111,15 @@ def test_plasticity_csv_holds_the_printed_means_and_ranks() -> None:
 
 
 def test_demo_csv_says_so_and_the_cli_writes_both(selected: pl.DataFrame, tmp_path: Path) -> None:
-    assert tables.accuracy_csv(selected, demo=True).startswith(f"# {DEMO_NOTE}\n")
-    assert "DEMO" not in tables.accuracy_csv(selected)
+    assert accuracy_csv(selected, demo=True).startswith(f"# {DEMO_NOTE}\n")
+    assert "DEMO" not in accuracy_csv(selected)
     source = tmp_path / "sgd_selected.parquet"
     write_parquet(source, selected, {"demo": True})
     tex, csv = tmp_path / "t.tex", tmp_path / "t.csv"
     argv = ["table", "--kind", "accuracy", "--inputs", str(source), "--out", str(tex)]
     assert main([*argv, "--csv", str(csv)]) == 0
-    assert tex.read_text() == tables.accuracy_table(selected, demo=True)
-    assert csv.read_text() == tables.accuracy_csv(selected, demo=True)
+    assert tex.read_text() == accuracy_table(selected, demo=True)
+    assert csv.read_text() == accuracy_csv(selected, demo=True)
 
 
 # -- the bounds figure -----------------------------------------------------------------------

@@ -11,16 +11,12 @@ import pytest
 
 from tests.helpers.latex import compile_tables, needs_latex
 from tests.helpers.report_inputs import plasticity_summary, write_grid, write_run
+from vitplasticity.report.accuracy_table import accuracy_table
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.stats import compare_selected
 from vitplasticity.report.style import DEMO_NOTE
-from vitplasticity.report.tables import (
-    accuracy_table,
-    escape,
-    parameter_count,
-    plasticity_table,
-    wilcoxon_table,
-)
+from vitplasticity.report.table_format import escape, parameter_count
+from vitplasticity.report.tables import plasticity_table, wilcoxon_table
 
 LABELS = {
     "Full": "full",

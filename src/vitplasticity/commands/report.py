@@ -56,6 +56,15 @@ FIGURE_KINDS: tuple[str, ...] = (
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the report stage's subcommands."""
+    _add_aggregate(subparsers)
+    _add_concat(subparsers)
+    _add_stats(subparsers)
+    _add_table(subparsers)
+    _add_figure(subparsers)
+
+
+def _add_aggregate(subparsers: argparse._SubParsersAction) -> None:
+    """The ``aggregate`` subcommand: run summaries into a runs and a selected-LR table."""
     aggregate = subparsers.add_parser(
         "aggregate",
         help="one experiment's run summaries into a runs table and a selected-LR table",
@@ -70,6 +79,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     aggregate.add_argument("--selected-out", required=True, help="selected-LR table (Parquet)")
     aggregate.set_defaults(handler=run_aggregate)
 
+
+def _add_concat(subparsers: argparse._SubParsersAction) -> None:
+    """The ``concat`` subcommand: stack runs tables."""
     concat = subparsers.add_parser(
         "concat", help="stack several runs tables into one", description="Stack runs tables."
     )
@@ -77,6 +89,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     concat.add_argument("--out", required=True, help="output Parquet file")
     concat.set_defaults(handler=run_concat)
 
+
+def _add_stats(subparsers: argparse._SubParsersAction) -> None:
+    """The ``stats`` subcommand: the paired tests of one configuration against the others."""
     stats = subparsers.add_parser(
         "stats",
         help="Wilcoxon signed-rank and paired t-test of one configuration against the others",
@@ -90,6 +105,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument("--out", required=True, help="output Parquet file")
     stats.set_defaults(handler=run_stats)
 
+
+def _add_table(subparsers: argparse._SubParsersAction) -> None:
+    """The ``table`` subcommand: a LaTeX table (and its CSV)."""
     table = subparsers.add_parser(
         "table",
         help="a LaTeX (booktabs) table",
@@ -104,6 +122,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     table.add_argument("--csv", help="also write the table's rows as CSV to this file")
     table.set_defaults(handler=run_table)
 
+
+def _add_figure(subparsers: argparse._SubParsersAction) -> None:
+    """The ``figure`` subcommand: a figure, one file per format."""
     figure = subparsers.add_parser(
         "figure",
         help="a figure, in one file per format",
@@ -184,14 +205,14 @@ def run_stats(args: argparse.Namespace) -> int:
 
 def run_table(args: argparse.Namespace) -> int:
     """Write one LaTeX table (and, with --csv, its rows as CSV)."""
-    from vitplasticity.report import tables
+    from vitplasticity.report import accuracy_table, tables
     from vitplasticity.utils.io import atomic_path
 
     frame = read_frames(args.inputs, *TABLE_INPUTS[args.kind])
     demo = args.demo or parquet_is_demo(args.inputs)
     if args.kind == "accuracy":
-        text = tables.accuracy_table(frame, demo=demo)
-        rows = tables.accuracy_csv
+        text = accuracy_table.accuracy_table(frame, demo=demo)
+        rows = accuracy_table.accuracy_csv
     elif args.kind == "wilcoxon":
         text = tables.wilcoxon_table(frame, demo=demo, experiment=args.experiment)
         rows = tables.wilcoxon_csv
@@ -246,18 +267,18 @@ def _undefined_bounds(paths: Sequence[str]) -> dict[str, str]:
 
 
 def run_figure(args: argparse.Namespace) -> int:
-    from vitplasticity.report import figures
+    from vitplasticity.report import figures, finetune_figures
 
     settings = figure_settings(args)
     if args.kind == "curves":
         metrics, demo = _read_curves(args.inputs)
-        figures.training_curves(metrics, args.out, settings, args.demo or demo, args.title)
+        finetune_figures.training_curves(metrics, args.out, settings, args.demo or demo, args.title)
     elif args.kind == "optimizers":
         if len(args.inputs) != 2:
             raise ValueError("--kind optimizers takes two selected-LR tables (--inputs A B)")
         first, second = read_frames(args.inputs[:1]), read_frames(args.inputs[1:])
         demo = args.demo or parquet_is_demo(args.inputs)
-        figures.optimizer_scatter(first, second, args.out, settings, demo)
+        finetune_figures.optimizer_scatter(first, second, args.out, settings, demo)
     else:
         frame = read_frames(args.inputs)
         demo = args.demo or parquet_is_demo(args.inputs)
@@ -271,8 +292,8 @@ def run_figure(args: argparse.Namespace) -> int:
             undefined = _undefined_bounds(args.inputs)
             figures.bounds_figure(frame, args.out, settings, demo, args.title, undefined)
         elif args.kind == "accuracy":
-            figures.accuracy_bars(frame, args.out, settings, demo)
+            finetune_figures.accuracy_bars(frame, args.out, settings, demo)
         else:
-            figures.robustness_boxplot(frame, args.out, settings, demo)
+            finetune_figures.robustness_boxplot(frame, args.out, settings, demo)
     log.info("%s figure written to %s", args.kind, ", ".join(args.out))
     return 0

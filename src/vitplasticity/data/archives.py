@@ -21,14 +21,16 @@ import re
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from vitplasticity.data.download import Progress, download_remedy
 from vitplasticity.utils.io import content_hint
+
+K = TypeVar("K")
 
 
 class ArchiveError(RuntimeError):
@@ -103,6 +105,13 @@ class InputFile:
         (its :attr:`layout_remedy`): where, what is wrong, what to do."""
         where = str(self.path) if member is None else f"{self.path}, member {member}"
         return DamagedFileError(f"{where}: {problem}; {self.layout_remedy or self.remedy}")
+
+    def check_images(self, images: Sequence[bytes], members: Sequence[str]) -> None:
+        """Raise :class:`DamagedFileError` naming the first of this archive's ``members``
+        (``images``: their bytes) that does not decode as an image."""
+        bad = first_undecodable(images)
+        if bad is not None:
+            raise self.damaged(f"not a decodable image ({bad[1]})", members[bad[0]])
 
     @contextlib.contextmanager
     def reading(self, kind: str, member: str | None = None) -> Iterator[None]:
@@ -233,6 +242,11 @@ def tar_names(path: str | os.PathLike[str]) -> list[str]:
         return names
 
 
+def jpg_members(path: str | os.PathLike[str]) -> dict[str, str]:
+    """A tar's ``.jpg`` members by file name (their folder dropped)."""
+    return {n.rsplit("/", 1)[-1]: n for n in tar_names(path) if n.endswith(".jpg")}
+
+
 def read_tar_members(path: str | os.PathLike[str], names: set[str]) -> dict[str, bytes]:
     """The bytes of the tar members in ``names``.
 
@@ -275,6 +289,20 @@ def find_member(names: list[str], suffix: str, archive: str | os.PathLike[str]) 
             f"({hits[:3] or 'none'}); is it the right archive?"
         )
     return hits[0]
+
+
+def read_tar_suffixes(
+    path: str | os.PathLike[str], suffixes: Mapping[K, str]
+) -> tuple[dict[K, str], dict[str, bytes]]:
+    """The tar members ending with each of ``suffixes`` (:func:`find_member`): each key's
+    member name, and the members' bytes by name (one pass over a compressed tar).
+
+    Raises:
+        ArchiveError: the archive is damaged, or a suffix matches none or several members.
+    """
+    names = tar_names(path)
+    wanted = {key: find_member(names, suffix, path) for key, suffix in suffixes.items()}
+    return wanted, read_tar_members(path, set(wanted.values()))
 
 
 @contextlib.contextmanager

@@ -107,11 +107,6 @@ def download_remedy(path: str | os.PathLike[str]) -> str:
     return f"delete {path} and rerun: it will be downloaded again"
 
 
-def md5sum(path: str | os.PathLike[str], *, label: str | None = None) -> str:
-    """The md5 hex digest of a file (``file_digest`` with md5)."""
-    return file_digest(path, "md5", label=label)
-
-
 def expected_checksum(md5: str | None, checksum: str | Checksum | None) -> Checksum | None:
     """The digest to verify: ``checksum`` (``"md5:<hex>"`` or ``"sha256:<hex>"``) when given,
     else ``md5`` (bare hex), else None (not verified).
@@ -159,7 +154,7 @@ def download(
     backoff: float | None = None,
     timeout: float = 60.0,
 ) -> Path:
-    """Download ``url`` to ``dest``: resumable, retried, checksum-verified, atomic.
+    """Download ``url`` to ``dest`` (returned): resumable, retried, checksum-verified, atomic.
 
     An existing ``dest`` with the right digest is kept (no network). Otherwise the body streams
     into ``<dest>.part``; a dropped or truncated transfer resumes from the bytes already
@@ -179,9 +174,6 @@ def download(
         backoff: the first retry's delay in seconds (doubled each retry, capped at 60 s);
             default ``RETRY_BACKOFF_S``.
         timeout: socket timeout of each request in seconds.
-
-    Returns:
-        ``dest``.
 
     Raises:
         ChecksumError: the finished file's digest differs; the file is deleted and the
@@ -311,46 +303,76 @@ def _fetch_into(url: str, part: Path, timeout: float, algorithm: str) -> str:
     try:
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as error:
-        if error.code == 416 and offset:
-            # Nothing left to send: the part may be complete already, or longer than the file.
-            total = _content_range_total(error.headers.get("Content-Range"))
-            if total == offset:
-                return _hash_existing(part, algorithm).hexdigest()
-            part.unlink()
-            raise _Incomplete(f"range {offset}- not satisfiable; restarting") from error
-        if error.code in RETRY_STATUSES:
-            raise _Incomplete(f"HTTP {error.code} {error.reason}") from error
-        raise DownloadError(f"{url}: HTTP {error.code} {error.reason}") from error
+        return _after_http_error(error, url, part, offset, algorithm)
     except urllib.error.URLError as error:
-        if isinstance(error.reason, FileNotFoundError | PermissionError | IsADirectoryError):
-            raise DownloadError(f"{url}: {error.reason}") from error  # a local file: permanent
-        if isinstance(error.reason, OSError | socket.timeout):
-            raise OSError(f"cannot reach {url}: {error.reason}") from error
-        raise DownloadError(f"{url}: {error.reason}") from error
+        raise _unreachable(url, error) from error
     with response:
-        status = getattr(response, "status", 200)
-        length = response.headers.get("Content-Length")
-        if offset and status == 206:
-            digest = _hash_existing(part, algorithm)
-            mode = "ab"
-            total = _content_range_total(response.headers.get("Content-Range"))
-        else:
-            if offset:
-                log.info("%s: server ignored the range request; starting over", url)
-            offset, digest, mode = 0, hashlib.new(algorithm, usedforsecurity=False), "wb"
-            total = int(length) if length is not None else None
-        expected_body = int(length) if length is not None else None
-        received = 0
-        progress = Progress(f"download {part.name[: -len('.part')]}", total, initial=offset)
-        try:
-            with part.open(mode) as handle:
-                for chunk in _read_chunks(response):
-                    handle.write(chunk)
-                    digest.update(chunk)
-                    received += len(chunk)
-                    progress.update(len(chunk))
-        finally:
-            progress.close()
+        return _write_body(response, url, part, offset, algorithm)
+
+
+def _after_http_error(
+    error: urllib.error.HTTPError, url: str, part: Path, offset: int, algorithm: str
+) -> str:
+    """The digest of ``part`` when a 416 says it is complete already; else raise.
+
+    Raises:
+        _Incomplete: a retryable status, or a part longer than the file (deleted: restart).
+        DownloadError: a permanent HTTP error.
+    """
+    if error.code == 416 and offset:
+        # Nothing left to send: the part may be complete already, or longer than the file.
+        total = _content_range_total(error.headers.get("Content-Range"))
+        if total == offset:
+            return _hash_existing(part, algorithm).hexdigest()
+        part.unlink()
+        raise _Incomplete(f"range {offset}- not satisfiable; restarting") from error
+    if error.code in RETRY_STATUSES:
+        raise _Incomplete(f"HTTP {error.code} {error.reason}") from error
+    raise DownloadError(f"{url}: HTTP {error.code} {error.reason}") from error
+
+
+def _unreachable(url: str, error: urllib.error.URLError) -> Exception:
+    """The error to raise for a URL that could not be opened: an OSError (retried) for a
+    network failure, a DownloadError for a local file or anything else."""
+    if isinstance(error.reason, FileNotFoundError | PermissionError | IsADirectoryError):
+        return DownloadError(f"{url}: {error.reason}")  # a local file: permanent
+    if isinstance(error.reason, OSError | socket.timeout):
+        return OSError(f"cannot reach {url}: {error.reason}")
+    return DownloadError(f"{url}: {error.reason}")
+
+
+def _write_body(
+    response: http.client.HTTPResponse, url: str, part: Path, offset: int, algorithm: str
+) -> str:
+    """Append the response body to ``part`` (from scratch when the server ignored the range
+    request); return the digest of the whole file.
+
+    Raises:
+        _Incomplete: the body ended before its Content-Length.
+    """
+    status = getattr(response, "status", 200)
+    length = response.headers.get("Content-Length")
+    if offset and status == 206:
+        digest = _hash_existing(part, algorithm)
+        mode = "ab"
+        total = _content_range_total(response.headers.get("Content-Range"))
+    else:
+        if offset:
+            log.info("%s: server ignored the range request; starting over", url)
+        offset, digest, mode = 0, hashlib.new(algorithm, usedforsecurity=False), "wb"
+        total = int(length) if length is not None else None
+    expected_body = int(length) if length is not None else None
+    received = 0
+    progress = Progress(f"download {part.name[: -len('.part')]}", total, initial=offset)
+    try:
+        with part.open(mode) as handle:
+            for chunk in _read_chunks(response):
+                handle.write(chunk)
+                digest.update(chunk)
+                received += len(chunk)
+                progress.update(len(chunk))
+    finally:
+        progress.close()
     if expected_body is not None and received < expected_body:
         raise _Incomplete(
             f"transfer ended after {offset + received} of {offset + expected_body} bytes"

@@ -101,27 +101,9 @@ def prepare_image_folder(
     key = key or f"datasets.{name}.root"
     with PreparedDatasetWriter(out_dir) as writer:
         if (root / "train").is_dir() and (root / "test").is_dir():
-            _, _, classes = scan_image_folder(root / "train")
-            for folder, split in (("train", "pool"), ("val", "val"), ("test", "test")):
-                if (root / folder).is_dir():
-                    paths, labels, _ = scan_image_folder(root / folder, classes)
-                    writer.add_split(
-                        split,
-                        read_images(paths, key),
-                        labels,
-                        [str(p.relative_to(root)) for p in paths],
-                    )
+            classes = _add_given_splits(writer, root, key)
         else:
-            paths, labels, classes = scan_image_folder(root)
-            pool, test = fixed_split(len(paths), split_seed, test_fraction)
-            for split, idx in (("pool", pool), ("test", test)):
-                chosen = [paths[i] for i in idx]
-                writer.add_split(
-                    split,
-                    read_images(chosen, key),
-                    np.asarray(labels)[idx].tolist(),
-                    [str(p.relative_to(root)) for p in chosen],
-                )
+            classes = _add_fixed_split(writer, root, key, split_seed, test_fraction)
         writer.finish(
             {
                 "name": name,
@@ -132,3 +114,33 @@ def prepare_image_folder(
             }
         )
         return dict(writer.counts)
+
+
+def _add_given_splits(writer: PreparedDatasetWriter, root: Path, key: str) -> list[str]:
+    """Write the tree's own ``train`` (the pool), ``val`` (when there) and ``test`` folders,
+    labelled by the classes of ``train``; return those classes."""
+    _, _, classes = scan_image_folder(root / "train")
+    for folder, split in (("train", "pool"), ("val", "val"), ("test", "test")):
+        if (root / folder).is_dir():
+            paths, labels, _ = scan_image_folder(root / folder, classes)
+            writer.add_split(
+                split, read_images(paths, key), labels, [str(p.relative_to(root)) for p in paths]
+            )
+    return classes
+
+
+def _add_fixed_split(
+    writer: PreparedDatasetWriter, root: Path, key: str, split_seed: int, test_fraction: float
+) -> list[str]:
+    """Write a fixed seeded pool/test split of the tree's class folders; return the classes."""
+    paths, labels, classes = scan_image_folder(root)
+    pool, test = fixed_split(len(paths), split_seed, test_fraction)
+    for split, idx in (("pool", pool), ("test", test)):
+        chosen = [paths[i] for i in idx]
+        writer.add_split(
+            split,
+            read_images(chosen, key),
+            np.asarray(labels)[idx].tolist(),
+            [str(p.relative_to(root)) for p in chosen],
+        )
+    return classes

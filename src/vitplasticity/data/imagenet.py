@@ -93,17 +93,7 @@ def index_val(path: str | os.PathLike[str]) -> tuple[str, list[ValImage]]:
         for archive in (VAL_TAR, HF_TAR):
             if (path / archive).is_file():
                 return index_val(path / archive)
-        root = path / "val" if (path / "val").is_dir() else path
-        classes = sorted(p.name for p in root.iterdir() if p.is_dir() and _WNID.match(p.name))
-        if not classes:
-            raise layout_error(path, "no val/<wnid>/ folders (wnid: n + 8 digits) and no archive")
-        images = [
-            ValImage(wnid, f.name, str(f))
-            for wnid in classes
-            for f in sorted((root / wnid).iterdir())
-            if f.suffix.lower() in _IMAGE_SUFFIXES
-        ]
-        return "folder", images
+        return "folder", _index_folder(path)
     if not path.name.endswith(_TAR_SUFFIXES):
         raise layout_error(path, "not a val folder or a tar archive")
     # A tar in the place of the val set is one of the archive layouts: one that cannot be
@@ -119,18 +109,46 @@ def index_val(path: str | os.PathLike[str]) -> tuple[str, list[ValImage]]:
         ]
     official = [(m, _OFFICIAL.search(m)) for m in names]
     if any(match for _, match in official):
-        devkit, wnid_of = _devkit_labels(path)
-        images = []
-        for member, match in official:
-            if match:
-                number = int(match.group(2))
-                if number not in wnid_of:
-                    raise devkit.damaged(
-                        f"its ground truth has {len(wnid_of)} labels, none for {member} of {path}"
-                    )
-                images.append(ValImage(wnid_of[number], f"{match.group(1)}.JPEG", member))
-        return "official", images
+        return "official", _index_official(path, official)
     raise layout_error(path, "a tar without ILSVRC2012_val_* images")
+
+
+def _index_folder(path: Path) -> list[ValImage]:
+    """The images of a val folder tree (``path/val/<wnid>/`` or ``path/<wnid>/``).
+
+    Raises:
+        ValueError: no wnid folders, naming the key and layouts.
+    """
+    root = path / "val" if (path / "val").is_dir() else path
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and _WNID.match(p.name))
+    if not classes:
+        raise layout_error(path, "no val/<wnid>/ folders (wnid: n + 8 digits) and no archive")
+    return [
+        ValImage(wnid, f.name, str(f))
+        for wnid in classes
+        for f in sorted((root / wnid).iterdir())
+        if f.suffix.lower() in _IMAGE_SUFFIXES
+    ]
+
+
+def _index_official(path: Path, official: list[tuple[str, re.Match | None]]) -> list[ValImage]:
+    """The images of the official val tar (``official``: each member and its name match),
+    labelled by the devkit beside it.
+
+    Raises:
+        DamagedFileError: the devkit cannot be read, or has no label for an image.
+    """
+    devkit, wnid_of = _devkit_labels(path)
+    images = []
+    for member, match in official:
+        if match:
+            number = int(match.group(2))
+            if number not in wnid_of:
+                raise devkit.damaged(
+                    f"its ground truth has {len(wnid_of)} labels, none for {member} of {path}"
+                )
+            images.append(ValImage(wnid_of[number], f"{match.group(1)}.JPEG", member))
+    return images
 
 
 def _devkit_labels(val_tar: Path) -> tuple[InputFile, dict[int, str]]:
@@ -249,6 +267,18 @@ def imagenet_reference(
             f"{len(wnids)} classes; ImageNet-1k val has {expected[1]} of {expected[0]}"
         )
     chosen = select_images(images, n_images, selection, seed)
+    data = _read_chosen(path, layout, chosen)
+    label_of = {wnid: k for k, wnid in enumerate(wnids)}
+    return data, [label_of[im.wnid] for im in chosen], [im.manifest_name for im in chosen]
+
+
+def _read_chosen(path: str | os.PathLike[str], layout: str, chosen: list[ValImage]) -> list[bytes]:
+    """The bytes of the ``chosen`` images of the val set at ``path``, checked to decode.
+
+    Raises:
+        DamagedFileError: an image or the archive cannot be read, or an image does not
+            decode; naming the file (or the archive and member) and the remedy.
+    """
     if layout == "folder":
         progress = Progress(f"read {path}", len(chosen), unit="img")
         data = []
@@ -269,8 +299,7 @@ def imagenet_reference(
         if layout == "folder":
             raise InputFile.local(chosen[index].locator, IMAGENET_KEY).damaged(problem)
         raise archive.damaged(problem, chosen[index].locator)
-    label_of = {wnid: k for k, wnid in enumerate(wnids)}
-    return data, [label_of[im.wnid] for im in chosen], [im.manifest_name for im in chosen]
+    return data
 
 
 def path_of_archive(path: str | os.PathLike[str], layout: str) -> Path:

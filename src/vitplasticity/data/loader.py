@@ -345,15 +345,7 @@ def augment_on_device(
     boxes = boxes.to(device=device, dtype=torch.float32)
     flips = flips.to(device)
     out = torch.empty((len(canvas), 3, size, size), dtype=torch.float32, device=device)
-    full = (sizes[:, 0] == canvas.shape[-2]) & (sizes[:, 1] == canvas.shape[-1])
-    # Groups of images with one size: the whole batch when every image fills the canvas
-    # (CIFAR, CIFAR-10-C), otherwise one group per distinct size.
-    groups = [full.nonzero().flatten()] if bool(full.all()) else []
-    if not groups:
-        for height, width in sizes.unique(dim=0).tolist():
-            members = ((sizes[:, 0] == height) & (sizes[:, 1] == width)).nonzero().flatten()
-            groups.append(members)
-    for members in groups:
+    for members in _size_groups(sizes, canvas.shape[-2:]):
         height, width = (int(v) for v in sizes[members[0]])
         images = canvas[members.to(device), :, :height, :width].float()  # (g, 3, h, w)
         rois = torch.cat(
@@ -368,6 +360,18 @@ def augment_on_device(
         )
     out = torch.where(flips[:, None, None, None], out.flip(-1), out)
     return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _size_groups(sizes: torch.Tensor, canvas_size: torch.Size) -> list[torch.Tensor]:
+    """The batch indices of each group of images with one size: the whole batch when every
+    image fills the canvas (CIFAR, CIFAR-10-C), otherwise one group per distinct size."""
+    full = (sizes[:, 0] == canvas_size[0]) & (sizes[:, 1] == canvas_size[1])
+    if bool(full.all()):
+        return [full.nonzero().flatten()]
+    return [
+        ((sizes[:, 0] == height) & (sizes[:, 1] == width)).nonzero().flatten()
+        for height, width in sizes.unique(dim=0).tolist()
+    ]
 
 
 class DeviceTrainBatches(TrainBatches):

@@ -142,13 +142,23 @@ def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
             if diverged:
                 log.warning("step %d: non-finite loss or gradient; the run diverged", step)
                 break
-            if step % training.val_every == 0 or step == training.steps:
-                state.record(evaluation_point(context, step, result.lr))
-            if step < training.steps and sigterm.is_set():
-                state.save(context, step)
-                raise Preempted(
-                    f"SIGTERM after step {step}: checkpoint {context.checkpoint_path} written"
-                )
-            if step < training.steps and step % training.checkpoint_every == 0:
-                state.save(context, step)
+            _after_step(context, state, step, result.lr, sigterm)
     return TrainingOutcome(diverged, step, train_seconds)
+
+
+def _after_step(
+    context: RunContext, state: ResumableState, step: int, lr: float, sigterm: threading.Event
+) -> None:
+    """Validate when due; checkpoint when due, or when SIGTERM arrived before the last step.
+
+    Raises:
+        Preempted: when SIGTERM arrived; the checkpoint is written first.
+    """
+    training = context.settings.training
+    if step % training.val_every == 0 or step == training.steps:
+        state.record(evaluation_point(context, step, lr))
+    if step < training.steps and sigterm.is_set():
+        state.save(context, step)
+        raise Preempted(f"SIGTERM after step {step}: checkpoint {context.checkpoint_path} written")
+    if step < training.steps and step % training.checkpoint_every == 0:
+        state.save(context, step)

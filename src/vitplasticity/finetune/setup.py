@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from vitplasticity.data import loader, store
+from vitplasticity.data.preprocessing import Preprocessing
 from vitplasticity.finetune.checkpoint import CHECKPOINT_NAME
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.model import RunModel, build_run_model
@@ -99,17 +100,7 @@ def setup_run(
         # The compiled module shares the parameters: optimizer and checkpoints are unchanged.
         run_model = dataclasses.replace(run_model, model=torch.compile(run_model.model))
     val_set, test_set = loader.eval_set(splits.val, pre), loader.eval_set(splits.test, pre)
-    resolved = {
-        "device": str(device),
-        "torch_threads": torch.get_num_threads(),
-        "num_classes": splits.num_classes,
-        "split_sizes": {"train": len(splits.train), "val": len(splits.val), "test": len(test_set)},
-        "val_source": splits.val_source,
-        "train_images_decoded_once": bank.decoded,
-        "augment_on": str(device) if on_device else "cpu",
-        "preprocessing": dataclasses.asdict(pre),
-        "model_selection": "test accuracy at the step of best validation accuracy (earliest)",
-    }
+    resolved = _resolved(device, splits, len(test_set), bank.decoded, on_device, pre)
     log.info("run %s: %s", out_dir, resolved)
     return RunContext(
         settings=settings,
@@ -125,3 +116,25 @@ def setup_run(
         resolved=resolved,
         started=started,
     )
+
+
+def _resolved(
+    device: torch.device,
+    splits: loader.FinetuneSplits,
+    test_size: int,
+    decoded_once: bool,
+    on_device: bool,
+    pre: Preprocessing,
+) -> dict[str, Any]:
+    """What the run resolved at setup (logged, and recorded in its summary)."""
+    return {
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "num_classes": splits.num_classes,
+        "split_sizes": {"train": len(splits.train), "val": len(splits.val), "test": test_size},
+        "val_source": splits.val_source,
+        "train_images_decoded_once": decoded_once,
+        "augment_on": str(device) if on_device else "cpu",
+        "preprocessing": dataclasses.asdict(pre),
+        "model_selection": "test accuracy at the step of best validation accuracy (earliest)",
+    }

@@ -186,7 +186,38 @@ def select_learning_rates(runs: pl.DataFrame, lr_selection: str = "val") -> pl.D
         raise ValueError(f"lr_selection must be one of {LR_SELECTIONS}, got {lr_selection!r}")
     key = "val_accuracy_mean" if lr_selection == "val" else "test_accuracy_mean"
     per_lr = _seed_stats(runs)
-    grid = per_lr.group_by(*CELL).agg(
+    return (
+        _best_lr(per_lr, key)
+        .join(_grid_stats(per_lr), on=list(CELL), how="left")
+        .with_columns(lr_selection=pl.lit(lr_selection))
+        .select(*CELL, *SELECTED_COLUMNS)
+        .sort(*CELL)
+    )
+
+
+SELECTED_COLUMNS: tuple[str, ...] = (
+    "optimizer",
+    "lr_selection",
+    "lr",
+    "n_seeds",
+    "n_diverged",
+    "n_lrs",
+    "n_runs",
+    "n_diverged_total",
+    "val_accuracy_mean",
+    "val_accuracy_std",
+    "test_accuracy_mean",
+    "test_accuracy_std",
+    "lr_sensitivity",
+    "trainable_parameters",
+)
+"""The columns of :func:`select_learning_rates`' table after the cell's, in order."""
+
+
+def _grid_stats(per_lr: pl.DataFrame) -> pl.DataFrame:
+    """Per cell, over its LR grid: the LRs, runs and diverged runs, and the LR sensitivity
+    (the spread of the seed-mean test accuracy over LRs, when two or more have one)."""
+    return per_lr.group_by(*CELL).agg(
         n_lrs=pl.len(),
         n_runs=pl.col("n_seeds").sum(),
         n_diverged_total=pl.col("n_diverged").sum(),
@@ -194,6 +225,10 @@ def select_learning_rates(runs: pl.DataFrame, lr_selection: str = "val") -> pl.D
             pl.col("test_accuracy_mean").max() - pl.col("test_accuracy_mean").min()
         ),
     )
+
+
+def _best_lr(per_lr: pl.DataFrame, key: str) -> pl.DataFrame:
+    """Per cell, the LR row with the best ``key``; its ``lr`` null when no LR has a result."""
     # Best first; the smaller LR wins a tie; LRs without a finished run sort last.
     best = (
         per_lr.sort(
@@ -203,28 +238,6 @@ def select_learning_rates(runs: pl.DataFrame, lr_selection: str = "val") -> pl.D
         .first()
     )
     no_result = pl.col(key).is_null()
-    best = best.with_columns(
+    return best.with_columns(
         pl.when(no_result).then(None).otherwise(pl.col("lr")).alias("lr"),
-    )
-    return (
-        best.join(grid, on=list(CELL), how="left")
-        .with_columns(lr_selection=pl.lit(lr_selection))
-        .select(
-            *CELL,
-            "optimizer",
-            "lr_selection",
-            "lr",
-            "n_seeds",
-            "n_diverged",
-            "n_lrs",
-            "n_runs",
-            "n_diverged_total",
-            "val_accuracy_mean",
-            "val_accuracy_std",
-            "test_accuracy_mean",
-            "test_accuracy_std",
-            "lr_sensitivity",
-            "trainable_parameters",
-        )
-        .sort(*CELL)
     )

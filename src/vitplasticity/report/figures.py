@@ -1,4 +1,7 @@
-"""The figures (seaborn on matplotlib's Agg backend), each a function of tables.
+"""The figures (seaborn on matplotlib's Agg backend), each a function of tables: here their
+common frame (:func:`panels`, :func:`finish`, :func:`save`), the plasticity figures and the
+bounds figure; the finetuning figures are :mod:`.finetune_figures`, the criteria figure
+:mod:`.criteria_figure`.
 
 Every figure is sized for a paper's column (``width_in``; the height follows the number of
 panels), takes its axis ranges from the data, colours each configuration with its fixed
@@ -20,12 +23,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from vitplasticity.components import COMPONENTS
 from vitplasticity.report.plasticity_summary import pool_plasticity
 from vitplasticity.report.style import (
     apply_theme,
     colour,
-    configuration_order,
+    component_order,
     label,
     mark_demo,
     palette,
@@ -48,6 +50,10 @@ class FigureSettings:
     width_in: float = 3.4
     dpi: int = 200
     context: str = "paper"
+
+
+DEFAULT_SETTINGS = FigureSettings()
+"""The defaults, for figure functions' signatures (frozen, so one instance serves them all)."""
 
 
 def save(figure: Any, outputs: Sequence[str | os.PathLike[str]], settings: FigureSettings) -> None:
@@ -104,7 +110,7 @@ def panels(n: int, settings: FigureSettings, ncols: int, aspect: float) -> tuple
     return figure, flat[:n]
 
 
-def _label_left(axes: list[Any], ncols: int, text: str) -> None:
+def label_left(axes: list[Any], ncols: int, text: str) -> None:
     """The y label on the grid's first column only: the others share its meaning."""
     for index, ax in enumerate(axes):
         ax.set_ylabel(text if index % ncols == 0 else "")
@@ -119,7 +125,7 @@ def finish(
     save(figure, outputs, s)
 
 
-def _coloured_boxplot(
+def coloured_boxplot(
     ax: Any, data: Any, x: str, y: str, order: list[str], *, linewidth: float, fliersize: float
 ) -> None:
     """One box per ``x`` category in ``order``, each in its component's fixed colour."""
@@ -141,18 +147,29 @@ def _coloured_boxplot(
     )
 
 
-def _components_present(names: Sequence[str]) -> list[str]:
-    present = set(names)
-    return [c for c in COMPONENTS if c in present] + sorted(present - set(COMPONENTS))
-
-
 # --- plasticity ----------------------------------------------------------------------------
+
+
+def _pooled_by_protocol(summaries: pl.DataFrame) -> tuple[pl.DataFrame, list[str], list[str]]:
+    """The summaries pooled over datasets (:func:`pool_plasticity`), their protocols (one
+    panel each) and their components in order."""
+    pooled = pool_plasticity(summaries)
+    protocols = pooled["protocol"].unique(maintain_order=True).to_list()
+    return pooled, protocols, component_order(pooled["component"].to_list())
+
+
+def _plasticity_panel(ax: Any, xlabel: str, title: str) -> None:
+    """A plasticity panel's frame: the dashed line at 1 (no change), its labels and title."""
+    ax.axhline(1.0, color="0.4", linewidth=0.6, linestyle="--", zorder=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("Plasticity")
+    ax.set_title(title)
 
 
 def plasticity_boxplot(
     summaries: pl.DataFrame,
     outputs: Sequence[str | os.PathLike[str]],
-    settings: FigureSettings = FigureSettings(),
+    settings: FigureSettings = DEFAULT_SETTINGS,
     demo: bool = False,
     title: str = "",
 ) -> None:
@@ -162,13 +179,11 @@ def plasticity_boxplot(
     """
     import seaborn as sns
 
-    pooled = pool_plasticity(summaries)
-    protocols = pooled["protocol"].unique(maintain_order=True).to_list()
-    order = _components_present(pooled["component"].to_list())
+    pooled, protocols, order = _pooled_by_protocol(summaries)
     figure, axes = panels(len(protocols), settings, ncols=1, aspect=0.5)
     for ax, protocol in zip(axes, protocols, strict=True):
         data = pooled.filter(pl.col("protocol") == protocol).to_pandas()
-        _coloured_boxplot(ax, data, "component", "mean", order, linewidth=0.8, fliersize=2)
+        coloured_boxplot(ax, data, "component", "mean", order, linewidth=0.8, fliersize=2)
         with fixed_jitter():
             sns.stripplot(
                 data=data,
@@ -180,18 +195,15 @@ def plasticity_boxplot(
                 ax=ax,
                 jitter=0.15,
             )
-        ax.axhline(1.0, color="0.4", linewidth=0.6, linestyle="--", zorder=0)
         ax.set_xticks(range(len(order)), [label(c) for c in order])
-        ax.set_xlabel("")
-        ax.set_ylabel("Plasticity")
-        ax.set_title(f"{title} ({protocol})" if title else protocol)
+        _plasticity_panel(ax, "", f"{title} ({protocol})" if title else protocol)
     finish(figure, demo, outputs, settings)
 
 
 def plasticity_depth(
     summaries: pl.DataFrame,
     outputs: Sequence[str | os.PathLike[str]],
-    settings: FigureSettings = FigureSettings(),
+    settings: FigureSettings = DEFAULT_SETTINGS,
     demo: bool = False,
     title: str = "",
 ) -> None:
@@ -199,9 +211,7 @@ def plasticity_depth(
 
     Datasets are pooled (:func:`pool_plasticity`); one panel per protocol.
     """
-    pooled = pool_plasticity(summaries)
-    protocols = pooled["protocol"].unique(maintain_order=True).to_list()
-    order = _components_present(pooled["component"].to_list())
+    pooled, protocols, order = _pooled_by_protocol(summaries)
     figure, axes = panels(len(protocols), settings, ncols=1, aspect=0.55)
     for ax, protocol in zip(axes, protocols, strict=True):
         data = pooled.filter(pl.col("protocol") == protocol).sort("relative_depth")
@@ -218,10 +228,7 @@ def plasticity_depth(
                 label=label(component),
             )
             ax.fill_between(x, y - ci, y + ci, color=colour(component), alpha=0.25, linewidth=0)
-        ax.axhline(1.0, color="0.4", linewidth=0.6, linestyle="--", zorder=0)
-        ax.set_xlabel("Relative depth")
-        ax.set_ylabel("Plasticity")
-        ax.set_title(f"{title} ({protocol})" if title else protocol)
+        _plasticity_panel(ax, "Relative depth", f"{title} ({protocol})" if title else protocol)
     figure.legend(
         *axes[0].get_legend_handles_labels(),
         loc="outside lower center",
@@ -230,250 +237,6 @@ def plasticity_depth(
         handlelength=1.2,
         columnspacing=1.0,
     )
-    finish(figure, demo, outputs, settings)
-
-
-# --- finetuning -----------------------------------------------------------------------------
-
-
-def _cells(table: pl.DataFrame) -> list[tuple[str, str]]:
-    return table.select("model", "dataset").unique(maintain_order=True).rows()
-
-
-def _cell_title(model: str, dataset: str, several_models: bool) -> str:
-    return f"{model}: {dataset}" if several_models else dataset
-
-
-def _data_limits(low: np.ndarray, high: np.ndarray) -> tuple[float, float]:
-    """Y limits from the data alone: its span plus a margin (accuracies differ by little).
-
-    Values in accuracy points; a span under one point (all configurations equal) is widened to
-    one point so that the axis still reads as accuracy, not as rounding noise.
-    """
-    lo, hi = float(np.nanmin(low)), float(np.nanmax(high))
-    margin = max(hi - lo, 1.0) * 0.15
-    return lo - margin, hi + margin
-
-
-def accuracy_bars(
-    selected: pl.DataFrame,
-    outputs: Sequence[str | os.PathLike[str]],
-    settings: FigureSettings = FigureSettings(),
-    demo: bool = False,
-) -> None:
-    """Selected-LR test accuracy per configuration: bars (seed mean) with seed-std error bars.
-
-    One panel per (model, dataset). The y axis spans the data (bars do not start at 0: the
-    configurations differ by a few points).
-    """
-    cells = _cells(selected)
-    several = selected["model"].n_unique() > 1
-    order = configuration_order(selected["configuration"].to_list())
-    figure, axes = panels(len(cells), settings, ncols=2, aspect=0.8)
-    for ax, (model, dataset) in zip(axes, cells, strict=True):
-        rows = {
-            r["configuration"]: r
-            for r in selected.filter(
-                (pl.col("model") == model) & (pl.col("dataset") == dataset)
-            ).iter_rows(named=True)
-        }
-        names = [c for c in order if c in rows]
-        mean = np.array(
-            [
-                np.nan
-                if rows[c]["test_accuracy_mean"] is None
-                else 100 * rows[c]["test_accuracy_mean"]
-                for c in names
-            ]
-        )
-        std = np.array(
-            [
-                0.0 if rows[c]["test_accuracy_std"] is None else 100 * rows[c]["test_accuracy_std"]
-                for c in names
-            ]
-        )
-        x = np.arange(len(names))
-        ax.bar(x, np.nan_to_num(mean, nan=0.0), color=[colour(c) for c in names], width=0.75)
-        ax.errorbar(x, mean, yerr=std, fmt="none", ecolor="black", elinewidth=0.8, capsize=1.5)
-        if np.isfinite(mean).any():
-            ax.set_ylim(*_data_limits(mean - std, mean + std))
-        ax.set_xticks(x, [label(c) for c in names], rotation=90)
-        ax.set_title(_cell_title(model, dataset, several))
-    _label_left(axes, 2, "Test accuracy (%)")
-    finish(figure, demo, outputs, settings)
-
-
-def robustness_boxplot(
-    runs: pl.DataFrame,
-    outputs: Sequence[str | os.PathLike[str]],
-    settings: FigureSettings = FigureSettings(),
-    demo: bool = False,
-) -> None:
-    """Test accuracy of every LR x seed run, boxplot per configuration; panel per dataset.
-
-    Diverged runs have no accuracy: they are left out and counted under the tick label.
-    """
-
-    cells = _cells(runs)
-    several = runs["model"].n_unique() > 1
-    order = configuration_order(runs["configuration"].to_list())
-    figure, axes = panels(len(cells), settings, ncols=2, aspect=0.9)
-    for ax, (model, dataset) in zip(axes, cells, strict=True):
-        rows = runs.filter((pl.col("model") == model) & (pl.col("dataset") == dataset))
-        names = [c for c in order if c in set(rows["configuration"])]
-        diverged = dict(rows.group_by("configuration").agg(pl.col("diverged").sum()).rows())
-        data = rows.filter(pl.col("test_accuracy").is_not_null()).with_columns(
-            accuracy=100 * pl.col("test_accuracy")
-        )
-        _coloured_boxplot(
-            ax, data.to_pandas(), "configuration", "accuracy", names, linewidth=0.7, fliersize=1.5
-        )
-        ticks = [label(c) + (f"\n({diverged[c]} div.)" if diverged.get(c) else "") for c in names]
-        ax.set_xticks(range(len(names)), ticks, rotation=90)
-        ax.set_xlabel("")
-        ax.set_title(_cell_title(model, dataset, several))
-    _label_left(axes, 2, "Test accuracy (%)")
-    finish(figure, demo, outputs, settings)
-
-
-def training_curves(
-    metrics: pl.DataFrame,
-    outputs: Sequence[str | os.PathLike[str]],
-    settings: FigureSettings = FigureSettings(),
-    demo: bool = False,
-    title: str = "",
-) -> None:
-    """Gradient norm (train rows) and validation loss (val rows) against step, one line per LR.
-
-    ``metrics`` stacks the runs' metrics with their ``configuration``, ``run_lr`` (the run's
-    peak LR; ``lr`` is the scheduled LR at each step) and ``seed``; seeds are averaged. One
-    row of panels per configuration. Non-finite values (diverged runs) are dropped.
-    """
-    import seaborn as sns
-
-    order = configuration_order(metrics["configuration"].to_list())
-    lrs = sorted(metrics["run_lr"].unique().to_list())
-    lr_palette = dict(zip(lrs, sns.color_palette("viridis", len(lrs)), strict=True))
-    lr_names = {v: f"{v:g}" for v in lrs}  # as in run paths (config.lr_label)
-    figure, axes = panels(2 * len(order), settings, ncols=2, aspect=0.85)
-    quantities = (("train", "grad_norm", "Gradient norm"), ("val", "val_loss", "Val. loss"))
-    for index, configuration in enumerate(order):
-        for column, (kind, field, name) in enumerate(quantities):
-            ax = axes[2 * index + column]
-            data = metrics.filter(
-                (pl.col("configuration") == configuration)
-                & (pl.col("kind") == kind)
-                & pl.col(field).is_finite()
-            ).with_columns(LR=pl.col("run_lr").replace_strict(lr_names, return_dtype=pl.String))
-            if data.is_empty():
-                ax.text(
-                    0.5,
-                    0.5,
-                    "no finite values",
-                    ha="center",
-                    va="center",
-                    transform=ax.transAxes,
-                    fontsize="small",
-                )
-            else:
-                sns.lineplot(
-                    data=data.to_pandas(),
-                    x="step",
-                    y=field,
-                    hue="LR",
-                    hue_order=[f"{v:g}" for v in lrs],
-                    palette={f"{k:g}": v for k, v in lr_palette.items()},
-                    errorbar=None,
-                    ax=ax,
-                    linewidth=0.9,
-                    legend=index == 0 and column == 0,
-                )
-            ax.set_ylabel(name)
-            ax.set_xlabel("Step" if index == len(order) - 1 else "")
-            ax.set_title(label(configuration), color=colour(configuration), fontweight="bold")
-    legend = axes[0].get_legend()
-    if legend is not None:
-        # One legend for the whole figure, below it, clear of the panel titles.
-        handles, names = axes[0].get_legend_handles_labels()
-        legend.remove()
-        figure.legend(
-            handles,
-            names,
-            title=f"{title}: peak LR" if title else "Peak LR",
-            loc="outside lower center",
-            ncols=len(lrs),
-            fontsize="x-small",
-            title_fontsize="x-small",
-        )
-    finish(figure, demo, outputs, settings)
-
-
-def optimizer_scatter(
-    first: pl.DataFrame,
-    second: pl.DataFrame,
-    outputs: Sequence[str | os.PathLike[str]],
-    settings: FigureSettings = FigureSettings(),
-    demo: bool = False,
-) -> None:
-    """Selected-LR test accuracy of one optimizer against another, per dataset and
-    configuration (colour: configuration; marker: dataset), with the diagonal y = x.
-
-    Raises:
-        ValueError: if the two experiments share no (model, dataset, configuration).
-    """
-    import matplotlib.pyplot as plt
-
-    keys = ["model", "dataset", "configuration"]
-    pair = (
-        first.select(*keys, "optimizer", x="test_accuracy_mean")
-        .join(second.select(*keys, y="test_accuracy_mean", optimizer_y="optimizer"), on=keys)
-        .drop_nulls(["x", "y"])
-    )
-    if pair.is_empty():
-        raise ValueError(
-            f"experiments {first['experiment'][0]!r} and {second['experiment'][0]!r} share no "
-            "(model, dataset, configuration) with results"
-        )
-    x_name, y_name = pair["optimizer"][0], pair["optimizer_y"][0]
-    apply_theme(settings.context)
-    figure, ax = plt.subplots(
-        figsize=(settings.width_in, settings.width_in * 0.9), layout="constrained"
-    )
-    markers = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h"]
-    datasets = pair["dataset"].unique(maintain_order=True).to_list()
-    order = configuration_order(pair["configuration"].to_list())
-    for d_index, dataset in enumerate(datasets):
-        for configuration in order:
-            rows = pair.filter(
-                (pl.col("dataset") == dataset) & (pl.col("configuration") == configuration)
-            )
-            ax.scatter(
-                100 * rows["x"].to_numpy(),
-                100 * rows["y"].to_numpy(),
-                color=colour(configuration),
-                marker=markers[d_index % len(markers)],
-                s=18,
-                edgecolors="black",
-                linewidths=0.3,
-            )
-    values = 100 * np.concatenate([pair["x"].to_numpy(), pair["y"].to_numpy()])
-    lo, hi = _data_limits(values, values)
-    ax.plot([lo, hi], [lo, hi], color="0.4", linewidth=0.7, linestyle="--", zorder=0)
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_aspect("equal")
-    ax.set_xlabel(f"{x_name} test accuracy (%)")
-    ax.set_ylabel(f"{y_name} test accuracy (%)")
-    from matplotlib.lines import Line2D
-
-    handles = [
-        Line2D([], [], marker="o", linestyle="", color=colour(c), label=label(c)) for c in order
-    ]
-    handles += [
-        Line2D([], [], marker=markers[i % len(markers)], linestyle="", color="0.3", label=d)
-        for i, d in enumerate(datasets)
-    ]
-    ax.legend(handles=handles, fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     finish(figure, demo, outputs, settings)
 
 
@@ -530,10 +293,58 @@ def _undefined_note(figure: Any, note: Any, undefined: Mapping[str, str]) -> Non
         figure.set_size_inches(width, height + (needed - space) / figure.dpi)
 
 
+def _bounds_panels(
+    n: int, settings: FigureSettings, ncols: int, with_note: bool
+) -> tuple[Any, list[Any], Any]:
+    """The bounds figure's ``n`` panels, and with ``with_note`` a lower, shorter row whose
+    first panel (returned last; else None) will say which components have no bound."""
+    if not with_note:
+        figure, axes = panels(n, settings, ncols=ncols, aspect=0.75)
+        return figure, axes, None
+    rows = math.ceil(n / ncols)
+    figure, axes = panels(rows * ncols + 1, settings, ncols=ncols, aspect=0.75)
+    note = axes[-1]
+    for ax in axes[n:-1]:
+        ax.set_visible(False)
+    note.get_subplotspec().get_gridspec().set_height_ratios([1] * rows + [NOTE_ROW_HEIGHT])
+    width, height = figure.get_size_inches()
+    row_height = height / (rows + 1)
+    figure.set_size_inches(width, height - (1 - NOTE_ROW_HEIGHT) * row_height)
+    return figure, axes[:n], note
+
+
+def _bound_panel(ax: Any, rows: pl.DataFrame, component: str) -> None:
+    """One component's bound and measured mean against block, on a log axis fitted to them."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    line = {"color": colour(component), "linewidth": 1.0, "markersize": 2.5}
+    ax.plot(rows["block"], rows["bound"], marker="o", label="Bound", **line)
+    if "measured_mean" in rows.columns and rows["measured_mean"].is_not_null().any():
+        ax.plot(
+            rows["block"],
+            rows["measured_mean"],
+            marker="s",
+            linestyle="--",
+            markerfacecolor="white",
+            label="Measured (mean)",
+            **line,
+        )
+    ax.set_yscale("log")
+    values = [v for c in ("bound", "measured_mean") if c in rows.columns for v in rows[c]]
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if finite:
+        # Widened 2.5x each way: a bound and its measurement often lie within one decade.
+        low, high = min(finite) / 2.5, max(finite) * 2.5
+        ax.set_ylim(low, high)
+        ax.yaxis.set_major_locator(FixedLocator(_log_ticks(low, high)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def bounds_figure(
     table: pl.DataFrame,
     outputs: Sequence[str | os.PathLike[str]],
-    settings: FigureSettings = FigureSettings(),
+    settings: FigureSettings = DEFAULT_SETTINGS,
     demo: bool = False,
     title: str = "",
     undefined: Mapping[str, str] | None = None,
@@ -549,54 +360,17 @@ def bounds_figure(
     panel, and a last panel says which and why.
     """
     undefined = dict(undefined or {})
-    order = [c for c in _components_present(table["component"].to_list()) if c not in undefined]
+    order = [c for c in component_order(table["component"].to_list()) if c not in undefined]
     data = table.sort("block")
     blocks = sorted(set(data["block"].to_list()))
     ticks = blocks if len(blocks) <= 12 else blocks[:: max(1, len(blocks) // 8)]
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
-
     ncols = 2
-    if not undefined:
-        figure, axes = panels(len(order), settings, ncols=ncols, aspect=0.75)
-        note = None
-    else:  # the panels, then a lower row for the note
-        rows = math.ceil(len(order) / ncols)
-        figure, axes = panels(rows * ncols + 1, settings, ncols=ncols, aspect=0.75)
-        note = axes[-1]
-        for ax in axes[len(order) : -1]:
-            ax.set_visible(False)
-        axes = axes[: len(order)]
-        note.get_subplotspec().get_gridspec().set_height_ratios([1] * rows + [NOTE_ROW_HEIGHT])
-        width, height = figure.get_size_inches()
-        row_height = height / (rows + 1)
-        figure.set_size_inches(width, height - (1 - NOTE_ROW_HEIGHT) * row_height)
+    figure, axes, note = _bounds_panels(len(order), settings, ncols, bool(undefined))
     for ax, component in zip(axes, order, strict=True):
-        rows = data.filter(pl.col("component") == component)
-        line = {"color": colour(component), "linewidth": 1.0, "markersize": 2.5}
-        ax.plot(rows["block"], rows["bound"], marker="o", label="Bound", **line)
-        if "measured_mean" in rows.columns and rows["measured_mean"].is_not_null().any():
-            ax.plot(
-                rows["block"],
-                rows["measured_mean"],
-                marker="s",
-                linestyle="--",
-                markerfacecolor="white",
-                label="Measured (mean)",
-                **line,
-            )
-        ax.set_yscale("log")
-        values = [v for c in ("bound", "measured_mean") if c in rows.columns for v in rows[c]]
-        finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
-        if finite:
-            # Widened 2.5x each way: a bound and its measurement often lie within one decade.
-            low, high = min(finite) / 2.5, max(finite) * 2.5
-            ax.set_ylim(low, high)
-            ax.yaxis.set_major_locator(FixedLocator(_log_ticks(low, high)))
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-            ax.yaxis.set_minor_formatter(NullFormatter())
+        _bound_panel(ax, data.filter(pl.col("component") == component), component)
         ax.set_xticks(ticks)
         ax.set_title(label(component), color=colour(component), fontweight="bold")
-    _label_left(axes, ncols, "Plasticity")
+    label_left(axes, ncols, "Plasticity")
     for index, ax in enumerate(axes):
         # The x label under the last panel of each column only.
         ax.set_xlabel("Block" if index + ncols >= len(axes) else "")

@@ -2,6 +2,16 @@
 
 The paper (docs/protocol.md, "Aggregation"): Wilcoxon signed-rank, MHA against each other
 component, paired over the 11 datasets, one-sided (MHA greater), and the paired t-test.
+
+With ``x`` the reference's accuracies and ``y`` those of another component (one per dataset,
+paired by dataset), the tests are exactly ``scipy.stats.wilcoxon(x, y,
+alternative=alternative)`` and ``scipy.stats.ttest_rel(x, y, alternative=alternative)``:
+scipy's defaults throughout, so zero differences are dropped before ranking
+(``zero_method="wilcox"``), tied absolute differences get average ranks, no continuity
+correction, and the p-value is exact for small samples without ties or zeros and from the
+normal approximation otherwise (``method="auto"``). When every difference is zero scipy gives
+statistic 0 and p-value 1 for the Wilcoxon test and NaN for the t-test; those are passed on
+unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +37,21 @@ STATS_SCHEMA: dict[str, pl.DataType] = {
     "significant": pl.Boolean(),
 }
 """Columns of :func:`compare_components`'s result."""
+
+RESULT_COLUMNS: tuple[str, ...] = (
+    "component",
+    "n_datasets",
+    "mean_diff",
+    "wilcoxon_stat",
+    "wilcoxon_p",
+    "ttest_stat",
+    "ttest_p",
+    "significant",
+    "reference",
+    "alternative",
+    "alpha",
+)
+"""The order of those columns in the result: what is compared first, the test's setting last."""
 
 
 def _accuracy_matrix(table: pl.DataFrame) -> tuple[list[str], dict[str, np.ndarray]]:
@@ -64,14 +89,7 @@ def compare_components(
     """Paired tests of ``reference`` against every other component, over datasets.
 
     For each other component ``c``, with ``x`` the reference's accuracies and ``y`` those of
-    ``c`` (one per dataset, paired by dataset), this returns exactly
-    ``scipy.stats.wilcoxon(x, y, alternative=alternative)`` and
-    ``scipy.stats.ttest_rel(x, y, alternative=alternative)``: scipy's defaults throughout, so
-    zero differences are dropped before ranking (``zero_method="wilcox"``), tied absolute
-    differences get average ranks, no continuity correction, and the p-value is exact for
-    small samples without ties or zeros and from the normal approximation otherwise
-    (``method="auto"``). When every difference is zero scipy gives statistic 0 and p-value 1
-    for the Wilcoxon test and NaN for the t-test; those are passed on unchanged.
+    ``c`` (one per dataset, paired by dataset), the two tests of the module docstring.
 
     Args:
         table: columns ``dataset``, ``component``, ``accuracy``; one row per dataset and
@@ -90,12 +108,7 @@ def compare_components(
         ValueError: if a dataset lacks a component's accuracy (naming both), a (dataset,
             component) appears twice, ``reference`` is absent, or ``alternative`` is unknown.
     """
-    from scipy import stats
-
-    if alternative not in ALTERNATIVES:
-        raise ValueError(f"alternative must be one of {ALTERNATIVES}, got {alternative!r}")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    _check_test_settings(alternative, alpha)
     datasets, accuracy = _accuracy_matrix(table)
     if reference not in accuracy:
         raise ValueError(
@@ -103,45 +116,48 @@ def compare_components(
             f"(components: {', '.join(accuracy)})"
         )
     x = accuracy[reference]
-    rows = []
-    for component, y in accuracy.items():
-        if component == reference:
-            continue
-        differences = x - y
-        with warnings.catch_warnings():
-            # All-zero differences make scipy divide 0 by 0 on the way to its answer.
-            warnings.simplefilter("ignore", RuntimeWarning)
-            wilcoxon = stats.wilcoxon(x, y, alternative=alternative)
-            ttest = stats.ttest_rel(x, y, alternative=alternative)
-        w_stat, w_p = float(wilcoxon.statistic), float(wilcoxon.pvalue)
-        rows.append(
-            {
-                "reference": reference,
-                "component": component,
-                "alternative": alternative,
-                "n_datasets": len(datasets),
-                "mean_diff": float(np.mean(differences)),
-                "wilcoxon_stat": w_stat,
-                "wilcoxon_p": w_p,
-                "ttest_stat": float(ttest.statistic),
-                "ttest_p": float(ttest.pvalue),
-                "alpha": float(alpha),
-                "significant": bool(w_p < alpha),
-            }
-        )
-    return pl.DataFrame(rows, schema=STATS_SCHEMA, orient="row").select(
-        "component",
-        "n_datasets",
-        "mean_diff",
-        "wilcoxon_stat",
-        "wilcoxon_p",
-        "ttest_stat",
-        "ttest_p",
-        "significant",
-        "reference",
-        "alternative",
-        "alpha",
-    )
+    rows = [
+        {
+            "reference": reference,
+            "component": component,
+            "alternative": alternative,
+            "n_datasets": len(datasets),
+            **_paired_tests(x, y, alternative, alpha),
+        }
+        for component, y in accuracy.items()
+        if component != reference
+    ]
+    return pl.DataFrame(rows, schema=STATS_SCHEMA, orient="row").select(*RESULT_COLUMNS)
+
+
+def _check_test_settings(alternative: str, alpha: float) -> None:
+    """Raise ValueError on an unknown alternative or an alpha outside (0, 1)."""
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f"alternative must be one of {ALTERNATIVES}, got {alternative!r}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+
+
+def _paired_tests(x: np.ndarray, y: np.ndarray, alternative: str, alpha: float) -> dict:
+    """scipy's Wilcoxon signed-rank and paired t-test of ``x`` against ``y`` (see
+    :func:`compare_components`), the mean difference, and whether the Wilcoxon p < alpha."""
+    from scipy import stats
+
+    with warnings.catch_warnings():
+        # All-zero differences make scipy divide 0 by 0 on the way to its answer.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        wilcoxon = stats.wilcoxon(x, y, alternative=alternative)
+        ttest = stats.ttest_rel(x, y, alternative=alternative)
+    w_stat, w_p = float(wilcoxon.statistic), float(wilcoxon.pvalue)
+    return {
+        "mean_diff": float(np.mean(x - y)),
+        "wilcoxon_stat": w_stat,
+        "wilcoxon_p": w_p,
+        "ttest_stat": float(ttest.statistic),
+        "ttest_p": float(ttest.pvalue),
+        "alpha": float(alpha),
+        "significant": bool(w_p < alpha),
+    }
 
 
 def compare_selected(

@@ -107,3 +107,10 @@ def configuration_order(configurations: Sequence[str]) -> list[str]:
         present,
         key=lambda name: (name == "head", rank.get(name, len(rank)), name),
     )
+
+
+def component_order(names: Sequence[str]) -> list[str]:
+    """The components among ``names`` in the paper's order (:data:`.components.COMPONENTS`),
+    then any other names, sorted."""
+    present = set(names)
+    return [c for c in COMPONENTS if c in present] + sorted(present - set(COMPONENTS))

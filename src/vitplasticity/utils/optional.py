@@ -3,6 +3,7 @@ only where a stage needs them, with an error that says how to install them."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 EXTRA_HINT = "install the optional extra: pip install 'vitplasticity[extras]'"
@@ -15,13 +16,7 @@ def require_transformers() -> Any:
     Raises:
         ImportError: naming the optional extra when transformers is not installed.
     """
-    try:
-        import transformers
-    except ImportError as error:
-        raise ImportError(
-            f"transformers models need the 'transformers' package: {EXTRA_HINT}"
-        ) from error
-    return transformers
+    return _import_extra("transformers", "transformers models need")
 
 
 def require_peft() -> Any:
@@ -30,10 +25,12 @@ def require_peft() -> Any:
     Raises:
         ImportError: naming the optional extra when peft is not installed.
     """
+    return _import_extra("peft", "the 'lora' configuration needs")
+
+
+def _import_extra(module: str, needed_by: str) -> Any:
+    """Import ``module`` of the optional extra; ``needed_by`` starts the error's message."""
     try:
-        import peft
+        return importlib.import_module(module)
     except ImportError as error:
-        raise ImportError(
-            f"the 'lora' configuration needs the 'peft' package: {EXTRA_HINT}"
-        ) from error
-    return peft
+        raise ImportError(f"{needed_by} the '{module}' package: {EXTRA_HINT}") from error

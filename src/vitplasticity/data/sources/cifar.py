@@ -8,12 +8,13 @@ in the archive's order; ``file`` is ``<batch>/<original file name>``.
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vitplasticity.data.archives import FormatError, find_member, read_tar_members, tar_names
+from vitplasticity.data.archives import FormatError, InputFile, read_tar_suffixes
 from vitplasticity.data.sources.common import (
     PreparedSplits,
     make_split,
@@ -94,17 +95,12 @@ def prepare(
         DamagedFileError: the archive (or one of its members) cannot be parsed, naming the
             file, the member and the remedy.
     """
-    source = spec["source"]
-    layout = _LAYOUT[source]
+    layout = _LAYOUT[spec["source"]]
     paths = resolve_files(name, spec, Path(downloads), files)
     archive = next(iter(paths.values()))
     with archive.reading("CIFAR python archive (tar.gz)"):
-        names = tar_names(archive.path)
-        wanted = {
-            part: find_member(names, part, archive.path)
-            for part in [*layout["train"], *layout["test"], layout["meta"]]
-        }
-        members = read_tar_members(archive.path, set(wanted.values()))
+        parts = [*layout["train"], *layout["test"], layout["meta"]]
+        wanted, members = read_tar_suffixes(archive.path, {part: part for part in parts})
     with archive.reading("CIFAR meta pickle", wanted[layout["meta"]]):
         meta = unpickle(members[wanted[layout["meta"]]])
         if not isinstance(meta, dict) or layout["names_key"] not in meta:
@@ -112,22 +108,34 @@ def prepare(
         class_names = [
             n.decode() if isinstance(n, bytes) else str(n) for n in meta[layout["names_key"]]
         ]
-
-    def split_of(batches: list[str]) -> Split:
-        images, labels, files_ = [], [], []
-        for batch in batches:
-            with archive.reading("CIFAR batch pickle", wanted[batch]):
-                arrays, batch_labels, batch_files = decode_batch(
-                    members[wanted[batch]], layout["label_key"]
-                )
-            images.extend(encode_png(image) for image in arrays)
-            labels.extend(batch_labels)
-            files_.extend(f"{batch}/{f}" for f in batch_files)
-        return make_split(images, labels, files_)
-
+    batches = _BatchReader(archive, wanted, members, layout["label_key"])
     prepared = PreparedSplits(
-        splits={"pool": split_of(layout["train"]), "test": split_of(layout["test"])},
+        splits={"pool": batches.split(layout["train"]), "test": batches.split(layout["test"])},
         class_names=class_names,
         details={"encoding": "png"},
     )
     return write_prepared(name, spec, out_dir, prepared, paths, expected)
+
+
+@dataclass
+class _BatchReader:
+    """The batch pickles read out of one CIFAR archive, decoded into splits."""
+
+    archive: InputFile
+    wanted: dict[str, str]  # batch name -> its member name
+    members: dict[str, bytes]
+    label_key: bytes
+
+    def split(self, batches: list[str]) -> Split:
+        """One split of ``batches``, in order; ``file`` is ``<batch>/<original file name>``."""
+        images, labels, files = [], [], []
+        for batch in batches:
+            member = self.wanted[batch]
+            with self.archive.reading("CIFAR batch pickle", member):
+                arrays, batch_labels, batch_files = decode_batch(
+                    self.members[member], self.label_key
+                )
+            images.extend(encode_png(image) for image in arrays)
+            labels.extend(batch_labels)
+            files.extend(f"{batch}/{f}" for f in batch_files)
+        return make_split(images, labels, files)

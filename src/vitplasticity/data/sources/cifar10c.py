@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vitplasticity.data.archives import FormatError, find_member, read_tar_members, tar_names
+from vitplasticity.data.archives import FormatError, InputFile, read_tar_suffixes
 from vitplasticity.data.sources.common import (
     PreparedSplits,
     make_split,
@@ -63,39 +63,10 @@ def prepare(
         DamagedFileError: the archive or a member cannot be parsed, or the arrays have the
             wrong shapes; naming the file, the member and the remedy.
     """
-    corruption = spec.get("corruption")
-    if corruption not in CIFAR10C_CORRUPTIONS:
-        raise ValueError(
-            f"datasets.{name}.corruption: {corruption!r} is not one of {CIFAR10C_CORRUPTIONS}"
-        )
-    severity = int(spec.get("severity", 5))
-    if not 1 <= severity <= SEVERITIES:
-        raise ValueError(f"datasets.{name}.severity: {severity} is not in 1..{SEVERITIES}")
+    corruption, severity = _corruption_and_severity(name, spec)
     paths = resolve_files(name, spec, Path(downloads), files)
     archive = paths["CIFAR-10-C.tar"]
-    with archive.reading("CIFAR-10-C tar archive"):
-        names = tar_names(archive.path)
-        image_member = find_member(names, f"{corruption}.npy", archive.path)
-        label_member = find_member(names, "labels.npy", archive.path)
-        members = read_tar_members(archive.path, {image_member, label_member})
-    arrays = {}
-    for member in (image_member, label_member):
-        with archive.reading(".npy array", member):
-            data = members[member]
-            if not data.startswith(NPY_MAGIC):  # else numpy blames pickles (not allowed here)
-                raise FormatError(f"no .npy header; it starts with {data[:16]!r}")
-            arrays[member] = np.load(io.BytesIO(data), allow_pickle=False)
-    images, labels = arrays[image_member], arrays[label_member]
-    if images.ndim != 4 or images.shape[1:] != (32, 32, 3) or images.shape[:1] != labels.shape:
-        layout = ", channel-first" if images.ndim == 4 and images.shape[1:] == (3, 32, 32) else ""
-        raise archive.misshapen(
-            f"{image_member} has shape {images.shape}{layout} and {label_member} "
-            f"{labels.shape}; the official arrays are (N, 32, 32, 3) uint8 images and (N,) labels"
-        )
-    if len(images) % SEVERITIES:
-        raise archive.damaged(
-            f"{len(images)} rows do not split into {SEVERITIES} severities", image_member
-        )
+    images, labels = _read_arrays(archive, corruption)
     rows = severity_rows(len(images), severity)
     images, labels = images[rows], labels[rows].astype(np.int64)
     first_row = rows.start
@@ -119,3 +90,53 @@ def prepare(
         },
     )
     return write_prepared(name, spec, out_dir, prepared, paths, expected)
+
+
+def _corruption_and_severity(name: str, spec: dict[str, Any]) -> tuple[str, int]:
+    """The dataset's corruption and severity (default 5), checked.
+
+    Raises:
+        ValueError: an unknown corruption or a severity outside 1..5, naming the key.
+    """
+    corruption = spec.get("corruption")
+    if corruption not in CIFAR10C_CORRUPTIONS:
+        raise ValueError(
+            f"datasets.{name}.corruption: {corruption!r} is not one of {CIFAR10C_CORRUPTIONS}"
+        )
+    severity = int(spec.get("severity", 5))
+    if not 1 <= severity <= SEVERITIES:
+        raise ValueError(f"datasets.{name}.severity: {severity} is not in 1..{SEVERITIES}")
+    return corruption, severity
+
+
+def _read_arrays(archive: InputFile, corruption: str) -> tuple[np.ndarray, np.ndarray]:
+    """The corruption's images (every severity) and the labels out of the tar, shapes checked.
+
+    Raises:
+        DamagedFileError: the archive or a member cannot be parsed, or the arrays have the
+            wrong shapes.
+    """
+    with archive.reading("CIFAR-10-C tar archive"):
+        wanted, members = read_tar_suffixes(
+            archive.path, {"images": f"{corruption}.npy", "labels": "labels.npy"}
+        )
+    image_member, label_member = wanted["images"], wanted["labels"]
+    arrays = {}
+    for member in (image_member, label_member):
+        with archive.reading(".npy array", member):
+            data = members[member]
+            if not data.startswith(NPY_MAGIC):  # else numpy blames pickles (not allowed here)
+                raise FormatError(f"no .npy header; it starts with {data[:16]!r}")
+            arrays[member] = np.load(io.BytesIO(data), allow_pickle=False)
+    images, labels = arrays[image_member], arrays[label_member]
+    if images.ndim != 4 or images.shape[1:] != (32, 32, 3) or images.shape[:1] != labels.shape:
+        layout = ", channel-first" if images.ndim == 4 and images.shape[1:] == (3, 32, 32) else ""
+        raise archive.misshapen(
+            f"{image_member} has shape {images.shape}{layout} and {label_member} "
+            f"{labels.shape}; the official arrays are (N, 32, 32, 3) uint8 images and (N,) labels"
+        )
+    if len(images) % SEVERITIES:
+        raise archive.damaged(
+            f"{len(images)} rows do not split into {SEVERITIES} severities", image_member
+        )
+    return images, labels

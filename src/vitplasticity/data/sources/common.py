@@ -16,6 +16,7 @@ from vitplasticity.data.download import ChecksumError, download, file_digest
 from vitplasticity.data.sources.registry import (
     FILES,
     KNOWN_COUNTS,
+    Checksum,
     RemoteFile,
     file_checksum,
     local_archives,
@@ -62,30 +63,43 @@ def resolve_files(
         yours = filename in (spec.get("checksums") or {})
         origin = f"datasets.{name}.checksums.{filename}" if yours else None
         if filename in local:
-            path = local[filename]
-            if not path.is_file():
-                raise FileNotFoundError(
-                    f"datasets.{name}.archive: {path} does not exist (expected {filename})"
-                )
-            actual = file_digest(path, expected.algorithm if expected else "md5")
-            if expected is not None and actual != expected.hexdigest:
-                if origin:
-                    where, other = f"from your config {origin}", "correct that digest"
-                else:
-                    where = "the registry's"
-                    other = f"give their digest under datasets.{name}.checksums"
-                raise ChecksumError(
-                    f"datasets.{name}.archive: checksum mismatch for {path}: "
-                    f"expected {expected.algorithm} {expected.hexdigest} ({filename}, {where}), "
-                    f"got {actual}; {local_remedy(f'datasets.{name}.archive')} (or, if "
-                    f"these bytes are right, {other})"
-                )
-            resolved[filename] = InputFile.local(path, f"datasets.{name}.archive")
+            resolved[filename] = _verified_local(name, filename, local[filename], expected, origin)
         else:
             url = remote_file(name, spec, filename).url if spec.get("url") else entry.url
             path = download(url, downloads / filename, checksum=expected, checksum_origin=origin)
             resolved[filename] = InputFile.downloaded(path)
     return resolved
+
+
+def _verified_local(
+    name: str, filename: str, path: Path, expected: Checksum | None, origin: str | None
+) -> InputFile:
+    """The user's own file for ``filename`` (config ``datasets.<name>.archive``), checked to
+    exist and, when a digest is known, to match it (``origin``: the config key giving it, or
+    None for the registry's).
+
+    Raises:
+        FileNotFoundError: the file does not exist, naming the key.
+        ChecksumError: the wrong digest, naming the key and how to fix it.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"datasets.{name}.archive: {path} does not exist (expected {filename})"
+        )
+    actual = file_digest(path, expected.algorithm if expected else "md5")
+    if expected is not None and actual != expected.hexdigest:
+        if origin:
+            where, other = f"from your config {origin}", "correct that digest"
+        else:
+            where = "the registry's"
+            other = f"give their digest under datasets.{name}.checksums"
+        raise ChecksumError(
+            f"datasets.{name}.archive: checksum mismatch for {path}: "
+            f"expected {expected.algorithm} {expected.hexdigest} ({filename}, {where}), "
+            f"got {actual}; {local_remedy(f'datasets.{name}.archive')} (or, if "
+            f"these bytes are right, {other})"
+        )
+    return InputFile.local(path, f"datasets.{name}.archive")
 
 
 def paper_fixed_split(n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,12 +9,13 @@ and ``<domain>_test.txt`` (test) lists. Images are stored as their original JPEG
 from __future__ import annotations
 
 import logging
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vitplasticity.data.archives import FormatError, InputFile, first_undecodable, open_zip
+from vitplasticity.data.archives import FormatError, InputFile, open_zip
 from vitplasticity.data.download import Progress
 from vitplasticity.data.sources.common import (
     PreparedSplits,
@@ -100,45 +101,12 @@ def prepare(
                 f"the official {domain}.zip holds {domain}/<class>/<image>: re-packed, or "
                 "another domain's zip?"
             )
-        label_of = {c: k for k, c in enumerate(classes)}
         if split_mode == "random":
-            pool_idx, test_idx = paper_fixed_split(len(images))
-            parts = {
-                "pool": [images[i] for i in pool_idx],
-                "test": [images[i] for i in test_idx],
-            }
+            parts = _random_parts(images)
         else:
-            parts = {
-                split: read_list(paths[f"{domain}_{name}.txt"])
-                for split, name in LIST_NAMES.items()
-            }
-            present = set(images)
-            for split, listed in parts.items():
-                missing = [p for p in listed if p not in present]
-                if missing:
-                    # Both files passed their checksums: blame the list line naming an image
-                    # the zip does not hold (fetching either again brings the same bytes).
-                    listing = paths[f"{domain}_{LIST_NAMES[split]}.txt"]
-                    raise listing.misshapen(
-                        f"line {_line_of(listing, missing[0])} names image {missing[0]!r}, "
-                        f"which {archive.path.name} does not hold ({len(missing)} listed "
-                        "image(s) missing in all)"
-                    )
-        total = sum(len(v) for v in parts.values())
-        progress = Progress(f"read {archive.path.name}", total, unit="img")
-        splits: dict[str, Split] = {}
-        for split, chosen in parts.items():
-            data = []
-            for path in chosen:
-                with archive.reading("zip member", path):
-                    data.append(zipped.read(path))
-                progress.update(1)
-            bad = first_undecodable(data)
-            if bad is not None:
-                raise archive.damaged(f"not a decodable image ({bad[1]})", chosen[bad[0]])
-            labels = np.array([label_of[p.split("/")[1]] for p in chosen], dtype=np.int64)
-            splits[split] = make_split(data, labels.tolist(), chosen)
-        progress.close()
+            parts = _official_parts(paths, domain, images)
+        label_of = {c: k for k, c in enumerate(classes)}
+        splits = _read_splits(archive, zipped, parts, label_of)
     prepared = PreparedSplits(
         splits=splits,
         class_names=classes,
@@ -150,3 +118,64 @@ def prepare(
         },
     )
     return write_prepared(name, spec, out_dir, prepared, paths, expected)
+
+
+def _random_parts(images: list[str]) -> dict[str, list[str]]:
+    """The reference code's fixed 80/20 pool/test split of the domain's images."""
+    pool_idx, test_idx = paper_fixed_split(len(images))
+    return {"pool": [images[i] for i in pool_idx], "test": [images[i] for i in test_idx]}
+
+
+def _official_parts(
+    paths: dict[str, InputFile], domain: str, images: list[str]
+) -> dict[str, list[str]]:
+    """The official train/test lists of ``domain``, each image checked to be in the zip.
+
+    Raises:
+        DamagedFileError: a list cannot be read, or names an image the zip does not hold.
+    """
+    archive = paths[f"{domain}.zip"]
+    parts = {
+        split: read_list(paths[f"{domain}_{list_name}.txt"])
+        for split, list_name in LIST_NAMES.items()
+    }
+    present = set(images)
+    for split, listed in parts.items():
+        missing = [p for p in listed if p not in present]
+        if missing:
+            # Both files passed their checksums: blame the list line naming an image
+            # the zip does not hold (fetching either again brings the same bytes).
+            listing = paths[f"{domain}_{LIST_NAMES[split]}.txt"]
+            raise listing.misshapen(
+                f"line {_line_of(listing, missing[0])} names image {missing[0]!r}, "
+                f"which {archive.path.name} does not hold ({len(missing)} listed "
+                "image(s) missing in all)"
+            )
+    return parts
+
+
+def _read_splits(
+    archive: InputFile,
+    zipped: zipfile.ZipFile,
+    parts: dict[str, list[str]],
+    label_of: dict[str, int],
+) -> dict[str, Split]:
+    """Each split's images read out of the zip (checked to decode), labelled by class folder.
+
+    Raises:
+        DamagedFileError: a member cannot be read or does not decode.
+    """
+    total = sum(len(v) for v in parts.values())
+    progress = Progress(f"read {archive.path.name}", total, unit="img")
+    splits: dict[str, Split] = {}
+    for split, chosen in parts.items():
+        data = []
+        for path in chosen:
+            with archive.reading("zip member", path):
+                data.append(zipped.read(path))
+            progress.update(1)
+        archive.check_images(data, chosen)
+        labels = np.array([label_of[p.split("/")[1]] for p in chosen], dtype=np.int64)
+        splits[split] = make_split(data, labels.tolist(), chosen)
+    progress.close()
+    return splits

@@ -15,10 +15,9 @@ import numpy as np
 from vitplasticity.data.archives import (
     FormatError,
     InputFile,
-    first_undecodable,
+    jpg_members,
     read_mat,
     read_tar_members,
-    tar_names,
 )
 from vitplasticity.data.sources.common import (
     PreparedSplits,
@@ -177,27 +176,19 @@ def prepare(
     archive, label_file, setid_file = (
         paths[n] for n in ("102flowers.tgz", "imagelabels.mat", "setid.mat")
     )
-    labels = load_mat(label_file, "labels") - 1  # 1-based in the .mat
-    ids = {split: load_mat(setid_file, key) for split, key in SPLIT_KEYS.items()}
-    everything = np.concatenate(list(ids.values()))
-    if everything.min() < 1 or everything.max() > len(labels):
-        raise setid_file.damaged(
-            f"image ids {everything.min()}..{everything.max()} do not fit the {len(labels)} "
-            f"labels of {label_file.path}"
-        )
+    labels, ids = _labels_and_splits(label_file, setid_file)
     num_classes = int(labels.max()) + 1
     if num_classes > len(FLOWERS102_CLASSES):
         raise label_file.damaged(f"{num_classes} classes, more than 102")
+    everything = np.concatenate(list(ids.values()))
     with archive.reading("tar.gz archive"):
-        by_name = {n.rsplit("/", 1)[-1]: n for n in tar_names(archive.path) if n.endswith(".jpg")}
+        by_name = jpg_members(archive.path)
         wanted = {int(i): by_name.get(image_member(int(i))) for i in everything}
         missing = [image_member(i) for i, member in wanted.items() if member is None]
         if missing:
             raise archive.damaged(f"{len(missing)} image(s) missing, e.g. {missing[:3]}")
         members = read_tar_members(archive.path, {m for m in wanted.values() if m is not None})
-    bad = first_undecodable(list(members.values()))
-    if bad is not None:
-        raise archive.damaged(f"not a decodable image ({bad[1]})", list(members)[bad[0]])
+    archive.check_images(list(members.values()), list(members))
     splits = {
         split: make_split(
             [members[wanted[int(i)]] for i in split_ids],
@@ -212,3 +203,22 @@ def prepare(
         details={"encoding": "original", "official_splits": SPLIT_KEYS},
     )
     return write_prepared(name, spec, out_dir, prepared, paths, expected)
+
+
+def _labels_and_splits(
+    label_file: InputFile, setid_file: InputFile
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The 0-based label of every image, and each split's 1-based image ids, checked to fit.
+
+    Raises:
+        DamagedFileError: a .mat cannot be read, or an id falls outside the labels.
+    """
+    labels = load_mat(label_file, "labels") - 1  # 1-based in the .mat
+    ids = {split: load_mat(setid_file, key) for split, key in SPLIT_KEYS.items()}
+    everything = np.concatenate(list(ids.values()))
+    if everything.min() < 1 or everything.max() > len(labels):
+        raise setid_file.damaged(
+            f"image ids {everything.min()}..{everything.max()} do not fit the {len(labels)} "
+            f"labels of {label_file.path}"
+        )
+    return labels, ids

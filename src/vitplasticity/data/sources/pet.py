@@ -8,15 +8,16 @@ seed; ``annotations/test.txt`` (3,669) the test split. Lines read ``<image id> <
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vitplasticity.data.archives import (
     FormatError,
-    find_member,
-    first_undecodable,
+    InputFile,
+    jpg_members,
     read_tar_members,
-    tar_names,
+    read_tar_suffixes,
 )
 from vitplasticity.data.sources.common import (
     PreparedSplits,
@@ -80,50 +81,21 @@ def prepare(
     """
     paths = resolve_files(name, spec, Path(downloads), files)
     images_tar, annotations_tar = paths["images.tar.gz"], paths["annotations.tar.gz"]
-    with annotations_tar.reading("tar.gz archive"):
-        annotation_names = tar_names(annotations_tar.path)
-        list_members = {
-            split: find_member(annotation_names, f"annotations/{f}", annotations_tar.path)
-            for split, f in LISTS.items()
-        }
-        texts = read_tar_members(annotations_tar.path, set(list_members.values()))
-    entries = {}
-    for split, member in list_members.items():
-        with annotations_tar.reading("annotation list (text)", member):
-            entries[split] = parse_list(texts[member])
+    lists = _read_lists(annotations_tar)
     names: dict[int, str] = {}
-    for split_entries in entries.values():
+    for split_entries in lists.entries.values():
         for image_id, label in split_entries:
             names.setdefault(label, class_name(image_id))
     if sorted(names) != list(range(len(names))):
         raise annotations_tar.damaged(f"class ids are not 1..{len(names)}")
-    needed = {image_id for split_entries in entries.values() for image_id, _ in split_entries}
-    with images_tar.reading("tar.gz archive"):
-        by_name = {
-            n.rsplit("/", 1)[-1]: n for n in tar_names(images_tar.path) if n.endswith(".jpg")
-        }
-        missing = sorted(i for i in needed if f"{i}.jpg" not in by_name)
-    if missing:
-        # Both archives passed their checksums and read whole: the odd one out is the list
-        # line naming an image that does not exist (fetching either again brings the same).
-        member, number = _first_line_naming(missing, list_members, texts)
-        raise annotations_tar.misshapen(
-            f"line {number} names image {missing[0]!r}, which {images_tar.path.name} does not "
-            f"hold ({len(missing)} listed image(s) missing in all)",
-            member,
-        )
-    with images_tar.reading("tar.gz archive"):
-        members = read_tar_members(images_tar.path, {by_name[f"{i}.jpg"] for i in needed})
-    bad = first_undecodable(list(members.values()))
-    if bad is not None:
-        raise images_tar.damaged(f"not a decodable image ({bad[1]})", list(members)[bad[0]])
+    by_name, members = _read_images(images_tar, lists)
     splits = {
         split: make_split(
             [members[by_name[f"{image_id}.jpg"]] for image_id, _ in split_entries],
             [label for _, label in split_entries],
             [f"images/{image_id}.jpg" for image_id, _ in split_entries],
         )
-        for split, split_entries in entries.items()
+        for split, split_entries in lists.entries.items()
     }
     prepared = PreparedSplits(
         splits=splits,
@@ -131,3 +103,55 @@ def prepare(
         details={"encoding": "original", "official_lists": LISTS},
     )
     return write_prepared(name, spec, out_dir, prepared, paths, expected)
+
+
+@dataclass
+class _Lists:
+    """The official annotation lists read out of the annotations archive."""
+
+    archive: InputFile
+    members: dict[str, str]  # split -> its list's member name
+    texts: dict[str, bytes]  # member name -> its bytes
+    entries: dict[str, list[tuple[str, int]]]  # split -> (image id, 0-based label) per line
+
+
+def _read_lists(annotations_tar: InputFile) -> _Lists:
+    """Each split's annotation list, parsed.
+
+    Raises:
+        DamagedFileError: the archive or a list cannot be parsed.
+    """
+    with annotations_tar.reading("tar.gz archive"):
+        suffixes = {split: f"annotations/{f}" for split, f in LISTS.items()}
+        list_members, texts = read_tar_suffixes(annotations_tar.path, suffixes)
+    entries = {}
+    for split, member in list_members.items():
+        with annotations_tar.reading("annotation list (text)", member):
+            entries[split] = parse_list(texts[member])
+    return _Lists(annotations_tar, list_members, texts, entries)
+
+
+def _read_images(images_tar: InputFile, lists: _Lists) -> tuple[dict[str, str], dict[str, bytes]]:
+    """The listed images: the archive's .jpg members by file name, and the listed ones' bytes.
+
+    Raises:
+        DamagedFileError: a listed image is missing (blaming the list line naming it) or does
+            not decode.
+    """
+    needed = {image_id for entries in lists.entries.values() for image_id, _ in entries}
+    with images_tar.reading("tar.gz archive"):
+        by_name = jpg_members(images_tar.path)
+        missing = sorted(i for i in needed if f"{i}.jpg" not in by_name)
+    if missing:
+        # Both archives passed their checksums and read whole: the odd one out is the list
+        # line naming an image that does not exist (fetching either again brings the same).
+        member, number = _first_line_naming(missing, lists.members, lists.texts)
+        raise lists.archive.misshapen(
+            f"line {number} names image {missing[0]!r}, which {images_tar.path.name} does not "
+            f"hold ({len(missing)} listed image(s) missing in all)",
+            member,
+        )
+    with images_tar.reading("tar.gz archive"):
+        members = read_tar_members(images_tar.path, {by_name[f"{i}.jpg"] for i in needed})
+    images_tar.check_images(list(members.values()), list(members))
+    return by_name, members
