@@ -44,9 +44,9 @@ from vitplasticity.recommend.ranking import (
     build_table,
     greedy_union,
     markdown,
-    parse_budget,
     select,
 )
+from vitplasticity.recommend.settings import parse_budget
 from vitplasticity.utils.io import read_parquet_metadata
 
 NUM_CLASSES = 4

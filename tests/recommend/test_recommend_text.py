@@ -39,6 +39,7 @@ from vitplasticity.data.text import byte_tokenizer, read_sequences
 from vitplasticity.models.architectures import UnsupportedModel, architecture_for
 from vitplasticity.plasticity.text import measure_text
 from vitplasticity.recommend.criteria import CRITERIA
+from vitplasticity.recommend.settings import DEFAULT_CONFIGURATIONS
 from vitplasticity.recommend.text import (
     TextRecommendSettings,
     causal_lm,
@@ -46,7 +47,6 @@ from vitplasticity.recommend.text import (
     user_sequences,
     write_text_outputs,
 )
-from vitplasticity.settings.stages import DEFAULT_CONFIGURATIONS
 from vitplasticity.utils.io import read_parquet_metadata
 from vitplasticity.utils.optional import require_transformers
 

@@ -18,14 +18,13 @@ from vitplasticity.data.sources import registry as source_registry
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.workflow.packs import finetune_packs
 from vitplasticity.settings.declaration import command_flags, config_flags, rule_params
-from vitplasticity.settings.stages import (
+from vitplasticity.plasticity.settings import (
     BoundsSettings,
-    CriteriaSettings,
     PlasticitySettings,
-    RecommendImageSettings,
-    RecommendTextSettings,
     TextPlasticitySettings,
 )
+from vitplasticity.recommend.settings import RecommendImageSettings, RecommendTextSettings
+from vitplasticity.report.settings import CriteriaSettings
 from vitplasticity.models.weights import LOCAL_FILENAME, RECORD_FILENAME, SOURCE_KWARGS
 
 RESOURCES = config["paths"]["resources"]

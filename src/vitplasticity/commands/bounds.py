@@ -7,13 +7,13 @@ import dataclasses
 import logging
 import math
 
+from vitplasticity.plasticity.settings import BoundsSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
     check_settings,
     json_argument,
     settings_from_args,
 )
-from vitplasticity.settings.stages import BoundsSettings
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from vitplasticity.commands import (
     read_frames,
     report_record,
 )
+from vitplasticity.report.settings import CriteriaSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
     check_settings,
     settings_from_args,
 )
-from vitplasticity.settings.stages import CriteriaSettings
 
 log = logging.getLogger(__name__)
 

@@ -19,16 +19,16 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vitplasticity.plasticity.settings import DTYPES
+from vitplasticity.recommend.settings import (
+    REFERENCE_FALLBACKS,
+    RecommendImageSettings,
+    RecommendTextSettings,
+)
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
     json_argument,
     settings_from_args,
-)
-from vitplasticity.settings.stages import (
-    DTYPES,
-    REFERENCE_FALLBACKS,
-    RecommendImageSettings,
-    RecommendTextSettings,
 )
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def ranking_settings(args: argparse.Namespace, declared: type) -> dict[str, Any]
     Raises:
         ValueError: naming --budget when it is not a number of parameters.
     """
-    from vitplasticity.recommend.ranking import parse_budget
+    from vitplasticity.recommend.settings import parse_budget
 
     settings = dataclasses.asdict(settings_from_args(declared, args))
     try:

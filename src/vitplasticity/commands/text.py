@@ -9,13 +9,13 @@ import argparse
 import dataclasses
 
 from vitplasticity.commands import write_measurement
+from vitplasticity.plasticity.settings import TextPlasticitySettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
     check_settings,
     json_argument,
     settings_from_args,
 )
-from vitplasticity.settings.stages import TextPlasticitySettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

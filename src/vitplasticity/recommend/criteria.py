@@ -61,7 +61,7 @@ from vitplasticity.plasticity.bounds import (
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.plasticity.pairs import Images
 from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics
-from vitplasticity.settings.stages import CRITERIA as CRITERIA  # declared with the CLI's flags
+from vitplasticity.recommend.settings import CRITERIA as CRITERIA  # declared with the flags
 
 Z95 = 1.96
 """Normal quantile of a two-sided 95% interval (the paper's CI)."""

@@ -22,6 +22,7 @@ from vitplasticity.data.store import Split, encode_png, read_meta, read_split
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import ParameterMap, UnsupportedModel, architecture_for
 from vitplasticity.models.build import ModelSpec, build_model, pick_device, preprocessing
+from vitplasticity.plasticity.settings import DTYPES
 from vitplasticity.provenance import provenance
 from vitplasticity.recommend.criteria import (
     CRITERIA,
@@ -35,11 +36,7 @@ from vitplasticity.recommend.ranking import (
     markdown,
     rank_and_choose,
 )
-from vitplasticity.settings.stages import (
-    DTYPES,
-    REFERENCE_FALLBACKS,
-    RecommendImageSettings,
-)
+from vitplasticity.recommend.settings import REFERENCE_FALLBACKS, RecommendImageSettings
 from vitplasticity.utils.io import atomic_path, write_json, write_parquet
 from vitplasticity.utils.progress import ProgressReporter
 

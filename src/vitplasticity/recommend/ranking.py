@@ -10,7 +10,6 @@ ties go to the configuration with fewer trainable parameters, then to the order 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -54,39 +53,6 @@ COMPONENT_NAMES: dict[str, str] = {
     "fc1": "FC1",
     "fc2": "FC2",
 }
-
-_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
-_BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgb]?)\s*$", re.IGNORECASE)
-
-
-def parse_budget(text: str | int | None) -> int | None:
-    """A trainable-parameter budget: a plain integer, or a number with K, M or G (B) after it
-    ("28K" = 28,000; "1.5M" = 1,500,000). None, "" and "none" mean no budget.
-
-    Raises:
-        ValueError: for anything else, a negative budget, or one that is not a whole number
-            of parameters ("0.5").
-    """
-    if text is None or (isinstance(text, str) and text.strip().lower() in ("", "none")):
-        return None
-    if isinstance(text, bool):
-        raise ValueError(f"budget {text!r}: expected a parameter count such as 28000, 28K or 1.5M")
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"budget {text}: must be >= 0")
-        return text
-    match = _BUDGET.match(str(text))
-    if not match:
-        raise ValueError(f"budget {text!r}: expected a parameter count such as 28000, 28K or 1.5M")
-    number, suffix = match.groups()
-    # Exact decimal arithmetic: "1.1M" must be 1,100,000, not 1,100,000.0000000002.
-    whole, _, fraction = number.partition(".")
-    scale = _SUFFIXES[suffix.lower()]
-    numerator = int(whole or "0") * 10 ** len(fraction) + int(fraction or "0")
-    value, remainder = divmod(numerator * scale, 10 ** len(fraction))
-    if remainder:
-        raise ValueError(f"budget {text!r} is not a whole number of parameters")
-    return value
 
 
 def preference(criterion: str) -> float:

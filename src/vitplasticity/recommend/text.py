@@ -51,6 +51,7 @@ from vitplasticity.models.architectures import (
     parameter_map,
 )
 from vitplasticity.plasticity.protocols import PROTOCOLS
+from vitplasticity.plasticity.settings import DTYPES
 from vitplasticity.plasticity.text import max_positions
 from vitplasticity.recommend.criteria import (
     Measurements,
@@ -66,7 +67,7 @@ from vitplasticity.recommend.ranking import (
     configuration_label,
     markdown,
 )
-from vitplasticity.settings.stages import DTYPES, RecommendTextSettings
+from vitplasticity.recommend.settings import RecommendTextSettings
 from vitplasticity.utils.io import atomic_path, write_json, write_parquet
 from vitplasticity.utils.progress import ProgressReporter
 
