@@ -30,8 +30,8 @@ from vitplasticity.models.architectures import (
     architecture_for,
 )
 from vitplasticity.models.lora import apply_lora, check_adapters_used
-from vitplasticity.plasticity.bounds import undefined_bounds, upper_bounds
 from vitplasticity.plasticity.measure import measure
+from vitplasticity.plasticity.upper_bounds import undefined_bounds, upper_bounds
 from vitplasticity.recommend.criteria import measure_criteria
 
 TABLE = REPO / "docs" / "architectures.md"

@@ -37,6 +37,7 @@ from vitplasticity.components import COMPONENTS
 from vitplasticity.data.loader import batch_indices
 from vitplasticity.data.text import byte_tokenizer, read_sequences
 from vitplasticity.models.architectures import UnsupportedModel, architecture_for
+from vitplasticity.plasticity.settings import TextPlasticitySettings
 from vitplasticity.plasticity.text import measure_text
 from vitplasticity.recommend.criteria import CRITERIA
 from vitplasticity.recommend.settings import DEFAULT_CONFIGURATIONS
@@ -306,11 +307,9 @@ def test_plasticity_equals_the_text_plasticity_stage(tmp_path: Path) -> None:
         spec,
         reference,
         mail,
-        tokenizer="bytes",
-        sequence_length=LENGTH,
-        n_pairs=12,
-        batch_size=5,
-        device="cpu",
+        TextPlasticitySettings(
+            tokenizer="bytes", sequence_length=LENGTH, n_pairs=12, batch_size=5, device="cpu"
+        ),
     )
     assert_frame_equal(result.measurements.pairs, stage.pairs)
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import math
 
 from vitplasticity.plasticity.settings import BoundsSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
-    check_settings,
     json_argument,
     settings_from_args,
 )
@@ -56,14 +54,7 @@ def run_bounds(args: argparse.Namespace) -> int:
     from vitplasticity.utils.io import write_parquet
 
     settings = settings_from_args(BoundsSettings, args)
-    check_settings(settings)
-    result = model_bounds(
-        args.model,
-        args.model_spec,
-        args.reference,
-        args.plasticity,
-        **dataclasses.asdict(settings),
-    )
+    result = model_bounds(args.model, args.model_spec, args.reference, settings, args.plasticity)
     write_parquet(args.out, result.table, result.metadata)
     if args.figure_prefix:
         from vitplasticity.report.figures import bounds_figure

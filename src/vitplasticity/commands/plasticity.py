@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from vitplasticity.commands import write_measurement
 from vitplasticity.plasticity.settings import PlasticitySettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
-    check_settings,
     json_argument,
     settings_from_args,
 )
@@ -39,18 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_plasticity(args: argparse.Namespace) -> int:
-    """Check the settings, measure (:func:`vitplasticity.plasticity.images.measure_dataset`) and
-    write both tables."""
+    """Measure (:func:`vitplasticity.plasticity.images.measure_dataset`) and write both
+    tables."""
     from vitplasticity.plasticity.images import measure_dataset
 
     settings = settings_from_args(PlasticitySettings, args)
-    check_settings(settings)
     result = measure_dataset(
-        args.model,
-        args.model_spec,
-        args.reference,
-        args.dataset_dir,
-        **dataclasses.asdict(settings),
+        args.model, args.model_spec, args.reference, args.dataset_dir, settings
     )
     write_measurement(result, args.out, args.summary)
     return 0

@@ -6,13 +6,11 @@ schema.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from vitplasticity.commands import write_measurement
 from vitplasticity.plasticity.settings import TextPlasticitySettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
-    check_settings,
     json_argument,
     settings_from_args,
 )
@@ -54,14 +52,8 @@ def run_text_plasticity(args: argparse.Namespace) -> int:
     from vitplasticity.plasticity.text import measure_text
 
     settings = settings_from_args(TextPlasticitySettings, args)
-    check_settings(settings)
     result = measure_text(
-        args.model,
-        args.model_spec,
-        args.reference,
-        args.text,
-        dataset=args.dataset,
-        **dataclasses.asdict(settings),
+        args.model, args.model_spec, args.reference, args.text, settings, dataset=args.dataset
     )
     write_measurement(result, args.out, args.summary)
     return 0

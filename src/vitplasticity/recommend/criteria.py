@@ -52,14 +52,14 @@ from vitplasticity.models.architectures import (
     parameter_map,
     parse_configuration,
 )
-from vitplasticity.plasticity.bounds import (
+from vitplasticity.plasticity.measure import measure
+from vitplasticity.plasticity.pairs import Images
+from vitplasticity.plasticity.upper_bounds import (
     attention_head_norms,
     layernorm_refusal,
     spectral_norm,
     stacked_weight,
 )
-from vitplasticity.plasticity.measure import measure
-from vitplasticity.plasticity.pairs import Images
 from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics
 from vitplasticity.recommend.settings import CRITERIA as CRITERIA  # declared with the flags
 
@@ -378,7 +378,7 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
 
     Rotary positions (DINOv3, EVA-02, the rope ViTs) change only the attention pattern, so the
     MHA statistic is still that value-output factor there, although the paper's MHA bound is
-    not defined (:func:`vitplasticity.plasticity.bounds.undefined_bounds`). A statistic that is not
+    not defined (:func:`vitplasticity.plasticity.upper_bounds.undefined_bounds`). A statistic that is not
     defined for the model (a norm that is not a LayerNorm; attention whose value-output path
     the architecture cannot give as per-head V and O: normalised queries and keys, a
     normalised or gated output) is refused for that component: its rows hold NaN and one
@@ -387,7 +387,7 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
     last, never recommended nor joined into a union), where absent rows would make
     ``mha+fc1`` the mean of fc1 alone.
 
-    Computed with :mod:`vitplasticity.plasticity.bounds` (``spectral_norm``, ``stacked_weight``,
+    Computed with :mod:`vitplasticity.plasticity.upper_bounds` (``spectral_norm``, ``stacked_weight``,
     ``attention_head_norms``).
 
     Raises:

@@ -13,7 +13,8 @@ the schema says of it (choices, bounds). From that one declaration:
   config key, and gives back the settings as converted;
 - :func:`rule_params` and :func:`command_flags` give a Snakemake rule one ``params:`` entry per
   config key and the ``--flag {params.name}`` text that passes them on, in the params' order;
-- :func:`config_flags` writes a config block's values as flags (``--lora-rank 8 ...``).
+- :func:`config_flags` writes a config block's values as flags (``--lora-rank 8 ...``);
+- :func:`recorded_settings` gives the values as a stage's provenance records them.
 
 The workflow's defaults live in its JSON schema; tests/settings/test_settings_agreement.py checks that
 every schema key, default, choice and bound equals its field's. Torch-free: the Snakefile
@@ -40,6 +41,7 @@ __all__ = [
     "config_flags",
     "flag",
     "param_name",
+    "recorded_settings",
     "rule_params",
     "setting",
     "setting_fields",
@@ -301,6 +303,19 @@ def check_settings(settings: Any, names: Mapping[str, str] | None = None) -> Any
         if not _within(value, declared):
             raise bad_setting(where, key, f"must be {_bounds_text(declared)}, got {value}")
     return dataclasses.replace(settings, **converted)
+
+
+def recorded_settings(settings: Any, leave_out: Iterable[str] = ("demo",)) -> dict[str, Any]:
+    """The declared fields of ``settings`` as provenance records them: by field name, tuples
+    as lists, without the fields ``leave_out`` names (the demo label, which a stage's footer
+    records beside its provenance)."""
+    left_out = set(leave_out)
+    return {
+        field.name: list(value) if isinstance(value, tuple) else value
+        for field, _, _ in setting_fields(type(settings))
+        if field.name not in left_out
+        for value in (getattr(settings, field.name),)
+    }
 
 
 def _config_value(value: Any) -> Any:
