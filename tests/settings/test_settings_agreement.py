@@ -38,6 +38,7 @@ from vitplasticity.settings.declaration import (
     flag,
     rule_params,
     setting_fields,
+    settings_from_args,
 )
 from vitplasticity.workflow.config import load_schema
 
@@ -547,3 +548,26 @@ def test_the_stage_command_line_carries_every_setting_and_parses_back(
         if declared.key == "recommend.budget":
             expected = str(expected)
         assert plain(getattr(args, field.name)) == expected, field.name
+
+
+def test_a_converted_setting_travels_as_text_and_arrives_converted() -> None:
+    """The budget's flag and rule param carry its text (28K); settings_from_args and
+    check_settings give the number, and a text the converter refuses names flag and key."""
+    args = build_parser().parse_args(["recommend", "--out-prefix", "x", "--budget", "28K"])
+    assert args.budget == "28K"
+    assert settings_from_args(RecommendImageSettings, args).budget == 28_000
+    assert check_settings(RecommendTextSettings(budget="1.5M")).budget == 1_500_000
+    assert check_settings(RecommendTextSettings(budget=None)).budget is None
+    with pytest.raises(ValueError, match=r"^--budget \(recommend\.budget\): budget 'lots'"):
+        check_settings(RecommendImageSettings(budget="lots"))
+    with pytest.raises(ValueError, match=r"^--budget \(recommend\.budget\): budget '1x'"):
+        settings_from_args(
+            RecommendTextSettings,
+            argparse.Namespace(
+                **{
+                    field.name: field.default
+                    for field, _, _ in setting_fields(RecommendTextSettings)
+                }
+                | {"budget": "1x"}
+            ),
+        )

@@ -12,11 +12,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from vitplasticity.components import COMPONENTS
-from vitplasticity.recommend.criteria import CRITERIA, Measurements
+from vitplasticity.recommend.criteria import CRITERIA, Measurements, configuration_components
+
+if TYPE_CHECKING:
+    from vitplasticity.recommend.settings import RecommendImageSettings, RecommendTextSettings
 
 TABLE_SCHEMA: dict[str, pl.DataType] = {
     "model": pl.String(),
@@ -173,6 +177,28 @@ def greedy_union(
         return Recommendation(None, criterion, budget, None, combined=True)
     name = "+".join(c for c in COMPONENTS if c in chosen)
     return Recommendation(name, criterion, budget, total, combined=True)
+
+
+def check_ranking(settings: RecommendImageSettings | RecommendTextSettings) -> None:
+    """Check what either recommend's declared checks cannot see alone: that every
+    configuration is made of the five components and named once, and that ``combine`` has a
+    budget to fit.
+
+    Raises:
+        ValueError: naming the flag.
+    """
+    configurations = settings.configurations
+    for configuration in configurations:
+        try:
+            configuration_components(configuration)
+        except ValueError as error:
+            raise ValueError(f"--configurations: {error}") from None
+    if len(set(configurations)) != len(configurations):
+        raise ValueError(
+            f"--configurations: a configuration is named twice: {list(configurations)}"
+        )
+    if settings.combine and settings.budget is None:
+        raise ValueError("--combine needs --budget (without one the union is every component)")
 
 
 def rank_and_choose(
