@@ -40,7 +40,7 @@ from vitplasticity.models.hf import (
     build_hf_model,
     hf_preprocessing,
 )
-from vitplasticity.recommend.criteria import gradient_statistics, head_warmup
+from vitplasticity.recommend.gradients import gradient_statistics, head_warmup
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")

@@ -30,14 +30,13 @@ from vitplasticity.recommend.criteria import (
     always_trained_parameters,
     component_parameter_names,
     configuration_components,
-    gradient_statistics,
-    head_warmup,
     plasticity_estimate,
     tensor_estimate,
     trainable_parameters,
     weight_estimate,
     weight_statistics,
 )
+from vitplasticity.recommend.gradients import gradient_statistics, head_warmup
 from vitplasticity.recommend.ranking import (
     TABLE_SCHEMA,
     Recommendation,

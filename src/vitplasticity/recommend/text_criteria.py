@@ -20,19 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitplasticity.components import COMPONENTS
 from vitplasticity.models.architectures import (
     Architecture,
     UnsupportedModel,
     architecture_for,
     parameter_map,
 )
-from vitplasticity.recommend.criteria import (
-    Measurements,
-    always_trained_parameters,
-    gradient_statistics,
-    weight_statistics,
-)
+from vitplasticity.recommend.criteria import Measurements, weight_statistics
+from vitplasticity.recommend.gradients import gradient_statistics
 from vitplasticity.recommend.nfn import feature_norm_statistics
 
 
@@ -161,7 +156,7 @@ def measure_text_criteria(
     if len(gradient_batches) < 2:
         raise ValueError(f"gradient criteria need at least 2 batches, got {len(gradient_batches)}")
     ranked = ranked_module(lm)
-    parameters = parameter_map(ranked)
+    parameter_map(ranked)  # names a part the architecture cannot account for, before compute
     weights = weight_statistics(ranked)
     pairs = measure(
         ranked,
@@ -172,20 +167,12 @@ def measure_text_criteria(
         n_pairs=n_pairs,
         progress=progress,
     )
-    features = feature_norm_statistics(ranked, gradient_batches[0])
-    names = {c: parameters.component_names(c) for c in COMPONENTS}
-    tensors = gradient_statistics(
+    return Measurements.of_components(
         ranked,
-        gradient_batches,
-        [name for c in COMPONENTS for name in names[c]],
-        loss=next_token_loss(lm),
-    )
-    sizes = dict(ranked.named_parameters())
-    return Measurements(
         pairs=pairs,
-        tensors=tensors,
         weights=weights,
-        component_parameters={c: sum(sizes[name].numel() for name in names[c]) for c in names},
-        always_trained=always_trained_parameters(ranked, parameters),
-        features=features,
+        features=feature_norm_statistics(ranked, gradient_batches[0]),
+        gradients=lambda names: gradient_statistics(
+            ranked, gradient_batches, names, loss=next_token_loss(lm)
+        ),
     )
