@@ -116,11 +116,9 @@ def model_bounds(
 ) -> BoundsResult:
     """The bounds of model ``model_name`` (its config entry ``model_spec``) for the embedding
     outputs of the first ``n_images`` reference images, joined with the plasticity measured
-    in ``plasticity_files`` (:func:`measured_plasticity`): the ``bounds`` stage.
-
-    The components whose bound is not defined for the model (:func:`undefined_bounds`) get
-    no rows; they are logged once and named, with the reason, in the metadata's
-    ``undefined``.
+    in ``plasticity_files`` (:func:`measured_plasticity`): the ``bounds`` stage. A component
+    whose bound is not defined (:func:`undefined_bounds`) gets no rows, only its reason in the
+    log and the metadata's ``undefined``.
 
     Raises:
         ValueError: for a bad setting (naming its CLI flag and config key) or too few
@@ -130,34 +128,24 @@ def model_bounds(
             family that refuses the stage), before any image is decoded.
     """
     settings = check_settings(settings)
-    n_images = settings.n_images
     spec = ModelSpec.from_config(model_spec)
-    images = read_reference_images(reference)
-    if len(images) < n_images:
-        raise ValueError(
-            f"{reference}: {len(images)} reference images, fewer than --n-images {n_images}"
-        )
+    images = _reference_images(reference, settings.n_images)
     measured = measured_plasticity(plasticity_files)  # checks the files before compute
     target = pick_device(settings.device)
 
     # float64 throughout: the bounds' extreme values come from these tokens.
     model = build_model(spec, num_classes=0).eval().to(device=target, dtype=torch.float64)
-    # Refusals (a family without bounds, a part it cannot account for, a component whose
-    # bound is not defined) are known before any image is decoded.
+    # Refusals (no bounds in the family, a part it cannot account for, an undefined bound)
+    # are known before any image is decoded.
     architecture = bounds_architecture(model)
     undefined = undefined_bounds(model, architecture)
     log_undefined(model, undefined)
     pre = preprocessing(model, spec)
-
-    embedded = _embedded_tokens(
-        architecture, model, decoded_batches(images[:n_images], pre, settings.batch_size), target
-    )
-    with ProgressReporter(n_images, f"bounds {model_name}: embedding") as progress:
+    batches = decoded_batches(images, pre, settings.batch_size)
+    embedded = _embedded_tokens(architecture, model, batches, target)
+    with ProgressReporter(settings.n_images, f"bounds {model_name}: embedding") as progress:
         stats = TokenStatistics.from_tokens(_counted(embedded, progress))
-    table = bound_rows(architecture, model.cpu(), stats, undefined).join(
-        measured, on=["block", "component"], how="left"
-    )
-    _warn_above_bounds(table, measured)
+    table = _beside_measured(bound_rows(architecture, model.cpu(), stats, undefined), measured)
     recorded: dict[str, Any] = {
         "model_spec": model_spec,
         "reference": str(reference),
@@ -166,15 +154,43 @@ def model_bounds(
         "token_statistics": asdict(stats),
         "preprocessing": asdict(pre),
     }
-    metadata = {
-        "provenance": provenance(recorded, target),
-        "model": model_name,
-        "demo": bool(settings.demo),
-    }
-    if undefined:  # absent when every bound is defined: the paper's outputs stay as they were
-        metadata["undefined"] = undefined
+    metadata = _metadata(model_name, provenance(recorded, target), settings.demo, undefined)
     table = table.select(pl.lit(model_name).alias("model"), pl.all())
     return BoundsResult(table, metadata, stats)
+
+
+def _metadata(
+    model_name: str, record: dict[str, Any], demo: bool, undefined: dict[str, str]
+) -> dict[str, Any]:
+    """The bounds table's footer: the provenance ``record``, the model, the demo label, and the
+    components without a bound (``undefined``, with why) where there are any."""
+    metadata = {"provenance": record, "model": model_name, "demo": bool(demo)}
+    if undefined:  # absent when every bound is defined: the paper's outputs stay as they were
+        metadata["undefined"] = undefined
+    return metadata
+
+
+def _beside_measured(bounds: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame:
+    """The ``bounds`` joined with the ``measured`` plasticity of each (block, component),
+    logging where a measurement exceeds its bound."""
+    table = bounds.join(measured, on=["block", "component"], how="left")
+    _warn_above_bounds(table, measured)
+    return table
+
+
+def _reference_images(reference: str | os.PathLike[str], n_images: int) -> list[bytes]:
+    """The first ``n_images`` images of the reference set file, encoded.
+
+    Raises:
+        ValueError: when it holds fewer.
+        FileNotFoundError: for a missing file.
+    """
+    images = read_reference_images(reference)
+    if len(images) < n_images:
+        raise ValueError(
+            f"{reference}: {len(images)} reference images, fewer than --n-images {n_images}"
+        )
+    return images[:n_images]
 
 
 def _embedded_tokens(

@@ -9,8 +9,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import torch
 
+from vitplasticity.data.preprocessing import Preprocessing
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import read_split
 from vitplasticity.data.transforms import decoded_batches
@@ -56,28 +58,8 @@ def measure_dataset(
     gated = fc1_mode_matters(architecture, architecture.blocks(model))  # refusals named here
     model = model.to(device=target, dtype=getattr(torch, settings.dtype))
     pre = preprocessing(model, spec)
-    log.info(
-        "%s on %s (%s, %d images, cycled to %d): protocols %s, %s on %s",
-        model_name,
-        dataset,
-        settings.split,
-        n_downstream,
-        settings.n_pairs,
-        ", ".join(settings.protocols),
-        settings.dtype,
-        target,
-    )
-    with ProgressReporter(settings.n_pairs, f"plasticity {model_name}/{dataset}") as progress:
-        pairs = measure_protocols(
-            model,
-            decoded_batches(images, pre, settings.batch_size),
-            decoded_batches(cycled, pre, settings.batch_size),
-            protocols=settings.protocols,
-            batch_size=settings.batch_size,
-            n_pairs=settings.n_pairs,
-            progress=progress,
-            fc1=settings.fc1,
-        )
+    label = (model_name, dataset)
+    pairs = _measure_pairs(model, pre, (images, cycled), settings, label, n_downstream, target)
     recorded = {
         "model_spec": model_spec,
         "reference": str(reference),
@@ -85,14 +67,44 @@ def measure_dataset(
         **_recorded(settings, gated),
         "preprocessing": asdict(pre),
     }
-    return measurement(
-        pairs,
-        model=model_name,
-        dataset=dataset,
-        settings=recorded,
-        device=target,
-        demo=settings.demo,
+    named = {"model": model_name, "dataset": dataset}
+    return measurement(pairs, **named, settings=recorded, device=target, demo=settings.demo)
+
+
+def _measure_pairs(
+    model: torch.nn.Module,
+    pre: Preprocessing,
+    images: tuple[list[bytes], list[bytes]],
+    settings: PlasticitySettings,
+    label: tuple[str, str],
+    n_downstream: int,
+    device: torch.device,
+) -> pl.DataFrame:
+    """The per-pair plasticity of ``model`` (on ``device``) over the encoded ``images``
+    (reference, downstream cycled from a split of ``n_downstream``), decoded a batch ahead;
+    ``label`` (model, dataset) names them in the log and the progress line."""
+    reference, downstream = images
+    log.info(
+        "%s on %s (%s, %d images, cycled to %d): protocols %s, %s on %s",
+        *label,
+        settings.split,
+        n_downstream,
+        settings.n_pairs,
+        ", ".join(settings.protocols),
+        settings.dtype,
+        device,
     )
+    with ProgressReporter(settings.n_pairs, f"plasticity {'/'.join(label)}") as progress:
+        return measure_protocols(
+            model,
+            decoded_batches(reference, pre, settings.batch_size),
+            decoded_batches(downstream, pre, settings.batch_size),
+            protocols=settings.protocols,
+            batch_size=settings.batch_size,
+            n_pairs=settings.n_pairs,
+            progress=progress,
+            fc1=settings.fc1,
+        )
 
 
 def _recorded(settings: PlasticitySettings, gated: bool) -> dict[str, Any]:

@@ -133,15 +133,22 @@ def _text_model(model_name: str, spec: HFModelSpec, sequence_length: int) -> Any
 
 
 def _read_pair_sequences(
-    reference: str | Path, text: str | Path, tokenize: Any, length: int, n: int
+    reference: str | Path,
+    text: str | Path,
+    tokenizer: str,
+    config: Any,
+    settings: TextPlasticitySettings,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Up to ``n`` sequences of ``length`` tokens from each file: (reference, downstream).
+    """Up to ``n_pairs`` sequences of ``sequence_length`` tokens from each file, cut by
+    ``tokenizer`` for a model of ``config`` (its vocabulary): (reference, downstream).
 
     Raises:
-        ValueError: when the reference file gives fewer than ``n`` sequences.
+        ValueError: when the reference file gives fewer than ``n_pairs`` sequences.
     """
-    from vitplasticity.data.text import read_sequences
+    from vitplasticity.data.text import load_tokenizer, read_sequences
 
+    tokenize = load_tokenizer(tokenizer, config.vocab_size)
+    n, length = settings.n_pairs, settings.sequence_length
     references = read_sequences(reference, tokenize, length, max_sequences=n)
     if len(references) < n:
         raise ValueError(
@@ -174,7 +181,6 @@ def measure_text(
     """
     import torch
 
-    from vitplasticity.data.text import load_tokenizer
     from vitplasticity.models.build import pick_device
     from vitplasticity.plasticity.summary import measurement
     from vitplasticity.settings.declaration import check_settings, recorded_settings
@@ -185,59 +191,55 @@ def measure_text(
     target = pick_device(settings.device)
     model = _text_model(model_name, spec, settings.sequence_length)
     tokenizer = tokenizer_name(settings.tokenizer, spec)
-    tokenize = load_tokenizer(tokenizer, model.config.vocab_size)
-    n, length = settings.n_pairs, settings.sequence_length
-    references, downstream = _read_pair_sequences(reference, text, tokenize, length, n)
+    sequences = _read_pair_sequences(reference, text, tokenizer, model.config, settings)
     dataset = dataset or Path(text).stem
     model = model.to(device=target, dtype=getattr(torch, settings.dtype))
-    log.info(
-        "%s on %s (%d sequences of %d tokens, cycled to %d; tokenizer %s): protocols %s, %s on %s",
-        model_name,
-        dataset,
-        len(downstream),
-        length,
-        n,
-        tokenizer,
-        ", ".join(settings.protocols),
-        settings.dtype,
-        target,
-    )
-    pairs = _measure_pairs(model, references, downstream, settings, f"{model_name}/{dataset}")
+    label = (model_name, dataset, tokenizer)
+    pairs = _measure_pairs(model, sequences, settings, label, target)
     recorded = {
         "model_spec": model_spec,
         "reference": str(reference),
         "text": str(text),
         **recorded_settings(settings),
         "tokenizer": tokenizer,
-        "downstream_sequences": len(downstream),
+        "downstream_sequences": len(sequences[1]),
     }
-    return measurement(
-        pairs,
-        model=model_name,
-        dataset=dataset,
-        settings=recorded,
-        device=target,
-        demo=settings.demo,
-    )
+    named = {"model": model_name, "dataset": dataset}
+    return measurement(pairs, **named, settings=recorded, device=target, demo=settings.demo)
 
 
 def _measure_pairs(
     model: Any,
-    references: np.ndarray,
-    downstream: np.ndarray,
+    sequences: tuple[np.ndarray, np.ndarray],
     settings: TextPlasticitySettings,
-    label: str,
+    label: tuple[str, str, str],
+    device: Any,
 ) -> Any:
-    """The per-pair plasticity of ``model`` (on its device) over reference sequence i and
-    downstream sequence i (cycled), with a progress line named ``label``."""
+    """The per-pair plasticity of ``model`` (on ``device``) over reference sequence i and
+    downstream sequence i (cycled; ``sequences``: reference, downstream); ``label`` (model,
+    dataset, tokenizer) names them in the log and the progress line."""
     import torch
 
     from vitplasticity.data.text import cycled
     from vitplasticity.plasticity.measure import measure_protocols
     from vitplasticity.utils.progress import ProgressReporter
 
+    references, downstream = sequences
+    model_name, dataset, tokenizer = label
     n = settings.n_pairs
-    with ProgressReporter(n, f"text plasticity {label}") as progress:
+    log.info(
+        "%s on %s (%d sequences of %d tokens, cycled to %d; tokenizer %s): protocols %s, %s on %s",
+        model_name,
+        dataset,
+        len(downstream),
+        settings.sequence_length,
+        n,
+        tokenizer,
+        ", ".join(settings.protocols),
+        settings.dtype,
+        device,
+    )
+    with ProgressReporter(n, f"text plasticity {model_name}/{dataset}") as progress:
         return measure_protocols(
             model,
             torch.from_numpy(references),
