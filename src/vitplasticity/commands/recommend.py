@@ -57,19 +57,7 @@ def register_image(subparsers: argparse._SubParsersAction) -> None:
         "heuristic from the paper's finding (higher plasticity, better finetuning), not a "
         "finetuning result.",
     )
-    model = parser.add_argument_group("model (--model-spec, or --timm-id with its options)")
-    model.add_argument("--model-spec", type=json_argument, help="a config.yaml models entry (JSON)")
-    model.add_argument("--timm-id", help="timm model id, e.g. vit_base_patch16_224.orig_in21k")
-    model.add_argument(
-        "--weights", default="hub", help="with --timm-id: hub | random | local weights file"
-    )
-    model.add_argument(
-        "--normalize", default="pretrained", help="with --timm-id: pretrained | imagenet"
-    )
-    model.add_argument(
-        "--model-kwargs", type=json_argument, default={}, help="with --timm-id: timm kwargs (JSON)"
-    )
-    model.add_argument("--model", help="model name in the outputs (default: the timm id)")
+    add_model_arguments(parser)
     data = parser.add_argument_group("dataset (one of --dataset-dir, --image-folder)")
     data.add_argument("--dataset-dir", help="a prepared dataset folder (vitplasticity prepare)")
     data.add_argument(
@@ -96,6 +84,24 @@ def register_image(subparsers: argparse._SubParsersAction) -> None:
         "--out-prefix", required=True, help="writes PREFIX.md, .json, .parquet, .png and .pdf"
     )
     parser.set_defaults(handler=run_recommend)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The image recommend's model: a models entry (``--model-spec``), or a timm id with its
+    options, and the name the outputs give it."""
+    model = parser.add_argument_group("model (--model-spec, or --timm-id with its options)")
+    model.add_argument("--model-spec", type=json_argument, help="a config.yaml models entry (JSON)")
+    model.add_argument("--timm-id", help="timm model id, e.g. vit_base_patch16_224.orig_in21k")
+    model.add_argument(
+        "--weights", default="hub", help="with --timm-id: hub | random | local weights file"
+    )
+    model.add_argument(
+        "--normalize", default="pretrained", help="with --timm-id: pretrained | imagenet"
+    )
+    model.add_argument(
+        "--model-kwargs", type=json_argument, default={}, help="with --timm-id: timm kwargs (JSON)"
+    )
+    model.add_argument("--model", help="model name in the outputs (default: the timm id)")
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ Lee et al. 2023) and the gradient signal-to-noise ratio of every named tensor
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -16,7 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitplasticity.models.architectures import Architecture, architecture_for, parameter_map
+from vitplasticity.models.architectures import (
+    Architecture,
+    ParameterMap,
+    architecture_for,
+    parameter_map,
+)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 """Preprocessed images (B, 3, H, W) on the model's device and dtype, and int64 labels (B,)."""
@@ -108,58 +114,52 @@ def gradient_statistics(
       whose norm is 0 (a zero-initialised bias), which the pooled value then leaves out.
     - gradient SNR: ||gbar||_F / sqrt((1/B) sum_b ||g_b - gbar||_F^2), gbar = (1/B) sum_b g_b
       (the noise term is the population variance, ddof 0, summed over the tensor's entries).
-      Accumulated with Welford's update in float64, so no per-batch gradient is kept.
 
     Args:
         model: a timm model of a known architecture, in eval mode, with its classifier head.
-        batches: (images, labels) on the model's device, or whatever ``loss`` takes; at least
-            two for the SNR.
+        batches: (images, labels) on the model's device, or what ``loss`` takes (2 at least).
         names: parameter names to measure (any of the model's).
-        loss: the scalar loss of one batch (None: :func:`classification_loss` of ``model``);
-            the text recommend passes a causal LM's next-token loss, the LM holding ``model``.
+        loss: the scalar loss of one batch (None: :func:`classification_loss`); the text
+            recommend passes a causal LM's next-token loss, the LM holding ``model``.
 
     Returns:
         One row per name, columns :data:`TENSOR_SCHEMA`: component, the configuration that
-        trains the tensor (:attr:`vitplasticity.models.architectures.Owner.gradient_group`: a
-        component, ``emb``, ``head``, ``lora``, or ``other`` for ``full`` alone), and block,
-        the block that holds it (null outside the blocks), both from the model's
-        :class:`~vitplasticity.models.architectures.ParameterMap`.
+        trains the tensor (``Owner.gradient_group``: a component, ``emb``, ``head``, ``lora``,
+        or ``other`` for ``full`` alone), and block, the block that holds it (null outside the
+        blocks), both from the model's :class:`~vitplasticity.models.architectures.ParameterMap`.
 
     Raises:
         ValueError: for a model in training mode, an unknown name, or fewer than 2 batches.
         UnsupportedModel: for a model no architecture knows or cannot account for exactly.
     """
     _check_eval(model)
-    parameter_owners = parameter_map(model)
-    owners, architecture = parameter_owners.owners, parameter_owners.architecture
+    owners = parameter_map(model)
     parameters = dict(model.named_parameters())
     unknown = [name for name in names if name not in parameters]
     if unknown:
         raise ValueError(f"unknown parameters {unknown[:3]}")
-
-    def batch_loss(batch: Any) -> torch.Tensor:
-        return classification_loss(model, batch, architecture) if loss is None else loss(batch)
-
-    tracked = [parameters[name] for name in names]
+    if loss is None:
+        loss = functools.partial(classification_loss, model, architecture=owners.architecture)
     with _requiring_grad_only(parameters, set(names)):
-        moments = _gradient_moments(batches, tracked, batch_loss)
-    weight_norms, ratio_sums, means, squares, count = moments
-    if count < 2:
-        raise ValueError(f"gradient criteria need at least 2 batches, got {count}")
-    mean_norms = torch.stack([torch.linalg.vector_norm(m) for m in means])
-    rgn = (ratio_sums / count).cpu().numpy()
-    rgn[(weight_norms == 0).cpu().numpy()] = np.nan  # ||g|| / 0: undefined, not infinite
-    snr = (mean_norms / (squares / count).sqrt()).cpu().numpy()
+        columns = _gradient_columns(batches, [parameters[name] for name in names], loss)
+    return _tensor_table(names, owners, parameters, columns)
+
+
+def _tensor_table(
+    names: Sequence[str],
+    owners: ParameterMap,
+    parameters: dict[str, nn.Parameter],
+    columns: dict[str, Any],
+) -> pl.DataFrame:
+    """The :data:`TENSOR_SCHEMA` rows of the tensors ``names``: who owns each and its size,
+    then the gradient ``columns``."""
     return pl.DataFrame(
         {
             "parameter": list(names),
-            "component": [owners[name].gradient_group for name in names],
-            "block": [owners[name].block for name in names],
-            "numel": [p.numel() for p in tracked],
-            "weight_norm": weight_norms.cpu().numpy(),
-            "relative_gradient_norm": rgn,
-            "gradient_snr": snr,
-            "n_batches": [count] * len(names),
+            "component": [owners.owners[name].gradient_group for name in names],
+            "block": [owners.owners[name].block for name in names],
+            "numel": [parameters[name].numel() for name in names],
+            **columns,
         },
         schema=TENSOR_SCHEMA,
     )
@@ -179,14 +179,18 @@ def _requiring_grad_only(parameters: dict[str, nn.Parameter], wanted: set[str]) 
             parameter.requires_grad_(flags[name])
 
 
-def _gradient_moments(
+def _gradient_columns(
     batches: Iterable[Any],
     tracked: Sequence[torch.Tensor],
     loss: Callable[[Any], torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor, int]:
-    """Over the batches, in float64: (the norm of each tracked tensor, the sum of its
-    gradient's norm over that, the mean gradient, Welford's M2 of the gradient, the number of
-    batches)."""
+) -> dict[str, Any]:
+    """The weight norm, relative gradient norm, gradient SNR and batch count of each tracked
+    tensor over the batches (in float64, by Welford's update: no gradient is kept), as
+    :data:`TENSOR_SCHEMA` columns.
+
+    Raises:
+        ValueError: for fewer than 2 batches.
+    """
     weight_norms = torch.stack(
         [torch.linalg.vector_norm(p.detach().to(torch.float64)) for p in tracked]
     )  # (T,)
@@ -203,4 +207,14 @@ def _gradient_moments(
             delta = g - means[index]
             means[index] += delta / count
             squares[index] += (delta * (g - means[index])).sum()
-    return weight_norms, ratio_sums, means, squares, count
+    if count < 2:
+        raise ValueError(f"gradient criteria need at least 2 batches, got {count}")
+    mean_norms = torch.stack([torch.linalg.vector_norm(m) for m in means])
+    rgn = (ratio_sums / count).cpu().numpy()
+    rgn[(weight_norms == 0).cpu().numpy()] = np.nan  # ||g|| / 0: undefined, not infinite
+    return {
+        "weight_norm": weight_norms.cpu().numpy(),
+        "relative_gradient_norm": rgn,
+        "gradient_snr": (mean_norms / (squares / count).sqrt()).cpu().numpy(),
+        "n_batches": [count] * len(tracked),
+    }

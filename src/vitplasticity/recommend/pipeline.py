@@ -239,16 +239,23 @@ def recommend(
     record = footer_record(
         settings, resolved, device, reference_label, recommendation, measurements, **named
     )
-    export = build_export(
+    export = _export(inputs, model, recommendation)
+    return Result(
+        inputs, settings, table, recommendation, measurements, reference_label, record, export
+    )
+
+
+def _export(
+    inputs: RecommendInputs, model: torch.nn.Module, recommendation: Recommendation
+) -> dict[str, Any]:
+    """The decision as data that applies without vitplasticity (:func:`.export.build_export`)."""
+    return build_export(
         model,
         recommendation.configuration,
         model_name=inputs.model,
         model_entry=asdict(inputs.model_spec),
         dataset=inputs.dataset,
         recommendation=asdict(recommendation),
-    )
-    return Result(
-        inputs, settings, table, recommendation, measurements, reference_label, record, export
     )
 
 

@@ -226,36 +226,41 @@ def recommend_text(
     named = {"model": inputs.model, "dataset": inputs.dataset}
     table, recommendation, configurations = rank(settings, measurements, **named)
     where = ranked_lm(lm, ranked, architecture)
-    resolved = {
+    resolved = _resolved(inputs, settings, configurations, tokenizer, len(user), lm)
+    reference = (
+        f"`{Path(inputs.reference).name}` ({settings.n_pairs:,} sequences of "
+        f"{settings.sequence_length} tokens, tokenizer {tokenizer})"
+    )
+    record = footer_record(
+        settings, resolved, device, reference, recommendation, measurements, **named
+    )
+    export = text_export(inputs, where, recommendation)
+    notes = report_notes(inputs, settings, measurements, where, len(user), refused)
+    return TextResult(
+        inputs, settings, table, recommendation, measurements, reference, notes, record, export
+    )
+
+
+def _resolved(
+    inputs: TextRecommendInputs,
+    settings: RecommendTextSettings,
+    configurations: list[str],
+    tokenizer: str,
+    n_user: int,
+    lm: nn.Module,
+) -> dict[str, Any]:
+    """What the provenance records: the inputs and settings as resolved (the configurations
+    ranked, the tokenizer loaded), the ``n_user`` user sequences, the causal LM and its loss."""
+    return {
         **asdict(inputs),
         **recorded_settings(settings, leave_out=()),
         "texts": list(inputs.texts),
         "configurations": configurations,
         "tokenizer": tokenizer,
-        "user_sequences": len(user),
+        "user_sequences": n_user,
         "causal_lm": class_path(lm),
         "loss": "next-token cross-entropy",
     }
-    reference_label = (
-        f"`{Path(inputs.reference).name}` ({settings.n_pairs:,} sequences of "
-        f"{settings.sequence_length} tokens, tokenizer {tokenizer})"
-    )
-    record = footer_record(
-        settings, resolved, device, reference_label, recommendation, measurements, **named
-    )
-    export = text_export(inputs, where, recommendation)
-    notes = report_notes(inputs, settings, measurements, where, len(user), refused)
-    return TextResult(
-        inputs,
-        settings,
-        table,
-        recommendation,
-        measurements,
-        reference_label,
-        notes,
-        record,
-        export,
-    )
 
 
 def _checked_lm(
@@ -330,7 +335,6 @@ def _measure(
     (reference sequence i, user sequence i cycled; ``sequences``: reference, user), the
     gradient batches drawn from the user's sequences; and the warnings the criteria logged
     (why a weight statistic is n/a)."""
-    from vitplasticity.data.loader import batch_indices
     from vitplasticity.data.text import cycled
 
     references, user = sequences
@@ -350,12 +354,6 @@ def _measure(
         inputs.dtype,
         device,
     )
-
-    def batches() -> Iterator[torch.Tensor]:
-        for step in range(settings.batches):
-            indices = batch_indices(step, settings.batch_size, len(user), settings.seed)
-            yield torch.from_numpy(user[indices]).to(device)
-
     with (
         _warnings("vitplasticity.recommend.criteria") as refused,
         ProgressReporter(n, f"plasticity {inputs.model}/{inputs.dataset}") as progress,
@@ -364,13 +362,27 @@ def _measure(
             lm,
             torch.from_numpy(references),
             torch.from_numpy(cycled(user, n)),
-            list(batches()),
+            _gradient_batches(user, settings, device),
             n_pairs=n,
             batch_size=settings.batch_size,
             protocol=inputs.protocol,
             progress=progress,
         )
     return measurements, refused
+
+
+def _gradient_batches(
+    user: np.ndarray, settings: RecommendTextSettings, device: torch.device
+) -> list[torch.Tensor]:
+    """The ``batches`` gradient batches of the user's sequences on ``device``: the batch of
+    step s is :func:`vitplasticity.data.loader.batch_indices` (seeded epochs)."""
+    from vitplasticity.data.loader import batch_indices
+
+    batches = []
+    for step in range(settings.batches):
+        indices = batch_indices(step, settings.batch_size, len(user), settings.seed)
+        batches.append(torch.from_numpy(user[indices]).to(device))
+    return batches
 
 
 @contextmanager
