@@ -43,6 +43,7 @@ from torch import nn
 
 from vitplasticity.components import COMPONENTS
 from vitplasticity.models.architectures import (
+    Architecture,
     ParameterMap,
     UndefinedStage,
     architecture_for,
@@ -219,43 +220,19 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
     warning names the component and why. NaN, not absent rows: :func:`weight_estimate` is
     then NaN for every configuration that contains the component (reported "n/a", ranked
     last, never recommended nor joined into a union), where absent rows would make
-    ``mha+fc1`` the mean of fc1 alone.
-
-    Computed with :mod:`vitplasticity.plasticity.upper_bounds` (``spectral_norm``, ``stacked_weight``,
-    ``attention_head_norms``).
+    ``mha+fc1`` the mean of fc1 alone. Computed with :mod:`vitplasticity.plasticity.upper_bounds`.
 
     Raises:
         UnsupportedModel: for a model no architecture knows or cannot account for (a
             ValueError).
         UndefinedStage: for a family that refuses the recommend stage (a ValueError).
     """
-    architecture = architecture_for(model)
-    refusal = architecture.refusal("recommend", model)
-    if refusal is not None:
-        raise UndefinedStage(
-            f"the weight statistic of {type(model).__name__} ({architecture.title}) is not "
-            f"defined: {refusal}"
-        )
+    architecture = _ranked_architecture(model)
     undefined: dict[str, str] = {}
     rows = []
     for index, block in enumerate(architecture.blocks(model)):
         for component, modules in architecture.components(block).items():
-            value = math.nan
-            if component in ("ln1", "ln2"):
-                (norm,) = modules
-                reason = layernorm_refusal(norm)
-                if reason is None:  # gamma = 1 in a LayerNorm without affine parameters
-                    gamma = norm.weight
-                    value = 1.0 if gamma is None else gamma.detach().double().abs().max().item()
-            elif component in ("fc1", "fc2"):
-                reason, value = None, spectral_norm(stacked_weight(modules))
-            else:
-                try:
-                    heads = attention_head_norms(architecture.attention_weights(modules[0]))
-                except UndefinedStage as error:
-                    reason = str(error)
-                else:
-                    reason, value = None, sum(o * v for o, v, _ in heads)
+            value, reason = _weight_factor(architecture, component, modules)
             if reason is not None:
                 undefined.setdefault(component, reason)
             rows.append({"block": index, "component": component, "weight_spectral": value})
@@ -266,6 +243,44 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
             "; ".join(f"{component} ({reason})" for component, reason in undefined.items()),
         )
     return pl.DataFrame(rows, schema=WEIGHT_SCHEMA)
+
+
+def _ranked_architecture(model: nn.Module) -> Architecture:
+    """The architecture of ``model``, once it accepts the recommend stage.
+
+    Raises:
+        UnsupportedModel: for a model no architecture knows.
+        UndefinedStage: naming the model and its family, when the family refuses the stage.
+    """
+    architecture = architecture_for(model)
+    refusal = architecture.refusal("recommend", model)
+    if refusal is not None:
+        raise UndefinedStage(
+            f"the weight statistic of {type(model).__name__} ({architecture.title}) is not "
+            f"defined: {refusal}"
+        )
+    return architecture
+
+
+def _weight_factor(
+    architecture: Architecture, component: str, modules: Sequence[nn.Module]
+) -> tuple[float, str | None]:
+    """The weight factor of one block's ``component`` (its ``modules``) and None, or NaN and
+    why it is not defined (:func:`weight_statistics`)."""
+    if component in ("ln1", "ln2"):
+        (norm,) = modules
+        reason = layernorm_refusal(norm)
+        if reason is not None:
+            return math.nan, reason
+        gamma = norm.weight  # None in a LayerNorm without affine parameters: gamma = 1
+        return (1.0 if gamma is None else gamma.detach().double().abs().max().item()), None
+    if component in ("fc1", "fc2"):
+        return spectral_norm(stacked_weight(modules)), None
+    try:
+        heads = attention_head_norms(architecture.attention_weights(modules[0]))
+    except UndefinedStage as error:
+        return math.nan, str(error)
+    return sum(o * v for o, v, _ in heads), None
 
 
 def weight_estimate(weights: pl.DataFrame, components: Sequence[str]) -> Estimate:
@@ -392,11 +407,9 @@ def measure_criteria(
             takes them; ``downstream`` likewise (pair i: reference i, downstream i, cycled).
         warmup_batches: labelled batches of the head warm-up (one SGD step each).
         gradient_batches: labelled batches the gradient criteria average over (>= 2).
-        n_pairs: plasticity pairs.
         warmup_lr: the warm-up's SGD learning rate.
-        batch_size: plasticity pairs per forward pass.
-        protocol: the plasticity protocol (embedding: the paper's).
-        progress: called with the plasticity pairs done.
+        n_pairs, batch_size, protocol, progress: the plasticity's pairs, pairs per forward
+            pass, protocol (embedding: the paper's) and progress callback (pairs done).
         nfn_seed: the seed of NFN's random inputs.
 
     Raises:
@@ -413,6 +426,22 @@ def measure_criteria(
         progress=progress,
     )
     head_warmup(model, warmup_batches, warmup_lr)
+    return _after_warmup(model, pairs, weights, gradient_batches, nfn_seed)
+
+
+def _after_warmup(
+    model: nn.Module,
+    pairs: pl.DataFrame,
+    weights: pl.DataFrame,
+    gradient_batches: Iterable[Batch],
+    nfn_seed: int,
+) -> Measurements:
+    """The measurements of the warmed-up ``model``, with its ``pairs`` and ``weights``: the
+    NFN of the first gradient batch, then the gradient statistics of every batch.
+
+    Raises:
+        ValueError: for fewer than 2 gradient batches.
+    """
     batches = iter(gradient_batches)
     first = next(batches, None)
     if first is None:

@@ -26,6 +26,7 @@ from vitplasticity.models.architectures import (
     architecture_for,
     parameter_map,
 )
+from vitplasticity.plasticity.measure import measure
 from vitplasticity.recommend.criteria import Measurements, weight_statistics
 from vitplasticity.recommend.gradients import gradient_statistics
 from vitplasticity.recommend.nfn import feature_norm_statistics
@@ -138,35 +139,25 @@ def measure_text_criteria(
     pretrained, and nothing is trained.
 
     Args:
-        lm: a causal LM (:func:`causal_lm`) in eval mode, on the batches' device.
+        lm: a causal LM (:func:`vitplasticity.recommend.text.causal_lm`) in eval mode, on the
+            batches' device.
         reference: reference token ids (N, L); ``downstream`` likewise (pair i: reference i,
             downstream i, cycled).
         gradient_batches: token-id batches (B, L) of the user's text (>= 2).
-        n_pairs: plasticity pairs.
-        batch_size: plasticity pairs per forward pass.
-        protocol: the plasticity protocol (embedding: the paper's).
-        progress: called with the plasticity pairs done.
+        n_pairs, batch_size, protocol, progress: the plasticity's pairs, pairs per forward
+            pass, protocol (embedding: the paper's) and progress callback (pairs done).
 
     Raises:
         ValueError: for fewer than 2 gradient batches.
         UnsupportedModel: for a model no architecture knows or cannot account for exactly.
     """
-    from vitplasticity.plasticity.measure import measure
-
     if len(gradient_batches) < 2:
         raise ValueError(f"gradient criteria need at least 2 batches, got {len(gradient_batches)}")
     ranked = ranked_module(lm)
     parameter_map(ranked)  # names a part the architecture cannot account for, before compute
     weights = weight_statistics(ranked)
-    pairs = measure(
-        ranked,
-        reference,
-        downstream,
-        protocol=protocol,
-        batch_size=batch_size,
-        n_pairs=n_pairs,
-        progress=progress,
-    )
+    counts = {"batch_size": batch_size, "n_pairs": n_pairs}
+    pairs = measure(ranked, reference, downstream, protocol=protocol, **counts, progress=progress)
     return Measurements.of_components(
         ranked,
         pairs=pairs,
