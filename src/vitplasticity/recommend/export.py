@@ -58,16 +58,15 @@ def build_export(
     dataset: str | None = None,
     recommendation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON-ready description of ``configuration`` on ``model`` (see the module's
-    docstring), which is left as it was.
+    """The JSON-ready description of ``configuration`` on ``model`` (the module docstring's).
 
     Args:
-        model: the model the names are of (class, sizes and head of the one to finetune).
+        model: the model the names are of (class, sizes and head of the one to finetune),
+            left as it was.
         configuration: components joined by ``+`` (``mha+fc1``); None when no configuration
             fits the budget (the head and final norm alone, linear probing).
         model_name, model_entry: its name in the outputs and its config.yaml ``models`` entry.
-        dataset, recommendation: the dataset it is for, and how it was chosen (criterion,
-            budget...; copied as it is).
+        dataset, recommendation: what it is for, how it was chosen (copied as it is).
 
     Raises:
         ValueError: for a configuration that is not made of the five components.

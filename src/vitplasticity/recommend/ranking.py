@@ -292,6 +292,25 @@ def markdown(
         f"trainable-parameter budget: {budget}. Parameter counts exclude the classifier head "
         f"and final norm ({always_trained:,} parameters), which every configuration trains.",
         "",
+        *_table_lines(by_config, order, criterion),
+    ]
+    lines += [
+        "",
+        "Each cell: value [95% CI where there is one] (rank by that criterion; 1 = finetune "
+        "first). " + NFN_NOTE,
+        "",
+        _recommendation_text(recommendation, by_config, order, always_trained),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _table_lines(
+    by_config: dict[tuple[str, str], dict], order: list[str], criterion: str
+) -> list[str]:
+    """The report's Markdown table: a row per configuration in ``order``, its rank and
+    parameters by ``criterion``, then every criterion's cell."""
+    lines = [
         "| rank | configuration | trainable parameters | "
         + " | ".join(CRITERION_LABELS[c] for c in CRITERIA)
         + " |",
@@ -304,15 +323,23 @@ def markdown(
             f"| {head['rank']} | {configuration_label(configuration)} | "
             f"{head['trainable_parameters']:,} | " + " | ".join(cells) + " |"
         )
-    lines += [
-        "",
-        "Each cell: value [95% CI where there is one] (rank by that criterion; 1 = finetune "
-        "first). " + NFN_NOTE,
-        "",
-        _recommendation_text(recommendation, by_config, order, always_trained),
-        "",
-    ]
-    return "\n".join(lines)
+    return lines
+
+
+def _heuristic(lower: bool) -> str:
+    """What the recommendation rests on, and that it is no finetuning result: PLoP's
+    heuristic for a criterion ranking its ``lower`` end first, else the paper's."""
+    if lower:
+        return (
+            "This is PLoP's heuristic that the modules least aligned with the task's inputs "
+            "(lowest NFN) gain most from adaptation (Hayou et al., ICLR 2026), not a finetuning "
+            "result: confirm it with a short run, above all when the criteria disagree."
+        )
+    return (
+        "This is a heuristic from the paper's finding that components of higher plasticity "
+        "gain more from finetuning (Odonnat et al., arXiv 2602.06883), not a finetuning "
+        "result: confirm it with a short run, above all when the criteria disagree."
+    )
 
 
 def _recommendation_text(
@@ -323,18 +350,7 @@ def _recommendation_text(
 ) -> str:
     criterion = CRITERION_LABELS[recommendation.criterion]
     lower = recommendation.criterion in LOWER_FIRST
-    if lower:
-        heuristic = (
-            "This is PLoP's heuristic that the modules least aligned with the task's inputs "
-            "(lowest NFN) gain most from adaptation (Hayou et al., ICLR 2026), not a finetuning "
-            "result: confirm it with a short run, above all when the criteria disagree."
-        )
-    else:
-        heuristic = (
-            "This is a heuristic from the paper's finding that components of higher plasticity "
-            "gain more from finetuning (Odonnat et al., arXiv 2602.06883), not a finetuning "
-            "result: confirm it with a short run, above all when the criteria disagree."
-        )
+    heuristic = _heuristic(lower)
     if recommendation.configuration is None:
         return (
             f"**No configuration fits the budget of {recommendation.budget:,} trainable "
