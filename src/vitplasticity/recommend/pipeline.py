@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import torch
@@ -40,6 +40,9 @@ from vitplasticity.recommend.settings import (
 from vitplasticity.settings.declaration import check_settings, recorded_settings
 from vitplasticity.utils.io import atomic_path, write_json, write_parquet
 from vitplasticity.utils.progress import ProgressReporter
+
+if TYPE_CHECKING:
+    from vitplasticity.recommend.text_inputs import TextResult
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +384,6 @@ def write_outputs(result: Result, prefix: str | os.PathLike[str]) -> None:
     parameter names and PEFT configs) and .parquet (table, with the record in its footer),
     each atomically."""
     from vitplasticity.recommend.figure import save_figure
-    from vitplasticity.report.style import DEMO_NOTE
 
     inputs = result.inputs
     # matplotlib's PDF backend has fontTools log every subset font at INFO.
@@ -393,18 +395,31 @@ def write_outputs(result: Result, prefix: str | os.PathLike[str]) -> None:
         title=f"Which components to finetune? {inputs.model} on {inputs.dataset}",
         demo=result.settings.demo,
     )
+    write_report(result, prefix)
+    log.info("wrote %s.{md,json,parquet,png,pdf}: %s", prefix, result.recommendation)
+
+
+def write_report(
+    result: Result | TextResult, prefix: str | os.PathLike[str], notes: Sequence[str] = ()
+) -> None:
+    """Write what both recommends write, each atomically: ``prefix``.md (the report, with the
+    ``notes`` paragraphs below it), .json (the decision with its parameter names and PEFT
+    configs) and .parquet (the table, with the record in its footer)."""
+    from vitplasticity.report.style import DEMO_NOTE
+
     text = markdown(
         result.table,
         result.recommendation,
-        model=inputs.model,
-        dataset=inputs.dataset,
+        model=result.inputs.model,
+        dataset=result.inputs.dataset,
         reference=result.reference_label,
         always_trained=result.measurements.always_trained,
         demo=result.settings.demo,
         demo_note=DEMO_NOTE,
     )
+    if notes:
+        text = text.rstrip("\n") + "\n\n" + "\n\n".join(notes) + "\n"
     with atomic_path(f"{prefix}.md") as tmp:
         tmp.write_text(text)
     write_json(f"{prefix}.json", result.export)
     write_parquet(f"{prefix}.parquet", result.table, result.record)
-    log.info("wrote %s.{md,json,parquet,png,pdf}: %s", prefix, result.recommendation)

@@ -18,11 +18,11 @@ import polars as pl
 from vitplasticity.components import COMPONENTS
 from vitplasticity.recommend.criteria import Measurements
 from vitplasticity.recommend.export import build_export
-from vitplasticity.recommend.ranking import Recommendation, configuration_label, markdown
+from vitplasticity.recommend.pipeline import write_report
+from vitplasticity.recommend.ranking import Recommendation, configuration_label
 from vitplasticity.recommend.settings import RecommendTextSettings
 from vitplasticity.recommend.text_criteria import RankedLM
 from vitplasticity.recommend.text_inputs import TextRecommendInputs, TextResult
-from vitplasticity.utils.io import atomic_path, write_json, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -113,24 +113,8 @@ def report_notes(
 
 
 def write_text_outputs(result: TextResult, prefix: str | os.PathLike[str]) -> None:
-    """Write ``prefix``.md (report), .json (the decision with its parameter names and PEFT
-    configs) and .parquet (table, with the record in its footer), each atomically."""
-    from vitplasticity.report.style import DEMO_NOTE
-
-    inputs = result.inputs
-    text = markdown(
-        result.table,
-        result.recommendation,
-        model=inputs.model,
-        dataset=inputs.dataset,
-        reference=result.reference_label,
-        always_trained=result.measurements.always_trained,
-        demo=result.settings.demo,
-        demo_note=DEMO_NOTE,
-    )
-    text = text.rstrip("\n") + "\n\n" + "\n\n".join(result.notes) + "\n"
-    with atomic_path(f"{prefix}.md") as tmp:
-        tmp.write_text(text)
-    write_json(f"{prefix}.json", result.export)
-    write_parquet(f"{prefix}.parquet", result.table, result.record)
+    """Write ``prefix``.md (report, with the text notes), .json (the decision with its
+    parameter names and PEFT configs) and .parquet (table, with the record in its footer),
+    each atomically (:func:`vitplasticity.recommend.pipeline.write_report`)."""
+    write_report(result, prefix, result.notes)
     log.info("wrote %s.{md,json,parquet}: %s", prefix, result.recommendation)
