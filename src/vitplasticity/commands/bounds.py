@@ -6,10 +6,10 @@ import argparse
 import logging
 import math
 
+from vitplasticity.commands import add_image_model_arguments
 from vitplasticity.plasticity.settings import BoundsSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
-    json_argument,
     settings_from_args,
 )
 
@@ -28,11 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "norm that is not a LayerNorm) gets no rows; the log, the table's footer "
         "('undefined') and the figure say which and why.",
     )
-    parser.add_argument("--model", required=True, help="model name (config key)")
-    parser.add_argument(
-        "--model-spec", required=True, type=json_argument, help="its config entry, as JSON"
-    )
-    parser.add_argument("--reference", required=True, help="reference set Parquet file")
+    add_image_model_arguments(parser)
     # --n-images, --batch-size, --device and --demo from BoundsSettings (the config key each
     # mirrors in its help).
     add_settings_arguments(parser, BoundsSettings)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from vitplasticity.commands import write_measurement
+from vitplasticity.commands import add_measurement_outputs, write_measurement
 from vitplasticity.plasticity.settings import TextPlasticitySettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
@@ -42,8 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # Every measuring flag, its type, choices and default from TextPlasticitySettings (the
     # config key each mirrors in its help).
     add_settings_arguments(parser, TextPlasticitySettings)
-    parser.add_argument("--out", required=True, help="per-pair Parquet file")
-    parser.add_argument("--summary", required=True, help="per-(block, component) Parquet file")
+    add_measurement_outputs(parser)
     parser.set_defaults(handler=run_text_plasticity)
 
 
