@@ -22,7 +22,6 @@ from vitplasticity.data.store import Split, encode_png, read_meta, read_split
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import ParameterMap, UnsupportedModel, architecture_for
 from vitplasticity.models.build import ModelSpec, build_model, pick_device, preprocessing
-from vitplasticity.plasticity.settings import DTYPES
 from vitplasticity.provenance import provenance
 from vitplasticity.recommend.criteria import Measurements, measure_criteria
 from vitplasticity.recommend.export import build_export
@@ -36,6 +35,7 @@ from vitplasticity.recommend.settings import (
     REFERENCE_FALLBACKS,
     RecommendImageSettings,
     RecommendTextSettings,
+    check_dtype,
 )
 from vitplasticity.settings.declaration import check_settings, recorded_settings
 from vitplasticity.utils.io import atomic_path, write_json, write_parquet
@@ -102,12 +102,6 @@ class Result:
     """The resolved settings and provenance, for the Parquet footer."""
     export: dict[str, Any]
     """The decision as data that applies without vitplasticity (:mod:`.export`)."""
-
-
-def check_dtype(dtype: str) -> None:
-    """Raise ValueError naming --dtype unless ``dtype`` is one of :data:`DTYPES`."""
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype: {dtype!r} not float32 or float64")
 
 
 def checked_settings(

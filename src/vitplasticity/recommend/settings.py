@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vitplasticity.plasticity.settings import (
+    DTYPES,
     batch_size_setting,
     demo_setting,
     device_setting,
@@ -31,6 +32,7 @@ __all__ = [
     "REFERENCE_FALLBACKS",
     "RecommendImageSettings",
     "RecommendTextSettings",
+    "check_dtype",
     "parse_budget",
 ]
 
@@ -93,6 +95,13 @@ def parse_budget(text: str | int | None) -> int | None:
     if remainder:
         raise ValueError(f"budget {text!r} is not a whole number of parameters")
     return value
+
+
+def check_dtype(dtype: str) -> None:
+    """Raise ValueError naming --dtype unless ``dtype`` is one of the compute dtypes: both
+    recommends take the flag, which the workflow leaves at float32 (so no config key)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype: {dtype!r} not float32 or float64")
 
 
 # The workflow passes recommend.n_pairs, or where it is null (its schema default) the measuring

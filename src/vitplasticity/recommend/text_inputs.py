@@ -12,10 +12,10 @@ from typing import Any
 
 import polars as pl
 
-from vitplasticity.plasticity.settings import DTYPES, PROTOCOLS
+from vitplasticity.plasticity.settings import PROTOCOLS
 from vitplasticity.recommend.criteria import Measurements
 from vitplasticity.recommend.ranking import Recommendation
-from vitplasticity.recommend.settings import RecommendTextSettings
+from vitplasticity.recommend.settings import RecommendTextSettings, check_dtype
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,7 @@ class TextRecommendInputs:
             raise ValueError("--text: no text file given")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"--protocol: {self.protocol!r} not one of {', '.join(PROTOCOLS)}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype: {self.dtype!r} not float32 or float64")
+        check_dtype(self.dtype)
 
 
 @dataclass(frozen=True)
