@@ -24,6 +24,10 @@ its head's weights and is refused (name the causal-LM class instead). Components
 the module the architecture registry knows: the causal LM itself (the hf_llama and hf_gemma
 families), or its base model (``GPT2Model``, the hf_gpt2 family); the export names that
 module's parameters and says where they sit in the causal LM.
+
+This module builds the causal LM and runs the stage (:func:`recommend_text`); the criteria on
+token ids are :mod:`.text_criteria`'s, the inputs and result :mod:`.text_inputs`', the export,
+notes and files :mod:`.text_report`'s.
 """
 
 from __future__ import annotations
