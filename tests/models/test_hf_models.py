@@ -40,7 +40,7 @@ from vitplasticity.models.hf import (
     build_hf_model,
     hf_preprocessing,
 )
-from vitplasticity.recommend.criteria import gradient_statistics, head_warmup
+from vitplasticity.recommend.gradients import gradient_statistics, head_warmup
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -478,21 +478,19 @@ def test_head_warmup_and_gradient_statistics_run_the_models_own_logits() -> None
 def test_recommend_ranks_a_transformers_dinov2(demo_dataset: Path) -> None:
     """The recommend stage end to end on a tiny transformers DINOv2 in its classification
     class: every criterion measured and ranked for every default configuration."""
-    from vitplasticity.recommend.pipeline import RecommendSettings, recommend
+    from vitplasticity.recommend.pipeline import RecommendInputs, recommend
+    from vitplasticity.recommend.settings import RecommendImageSettings
 
-    settings = RecommendSettings(
+    inputs = RecommendInputs(
         model="tiny-dinov2",
         dataset="demo-stripes",
         model_spec=random_spec("dinov2"),
         reference_fallback="synthetic",
-        n_pairs=8,
-        batch_size=4,
-        batches=2,
-        warmup_steps=2,
-        device="cpu",
-        demo=True,
     )
-    result = recommend(settings, demo_dataset)
+    settings = RecommendImageSettings(
+        n_pairs=8, batch_size=4, batches=2, warmup_steps=2, device="cpu", demo=True
+    )
+    result = recommend(inputs, settings, demo_dataset)
     plasticity = result.table.filter(result.table["criterion"] == "plasticity")
     assert sorted(plasticity["rank"].to_list()) == list(range(1, plasticity.height + 1))
     assert result.recommendation.configuration in set(plasticity["configuration"])

@@ -30,8 +30,8 @@ from vitplasticity.models.architectures import (
     architecture_for,
 )
 from vitplasticity.models.lora import apply_lora, check_adapters_used
-from vitplasticity.plasticity.bounds import undefined_bounds, upper_bounds
 from vitplasticity.plasticity.measure import measure
+from vitplasticity.plasticity.upper_bounds import undefined_bounds, upper_bounds
 from vitplasticity.recommend.criteria import measure_criteria
 
 TABLE = REPO / "docs" / "architectures.md"
@@ -137,7 +137,8 @@ def run_recommend(model: nn.Module, inputs: torch.Tensor) -> None:
         # class (model_class), as here.
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-        from vitplasticity.recommend.text import causal_lm, measure_text_criteria
+        from vitplasticity.recommend.text import causal_lm
+        from vitplasticity.recommend.text_criteria import measure_text_criteria
 
         if model.get_output_embeddings() is None and not model.config.tie_word_embeddings:
             model = MODEL_FOR_CAUSAL_LM_MAPPING[type(model.config)](model.config).eval()

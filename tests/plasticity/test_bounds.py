@@ -13,9 +13,9 @@ import torch
 
 from tests.helpers.images import write_reference
 from vitplasticity.components import COMPONENTS
-from vitplasticity.plasticity.bounds import BOUND_SCHEMA, TokenStatistics, upper_bounds
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.plasticity.protocols import embedding_tokens
+from vitplasticity.plasticity.upper_bounds import BOUND_SCHEMA, TokenStatistics, upper_bounds
 
 
 def _images(n: int, seed: int) -> torch.Tensor:
@@ -28,7 +28,7 @@ def vit64(tiny_vit: torch.nn.Module) -> torch.nn.Module:
     """The tiny ViT in float64 with perturbed weights (non-trivial gammas, peaked attention).
 
     The query bias stays zero: the paper's attention bound is for bias-free attention, and
-    of the biases only the query's does not cancel (see vitplasticity.plasticity.bounds).
+    of the biases only the query's does not cancel (see vitplasticity.plasticity.upper_bounds).
     """
     model = copy.deepcopy(tiny_vit).double()
     generator = torch.Generator().manual_seed(11)

@@ -131,6 +131,7 @@ def test_refused_before_any_image_is_decoded(tmp_path: Path, monkeypatch) -> Non
     from vitplasticity.models.architectures.base import UndefinedStage, UnsupportedModel
     from vitplasticity.models.architectures.timm_vit import TimmVisionTransformer
     from vitplasticity.plasticity.bounds import model_bounds
+    from vitplasticity.plasticity.settings import BoundsSettings
 
     class NoBounds(TimmVisionTransformer):
         name, title = "no_bounds", "a family without bounds"
@@ -148,11 +149,11 @@ def test_refused_before_any_image_is_decoded(tmp_path: Path, monkeypatch) -> Non
     with pytest.raises(
         UndefinedStage, match=r"VisionTransformer \(a family without bounds\).*no bounds"
     ):
-        model_bounds("vit", vit, reference, n_images=3, device="cpu")
+        model_bounds("vit", vit, reference, BoundsSettings(n_images=3, device="cpu"))
     monkeypatch.undo()
     convnext = {"timm_id": "convnext_atto", "weights": "random", "kwargs": {"depths": (1, 1, 1, 1)}}
     with pytest.raises(UnsupportedModel, match="ConvNeXt"):
-        model_bounds("convnext", convnext, reference, n_images=3, device="cpu")
+        model_bounds("convnext", convnext, reference, BoundsSettings(n_images=3, device="cpu"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +228,7 @@ def test_weight_statistic_refuses_normalised_attention(caplog) -> None:
 
 def _zero_query_bias(model: nn.Module) -> None:
     """The paper's attention bound is for bias-free attention; of the biases only the query's
-    does not cancel (vitplasticity.plasticity.bounds), so it is zeroed where the bound is checked."""
+    does not cancel (vitplasticity.plasticity.upper_bounds), so it is zeroed where the bound is checked."""
     with torch.no_grad():
         for block in model.blocks:
             attention = block.attn
@@ -274,7 +275,7 @@ BOUND_HOLDS = [
 
 @pytest.mark.parametrize(("model_id", "refused"), BOUND_HOLDS)
 def test_measured_plasticity_below_bounds(model_id: str, refused: set[str]) -> None:
-    from vitplasticity.plasticity.bounds import undefined_bounds, upper_bounds
+    from vitplasticity.plasticity.upper_bounds import undefined_bounds, upper_bounds
 
     (tiny,) = [t for t in TINY_MODELS if t.id == model_id]
     model = perturbed(tiny.build())

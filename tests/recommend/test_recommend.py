@@ -30,23 +30,22 @@ from vitplasticity.recommend.criteria import (
     always_trained_parameters,
     component_parameter_names,
     configuration_components,
-    gradient_statistics,
-    head_warmup,
     plasticity_estimate,
     tensor_estimate,
     trainable_parameters,
     weight_estimate,
     weight_statistics,
 )
+from vitplasticity.recommend.gradients import gradient_statistics, head_warmup
 from vitplasticity.recommend.ranking import (
     TABLE_SCHEMA,
     Recommendation,
     build_table,
     greedy_union,
     markdown,
-    parse_budget,
     select,
 )
+from vitplasticity.recommend.settings import parse_budget
 from vitplasticity.utils.io import read_parquet_metadata
 
 NUM_CLASSES = 4
@@ -603,11 +602,11 @@ def _empty_test_dataset(root: Path) -> Path:
         (["--configurations", "mha", "attn"], "--configurations: unknown finetuning"),
         (["--configurations", "full"], "cannot be ranked"),
         (["--configurations", "mha", "mha"], "named twice"),
-        (["--budget", "lots"], "--budget: budget 'lots'"),
+        (["--budget", "lots"], "--budget (recommend.budget): budget 'lots'"),
         (["--combine"], "--combine needs --budget"),
-        (["--batches", "1"], "--batches must be >= 2"),
-        (["--n-pairs", "0"], "--n-pairs must be >= 1"),
-        (["--warmup-lr", "0"], "--warmup-lr must be > 0"),
+        (["--batches", "1"], "--batches (recommend.batches): must be >= 2"),
+        (["--n-pairs", "0"], "--n-pairs (recommend.n_pairs): must be >= 1"),
+        (["--warmup-lr", "0"], "--warmup-lr (recommend.warmup_lr): must be > 0"),
         (["--reference", "missing.parquet"], "--reference / --reference-fallback: give exactly"),
         (["--dataset-dir", "EMPTY"], "split 'test' holds no images"),
         (["--n-pairs", "50"], "fewer than --n-pairs 50"),

@@ -10,6 +10,7 @@ export names the chosen configuration's parameters; refusals name the culprit.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -37,16 +38,14 @@ from vitplasticity.components import COMPONENTS
 from vitplasticity.data.loader import batch_indices
 from vitplasticity.data.text import byte_tokenizer, read_sequences
 from vitplasticity.models.architectures import UnsupportedModel, architecture_for
+from vitplasticity.plasticity.settings import TextPlasticitySettings
 from vitplasticity.plasticity.text import measure_text
 from vitplasticity.recommend.criteria import CRITERIA
-from vitplasticity.recommend.text import (
-    TextRecommendSettings,
-    causal_lm,
-    recommend_text,
-    user_sequences,
-    write_text_outputs,
-)
-from vitplasticity.settings.stages import DEFAULT_CONFIGURATIONS
+from vitplasticity.recommend.settings import DEFAULT_CONFIGURATIONS, RecommendTextSettings
+from vitplasticity.recommend.text import causal_lm, recommend_text
+from vitplasticity.recommend.text_criteria import user_sequences
+from vitplasticity.recommend.text_inputs import TextRecommendInputs
+from vitplasticity.recommend.text_report import write_text_outputs
 from vitplasticity.utils.io import read_parquet_metadata
 from vitplasticity.utils.optional import require_transformers
 
@@ -126,7 +125,11 @@ def _write_texts(root: Path) -> tuple[Path, list[Path]]:
     return reference, users
 
 
-def _settings(reference: Path, users: list[Path], **changes) -> TextRecommendSettings:
+def _settings(
+    reference: Path, users: list[Path], **changes
+) -> tuple[TextRecommendInputs, RecommendTextSettings]:
+    """The inputs and settings of a small recommendation on the texts; ``changes`` to either,
+    by field name."""
     values = {
         "model": "tiny",
         "dataset": "notes",
@@ -141,7 +144,11 @@ def _settings(reference: Path, users: list[Path], **changes) -> TextRecommendSet
         "device": "cpu",
         **changes,
     }
-    return TextRecommendSettings(**values)
+    inputs = {field.name for field in dataclasses.fields(TextRecommendInputs)}
+    return (
+        TextRecommendInputs(**{k: v for k, v in values.items() if k in inputs}),
+        RecommendTextSettings(**{k: v for k, v in values.items() if k not in inputs}),
+    )
 
 
 def _ids(text: str) -> np.ndarray:
@@ -191,7 +198,7 @@ def _direct_lm(case: str, model: torch.nn.Module) -> torch.nn.Module:
 def test_the_table_has_every_criterion_per_configuration(tmp_path: Path, case: str) -> None:
     build, _, _ = MODELS[case]
     reference, users = _write_texts(tmp_path)
-    result = recommend_text(_settings(reference, users), model=build())
+    result = recommend_text(*_settings(reference, users), model=build())
     table = result.table
     assert table.height == len(DEFAULT_CONFIGURATIONS) * len(CRITERIA)
     for configuration in DEFAULT_CONFIGURATIONS:
@@ -228,9 +235,9 @@ def test_gradient_criteria_equal_a_direct_next_token_computation(tmp_path: Path,
     build, patterns, prefix = MODELS[case]
     model = perturbed(build())
     reference, users = _write_texts(tmp_path)
-    settings = _settings(reference, users, dtype="float64", seed=3)
+    inputs, settings = _settings(reference, users, dtype="float64", seed=3)
     direct = _direct_lm(case, model)
-    result = recommend_text(settings, model=model)
+    result = recommend_text(inputs, settings, model=model)
 
     sequences = _expected_user_sequences(max(settings.n_pairs, 3 * 4))
     named = dict(direct.named_parameters())
@@ -282,7 +289,7 @@ def test_recommend_leaves_the_model_as_it_was(tmp_path: Path) -> None:
         parameter.requires_grad_(name.startswith("lm_head"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     reference, users = _write_texts(tmp_path)
-    recommend_text(_settings(reference, users), model=model)
+    recommend_text(*_settings(reference, users), model=model)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert {n for n, p in model.named_parameters() if p.requires_grad} == {"lm_head.weight"}
     assert all(p.grad is None for p in model.parameters())
@@ -299,18 +306,17 @@ def test_plasticity_equals_the_text_plasticity_stage(tmp_path: Path) -> None:
     # Fewer user sequences than pairs: both cycle them.
     assert len(read_sequences(mail, byte_tokenizer(VOCAB), LENGTH)) < 12
     spec = {**GPT2_ENTRY, "init_seed": 4}
-    settings = _settings(reference, [mail], model_spec=spec, n_pairs=12, batch_size=5)
-    result = recommend_text(settings)
+    result = recommend_text(
+        *_settings(reference, [mail], model_spec=spec, n_pairs=12, batch_size=5)
+    )
     stage = measure_text(
         "tiny",
         spec,
         reference,
         mail,
-        tokenizer="bytes",
-        sequence_length=LENGTH,
-        n_pairs=12,
-        batch_size=5,
-        device="cpu",
+        TextPlasticitySettings(
+            tokenizer="bytes", sequence_length=LENGTH, n_pairs=12, batch_size=5, device="cpu"
+        ),
     )
     assert_frame_equal(result.measurements.pairs, stage.pairs)
 
@@ -323,7 +329,7 @@ def test_llama_plasticity_equals_numpy_in_the_embedding_protocol(tmp_path: Path,
     build, _, _ = MODELS[case]
     model = perturbed(build())
     reference, users = _write_texts(tmp_path)
-    result = recommend_text(_settings(reference, users, dtype="float64"), model=model)
+    result = recommend_text(*_settings(reference, users, dtype="float64"), model=model)
     decoder = model.model if hasattr(model, "model") else model
     ref_ids = _ids(REFERENCE_TEXT)[: 10 * LENGTH].reshape(10, LENGTH)
     user = _expected_user_sequences(12)
@@ -460,8 +466,7 @@ def test_the_command_writes_the_report_table_and_export(tmp_path: Path) -> None:
 def test_the_export_of_a_llama_names_its_parameters_and_lora_targets(tmp_path: Path) -> None:
     reference, users = _write_texts(tmp_path)
     model = _tiny("llama_causal_lm_tiny")
-    settings = _settings(reference, users, configurations=("mha+fc1",))
-    result = recommend_text(settings, model=model)
+    result = recommend_text(*_settings(reference, users, configurations=("mha+fc1",)), model=model)
     write_text_outputs(result, tmp_path / "llama")
     export = json.loads((tmp_path / "llama.json").read_text())
     assert export["configuration"] == "mha+fc1"
@@ -490,7 +495,7 @@ def test_an_image_model_is_refused_by_name(tmp_path: Path) -> None:
     reference, users = _write_texts(tmp_path)
     vit = _tiny("vit_tiny_patch16_224")
     with pytest.raises(UnsupportedModel, match=r"VisionTransformer \(timm .*\) takes images"):
-        recommend_text(_settings(reference, users), model=vit)
+        recommend_text(*_settings(reference, users), model=vit)
 
 
 @pytest.mark.parametrize(
@@ -545,7 +550,7 @@ def test_a_bare_model_with_an_untied_head_is_refused_by_name(tmp_path: Path) -> 
         UnsupportedModel,
         match=r"LlamaModel has no LM head .*tie_word_embeddings.*model_class: LlamaForCausalLM",
     ):
-        recommend_text(_settings(reference, users), model=_tiny("llama_tiny"))
+        recommend_text(*_settings(reference, users), model=_tiny("llama_tiny"))
 
 
 def test_the_text_families_no_longer_refuse_recommend() -> None:
@@ -561,7 +566,7 @@ def test_the_text_families_no_longer_refuse_recommend() -> None:
         ({"n_pairs": 500}, ValueError, r"--reference .*reference\.txt: \d+ sequences of 12 "),
         ({"sequence_length": 32}, ValueError, "--sequence-length 32 exceeds the 16 positions"),
         ({"sequence_length": 1}, ValueError, "--sequence-length must be >= 2"),
-        ({"batches": 1}, ValueError, "--batches must be >= 2"),
+        ({"batches": 1}, ValueError, r"--batches \(recommend\.batches\): must be >= 2"),
         ({"texts": ("missing.txt",)}, FileNotFoundError, "--text: text file not found"),
         ({"configurations": ("full",)}, ValueError, "cannot be ranked"),
         ({"combine": True}, ValueError, "--combine needs --budget"),
@@ -576,7 +581,7 @@ def test_bad_input_is_refused_by_name(
         short.write_text("abc\n\n", encoding="utf-8")
         change["texts"] = (str(users[0]), str(short))
     with pytest.raises(error, match=message):
-        recommend_text(_settings(reference, users, **change), model=_tiny("gpt2_tiny"))
+        recommend_text(*_settings(reference, users, **change), model=_tiny("gpt2_tiny"))
 
 
 def test_the_command_refuses_before_writing(

@@ -1,5 +1,5 @@
 """One setting, one meaning: the workflow schema, the settings field (TrainingSettings, and each
-stage's of vitplasticity.settings.stages) and the command's flag agree on every key's default, type, choices and bounds; every
+stage's: plasticity/settings.py, recommend/settings.py, report/settings.py) and the command's flag agree on every key's default, type, choices and bounds; every
 key of the finetune block has its flag and every flag its key; the generated checks accept
 exactly what the schema accepts; the rule's params and command line come from the same fields.
 """
@@ -23,6 +23,13 @@ from snakemake.utils import validate
 from tests.helpers.repo import REPO
 from vitplasticity.cli import build_parser
 from vitplasticity.finetune.settings import WORKFLOW_ONLY_KEYS, TrainingSettings
+from vitplasticity.plasticity.settings import (
+    BoundsSettings,
+    PlasticitySettings,
+    TextPlasticitySettings,
+)
+from vitplasticity.recommend.settings import RecommendImageSettings, RecommendTextSettings
+from vitplasticity.report.settings import CriteriaSettings
 from vitplasticity.settings.declaration import (
     Setting,
     check_settings,
@@ -31,14 +38,7 @@ from vitplasticity.settings.declaration import (
     flag,
     rule_params,
     setting_fields,
-)
-from vitplasticity.settings.stages import (
-    BoundsSettings,
-    CriteriaSettings,
-    PlasticitySettings,
-    RecommendImageSettings,
-    RecommendTextSettings,
-    TextPlasticitySettings,
+    settings_from_args,
 )
 from vitplasticity.workflow.config import load_schema
 
@@ -455,7 +455,9 @@ def test_stage_types_choices_and_bounds_agree(
             allowed = node["type"] if isinstance(node["type"], list) else [node["type"]]
             if declared.key not in NULL_MEANS_ANOTHER_KEY:
                 assert schema_types(annotation) <= set(allowed)
-                assert set(allowed) - schema_types(annotation) <= {"integer"}  # 28000 or 28K
+                # A converted setting's config value may also be its text (28000 or 28K).
+                text = {"string"} if declared.convert is not None else set()
+                assert set(allowed) - schema_types(annotation) <= {"integer"} | text
         bounds = {
             "minimum": declared.minimum,
             "exclusiveMinimum": declared.exclusive_minimum,
@@ -546,3 +548,26 @@ def test_the_stage_command_line_carries_every_setting_and_parses_back(
         if declared.key == "recommend.budget":
             expected = str(expected)
         assert plain(getattr(args, field.name)) == expected, field.name
+
+
+def test_a_converted_setting_travels_as_text_and_arrives_converted() -> None:
+    """The budget's flag and rule param carry its text (28K); settings_from_args and
+    check_settings give the number, and a text the converter refuses names flag and key."""
+    args = build_parser().parse_args(["recommend", "--out-prefix", "x", "--budget", "28K"])
+    assert args.budget == "28K"
+    assert settings_from_args(RecommendImageSettings, args).budget == 28_000
+    assert check_settings(RecommendTextSettings(budget="1.5M")).budget == 1_500_000
+    assert check_settings(RecommendTextSettings(budget=None)).budget is None
+    with pytest.raises(ValueError, match=r"^--budget \(recommend\.budget\): budget 'lots'"):
+        check_settings(RecommendImageSettings(budget="lots"))
+    with pytest.raises(ValueError, match=r"^--budget \(recommend\.budget\): budget '1x'"):
+        settings_from_args(
+            RecommendTextSettings,
+            argparse.Namespace(
+                **{
+                    field.name: field.default
+                    for field, _, _ in setting_fields(RecommendTextSettings)
+                }
+                | {"budget": "1x"}
+            ),
+        )

@@ -7,8 +7,9 @@ from typing import Any
 
 from snakemake.iocontainers import Namedlist, Wildcards
 
+from vitplasticity.plasticity.settings import PlasticitySettings
+from vitplasticity.report.settings import CriteriaSettings
 from vitplasticity.settings.declaration import rule_params
-from vitplasticity.settings.stages import CriteriaSettings, PlasticitySettings
 from vitplasticity.workflow.params import (
     as_json,
     config_block,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vitplasticity.recommend.settings import RecommendImageSettings, RecommendTextSettings
 from vitplasticity.settings.declaration import rule_params
-from vitplasticity.settings.stages import RecommendImageSettings, RecommendTextSettings
 from vitplasticity.workflow.recommend_jobs import (
     recommend_params,
     recommend_text_n_pairs,

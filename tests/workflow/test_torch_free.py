@@ -29,7 +29,7 @@ def workflow_imports() -> list[str]:
 def test_the_workflows_imports_pull_neither_torch_nor_timm() -> None:
     modules = workflow_imports()
     assert "vitplasticity.workflow.targets" in modules
-    assert "vitplasticity.settings.stages" in modules  # read from common.smk
+    assert "vitplasticity.plasticity.settings" in modules  # read from common.smk
     script = (
         "import importlib, sys\n"
         "for name in sys.argv[1:]:\n"

@@ -17,14 +17,13 @@ from vitplasticity.workflow.resolved import save_resolved_config
 from vitplasticity.workflow.results import ResultFiles
 from vitplasticity.workflow.targets import Targets
 from vitplasticity.settings.declaration import command_flags
-from vitplasticity.settings.stages import (
+from vitplasticity.plasticity.settings import (
     BoundsSettings,
-    CriteriaSettings,
     PlasticitySettings,
-    RecommendImageSettings,
-    RecommendTextSettings,
     TextPlasticitySettings,
 )
+from vitplasticity.recommend.settings import RecommendImageSettings, RecommendTextSettings
+from vitplasticity.report.settings import CriteriaSettings
 from vitplasticity.models.weights import LOCAL_FILENAME, RECORD_FILENAME
 
 RESOURCES = config["paths"]["resources"]

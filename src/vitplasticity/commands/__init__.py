@@ -19,6 +19,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def add_image_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of an image stage's model and reference set (plasticity, bounds)."""
+    from vitplasticity.settings.declaration import json_argument
+
+    parser.add_argument("--model", required=True, help="model name (config key)")
+    parser.add_argument(
+        "--model-spec", required=True, type=json_argument, help="its config entry, as JSON"
+    )
+    parser.add_argument("--reference", required=True, help="reference set Parquet file")
+
+
+def add_measurement_outputs(parser: argparse.ArgumentParser) -> None:
+    """The flags of a plasticity measurement's two tables (:func:`write_measurement`)."""
+    parser.add_argument("--out", required=True, help="per-pair Parquet file")
+    parser.add_argument("--summary", required=True, help="per-(block, component) Parquet file")
+
+
 def write_measurement(
     result: Measurement, out: str | os.PathLike[str], summary: str | os.PathLike[str]
 ) -> None:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import math
 
+from vitplasticity.commands import add_image_model_arguments
+from vitplasticity.plasticity.settings import BoundsSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
-    check_settings,
-    json_argument,
     settings_from_args,
 )
-from vitplasticity.settings.stages import BoundsSettings
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "norm that is not a LayerNorm) gets no rows; the log, the table's footer "
         "('undefined') and the figure say which and why.",
     )
-    parser.add_argument("--model", required=True, help="model name (config key)")
-    parser.add_argument(
-        "--model-spec", required=True, type=json_argument, help="its config entry, as JSON"
-    )
-    parser.add_argument("--reference", required=True, help="reference set Parquet file")
+    add_image_model_arguments(parser)
     # --n-images, --batch-size, --device and --demo from BoundsSettings (the config key each
     # mirrors in its help).
     add_settings_arguments(parser, BoundsSettings)
@@ -56,14 +50,7 @@ def run_bounds(args: argparse.Namespace) -> int:
     from vitplasticity.utils.io import write_parquet
 
     settings = settings_from_args(BoundsSettings, args)
-    check_settings(settings)
-    result = model_bounds(
-        args.model,
-        args.model_spec,
-        args.reference,
-        args.plasticity,
-        **dataclasses.asdict(settings),
-    )
+    result = model_bounds(args.model, args.model_spec, args.reference, settings, args.plasticity)
     write_parquet(args.out, result.table, result.metadata)
     if args.figure_prefix:
         from vitplasticity.report.figures import bounds_figure

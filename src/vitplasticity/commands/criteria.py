@@ -19,12 +19,12 @@ from vitplasticity.commands import (
     read_frames,
     report_record,
 )
+from vitplasticity.report.settings import CriteriaSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
     check_settings,
     settings_from_args,
 )
-from vitplasticity.settings.stages import CriteriaSettings
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,9 @@ def _configurations(names: Sequence[str]) -> list[str] | None:
     return list(names)
 
 
-def _criteria(args: argparse.Namespace, selected: Any) -> Any:
-    """The criteria frame of every given source."""
+def _criteria(args: argparse.Namespace, selected: Any, parameters: bool) -> Any:
+    """The criteria frame of every given source (with ``parameters``, the trainable-parameter
+    baseline too)."""
     from vitplasticity.report import criteria
 
     frames = []
@@ -93,7 +94,7 @@ def _criteria(args: argparse.Namespace, selected: Any) -> Any:
         frames.append(criteria.recommend_criteria(read_frames(args.recommend)))
     if args.plasticity:
         frames.append(criteria.plasticity_criteria(read_frames(args.plasticity)))
-    if args.parameters:
+    if parameters:
         frames.append(criteria.parameter_criterion(selected))
     combined = criteria.combine_criteria(frames)
     if combined.is_empty():
@@ -110,23 +111,24 @@ def run_criteria(args: argparse.Namespace) -> int:
     from vitplasticity.report.criteria import analyse, best_criterion_lines
     from vitplasticity.utils.io import write_parquet
 
-    check_settings(settings_from_args(CriteriaSettings, args))
-    configurations = _configurations(args.configurations)
+    settings = check_settings(settings_from_args(CriteriaSettings, args))
+    configurations = _configurations(settings.configurations)
     check_inputs([args.selected, *args.recommend, *args.plasticity])
     selected = read_frames([args.selected])
-    result = analyse(_criteria(args, selected), selected, configurations, args.min_configurations)
+    criteria = _criteria(args, selected, settings.parameters)
+    result = analyse(criteria, selected, configurations, settings.min_configurations)
     lines = best_criterion_lines(result)
     inputs = [args.selected, *args.recommend, *args.plasticity]
-    demo = args.demo or parquet_is_demo(inputs)
-    settings = {
+    demo = settings.demo or parquet_is_demo(inputs)
+    recorded = {
         "selected": args.selected,
         "recommend": args.recommend,
         "plasticity": args.plasticity,
-        "parameters": args.parameters,
+        "parameters": settings.parameters,
         "configurations": configurations,
-        "min_configurations": args.min_configurations,
+        "min_configurations": settings.min_configurations,
     }
-    write_parquet(args.out, result, {**report_record(settings, demo), "best": lines})
+    write_parquet(args.out, result, {**report_record(recorded, demo), "best": lines})
     per_dataset = result.filter(pl.col("level") == "dataset")
     log.info(
         "%d criteria on %d (model, dataset) cells: %s",

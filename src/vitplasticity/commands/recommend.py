@@ -1,7 +1,9 @@
 """``recommend``: which components of a ViT to finetune on a dataset, in minutes.
 
-Parses the flags into :class:`vitplasticity.recommend.pipeline.RecommendSettings`, prepares an
---image-folder into a temporary folder, and calls the stage (:mod:`vitplasticity.recommend`),
+Parses the flags into the declared settings
+(:class:`vitplasticity.recommend.settings.RecommendImageSettings`) and the inputs
+(:class:`vitplasticity.recommend.pipeline.RecommendInputs`), prepares an --image-folder into a
+temporary folder, and calls the stage (:mod:`vitplasticity.recommend.pipeline`),
 which writes ``<prefix>.md`` (ranked table + recommendation), ``<prefix>.json`` (the decision:
 its parameter names and PEFT configs), ``<prefix>.parquet`` (one row per configuration and
 criterion) and ``<prefix>.png``/``.pdf``.
@@ -13,26 +15,25 @@ reference text (:mod:`vitplasticity.recommend.text`); it writes the .md, .json a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from vitplasticity.plasticity.settings import DTYPES
+from vitplasticity.recommend.settings import (
+    REFERENCE_FALLBACKS,
+    RecommendImageSettings,
+    RecommendTextSettings,
+)
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
     json_argument,
     settings_from_args,
 )
-from vitplasticity.settings.stages import (
-    DTYPES,
-    REFERENCE_FALLBACKS,
-    RecommendImageSettings,
-    RecommendTextSettings,
-)
 
 if TYPE_CHECKING:
-    from vitplasticity.recommend.pipeline import RecommendSettings
+    from vitplasticity.recommend.pipeline import RecommendInputs
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +57,7 @@ def register_image(subparsers: argparse._SubParsersAction) -> None:
         "heuristic from the paper's finding (higher plasticity, better finetuning), not a "
         "finetuning result.",
     )
-    model = parser.add_argument_group("model (--model-spec, or --timm-id with its options)")
-    model.add_argument("--model-spec", type=json_argument, help="a config.yaml models entry (JSON)")
-    model.add_argument("--timm-id", help="timm model id, e.g. vit_base_patch16_224.orig_in21k")
-    model.add_argument(
-        "--weights", default="hub", help="with --timm-id: hub | random | local weights file"
-    )
-    model.add_argument(
-        "--normalize", default="pretrained", help="with --timm-id: pretrained | imagenet"
-    )
-    model.add_argument(
-        "--model-kwargs", type=json_argument, default={}, help="with --timm-id: timm kwargs (JSON)"
-    )
-    model.add_argument("--model", help="model name in the outputs (default: the timm id)")
+    add_model_arguments(parser)
     data = parser.add_argument_group("dataset (one of --dataset-dir, --image-folder)")
     data.add_argument("--dataset-dir", help="a prepared dataset folder (vitplasticity prepare)")
     data.add_argument(
@@ -97,37 +86,41 @@ def register_image(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run_recommend)
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The image recommend's model: a models entry (``--model-spec``), or a timm id with its
+    options, and the name the outputs give it."""
+    model = parser.add_argument_group("model (--model-spec, or --timm-id with its options)")
+    model.add_argument("--model-spec", type=json_argument, help="a config.yaml models entry (JSON)")
+    model.add_argument("--timm-id", help="timm model id, e.g. vit_base_patch16_224.orig_in21k")
+    model.add_argument(
+        "--weights", default="hub", help="with --timm-id: hub | random | local weights file"
+    )
+    model.add_argument(
+        "--normalize", default="pretrained", help="with --timm-id: pretrained | imagenet"
+    )
+    model.add_argument(
+        "--model-kwargs", type=json_argument, default={}, help="with --timm-id: timm kwargs (JSON)"
+    )
+    model.add_argument("--model", help="model name in the outputs (default: the timm id)")
+
+
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     """``--dtype``, which both recommends take and the workflow leaves at its default."""
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype")
 
 
-def ranking_settings(args: argparse.Namespace, declared: type) -> dict[str, Any]:
-    """The declared settings (``declared``: a class of :mod:`vitplasticity.settings.stages`)
-    that the flags give, with ``--budget`` parsed and ``--dtype``, as both recommends take them.
-
-    Raises:
-        ValueError: naming --budget when it is not a number of parameters.
-    """
-    from vitplasticity.recommend.ranking import parse_budget
-
-    settings = dataclasses.asdict(settings_from_args(declared, args))
-    try:
-        settings["budget"] = parse_budget(settings["budget"])
-    except ValueError as error:
-        raise ValueError(f"--budget: {error}") from None
-    return {**settings, "dtype": args.dtype}
-
-
-def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings, str]:
-    """The stage's settings and the dataset folder (or image folder) the flags name.
+def recommend_arguments(
+    args: argparse.Namespace,
+) -> tuple[RecommendInputs, RecommendImageSettings, str]:
+    """The stage's inputs, its settings (checked: the budget a number) and the dataset folder
+    (or image folder) the flags name.
 
     Raises:
         ValueError: naming the flag of a missing, contradictory or bad value.
         FileNotFoundError: for a dataset folder that does not exist.
     """
     from vitplasticity.models.build import ModelSpec
-    from vitplasticity.recommend.pipeline import RecommendSettings
+    from vitplasticity.recommend.pipeline import RecommendInputs, checked_settings
 
     for flag, sources in (
         ("--model-spec / --timm-id", (args.model_spec, args.timm_id)),
@@ -153,32 +146,35 @@ def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings
     if not Path(source).is_dir():
         flag = "--dataset-dir" if args.dataset_dir is not None else "--image-folder"
         raise FileNotFoundError(f"{flag}: folder not found: {source}")
-    settings = RecommendSettings(
+    inputs = RecommendInputs(
         model=args.model or spec.model_id,
         dataset=args.dataset or Path(source).resolve().name,
         model_spec=spec,
         reference=args.reference,
         reference_fallback=args.reference_fallback,
-        **ranking_settings(args, RecommendImageSettings),
+        dtype=args.dtype,
     )
-    settings.validate()
-    return settings, str(source)
+    # Checked before an image folder is prepared (the stage's own check then passes).
+    settings = checked_settings(inputs, settings_from_args(RecommendImageSettings, args))
+    return inputs, settings, str(source)
 
 
 def run_recommend(args: argparse.Namespace) -> int:
+    """Rank (:func:`vitplasticity.recommend.pipeline.recommend`) and write the outputs, on a
+    prepared dataset or an image folder prepared into a temporary folder."""
     from vitplasticity.recommend.pipeline import recommend, write_outputs
 
-    settings, source = settings_from_arguments(args)
+    inputs, settings, source = recommend_arguments(args)
     if args.image_folder is None:
-        write_outputs(recommend(settings, source), args.out_prefix)
+        write_outputs(recommend(inputs, settings, source), args.out_prefix)
         return 0
     from vitplasticity.data.imagefolder import prepare_image_folder
 
     with tempfile.TemporaryDirectory(prefix="vitplasticity-recommend-") as tmp:
-        prepared = Path(tmp) / settings.dataset
-        counts = prepare_image_folder(source, prepared, settings.dataset)
+        prepared = Path(tmp) / inputs.dataset
+        counts = prepare_image_folder(source, prepared, inputs.dataset)
         log.info("image folder %s read: %s", source, counts)
-        write_outputs(recommend(settings, prepared), args.out_prefix)
+        write_outputs(recommend(inputs, settings, prepared), args.out_prefix)
     return 0
 
 
@@ -230,20 +226,18 @@ def register_text(subparsers: argparse._SubParsersAction) -> None:
 
 def run_recommend_text(args: argparse.Namespace) -> int:
     """Rank (:func:`vitplasticity.recommend.text.recommend_text`) and write the outputs."""
-    from vitplasticity.recommend.text import (
-        TextRecommendSettings,
-        recommend_text,
-        write_text_outputs,
-    )
+    from vitplasticity.recommend.text import TextRecommendInputs, recommend_text
+    from vitplasticity.recommend.text_report import write_text_outputs
 
-    settings = TextRecommendSettings(
+    inputs = TextRecommendInputs(
         model=args.model,
         dataset=args.dataset or Path(args.text[0]).stem,
         model_spec=args.model_spec,
         reference=args.reference,
         texts=tuple(args.text),
         protocol=args.protocol,
-        **ranking_settings(args, RecommendTextSettings),
+        dtype=args.dtype,
     )
-    write_text_outputs(recommend_text(settings), args.out_prefix)
+    settings = settings_from_args(RecommendTextSettings, args)
+    write_text_outputs(recommend_text(inputs, settings), args.out_prefix)
     return 0

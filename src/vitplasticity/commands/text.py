@@ -6,16 +6,14 @@ schema.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
-from vitplasticity.commands import write_measurement
+from vitplasticity.commands import add_measurement_outputs, write_measurement
+from vitplasticity.plasticity.settings import TextPlasticitySettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
-    check_settings,
     json_argument,
     settings_from_args,
 )
-from vitplasticity.settings.stages import TextPlasticitySettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,8 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # Every measuring flag, its type, choices and default from TextPlasticitySettings (the
     # config key each mirrors in its help).
     add_settings_arguments(parser, TextPlasticitySettings)
-    parser.add_argument("--out", required=True, help="per-pair Parquet file")
-    parser.add_argument("--summary", required=True, help="per-(block, component) Parquet file")
+    add_measurement_outputs(parser)
     parser.set_defaults(handler=run_text_plasticity)
 
 
@@ -54,14 +51,8 @@ def run_text_plasticity(args: argparse.Namespace) -> int:
     from vitplasticity.plasticity.text import measure_text
 
     settings = settings_from_args(TextPlasticitySettings, args)
-    check_settings(settings)
     result = measure_text(
-        args.model,
-        args.model_spec,
-        args.reference,
-        args.text,
-        dataset=args.dataset,
-        **dataclasses.asdict(settings),
+        args.model, args.model_spec, args.reference, args.text, settings, dataset=args.dataset
     )
     write_measurement(result, args.out, args.summary)
     return 0

@@ -5,22 +5,24 @@ prepared dataset in, a :class:`~vitplasticity.plasticity.summary.Measurement` ou
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import torch
 
+from vitplasticity.data.preprocessing import Preprocessing
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import read_split
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import architecture_for
-from vitplasticity.models.architectures.base import check_fc1_mode
 from vitplasticity.models.build import ModelSpec, build_model, pick_device, preprocessing
 from vitplasticity.plasticity.measure import measure_protocols
-from vitplasticity.plasticity.protocols import check_protocols, fc1_mode_matters
+from vitplasticity.plasticity.protocols import fc1_mode_matters
+from vitplasticity.plasticity.settings import PlasticitySettings
 from vitplasticity.plasticity.summary import Measurement, measurement
+from vitplasticity.settings.declaration import check_settings, recorded_settings
 from vitplasticity.utils.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
@@ -31,15 +33,7 @@ def measure_dataset(
     model_spec: dict[str, Any],
     reference: str | Path,
     dataset_dir: str | Path,
-    *,
-    split: str = "test",
-    protocols: Sequence[str] = ("embedding",),
-    n_pairs: int,
-    batch_size: int = 64,
-    device: str = "auto",
-    dtype: str = "float32",
-    fc1: str = "stage",
-    demo: bool = False,
+    settings: PlasticitySettings,
 ) -> Measurement:
     """The plasticity of model ``model_name`` (its config entry ``model_spec``) between a
     reference set file and a prepared downstream dataset: the ``plasticity`` stage.
@@ -48,73 +42,99 @@ def measure_dataset(
     decoded a batch ahead by a few threads.
 
     Raises:
-        ValueError: for a bad argument (naming its CLI flag), a reference set with fewer
-            than ``n_pairs`` images or an empty split, before the model is built.
+        ValueError: for a bad setting (naming its CLI flag and config key), a reference set
+            with fewer than ``n_pairs`` images or an empty split, before the model is built.
         FileNotFoundError: for a missing reference set or dataset.
     """
     # Every input is checked before the model is built or an image decoded.
-    protocols = check_protocols(protocols)
-    fc1 = check_fc1_mode(fc1)
-    if n_pairs < 1:
-        raise ValueError(f"--n-pairs must be >= 1, got {n_pairs}")
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    settings = check_settings(settings)
     spec = ModelSpec.from_config(model_spec)
-    images = read_reference_images(reference)
-    if len(images) < n_pairs:
-        raise ValueError(
-            f"{reference}: {len(images)} reference images, fewer than --n-pairs {n_pairs}"
-        )
-    downstream = read_split(dataset_dir, split)
-    if len(downstream) == 0:
-        raise ValueError(f"{dataset_dir}: split {split!r} holds no images")
-    target = pick_device(device)
+    images, cycled, n_downstream = _paired_images(reference, dataset_dir, settings)
+    target = pick_device(settings.device)
     dataset = Path(dataset_dir).name
 
     model = build_model(spec, num_classes=0).eval()
     architecture = architecture_for(model)
     gated = fc1_mode_matters(architecture, architecture.blocks(model))  # refusals named here
-    model = model.to(device=target, dtype=getattr(torch, dtype))
+    model = model.to(device=target, dtype=getattr(torch, settings.dtype))
     pre = preprocessing(model, spec)
-    # Pair i: reference i with downstream i mod len(downstream), cycled here by reference so
-    # that every image is decoded only when its batch comes up.
-    cycled = [downstream.images[i % len(downstream)] for i in range(n_pairs)]
-    log.info(
-        "%s on %s (%s, %d images, cycled to %d): protocols %s, %s on %s",
-        model_name,
-        dataset,
-        split,
-        len(downstream),
-        n_pairs,
-        ", ".join(protocols),
-        dtype,
-        target,
-    )
-    with ProgressReporter(n_pairs, f"plasticity {model_name}/{dataset}") as progress:
-        pairs = measure_protocols(
-            model,
-            decoded_batches(images[:n_pairs], pre, batch_size),
-            decoded_batches(cycled, pre, batch_size),
-            protocols=protocols,
-            batch_size=batch_size,
-            n_pairs=n_pairs,
-            progress=progress,
-            fc1=fc1,
-        )
-    settings: dict[str, Any] = {
+    label = (model_name, dataset)
+    pairs = _measure_pairs(model, pre, (images, cycled), settings, label, n_downstream, target)
+    recorded = {
         "model_spec": model_spec,
         "reference": str(reference),
         "dataset_dir": str(dataset_dir),
-        "split": split,
-        "protocols": list(protocols),
-        "n_pairs": n_pairs,
-        "batch_size": batch_size,
-        "device": device,
-        "dtype": dtype,
+        **_recorded(settings, gated),
         "preprocessing": asdict(pre),
     }
-    if gated:  # what FC1 measured; a plain MLP has one fc1 whatever the mode
-        settings["fc1"] = fc1
-    return measurement(
-        pairs, model=model_name, dataset=dataset, settings=settings, device=target, demo=demo
+    named = {"model": model_name, "dataset": dataset}
+    return measurement(pairs, **named, settings=recorded, device=target, demo=settings.demo)
+
+
+def _measure_pairs(
+    model: torch.nn.Module,
+    pre: Preprocessing,
+    images: tuple[list[bytes], list[bytes]],
+    settings: PlasticitySettings,
+    label: tuple[str, str],
+    n_downstream: int,
+    device: torch.device,
+) -> pl.DataFrame:
+    """The per-pair plasticity of ``model`` (on ``device``) over the encoded ``images``
+    (reference, downstream cycled from a split of ``n_downstream``), decoded a batch ahead;
+    ``label`` (model, dataset) names them in the log and the progress line."""
+    reference, downstream = images
+    log.info(
+        "%s on %s (%s, %d images, cycled to %d): protocols %s, %s on %s",
+        *label,
+        settings.split,
+        n_downstream,
+        settings.n_pairs,
+        ", ".join(settings.protocols),
+        settings.dtype,
+        device,
     )
+    with ProgressReporter(settings.n_pairs, f"plasticity {'/'.join(label)}") as progress:
+        return measure_protocols(
+            model,
+            decoded_batches(reference, pre, settings.batch_size),
+            decoded_batches(downstream, pre, settings.batch_size),
+            protocols=settings.protocols,
+            batch_size=settings.batch_size,
+            n_pairs=settings.n_pairs,
+            progress=progress,
+            fc1=settings.fc1,
+        )
+
+
+def _recorded(settings: PlasticitySettings, gated: bool) -> dict[str, Any]:
+    """The settings as the provenance records them: ``fc1`` only for a model with a gated MLP
+    (what its FC1 measured; a plain MLP has one fc1 whatever the mode)."""
+    recorded = recorded_settings(settings, leave_out=("demo", "fc1"))
+    return {**recorded, "fc1": settings.fc1} if gated else recorded
+
+
+def _paired_images(
+    reference: str | Path, dataset_dir: str | Path, settings: PlasticitySettings
+) -> tuple[list[bytes], list[bytes], int]:
+    """The encoded images of the ``n_pairs`` pairs: (reference images, downstream images),
+    and how many images the downstream split holds.
+
+    Pair i is reference i with downstream i mod len(downstream), cycled here by reference so
+    that every image is decoded only when its batch comes up.
+
+    Raises:
+        ValueError: for fewer reference images than pairs, or an empty split.
+        FileNotFoundError: for a missing reference set or dataset.
+    """
+    n_pairs = settings.n_pairs
+    images = read_reference_images(reference)
+    if len(images) < n_pairs:
+        raise ValueError(
+            f"{reference}: {len(images)} reference images, fewer than --n-pairs {n_pairs}"
+        )
+    downstream = read_split(dataset_dir, settings.split)
+    if len(downstream) == 0:
+        raise ValueError(f"{dataset_dir}: split {settings.split!r} holds no images")
+    cycled = [downstream.images[i % len(downstream)] for i in range(n_pairs)]
+    return images[:n_pairs], cycled, len(downstream)

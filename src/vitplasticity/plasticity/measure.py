@@ -4,7 +4,7 @@ for one or several protocols in one pass over the images (:data:`PAIR_SCHEMA`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import polars as pl
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from vitplasticity.components import COMPONENTS
-from vitplasticity.models.architectures import architecture_for
+from vitplasticity.models.architectures import Architecture, architecture_for
 from vitplasticity.models.architectures.base import check_fc1_mode
 from vitplasticity.plasticity.pairs import ImageQueue, Images, image_chunks
 from vitplasticity.plasticity.protocols import PROTOCOL_FUNCTIONS, check_protocols
@@ -53,6 +53,44 @@ def measure_protocols(
     fc1 = check_fc1_mode(fc1)
     architecture = architecture_for(model)
     blocks = architecture.blocks(model)
+    _check_arguments(model, (architecture, blocks, fc1), reference, batch_size, n_pairs)
+    parameter = next(model.parameters())
+    device, dtype = parameter.device, parameter.dtype
+
+    # Per protocol: a list of per-batch (numerator, denominator) tensors, left on the device
+    # until the end so that no batch waits on a host copy.
+    found: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {p: [] for p in protocols}
+    done = 0
+    with torch.inference_mode():
+        batches = _batch_pairs(reference, downstream, architecture, batch_size, n_pairs)
+        for ref_batch, down_batch in batches:
+            inputs = architecture.to_device(torch.cat([ref_batch, down_batch]), device, dtype)
+            for protocol, batches_found in found.items():
+                measured = PROTOCOL_FUNCTIONS[protocol]
+                batches_found.append(
+                    measured(architecture, model, blocks, inputs, len(ref_batch), fc1)
+                )
+            done += len(ref_batch)
+            if progress is not None:
+                progress(done)
+    if done == 0:
+        raise ValueError("reference: no images")
+    if n_pairs is not None and done < n_pairs:
+        raise ValueError(f"reference: {done} images, fewer than the {n_pairs} pairs asked for")
+    return _pairs_table(found)
+
+
+def _check_arguments(
+    model: nn.Module,
+    parts: tuple[Architecture, Sequence[nn.Module], str],
+    reference: Images,
+    batch_size: int,
+    n_pairs: int | None,
+) -> None:
+    """Raise for an fc1 mode a block's MLP cannot take (``parts``: the model's architecture,
+    blocks and fc1 mode; UnsupportedModel), a model in training mode, a batch size or pair
+    count below 1, or a reference tensor with fewer images than ``n_pairs`` (ValueError)."""
+    architecture, blocks, fc1 = parts
     for block in blocks:
         architecture.components(block, fc1)  # an fc1 mode the MLP cannot take, named now
     if model.training:
@@ -65,54 +103,55 @@ def measure_protocols(
         raise ValueError(
             f"reference: {len(reference)} images, fewer than the {n_pairs} pairs asked"
         )
-    parameter = next(model.parameters())
-    device, dtype = parameter.device, parameter.dtype
 
+
+def _batch_pairs(
+    reference: Images,
+    downstream: Images,
+    architecture: Architecture,
+    batch_size: int,
+    n_pairs: int | None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(reference batch, downstream batch) of up to ``batch_size`` pairs each, until
+    ``n_pairs`` pairs (None: until the reference images run out; the downstream cycles).
+
+    Raises:
+        ValueError: when the two batches' images differ in shape.
+    """
     references = ImageQueue(
         image_chunks(reference, "reference", cycle=False, architecture=architecture)
     )
     downstreams = ImageQueue(
         image_chunks(downstream, "downstream", cycle=True, architecture=architecture)
     )
-    # Per protocol: a list of per-batch (numerator, denominator) tensors, left on the device
-    # until the end so that no batch waits on a host copy.
-    found: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {p: [] for p in protocols}
     done = 0
-    with torch.inference_mode():
-        while n_pairs is None or done < n_pairs:
-            wanted = batch_size if n_pairs is None else min(batch_size, n_pairs - done)
-            ref_batch = references.take(wanted)
-            if ref_batch is None:
-                break
-            down_batch = downstreams.take(len(ref_batch))
-            assert down_batch is not None and len(down_batch) == len(ref_batch)  # cycled
-            if ref_batch.shape[1:] != down_batch.shape[1:]:
-                raise ValueError(
-                    f"reference images {tuple(ref_batch.shape[1:])} and downstream images "
-                    f"{tuple(down_batch.shape[1:])} differ in shape"
-                )
-            inputs = architecture.to_device(torch.cat([ref_batch, down_batch]), device, dtype)
-            for protocol in protocols:
-                found[protocol].append(
-                    PROTOCOL_FUNCTIONS[protocol](
-                        architecture, model, blocks, inputs, len(ref_batch), fc1
-                    )
-                )
-            done += len(ref_batch)
-            if progress is not None:
-                progress(done)
-    if done == 0:
-        raise ValueError("reference: no images")
-    if n_pairs is not None and done < n_pairs:
-        raise ValueError(f"reference: {done} images, fewer than the {n_pairs} pairs asked for")
+    while n_pairs is None or done < n_pairs:
+        wanted = batch_size if n_pairs is None else min(batch_size, n_pairs - done)
+        ref_batch = references.take(wanted)
+        if ref_batch is None:
+            return
+        down_batch = downstreams.take(len(ref_batch))
+        assert down_batch is not None and len(down_batch) == len(ref_batch)  # cycled
+        if ref_batch.shape[1:] != down_batch.shape[1:]:
+            raise ValueError(
+                f"reference images {tuple(ref_batch.shape[1:])} and downstream images "
+                f"{tuple(down_batch.shape[1:])} differ in shape"
+            )
+        yield ref_batch, down_batch
+        done += len(ref_batch)
+
+
+def _pairs_table(found: dict[str, list[tuple[torch.Tensor, torch.Tensor]]]) -> pl.DataFrame:
+    """The rows of every protocol (in ``found``'s order) from its per-batch (numerator,
+    denominator) tensors, moved to the host once."""
     return pl.concat(
         [
             pairs_frame(
                 protocol,
-                torch.cat([num for num, _ in found[protocol]], dim=-1).cpu().numpy(),
-                torch.cat([den for _, den in found[protocol]], dim=-1).cpu().numpy(),
+                torch.cat([num for num, _ in batches], dim=-1).cpu().numpy(),
+                torch.cat([den for _, den in batches], dim=-1).cpu().numpy(),
             )
-            for protocol in protocols
+            for protocol, batches in found.items()
         ]
     )
 
@@ -144,9 +183,8 @@ def measure(
         batch_size: pairs per forward pass (each pass carries 2 x batch_size images).
         n_pairs: pairs to measure; defaults to every reference image.
         progress: called with the number of pairs done after each batch.
-        fc1: what FC1 of a gated MLP is (:data:`vitplasticity.models.architectures.FC1_MODES`):
-            ``stage`` (gate and up projections together, the default) or ``up`` (the up
-            projection alone, the reference code's DINOv3 ablation). A plain MLP has one fc1.
+        fc1: what FC1 of a gated MLP is: ``stage`` (gate and up projections together) or
+            ``up`` (the up projection alone, the reference code's DINOv3 ablation).
 
     Returns:
         One row per (block, component, pair): protocol, block (0-based), component, pair,
@@ -159,15 +197,9 @@ def measure(
         UnsupportedModel: for a model no architecture knows (naming its class and the known
             families), or an fc1 mode its MLP cannot take.
     """
+    counts = {"batch_size": batch_size, "n_pairs": n_pairs}
     return measure_protocols(
-        model,
-        reference,
-        downstream,
-        protocols=(protocol,),
-        batch_size=batch_size,
-        n_pairs=n_pairs,
-        progress=progress,
-        fc1=fc1,
+        model, reference, downstream, protocols=(protocol,), **counts, progress=progress, fc1=fc1
     )
 
 

@@ -18,9 +18,7 @@ from vitplasticity.models.architectures import (
     architecture_for,
 )
 from vitplasticity.plasticity.norms import joint_pair_norms, pair_norms
-
-PROTOCOLS: tuple[str, ...] = ("embedding", "in_situ")
-"""What each component is fed: the embedding output (reference code) or the real forward pass."""
+from vitplasticity.plasticity.settings import PROTOCOLS
 
 
 def check_protocols(protocols: Sequence[str]) -> tuple[str, ...]:

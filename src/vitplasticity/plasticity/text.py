@@ -12,7 +12,6 @@ transformers are imported when a measurement starts, so that the CLI's ``--help`
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from vitplasticity.models.hf import HFModelSpec
+    from vitplasticity.plasticity.settings import TextPlasticitySettings
     from vitplasticity.plasticity.summary import Measurement
 
 log = logging.getLogger(__name__)
@@ -94,22 +94,15 @@ def max_positions(config: Any) -> int | None:
 
 
 def _checked_spec(
-    model_name: str,
-    model_spec: dict[str, Any],
-    files: dict[str, str | Path],
-    counts: dict[str, int],
+    model_name: str, model_spec: dict[str, Any], files: dict[str, str | Path]
 ) -> HFModelSpec:
-    """The model's spec, after checking ``counts`` (flag -> value, each >= 1), the spec and
-    that each of ``files`` (flag -> path) is a file: before any model is built.
+    """The model's spec, after checking it and that each of ``files`` (flag -> path) is a
+    file: before any model is built.
 
     Raises:
-        ValueError: naming the flag of a count below 1, or a spec :func:`text_model_spec`
-            refuses.
+        ValueError: for a spec :func:`text_model_spec` refuses.
         FileNotFoundError: naming the flag of a missing text file.
     """
-    for flag, value in counts.items():
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
     spec = text_model_spec(model_name, model_spec)
     for flag, path in files.items():
         if not Path(path).is_file():
@@ -140,15 +133,22 @@ def _text_model(model_name: str, spec: HFModelSpec, sequence_length: int) -> Any
 
 
 def _read_pair_sequences(
-    reference: str | Path, text: str | Path, tokenize: Any, length: int, n: int
+    reference: str | Path,
+    text: str | Path,
+    tokenizer: str,
+    config: Any,
+    settings: TextPlasticitySettings,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Up to ``n`` sequences of ``length`` tokens from each file: (reference, downstream).
+    """Up to ``n_pairs`` sequences of ``sequence_length`` tokens from each file, cut by
+    ``tokenizer`` for a model of ``config`` (its vocabulary): (reference, downstream).
 
     Raises:
-        ValueError: when the reference file gives fewer than ``n`` sequences.
+        ValueError: when the reference file gives fewer than ``n_pairs`` sequences.
     """
-    from vitplasticity.data.text import read_sequences
+    from vitplasticity.data.text import load_tokenizer, read_sequences
 
+    tokenize = load_tokenizer(tokenizer, config.vocab_size)
+    n, length = settings.n_pairs, settings.sequence_length
     references = read_sequences(reference, tokenize, length, max_sequences=n)
     if len(references) < n:
         raise ValueError(
@@ -163,24 +163,17 @@ def measure_text(
     model_spec: dict[str, Any],
     reference: str | Path,
     text: str | Path,
+    settings: TextPlasticitySettings,
     *,
     dataset: str | None = None,
-    tokenizer: str = AUTO_TOKENIZER,
-    sequence_length: int = 128,
-    n_pairs: int,
-    batch_size: int = 64,
-    protocols: Sequence[str] = ("embedding",),
-    device: str = "auto",
-    dtype: str = "float32",
-    demo: bool = False,
 ) -> Measurement:
     """The plasticity of text model ``model_name`` (its ``models:`` entry ``model_spec``,
     ``family: transformers``) between a reference and a downstream text file: the
     ``text-plasticity`` stage. ``dataset`` names the downstream data (default: the file's stem).
 
     Raises:
-        ValueError: for a bad argument (naming its CLI flag), a spec that is not a
-            transformers entry (:func:`text_model_spec`), a model that takes images, a
+        ValueError: for a bad setting (naming its CLI flag and config key), a spec that is
+            not a transformers entry (:func:`text_model_spec`), a model that takes images, a
             sequence longer than the model's positions, fewer reference sequences than
             ``n_pairs``, or weights that are not a complete checkpoint of the model
             (:func:`~vitplasticity.models.hf.build_hf_model`).
@@ -188,68 +181,71 @@ def measure_text(
     """
     import torch
 
-    from vitplasticity.data.text import cycled, load_tokenizer
     from vitplasticity.models.build import pick_device
-    from vitplasticity.plasticity.measure import measure_protocols
-    from vitplasticity.plasticity.protocols import check_protocols
     from vitplasticity.plasticity.summary import measurement
+    from vitplasticity.settings.declaration import check_settings, recorded_settings
+
+    # Every setting and file is checked before the model runs.
+    settings = check_settings(settings)
+    spec = _checked_spec(model_name, model_spec, files={"--reference": reference, "--text": text})
+    target = pick_device(settings.device)
+    model = _text_model(model_name, spec, settings.sequence_length)
+    tokenizer = tokenizer_name(settings.tokenizer, spec)
+    sequences = _read_pair_sequences(reference, text, tokenizer, model.config, settings)
+    dataset = dataset or Path(text).stem
+    model = model.to(device=target, dtype=getattr(torch, settings.dtype))
+    label = (model_name, dataset, tokenizer)
+    pairs = _measure_pairs(model, sequences, settings, label, target)
+    recorded = {
+        "model_spec": model_spec,
+        "reference": str(reference),
+        "text": str(text),
+        **recorded_settings(settings),
+        "tokenizer": tokenizer,
+        "downstream_sequences": len(sequences[1]),
+    }
+    named = {"model": model_name, "dataset": dataset}
+    return measurement(pairs, **named, settings=recorded, device=target, demo=settings.demo)
+
+
+def _measure_pairs(
+    model: Any,
+    sequences: tuple[np.ndarray, np.ndarray],
+    settings: TextPlasticitySettings,
+    label: tuple[str, str, str],
+    device: Any,
+) -> Any:
+    """The per-pair plasticity of ``model`` (on ``device``) over reference sequence i and
+    downstream sequence i (cycled; ``sequences``: reference, downstream); ``label`` (model,
+    dataset, tokenizer) names them in the log and the progress line."""
+    import torch
+
+    from vitplasticity.data.text import cycled
+    from vitplasticity.plasticity.measure import measure_protocols
     from vitplasticity.utils.progress import ProgressReporter
 
-    # Every argument and file is checked before the model runs.
-    protocols = check_protocols(protocols)
-    spec = _checked_spec(
-        model_name,
-        model_spec,
-        files={"--reference": reference, "--text": text},
-        counts={
-            "--n-pairs": n_pairs,
-            "--batch-size": batch_size,
-            "--sequence-length": sequence_length,
-        },
-    )
-    target = pick_device(device)
-    model = _text_model(model_name, spec, sequence_length)
-    tokenizer = tokenizer_name(tokenizer, spec)
-    tokenize = load_tokenizer(tokenizer, model.config.vocab_size)
-    n, length = n_pairs, sequence_length
-    references, downstream = _read_pair_sequences(reference, text, tokenize, length, n)
-    dataset = dataset or Path(text).stem
-    model = model.to(device=target, dtype=getattr(torch, dtype))
+    references, downstream = sequences
+    model_name, dataset, tokenizer = label
+    n = settings.n_pairs
     log.info(
         "%s on %s (%d sequences of %d tokens, cycled to %d; tokenizer %s): protocols %s, %s on %s",
         model_name,
         dataset,
         len(downstream),
-        length,
+        settings.sequence_length,
         n,
         tokenizer,
-        ", ".join(protocols),
-        dtype,
-        target,
+        ", ".join(settings.protocols),
+        settings.dtype,
+        device,
     )
     with ProgressReporter(n, f"text plasticity {model_name}/{dataset}") as progress:
-        pairs = measure_protocols(
+        return measure_protocols(
             model,
             torch.from_numpy(references),
             torch.from_numpy(cycled(downstream, n)),
-            protocols=protocols,
-            batch_size=batch_size,
+            protocols=settings.protocols,
+            batch_size=settings.batch_size,
             n_pairs=n,
             progress=progress,
         )
-    settings: dict[str, Any] = {
-        "model_spec": model_spec,
-        "reference": str(reference),
-        "text": str(text),
-        "tokenizer": tokenizer,
-        "sequence_length": length,
-        "downstream_sequences": len(downstream),
-        "protocols": list(protocols),
-        "n_pairs": n,
-        "batch_size": batch_size,
-        "device": device,
-        "dtype": dtype,
-    }
-    return measurement(
-        pairs, model=model_name, dataset=dataset, settings=settings, device=target, demo=demo
-    )

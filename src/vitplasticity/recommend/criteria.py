@@ -9,9 +9,10 @@ the items of its parts:
   paper). Mean and 95% CI = mean +/- 1.96 std / sqrt(n) over the n pooled ratios.
 - ``relative_gradient_norm`` (Auto-RGN, Lee et al. 2023, "Surgical Fine-Tuning Improves
   Adaptation to Distribution Shifts"): items are parameter tensors; per tensor,
-  ||g_b|| / ||w|| averaged over the gradient batches b (after :func:`head_warmup`).
+  ||g_b|| / ||w|| averaged over the gradient batches b (after
+  :func:`.gradients.head_warmup`).
 - ``gradient_snr``: items are parameter tensors; per tensor, ||mean_b g_b|| /
-  sqrt(mean_b ||g_b - mean_b g_b||^2) (see :func:`gradient_statistics`).
+  sqrt(mean_b ||g_b - mean_b g_b||^2) (see :func:`.gradients.gradient_statistics`).
 - ``weight_spectral`` (data-free): items are blocks; the weight factor of the paper's
   Section 4 bound (see :func:`weight_statistics`).
 - ``nfn`` (PLoP's normalised feature norm, Hayou et al., ICLR 2026): items are the linear maps
@@ -35,12 +36,9 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import polars as pl
-import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vitplasticity.components import COMPONENTS
@@ -52,34 +50,20 @@ from vitplasticity.models.architectures import (
     parameter_map,
     parse_configuration,
 )
-from vitplasticity.plasticity.bounds import (
+from vitplasticity.plasticity.measure import measure
+from vitplasticity.plasticity.pairs import Images
+from vitplasticity.plasticity.upper_bounds import (
     attention_head_norms,
     layernorm_refusal,
     spectral_norm,
     stacked_weight,
 )
-from vitplasticity.plasticity.measure import measure
-from vitplasticity.plasticity.pairs import Images
+from vitplasticity.recommend.gradients import Batch, gradient_statistics, head_warmup
 from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics
-from vitplasticity.settings.stages import CRITERIA as CRITERIA  # declared with the CLI's flags
+from vitplasticity.recommend.settings import CRITERIA as CRITERIA  # declared with the flags
 
 Z95 = 1.96
 """Normal quantile of a two-sided 95% interval (the paper's CI)."""
-
-Batch = tuple[torch.Tensor, torch.Tensor]
-"""Preprocessed images (B, 3, H, W) on the model's device and dtype, and int64 labels (B,)."""
-
-TENSOR_SCHEMA: dict[str, pl.DataType] = {
-    "parameter": pl.String(),
-    "component": pl.String(),
-    "block": pl.Int64(),
-    "numel": pl.Int64(),
-    "weight_norm": pl.Float64(),
-    "relative_gradient_norm": pl.Float64(),
-    "gradient_snr": pl.Float64(),
-    "n_batches": pl.Int64(),
-}
-"""Columns of :func:`gradient_statistics`: one row per parameter tensor."""
 
 WEIGHT_SCHEMA: dict[str, pl.DataType] = {
     "block": pl.Int64(),
@@ -189,156 +173,7 @@ def plasticity_estimate(pairs: pl.DataFrame, components: Sequence[str]) -> Estim
 
 
 # ---------------------------------------------------------------------------------------------
-# Gradient criteria
-
-
-def _check_eval(model: nn.Module) -> None:
-    if model.training:
-        raise ValueError(
-            "model is in training mode (dropout would make gradients random): call model.eval()"
-        )
-
-
-def head_warmup(
-    model: nn.Module, batches: Iterable[Batch], lr: float, momentum: float = 0.9
-) -> list[float]:
-    """Train the classifier head alone for one SGD step per batch; return the losses.
-
-    A fresh random head makes every backbone gradient mostly noise from the head, so the
-    gradient criteria are measured after a short warm-up, as surgical fine-tuning does. The
-    backbone (final norm included) is frozen: its features are computed without gradient
-    and only the head learns (SGD with ``momentum``, no weight decay). Seed the caller's RNG
-    before building the head for a reproducible warm-up.
-    """
-    _check_eval(model)
-    if not lr > 0:
-        raise ValueError(f"warm-up learning rate must be > 0, got {lr}")
-    architecture = architecture_for(model)
-    head = architecture.classifier(model)
-    if not isinstance(head, nn.Module) or not list(head.parameters()):
-        raise ValueError(f"{type(model).__name__} has no classifier head to warm up")
-    trained = {id(p) for p in head.parameters()}
-    flags = {p: p.requires_grad for p in model.parameters()}
-    optimizer = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum, weight_decay=0.0)
-    losses = []
-    try:
-        # Only the head requires a gradient: the backbone and pooling run as without one, and
-        # the logits are the model's own (its pooling; a timm model: head(forward_head(...))).
-        for parameter in flags:
-            parameter.requires_grad_(id(parameter) in trained)
-        for images, labels in batches:
-            loss = F.cross_entropy(architecture.logits(model, images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-    finally:
-        for parameter, flag in flags.items():
-            parameter.requires_grad_(flag)
-    optimizer.zero_grad(set_to_none=True)
-    return losses
-
-
-def classification_loss(
-    model: nn.Module, batch: Batch, architecture: Architecture | None = None
-) -> torch.Tensor:
-    """The mean cross-entropy of ``model``'s logits (its architecture's
-    :meth:`~vitplasticity.models.architectures.Architecture.logits`) on a labelled image batch: the
-    loss whose gradients :func:`gradient_statistics` takes unless it is given another."""
-    images, labels = batch
-    architecture = architecture_for(model) if architecture is None else architecture
-    return F.cross_entropy(architecture.logits(model, images), labels)
-
-
-def gradient_statistics(
-    model: nn.Module,
-    batches: Iterable[Any],
-    names: Sequence[str],
-    loss: Callable[[Any], torch.Tensor] | None = None,
-) -> pl.DataFrame:
-    """Relative gradient norm and gradient signal-to-noise ratio of each named tensor.
-
-    For each batch b, g_b is the gradient of the batch's loss (by default its mean
-    cross-entropy, :func:`classification_loss`) with respect to a tensor w (the model in eval
-    mode). Over the B batches:
-
-    - relative gradient norm (Auto-RGN): (1/B) sum_b ||g_b||_F / ||w||_F; NaN for a tensor
-      whose norm is 0 (a zero-initialised bias), which the pooled value then leaves out.
-    - gradient SNR: ||gbar||_F / sqrt((1/B) sum_b ||g_b - gbar||_F^2), gbar = (1/B) sum_b g_b
-      (the noise term is the population variance, ddof 0, summed over the tensor's entries).
-      Accumulated with Welford's update in float64, so no per-batch gradient is kept.
-
-    Args:
-        model: a timm model of a known architecture, in eval mode, with its classifier head.
-        batches: (images, labels) on the model's device, or whatever ``loss`` takes; at least
-            two for the SNR.
-        names: parameter names to measure (any of the model's).
-        loss: the scalar loss of one batch (None: :func:`classification_loss` of ``model``);
-            the text recommend passes a causal LM's next-token loss, the LM holding ``model``.
-
-    Returns:
-        One row per name, columns :data:`TENSOR_SCHEMA`: component, the configuration that
-        trains the tensor (:attr:`vitplasticity.models.architectures.Owner.gradient_group`: a
-        component, ``emb``, ``head``, ``lora``, or ``other`` for ``full`` alone), and block,
-        the block that holds it (null outside the blocks), both from the model's
-        :class:`~vitplasticity.models.architectures.ParameterMap`.
-
-    Raises:
-        ValueError: for a model in training mode, an unknown name, or fewer than 2 batches.
-        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
-    """
-    _check_eval(model)
-    parameter_owners = parameter_map(model)
-    owners, architecture = parameter_owners.owners, parameter_owners.architecture
-    parameters = dict(model.named_parameters())
-    unknown = [name for name in names if name not in parameters]
-    if unknown:
-        raise ValueError(f"unknown parameters {unknown[:3]}")
-    tracked = [parameters[name] for name in names]
-    flags = {name: p.requires_grad for name, p in parameters.items()}
-    wanted = set(names)
-    for name, parameter in parameters.items():
-        parameter.requires_grad_(name in wanted)
-    try:
-        weight_norms = torch.stack(
-            [torch.linalg.vector_norm(p.detach().to(torch.float64)) for p in tracked]
-        )  # (T,)
-        ratio_sums = torch.zeros_like(weight_norms)
-        means = [torch.zeros_like(p, dtype=torch.float64) for p in tracked]
-        squares = torch.zeros_like(weight_norms)  # Welford's M2 per tensor
-        count = 0
-        for batch in batches:
-            count += 1
-            value = classification_loss(model, batch, architecture) if loss is None else loss(batch)
-            gradients = torch.autograd.grad(value, tracked)
-            for index, gradient in enumerate(gradients):
-                g = gradient.detach().to(torch.float64)
-                ratio_sums[index] += torch.linalg.vector_norm(g) / weight_norms[index]
-                delta = g - means[index]
-                means[index] += delta / count
-                squares[index] += (delta * (g - means[index])).sum()
-    finally:
-        for name, parameter in parameters.items():
-            parameter.requires_grad_(flags[name])
-    if count < 2:
-        raise ValueError(f"gradient criteria need at least 2 batches, got {count}")
-    mean_norms = torch.stack([torch.linalg.vector_norm(m) for m in means])
-    rgn = (ratio_sums / count).cpu().numpy()
-    rgn[(weight_norms == 0).cpu().numpy()] = np.nan  # ||g|| / 0: undefined, not infinite
-    snr = (mean_norms / (squares / count).sqrt()).cpu().numpy()
-    return pl.DataFrame(
-        {
-            "parameter": list(names),
-            "component": [owners[name].gradient_group for name in names],
-            "block": [owners[name].block for name in names],
-            "numel": [p.numel() for p in tracked],
-            "weight_norm": weight_norms.cpu().numpy(),
-            "relative_gradient_norm": rgn,
-            "gradient_snr": snr,
-            "n_batches": [count] * len(names),
-        },
-        schema=TENSOR_SCHEMA,
-    )
+# Gradient criteria (measured by :mod:`.gradients`)
 
 
 def tensor_estimate(tensors: pl.DataFrame, components: Sequence[str], criterion: str) -> Estimate:
@@ -378,50 +213,26 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
 
     Rotary positions (DINOv3, EVA-02, the rope ViTs) change only the attention pattern, so the
     MHA statistic is still that value-output factor there, although the paper's MHA bound is
-    not defined (:func:`vitplasticity.plasticity.bounds.undefined_bounds`). A statistic that is not
+    not defined (:func:`vitplasticity.plasticity.upper_bounds.undefined_bounds`). A statistic that is not
     defined for the model (a norm that is not a LayerNorm; attention whose value-output path
     the architecture cannot give as per-head V and O: normalised queries and keys, a
     normalised or gated output) is refused for that component: its rows hold NaN and one
     warning names the component and why. NaN, not absent rows: :func:`weight_estimate` is
     then NaN for every configuration that contains the component (reported "n/a", ranked
     last, never recommended nor joined into a union), where absent rows would make
-    ``mha+fc1`` the mean of fc1 alone.
-
-    Computed with :mod:`vitplasticity.plasticity.bounds` (``spectral_norm``, ``stacked_weight``,
-    ``attention_head_norms``).
+    ``mha+fc1`` the mean of fc1 alone. Computed with :mod:`vitplasticity.plasticity.upper_bounds`.
 
     Raises:
         UnsupportedModel: for a model no architecture knows or cannot account for (a
             ValueError).
         UndefinedStage: for a family that refuses the recommend stage (a ValueError).
     """
-    architecture = architecture_for(model)
-    refusal = architecture.refusal("recommend", model)
-    if refusal is not None:
-        raise UndefinedStage(
-            f"the weight statistic of {type(model).__name__} ({architecture.title}) is not "
-            f"defined: {refusal}"
-        )
+    architecture = _ranked_architecture(model)
     undefined: dict[str, str] = {}
     rows = []
     for index, block in enumerate(architecture.blocks(model)):
         for component, modules in architecture.components(block).items():
-            value = math.nan
-            if component in ("ln1", "ln2"):
-                (norm,) = modules
-                reason = layernorm_refusal(norm)
-                if reason is None:  # gamma = 1 in a LayerNorm without affine parameters
-                    gamma = norm.weight
-                    value = 1.0 if gamma is None else gamma.detach().double().abs().max().item()
-            elif component in ("fc1", "fc2"):
-                reason, value = None, spectral_norm(stacked_weight(modules))
-            else:
-                try:
-                    heads = attention_head_norms(architecture.attention_weights(modules[0]))
-                except UndefinedStage as error:
-                    reason = str(error)
-                else:
-                    reason, value = None, sum(o * v for o, v, _ in heads)
+            value, reason = _weight_factor(architecture, component, modules)
             if reason is not None:
                 undefined.setdefault(component, reason)
             rows.append({"block": index, "component": component, "weight_spectral": value})
@@ -432,6 +243,44 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
             "; ".join(f"{component} ({reason})" for component, reason in undefined.items()),
         )
     return pl.DataFrame(rows, schema=WEIGHT_SCHEMA)
+
+
+def _ranked_architecture(model: nn.Module) -> Architecture:
+    """The architecture of ``model``, once it accepts the recommend stage.
+
+    Raises:
+        UnsupportedModel: for a model no architecture knows.
+        UndefinedStage: naming the model and its family, when the family refuses the stage.
+    """
+    architecture = architecture_for(model)
+    refusal = architecture.refusal("recommend", model)
+    if refusal is not None:
+        raise UndefinedStage(
+            f"the weight statistic of {type(model).__name__} ({architecture.title}) is not "
+            f"defined: {refusal}"
+        )
+    return architecture
+
+
+def _weight_factor(
+    architecture: Architecture, component: str, modules: Sequence[nn.Module]
+) -> tuple[float, str | None]:
+    """The weight factor of one block's ``component`` (its ``modules``) and None, or NaN and
+    why it is not defined (:func:`weight_statistics`)."""
+    if component in ("ln1", "ln2"):
+        (norm,) = modules
+        reason = layernorm_refusal(norm)
+        if reason is not None:
+            return math.nan, reason
+        gamma = norm.weight  # None in a LayerNorm without affine parameters: gamma = 1
+        return (1.0 if gamma is None else gamma.detach().double().abs().max().item()), None
+    if component in ("fc1", "fc2"):
+        return spectral_norm(stacked_weight(modules)), None
+    try:
+        heads = attention_head_norms(architecture.attention_weights(modules[0]))
+    except UndefinedStage as error:
+        return math.nan, str(error)
+    return sum(o * v for o, v, _ in heads), None
 
 
 def weight_estimate(weights: pl.DataFrame, components: Sequence[str]) -> Estimate:
@@ -484,6 +333,32 @@ class Measurements:
     features: pl.DataFrame
     """:func:`vitplasticity.recommend.nfn.feature_norm_statistics` rows (one per linear map)."""
 
+    @classmethod
+    def of_components(
+        cls,
+        model: nn.Module,
+        *,
+        pairs: pl.DataFrame,
+        weights: pl.DataFrame,
+        features: pl.DataFrame,
+        gradients: Callable[[list[str]], pl.DataFrame],
+    ) -> Measurements:
+        """The measurements of ``model``'s five components: ``gradients`` gives the gradient
+        statistics of the parameter names it is called with (every component's, in
+        :data:`COMPONENTS` order); the parameter counts come from the model's
+        :class:`~vitplasticity.models.architectures.ParameterMap`."""
+        parameters = parameter_map(model)
+        names = {c: parameters.component_names(c) for c in COMPONENTS}
+        sizes = dict(model.named_parameters())
+        return cls(
+            pairs=pairs,
+            tensors=gradients([name for c in COMPONENTS for name in names[c]]),
+            weights=weights,
+            component_parameters={c: sum(sizes[n].numel() for n in names[c]) for c in COMPONENTS},
+            always_trained=always_trained_parameters(model, parameters),
+            features=features,
+        )
+
     def trainable_parameters(self, configuration: str) -> int:
         """Trainable parameters of ``configuration`` beyond the head and final norm (its
         components' parameters are disjoint, so the sum)."""
@@ -532,11 +407,9 @@ def measure_criteria(
             takes them; ``downstream`` likewise (pair i: reference i, downstream i, cycled).
         warmup_batches: labelled batches of the head warm-up (one SGD step each).
         gradient_batches: labelled batches the gradient criteria average over (>= 2).
-        n_pairs: plasticity pairs.
         warmup_lr: the warm-up's SGD learning rate.
-        batch_size: plasticity pairs per forward pass.
-        protocol: the plasticity protocol (embedding: the paper's).
-        progress: called with the plasticity pairs done.
+        n_pairs, batch_size, protocol, progress: the plasticity's pairs, pairs per forward
+            pass, protocol (embedding: the paper's) and progress callback (pairs done).
         nfn_seed: the seed of NFN's random inputs.
 
     Raises:
@@ -553,22 +426,32 @@ def measure_criteria(
         progress=progress,
     )
     head_warmup(model, warmup_batches, warmup_lr)
+    return _after_warmup(model, pairs, weights, gradient_batches, nfn_seed)
+
+
+def _after_warmup(
+    model: nn.Module,
+    pairs: pl.DataFrame,
+    weights: pl.DataFrame,
+    gradient_batches: Iterable[Batch],
+    nfn_seed: int,
+) -> Measurements:
+    """The measurements of the warmed-up ``model``, with its ``pairs`` and ``weights``: the
+    NFN of the first gradient batch, then the gradient statistics of every batch.
+
+    Raises:
+        ValueError: for fewer than 2 gradient batches.
+    """
     batches = iter(gradient_batches)
     first = next(batches, None)
     if first is None:
         raise ValueError("gradient criteria need at least 2 batches, got 0")
-    features = feature_norm_statistics(model, first[0], seed=nfn_seed)
-    parameters = parameter_map(model)
-    names = {c: parameters.component_names(c) for c in COMPONENTS}
-    sizes = dict(model.named_parameters())
-    tensors = gradient_statistics(
-        model, itertools.chain([first], batches), [n for c in COMPONENTS for n in names[c]]
-    )
-    return Measurements(
+    return Measurements.of_components(
+        model,
         pairs=pairs,
-        tensors=tensors,
         weights=weights,
-        component_parameters={c: sum(sizes[n].numel() for n in names[c]) for c in COMPONENTS},
-        always_trained=always_trained_parameters(model, parameters),
-        features=features,
+        features=feature_norm_statistics(model, first[0], seed=nfn_seed),
+        gradients=lambda names: gradient_statistics(
+            model, itertools.chain([first], batches), names
+        ),
     )

@@ -58,54 +58,38 @@ def build_export(
     dataset: str | None = None,
     recommendation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON-ready description of ``configuration`` on ``model`` (see the module's
-    docstring). ``model`` is left as it was.
+    """The JSON-ready description of ``configuration`` on ``model`` (the module docstring's).
 
     Args:
-        model: the model the names are of (the same class, sizes and head as the one to
-            finetune: the names and counts are this model's).
+        model: the model the names are of (class, sizes and head of the one to finetune),
+            left as it was.
         configuration: components joined by ``+`` (``mha+fc1``); None when no configuration
             fits the budget (the head and final norm alone, linear probing).
-        model_name: the model's name in the outputs.
-        model_entry: its config.yaml ``models`` entry.
-        dataset: the dataset the recommendation is for.
-        recommendation: how it was chosen (criterion, budget...), copied as it is.
+        model_name, model_entry: its name in the outputs and its config.yaml ``models`` entry.
+        dataset, recommendation: what it is for, how it was chosen (copied as it is).
 
     Raises:
         ValueError: for a configuration that is not made of the five components.
-        UnsupportedModel: for a model no architecture knows or cannot account for exactly,
-            linear targets of two kinds (``nn.Linear`` and transformers' ``Conv1D``: no one
-            ``fan_in_fan_out``), or an architecture whose LoRA targets are not its MHA's.
+        UnsupportedModel: for a model no architecture knows or cannot account for, linear
+            targets of two kinds (``nn.Linear`` and ``Conv1D``: no one ``fan_in_fan_out``), or
+            LoRA targets that are not the MHA's.
     """
     from vitplasticity.models.architectures import ParameterMap, architecture_for
     from vitplasticity.recommend.criteria import configuration_components
 
     components = () if configuration is None else configuration_components(configuration)
     architecture = architecture_for(model)
-    parameters = ParameterMap(architecture, model)
-    names = _Names(model)
+    parameters, names = ParameterMap(architecture, model), _Names(model)
     chosen = {c: parameters.component_names(c) for c in components}
     always = _head_names(parameters)
     forms = _peft_forms(architecture, model, parameters, names, components)
     lora, ln_tuning = _peft_configs(architecture, model, forms)
-    sizes = names.sizes
-    counts = {
-        "components": {c: sum(sizes[n] for n in chosen[c]) for c in components},
-        "configuration": sum(sizes[n] for c in components for n in chosen[c]),
-        "always_trained": sum(sizes[n] for n in always),
-        "model": sum(sizes.values()),
-    }
-    counts["trained"] = counts["configuration"] + counts["always_trained"]
+    counts = _counts(names.sizes, chosen, always)
     if lora is not None:
         counts["lora_adapters"] = _adapter_count(model, lora["config"]["target_modules"])
     return {
         "format": FORMAT,
-        "model": {
-            "name": model_name,
-            "entry": dict(model_entry),
-            "class": f"{type(model).__module__}.{type(model).__qualname__}",
-            "architecture": architecture.name,
-        },
+        "model": _model_record(model_name, model_entry, model, architecture),
         "dataset": dataset,
         "recommendation": None if recommendation is None else dict(recommendation),
         "configuration": configuration,
@@ -115,6 +99,34 @@ def build_export(
         "peft": {"lora": lora, "ln_tuning": ln_tuning, "forms": forms},
         "usage": _usage(configuration, lora, ln_tuning),
     }
+
+
+def _model_record(
+    name: str, entry: Mapping[str, Any], model: nn.Module, architecture: Architecture
+) -> dict[str, Any]:
+    """The export's model: its name, config entry, class (``package.module.Class``) and
+    architecture."""
+    return {
+        "name": name,
+        "entry": dict(entry),
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "architecture": architecture.name,
+    }
+
+
+def _counts(
+    sizes: Mapping[str, int], chosen: Mapping[str, list[str]], always: list[str]
+) -> dict[str, Any]:
+    """The parameter counts of the export: of each ``chosen`` component, of the configuration
+    (all of them), of the head and final norm (``always``), of the model, and trained."""
+    counts = {
+        "components": {c: sum(sizes[n] for n in names) for c, names in chosen.items()},
+        "configuration": sum(sizes[n] for names in chosen.values() for n in names),
+        "always_trained": sum(sizes[n] for n in always),
+        "model": sum(sizes.values()),
+    }
+    counts["trained"] = counts["configuration"] + counts["always_trained"]
+    return counts
 
 
 class _Names:

@@ -36,7 +36,6 @@ def draw(
 ) -> Any:
     """The figure of a recommendation table (see the module docstring)."""
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
     apply_theme("paper")
     order = (
@@ -55,53 +54,16 @@ def draw(
     palette = {label: colour(name) for name, label in zip(order, labels, strict=True)}
     for ax, panel in zip(axes, panels, strict=True):
         if panel == "trainable_parameters":
-            rows = table.filter(pl.col("criterion") == recommendation.criterion)
-            data = {row["configuration"]: row for row in rows.iter_rows(named=True)}
+            data = _parameters_axis(ax, table, recommendation)
             values = [float(data[name]["trainable_parameters"]) for name in order]
-            ranks = None
-            ax.set_xscale("log")
-            ax.set_xlabel("trainable parameters")
-            if recommendation.budget:
-                ax.axvline(recommendation.budget, color="#C00000", linestyle="--", linewidth=1)
-                ax.text(
-                    recommendation.budget,
-                    -0.6,
-                    "budget",
-                    color="#C00000",
-                    fontsize="x-small",
-                    ha="center",
-                    va="bottom",
-                )
         else:
-            rows = table.filter(pl.col("criterion") == panel)
-            data = {row["configuration"]: row for row in rows.iter_rows(named=True)}
+            data = _criterion_axis(ax, table, panel)
             values = [data[name]["value"] for name in order]
-            ranks = [data[name]["rank"] for name in order]
-            lowest = " (rank 1: lowest)" if panel in LOWER_FIRST else ""
-            ax.set_xlabel(CRITERION_LABELS[panel] + lowest)
-        frame = pl.DataFrame({"configuration": labels, "value": values})
-        sns.barplot(
-            frame.to_pandas(),
-            x="value",
-            y="configuration",
-            hue="configuration",
-            palette=palette,
-            legend=False,
-            ax=ax,
-        )
+        _bars(ax, labels, values, palette)
         if panel == "plasticity":
             _error_bars(ax, [data[name] for name in order])
-        if ranks is not None:
-            for y, (value, rank) in enumerate(zip(values, ranks, strict=True)):
-                finite = math.isfinite(value)
-                ax.annotate(
-                    f"{rank}" if finite else "n/a",
-                    (value if finite else 0.0, y),
-                    xytext=(3, 0),
-                    textcoords="offset points",
-                    va="center",
-                    fontsize="x-small",
-                )
+        if panel != "trainable_parameters":
+            _rank_labels(ax, values, [data[name]["rank"] for name in order])
         ax.set_ylabel("")
         ax.margins(x=0.18)
     _bold_recommendation(axes[0], recommendation)
@@ -112,6 +74,68 @@ def draw(
     else:
         figure.suptitle(title, fontsize="medium")
     return figure
+
+
+def _bars(ax: Any, labels: list[str], values: list[float], palette: dict[str, Any]) -> None:
+    """One horizontal bar per configuration (its label), coloured by ``palette``."""
+    import seaborn as sns
+
+    frame = pl.DataFrame({"configuration": labels, "value": values})
+    sns.barplot(
+        frame.to_pandas(),
+        x="value",
+        y="configuration",
+        hue="configuration",
+        palette=palette,
+        legend=False,
+        ax=ax,
+    )
+
+
+def _rows(table: pl.DataFrame, criterion: str) -> dict[str, dict]:
+    """The rows of ``criterion`` in the table, by configuration."""
+    rows = table.filter(pl.col("criterion") == criterion)
+    return {row["configuration"]: row for row in rows.iter_rows(named=True)}
+
+
+def _parameters_axis(ax: Any, table: pl.DataFrame, recommendation: Recommendation) -> dict:
+    """Set up the trainable-parameters panel (log scale, the budget's line); the rows of the
+    recommendation's criterion, by configuration."""
+    ax.set_xscale("log")
+    ax.set_xlabel("trainable parameters")
+    if recommendation.budget:
+        ax.axvline(recommendation.budget, color="#C00000", linestyle="--", linewidth=1)
+        ax.text(
+            recommendation.budget,
+            -0.6,
+            "budget",
+            color="#C00000",
+            fontsize="x-small",
+            ha="center",
+            va="bottom",
+        )
+    return _rows(table, recommendation.criterion)
+
+
+def _criterion_axis(ax: Any, table: pl.DataFrame, criterion: str) -> dict:
+    """Label the panel of ``criterion`` (which end ranks first); its rows, by configuration."""
+    lowest = " (rank 1: lowest)" if criterion in LOWER_FIRST else ""
+    ax.set_xlabel(CRITERION_LABELS[criterion] + lowest)
+    return _rows(table, criterion)
+
+
+def _rank_labels(ax: Any, values: Sequence[float], ranks: Sequence[int]) -> None:
+    """Each bar's rank beside it ("n/a" at 0 for a value that is not finite)."""
+    for y, (value, rank) in enumerate(zip(values, ranks, strict=True)):
+        finite = math.isfinite(value)
+        ax.annotate(
+            f"{rank}" if finite else "n/a",
+            (value if finite else 0.0, y),
+            xytext=(3, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize="x-small",
+        )
 
 
 def _error_bars(ax: Any, rows: Sequence[dict]) -> None:

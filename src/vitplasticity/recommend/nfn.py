@@ -39,13 +39,14 @@ back after; a linear the pass still does not call, or calls twice, is an error.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import polars as pl
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from vitplasticity.components import COMPONENTS
 from vitplasticity.models.architectures import Architecture, UnsupportedModel, architecture_for
@@ -171,34 +172,7 @@ def feature_norm_statistics(
             "model is in training mode (dropout would make the features random): call model.eval()"
         )
     architecture = architecture_for(model)
-    names = {id(module): name for name, module in model.named_modules()}
-    generator = torch.Generator().manual_seed(seed)
-    rows: list[dict] = []
-    calls: dict[int, int] = {}
-    current: list[_Map] = []  # the map being measured, at most one
-
-    def close() -> None:
-        if current:
-            rows.append(current.pop().row())
-
-    def hook_for(block: int, component: str, layer: nn.Module) -> Callable[..., None]:
-        name = names[id(layer)]
-
-        def hook(module: nn.Module, args: tuple, output: object) -> None:
-            calls[id(layer)] += 1
-            if not args or not isinstance(args[0], torch.Tensor):
-                raise UnsupportedModel(f"{name} was called without a positional input tensor")
-            received = args[0].detach()
-            if not current or not current[0].reads(block, component, received):
-                close()
-                real = received.reshape(-1, received.shape[-1]).to(torch.float64)
-                current.append(
-                    _Map(block, component, received, real, _random_twin(real, generator))
-                )
-            current[0].add(name, linear_weight(layer)[0])
-
-        return hook
-
+    recorder = _Recorder(model, torch.Generator().manual_seed(seed))
     handles = []
     with _every_linear_called(architecture, model):
         try:
@@ -207,22 +181,57 @@ def feature_norm_statistics(
                 for component in COMPONENTS:
                     for top in parts[component]:
                         for layer in top.modules():
-                            if is_linear(layer) and id(layer) not in calls:
-                                calls[id(layer)] = 0
-                                hook = hook_for(index, component, layer)
-                                handles.append(layer.register_forward_hook(hook))
+                            if is_linear(layer) and id(layer) not in recorder.calls:
+                                handles.append(recorder.hook(index, component, layer))
             with torch.no_grad():
                 model(inputs)
-            close()
+            recorder.close()
         finally:
             for handle in handles:
                 handle.remove()
-            current.clear()
-    wrong = {names[key]: count for key, count in calls.items() if count != 1}
+            recorder.current.clear()
+    wrong = {recorder.names[key]: n for key, n in recorder.calls.items() if n != 1}
     if wrong:
         raise UnsupportedModel(
             f"{type(model).__name__} ({architecture.title}): NFN needs each linear layer called "
             "once per forward pass, with its input; "
             + ", ".join(f"{name} was called {count} times" for name, count in wrong.items())
         )
-    return pl.DataFrame(rows, schema=NFN_SCHEMA)
+    return pl.DataFrame(recorder.rows, schema=NFN_SCHEMA)
+
+
+class _Recorder:
+    """What the forward hooks of one pass record: the maps measured (a map's linears are
+    called one after another with the same input), and how often each linear was called."""
+
+    def __init__(self, model: nn.Module, generator: torch.Generator) -> None:
+        self.names = {id(module): name for name, module in model.named_modules()}
+        self.generator = generator
+        self.rows: list[dict] = []
+        self.calls: dict[int, int] = {}
+        self.current: list[_Map] = []  # the map being measured, at most one
+
+    def close(self) -> None:
+        """Finish the map being measured, if any: its row."""
+        if self.current:
+            self.rows.append(self.current.pop().row())
+
+    def hook(self, block: int, component: str, layer: nn.Module) -> RemovableHandle:
+        """Register the forward hook that adds ``layer`` (of ``component`` in ``block``) to
+        the map its input belongs to; its handle."""
+        name = self.names[id(layer)]
+        self.calls[id(layer)] = 0
+
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            self.calls[id(layer)] += 1
+            if not args or not isinstance(args[0], torch.Tensor):
+                raise UnsupportedModel(f"{name} was called without a positional input tensor")
+            received = args[0].detach()
+            if not self.current or not self.current[0].reads(block, component, received):
+                self.close()
+                real = received.reshape(-1, received.shape[-1]).to(torch.float64)
+                twin = _random_twin(real, self.generator)
+                self.current.append(_Map(block, component, received, real, twin))
+            self.current[0].add(name, linear_weight(layer)[0])
+
+        return layer.register_forward_hook(hook)

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import torch
@@ -23,29 +23,28 @@ from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import ParameterMap, UnsupportedModel, architecture_for
 from vitplasticity.models.build import ModelSpec, build_model, pick_device, preprocessing
 from vitplasticity.provenance import provenance
-from vitplasticity.recommend.criteria import (
-    CRITERIA,
-    Measurements,
-    configuration_components,
-    measure_criteria,
-)
+from vitplasticity.recommend.criteria import Measurements, measure_criteria
 from vitplasticity.recommend.export import build_export
 from vitplasticity.recommend.ranking import (
     Recommendation,
+    check_ranking,
     markdown,
     rank_and_choose,
 )
-from vitplasticity.settings.stages import (
-    DTYPES,
+from vitplasticity.recommend.settings import (
     REFERENCE_FALLBACKS,
     RecommendImageSettings,
+    RecommendTextSettings,
+    check_dtype,
 )
+from vitplasticity.settings.declaration import check_settings, recorded_settings
 from vitplasticity.utils.io import atomic_path, write_json, write_parquet
 from vitplasticity.utils.progress import ProgressReporter
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from vitplasticity.recommend.text_inputs import TextResult
 
-_DECLARED = RecommendImageSettings()
+log = logging.getLogger(__name__)
 
 _FALLBACK_CAVEAT = (
     "not the paper's ImageNet reference: plasticity then measures how the components respond "
@@ -56,32 +55,21 @@ _SYNTHETIC_CLASSES = 8
 
 
 @dataclass(frozen=True)
-class RecommendSettings:
-    """The settings of one recommendation; each field is the CLI flag of that name. The
-    defaults are the declared ones (:class:`vitplasticity.settings.stages.RecommendImageSettings`);
-    ``budget`` here is parsed into a number of parameters."""
+class RecommendInputs:
+    """What one image recommendation is of, beside its declared settings
+    (:class:`~vitplasticity.recommend.settings.RecommendImageSettings`): the model, the names
+    the outputs give it and the dataset, the reference set, and the compute dtype (a flag the
+    workflow leaves at float32, so no config key). Each field is the CLI flag of that name."""
 
     model: str
     dataset: str
     model_spec: ModelSpec
     reference: str | None = None
     reference_fallback: str | None = None
-    n_pairs: int = _DECLARED.n_pairs
-    batch_size: int = _DECLARED.batch_size
-    batches: int = _DECLARED.batches
-    warmup_steps: int = _DECLARED.warmup_steps
-    warmup_lr: float = _DECLARED.warmup_lr
-    budget: int | None = None
-    criterion: str = _DECLARED.criterion
-    combine: bool = _DECLARED.combine
-    configurations: tuple[str, ...] = _DECLARED.configurations
-    seed: int = _DECLARED.seed
-    device: str = _DECLARED.device
     dtype: str = "float32"
-    demo: bool = _DECLARED.demo
 
     def validate(self) -> None:
-        """Check every value before any compute.
+        """Check the reference set and the dtype before any compute.
 
         Raises:
             ValueError: naming the CLI flag of the first bad value.
@@ -96,27 +84,15 @@ class RecommendSettings:
             )
         if self.reference is not None and not Path(self.reference).is_file():
             raise FileNotFoundError(f"--reference: reference set not found: {self.reference}")
-        check_ranking(self.configurations, self.criterion, self.budget, self.combine)
-        for flag, value, least in (
-            ("--n-pairs", self.n_pairs, 1),
-            ("--batch-size", self.batch_size, 1),
-            ("--batches", self.batches, 2),
-            ("--warmup-steps", self.warmup_steps, 0),
-            ("--seed", self.seed, 0),
-        ):
-            if value < least:
-                raise ValueError(f"{flag} must be >= {least}, got {value}")
-        if not self.warmup_lr > 0:
-            raise ValueError(f"--warmup-lr must be > 0, got {self.warmup_lr}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype: {self.dtype!r} not float32 or float64")
+        check_dtype(self.dtype)
 
 
 @dataclass(frozen=True)
 class Result:
     """A recommendation and what it was made from."""
 
-    settings: RecommendSettings
+    inputs: RecommendInputs
+    settings: RecommendImageSettings
     table: pl.DataFrame
     recommendation: Recommendation
     measurements: Measurements
@@ -128,32 +104,20 @@ class Result:
     """The decision as data that applies without vitplasticity (:mod:`.export`)."""
 
 
-def check_ranking(
-    configurations: Sequence[str], criterion: str, budget: int | None, combine: bool
-) -> None:
-    """Check what both recommends (images, text) rank and how they choose, naming the flag.
+def checked_settings(
+    inputs: RecommendInputs, settings: RecommendImageSettings
+) -> RecommendImageSettings:
+    """``settings`` checked and converted (:func:`check_settings`, the budget a number), after
+    checking ``inputs`` and what the ranking needs of them together (:func:`check_ranking`).
 
     Raises:
-        ValueError: for no configuration, one not made of the five components or named twice,
-            an unknown criterion, a negative budget, or --combine without a budget.
+        ValueError: naming the CLI flag of the first bad value.
+        FileNotFoundError: for a reference set that does not exist.
     """
-    if not configurations:
-        raise ValueError("--configurations: none given")
-    for configuration in configurations:
-        try:
-            configuration_components(configuration)
-        except ValueError as error:
-            raise ValueError(f"--configurations: {error}") from None
-    if len(set(configurations)) != len(configurations):
-        raise ValueError(
-            f"--configurations: a configuration is named twice: {list(configurations)}"
-        )
-    if criterion not in CRITERIA:
-        raise ValueError(f"--criterion: {criterion!r} not one of {', '.join(CRITERIA)}")
-    if budget is not None and budget < 0:
-        raise ValueError(f"--budget must be >= 0, got {budget}")
-    if combine and budget is None:
-        raise ValueError("--combine needs --budget (without one the union is every component)")
+    inputs.validate()
+    settings = check_settings(settings)
+    check_ranking(settings)
+    return settings
 
 
 def read_dataset(dataset_dir: str | os.PathLike[str]) -> tuple[Split, Split, int]:
@@ -196,28 +160,30 @@ def labelled_batches(
         yield images.to(device=device, dtype=dtype), labels.to(device)
 
 
-def _reference_images(settings: RecommendSettings, pool: Split) -> tuple[list[bytes] | None, str]:
-    """The reference images (None for the synthetic fallback, which is drawn at the model's
-    resolution once the model is built) and how the outputs name them.
+def _reference_images(
+    inputs: RecommendInputs, n_pairs: int, pool: Split
+) -> tuple[list[bytes] | None, str]:
+    """The first ``n_pairs`` reference images (None for the synthetic fallback, which is drawn
+    at the model's resolution once the model is built) and how the outputs name them.
 
     Raises:
         ValueError: when the reference set holds fewer images than --n-pairs.
     """
-    if settings.reference_fallback == "synthetic":
+    if inputs.reference_fallback == "synthetic":
         label = f"fallback `synthetic` ({_FALLBACK_CAVEAT.format(what='generated images')})"
         return None, label
-    if settings.reference is not None:
-        images = read_reference_images(settings.reference)
-        source = f"--reference {settings.reference}"
-        label = f"`{Path(settings.reference).name}` ({len(images):,} images)"
+    if inputs.reference is not None:
+        images = read_reference_images(inputs.reference)
+        source = f"--reference {inputs.reference}"
+        label = f"`{Path(inputs.reference).name}` ({len(images):,} images)"
     else:
         images, source = pool.images, "--reference-fallback pool"
         label = f"fallback `pool` ({_FALLBACK_CAVEAT.format(what='images of the same dataset')})"
-    if len(images) < settings.n_pairs:
+    if len(images) < n_pairs:
         raise ValueError(
-            f"{source}: {len(images)} reference images, fewer than --n-pairs {settings.n_pairs}"
+            f"{source}: {len(images)} reference images, fewer than --n-pairs {n_pairs}"
         )
-    return images[: settings.n_pairs], label
+    return images[:n_pairs], label
 
 
 def _synthetic_reference(n: int, pre: Preprocessing, seed: int) -> list[bytes]:
@@ -228,8 +194,12 @@ def _synthetic_reference(n: int, pre: Preprocessing, seed: int) -> list[bytes]:
     return [encode_png(image) for image in pixels]
 
 
-def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) -> Result:
-    """Measure, rank and choose for ``settings.model`` on the prepared dataset ``dataset_dir``.
+def recommend(
+    inputs: RecommendInputs,
+    settings: RecommendImageSettings,
+    dataset_dir: str | os.PathLike[str],
+) -> Result:
+    """Measure, rank and choose for ``inputs.model`` on the prepared dataset ``dataset_dir``.
 
     The plasticity pairs are reference image i with test image i (cycled); the head warm-up
     and the gradient batches come from the pool split. Every input is checked before the
@@ -243,88 +213,88 @@ def recommend(settings: RecommendSettings, dataset_dir: str | os.PathLike[str]) 
             architecture cannot account for.
         FileNotFoundError: for a missing dataset or reference set.
     """
-    settings.validate()
+    settings = checked_settings(inputs, settings)
     pool, test, num_classes = read_dataset(dataset_dir)
-    reference, reference_label = _reference_images(settings, pool)
+    reference, reference_label = _reference_images(inputs, settings.n_pairs, pool)
     device = pick_device(settings.device)
-    dtype = getattr(torch, settings.dtype)
-    model = _checked_model(settings, num_classes, device, dtype)
-    pre = preprocessing(model, settings.model_spec)
+    dtype = getattr(torch, inputs.dtype)
+    model = _checked_model(inputs, settings.seed, num_classes, device, dtype)
+    pre = preprocessing(model, inputs.model_spec)
     if reference is None:
         reference = _synthetic_reference(settings.n_pairs, pre, settings.seed)
-    measurements = _measure(settings, model, pre, reference, pool, test, device, dtype)
-    table, recommendation, configurations = rank(settings, measurements)
+    measurements = _measure(inputs, settings, model, pre, reference, (pool, test), device, dtype)
+    named = {"model": inputs.model, "dataset": inputs.dataset}
+    table, recommendation, configurations = rank(settings, measurements, **named)
     resolved = {
-        **asdict(settings),
+        **asdict(inputs),
+        **recorded_settings(settings, leave_out=()),
         "dataset_dir": str(dataset_dir),
         "protocol": "embedding",
         "configurations": configurations,
         "preprocessing": asdict(pre),
     }
     record = footer_record(
-        settings, resolved, device, reference_label, recommendation, measurements
+        settings, resolved, device, reference_label, recommendation, measurements, **named
     )
-    export = build_export(
+    export = _export(inputs, model, recommendation)
+    return Result(
+        inputs, settings, table, recommendation, measurements, reference_label, record, export
+    )
+
+
+def _export(
+    inputs: RecommendInputs, model: torch.nn.Module, recommendation: Recommendation
+) -> dict[str, Any]:
+    """The decision as data that applies without vitplasticity (:func:`.export.build_export`)."""
+    return build_export(
         model,
         recommendation.configuration,
-        model_name=settings.model,
-        model_entry=asdict(settings.model_spec),
-        dataset=settings.dataset,
+        model_name=inputs.model,
+        model_entry=asdict(inputs.model_spec),
+        dataset=inputs.dataset,
         recommendation=asdict(recommendation),
     )
-    return Result(settings, table, recommendation, measurements, reference_label, record, export)
-
-
-class RankingSettings(Protocol):
-    """What :func:`rank` and :func:`footer_record` read of a recommend's settings (images:
-    :class:`RecommendSettings`, text: :class:`.text.TextRecommendSettings`)."""
-
-    @property
-    def model(self) -> str: ...
-    @property
-    def dataset(self) -> str: ...
-    @property
-    def demo(self) -> bool: ...
-    @property
-    def configurations(self) -> tuple[str, ...]: ...
-    @property
-    def criterion(self) -> str: ...
-    @property
-    def budget(self) -> int | None: ...
-    @property
-    def combine(self) -> bool: ...
 
 
 def rank(
-    settings: RankingSettings, measurements: Measurements
+    settings: RecommendImageSettings | RecommendTextSettings,
+    measurements: Measurements,
+    *,
+    model: str,
+    dataset: str,
 ) -> tuple[pl.DataFrame, Recommendation, list[str]]:
-    """:func:`.ranking.rank_and_choose` of ``measurements`` with the configurations,
-    criterion, budget and combine of ``settings``."""
+    """:func:`.ranking.rank_and_choose` of ``measurements`` (of ``model`` on ``dataset``, as
+    the outputs name them) with the configurations, criterion, budget and combine of either
+    recommend's ``settings`` (checked: the budget a number)."""
     return rank_and_choose(
         measurements,
         settings.configurations,
         settings.criterion,
         settings.budget,
         settings.combine,
-        model=settings.model,
-        dataset=settings.dataset,
+        model=model,
+        dataset=dataset,
     )
 
 
 def footer_record(
-    settings: RankingSettings,
+    settings: RecommendImageSettings | RecommendTextSettings,
     resolved: dict[str, Any],
     device: torch.device,
     reference_label: str,
     recommendation: Recommendation,
     measurements: Measurements,
+    *,
+    model: str,
+    dataset: str,
 ) -> dict[str, Any]:
-    """The Parquet footer's record: provenance of the ``resolved`` settings, the decision and
+    """The Parquet footer's record of a recommendation of ``model`` on ``dataset``:
+    provenance of the ``resolved`` settings, the demo label of ``settings``, the decision and
     the parameters each component (and no component) trains."""
     return {
         "provenance": provenance(resolved, device),
-        "model": settings.model,
-        "dataset": settings.dataset,
+        "model": model,
+        "dataset": dataset,
         "demo": settings.demo,
         "reference": reference_label,
         "recommendation": asdict(recommendation),
@@ -334,19 +304,19 @@ def footer_record(
 
 
 def _checked_model(
-    settings: RecommendSettings, num_classes: int, device: torch.device, dtype: torch.dtype
+    inputs: RecommendInputs, seed: int, num_classes: int, device: torch.device, dtype: torch.dtype
 ) -> torch.nn.Module:
-    """The model of ``settings`` with a ``num_classes`` head, in eval mode on ``device`` in
-    ``dtype``, once its architecture accepts it for recommend.
+    """The model of ``inputs`` with a ``num_classes`` head drawn from ``seed``, in eval mode
+    on ``device`` in ``dtype``, once its architecture accepts it for recommend.
 
     Raises:
         UnsupportedModel: for a model no architecture knows, one its architecture refuses to
             rank, or one with a parameter its architecture cannot account for.
     """
-    spec = settings.model_spec
+    spec = inputs.model_spec
     # The seed draws the new head (as a finetuning run's seed does); a random-init backbone
     # has its own seed (models.init_seed).
-    torch.manual_seed(settings.seed)
+    torch.manual_seed(seed)
     model = build_model(spec, num_classes=num_classes).eval()
     architecture = architecture_for(model)
     refusal = architecture.refusal("recommend", model)
@@ -357,28 +327,30 @@ def _checked_model(
 
 
 def _measure(
-    settings: RecommendSettings,
+    inputs: RecommendInputs,
+    settings: RecommendImageSettings,
     model: torch.nn.Module,
     pre: Preprocessing,
     reference: list[bytes],
-    pool: Split,
-    test: Split,
+    splits: tuple[Split, Split],
     device: torch.device,
     dtype: torch.dtype,
 ) -> Measurements:
     """Every criterion of ``model``: plasticity over the pairs (reference image i, test image
-    i cycled), then the head warm-up and the gradient batches drawn from the pool."""
+    i cycled), then the head warm-up and the gradient batches drawn from the pool (``splits``:
+    pool, test)."""
+    pool, test = splits
     n = settings.n_pairs
     cycled = [test.images[i % len(test)] for i in range(n)]
     log.info(
         "%s on %s: %d pairs, %d warm-up steps, %d gradient batches of %d, %s on %s",
-        settings.model,
-        settings.dataset,
+        inputs.model,
+        inputs.dataset,
         n,
         settings.warmup_steps,
         settings.batches,
         settings.batch_size,
-        settings.dtype,
+        inputs.dtype,
         device,
     )
 
@@ -387,7 +359,7 @@ def _measure(
 
     warmup = range(settings.warmup_steps)
     gradients = range(settings.warmup_steps, settings.warmup_steps + settings.batches)
-    with ProgressReporter(n, f"plasticity {settings.model}/{settings.dataset}") as progress:
+    with ProgressReporter(n, f"plasticity {inputs.model}/{inputs.dataset}") as progress:
         return measure_criteria(
             model,
             decoded_batches(reference, pre, settings.batch_size),
@@ -406,30 +378,42 @@ def write_outputs(result: Result, prefix: str | os.PathLike[str]) -> None:
     parameter names and PEFT configs) and .parquet (table, with the record in its footer),
     each atomically."""
     from vitplasticity.recommend.figure import save_figure
-    from vitplasticity.report.style import DEMO_NOTE
 
-    settings = result.settings
+    inputs = result.inputs
     # matplotlib's PDF backend has fontTools log every subset font at INFO.
     logging.getLogger("fontTools").setLevel(logging.WARNING)
     save_figure(
         result.table,
         result.recommendation,
         [f"{prefix}.png", f"{prefix}.pdf"],
-        title=f"Which components to finetune? {settings.model} on {settings.dataset}",
-        demo=settings.demo,
+        title=f"Which components to finetune? {inputs.model} on {inputs.dataset}",
+        demo=result.settings.demo,
     )
+    write_report(result, prefix)
+    log.info("wrote %s.{md,json,parquet,png,pdf}: %s", prefix, result.recommendation)
+
+
+def write_report(
+    result: Result | TextResult, prefix: str | os.PathLike[str], notes: Sequence[str] = ()
+) -> None:
+    """Write what both recommends write, each atomically: ``prefix``.md (the report, with the
+    ``notes`` paragraphs below it), .json (the decision with its parameter names and PEFT
+    configs) and .parquet (the table, with the record in its footer)."""
+    from vitplasticity.report.style import DEMO_NOTE
+
     text = markdown(
         result.table,
         result.recommendation,
-        model=settings.model,
-        dataset=settings.dataset,
+        model=result.inputs.model,
+        dataset=result.inputs.dataset,
         reference=result.reference_label,
         always_trained=result.measurements.always_trained,
-        demo=settings.demo,
+        demo=result.settings.demo,
         demo_note=DEMO_NOTE,
     )
+    if notes:
+        text = text.rstrip("\n") + "\n\n" + "\n\n".join(notes) + "\n"
     with atomic_path(f"{prefix}.md") as tmp:
         tmp.write_text(text)
     write_json(f"{prefix}.json", result.export)
     write_parquet(f"{prefix}.parquet", result.table, result.record)
-    log.info("wrote %s.{md,json,parquet,png,pdf}: %s", prefix, result.recommendation)

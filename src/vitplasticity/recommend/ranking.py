@@ -10,14 +10,17 @@ ties go to the configuration with fewer trainable parameters, then to the order 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from vitplasticity.components import COMPONENTS
-from vitplasticity.recommend.criteria import CRITERIA, Measurements
+from vitplasticity.recommend.criteria import CRITERIA, Measurements, configuration_components
+
+if TYPE_CHECKING:
+    from vitplasticity.recommend.settings import RecommendImageSettings, RecommendTextSettings
 
 TABLE_SCHEMA: dict[str, pl.DataType] = {
     "model": pl.String(),
@@ -54,39 +57,6 @@ COMPONENT_NAMES: dict[str, str] = {
     "fc1": "FC1",
     "fc2": "FC2",
 }
-
-_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
-_BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgb]?)\s*$", re.IGNORECASE)
-
-
-def parse_budget(text: str | int | None) -> int | None:
-    """A trainable-parameter budget: a plain integer, or a number with K, M or G (B) after it
-    ("28K" = 28,000; "1.5M" = 1,500,000). None, "" and "none" mean no budget.
-
-    Raises:
-        ValueError: for anything else, a negative budget, or one that is not a whole number
-            of parameters ("0.5").
-    """
-    if text is None or (isinstance(text, str) and text.strip().lower() in ("", "none")):
-        return None
-    if isinstance(text, bool):
-        raise ValueError(f"budget {text!r}: expected a parameter count such as 28000, 28K or 1.5M")
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"budget {text}: must be >= 0")
-        return text
-    match = _BUDGET.match(str(text))
-    if not match:
-        raise ValueError(f"budget {text!r}: expected a parameter count such as 28000, 28K or 1.5M")
-    number, suffix = match.groups()
-    # Exact decimal arithmetic: "1.1M" must be 1,100,000, not 1,100,000.0000000002.
-    whole, _, fraction = number.partition(".")
-    scale = _SUFFIXES[suffix.lower()]
-    numerator = int(whole or "0") * 10 ** len(fraction) + int(fraction or "0")
-    value, remainder = divmod(numerator * scale, 10 ** len(fraction))
-    if remainder:
-        raise ValueError(f"budget {text!r} is not a whole number of parameters")
-    return value
 
 
 def preference(criterion: str) -> float:
@@ -209,6 +179,28 @@ def greedy_union(
     return Recommendation(name, criterion, budget, total, combined=True)
 
 
+def check_ranking(settings: RecommendImageSettings | RecommendTextSettings) -> None:
+    """Check what either recommend's declared checks cannot see alone: that every
+    configuration is made of the five components and named once, and that ``combine`` has a
+    budget to fit.
+
+    Raises:
+        ValueError: naming the flag.
+    """
+    configurations = settings.configurations
+    for configuration in configurations:
+        try:
+            configuration_components(configuration)
+        except ValueError as error:
+            raise ValueError(f"--configurations: {error}") from None
+    if len(set(configurations)) != len(configurations):
+        raise ValueError(
+            f"--configurations: a configuration is named twice: {list(configurations)}"
+        )
+    if settings.combine and settings.budget is None:
+        raise ValueError("--combine needs --budget (without one the union is every component)")
+
+
 def rank_and_choose(
     measurements: Measurements,
     configurations: Sequence[str],
@@ -300,6 +292,25 @@ def markdown(
         f"trainable-parameter budget: {budget}. Parameter counts exclude the classifier head "
         f"and final norm ({always_trained:,} parameters), which every configuration trains.",
         "",
+        *_table_lines(by_config, order, criterion),
+    ]
+    lines += [
+        "",
+        "Each cell: value [95% CI where there is one] (rank by that criterion; 1 = finetune "
+        "first). " + NFN_NOTE,
+        "",
+        _recommendation_text(recommendation, by_config, order, always_trained),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _table_lines(
+    by_config: dict[tuple[str, str], dict], order: list[str], criterion: str
+) -> list[str]:
+    """The report's Markdown table: a row per configuration in ``order``, its rank and
+    parameters by ``criterion``, then every criterion's cell."""
+    lines = [
         "| rank | configuration | trainable parameters | "
         + " | ".join(CRITERION_LABELS[c] for c in CRITERIA)
         + " |",
@@ -312,15 +323,23 @@ def markdown(
             f"| {head['rank']} | {configuration_label(configuration)} | "
             f"{head['trainable_parameters']:,} | " + " | ".join(cells) + " |"
         )
-    lines += [
-        "",
-        "Each cell: value [95% CI where there is one] (rank by that criterion; 1 = finetune "
-        "first). " + NFN_NOTE,
-        "",
-        _recommendation_text(recommendation, by_config, order, always_trained),
-        "",
-    ]
-    return "\n".join(lines)
+    return lines
+
+
+def _heuristic(lower: bool) -> str:
+    """What the recommendation rests on, and that it is no finetuning result: PLoP's
+    heuristic for a criterion ranking its ``lower`` end first, else the paper's."""
+    if lower:
+        return (
+            "This is PLoP's heuristic that the modules least aligned with the task's inputs "
+            "(lowest NFN) gain most from adaptation (Hayou et al., ICLR 2026), not a finetuning "
+            "result: confirm it with a short run, above all when the criteria disagree."
+        )
+    return (
+        "This is a heuristic from the paper's finding that components of higher plasticity "
+        "gain more from finetuning (Odonnat et al., arXiv 2602.06883), not a finetuning "
+        "result: confirm it with a short run, above all when the criteria disagree."
+    )
 
 
 def _recommendation_text(
@@ -331,18 +350,7 @@ def _recommendation_text(
 ) -> str:
     criterion = CRITERION_LABELS[recommendation.criterion]
     lower = recommendation.criterion in LOWER_FIRST
-    if lower:
-        heuristic = (
-            "This is PLoP's heuristic that the modules least aligned with the task's inputs "
-            "(lowest NFN) gain most from adaptation (Hayou et al., ICLR 2026), not a finetuning "
-            "result: confirm it with a short run, above all when the criteria disagree."
-        )
-    else:
-        heuristic = (
-            "This is a heuristic from the paper's finding that components of higher plasticity "
-            "gain more from finetuning (Odonnat et al., arXiv 2602.06883), not a finetuning "
-            "result: confirm it with a short run, above all when the criteria disagree."
-        )
+    heuristic = _heuristic(lower)
     if recommendation.configuration is None:
         return (
             f"**No configuration fits the budget of {recommendation.budget:,} trainable "

@@ -7,11 +7,14 @@ the schema says of it (choices, bounds). From that one declaration:
 
 - :func:`add_settings_arguments` adds the ``--snake-case`` flags to an argparse parser (type
   from the annotation, choices, nargs for a tuple, booleans as ``true``/``false``);
-- :func:`settings_from_args` builds the dataclass from the parsed flags;
-- :func:`check_settings` checks choices and bounds, naming the flag and the config key;
+- :func:`settings_from_args` builds the dataclass from the parsed flags (a ``convert``
+  parses a flag's text into the field's value);
+- :func:`check_settings` converts and checks choices and bounds, naming the flag and the
+  config key, and gives back the settings as converted;
 - :func:`rule_params` and :func:`command_flags` give a Snakemake rule one ``params:`` entry per
   config key and the ``--flag {params.name}`` text that passes them on, in the params' order;
-- :func:`config_flags` writes a config block's values as flags (``--lora-rank 8 ...``).
+- :func:`config_flags` writes a config block's values as flags (``--lora-rank 8 ...``);
+- :func:`recorded_settings` gives the values as a stage's provenance records them.
 
 The workflow's defaults live in its JSON schema; tests/settings/test_settings_agreement.py checks that
 every schema key, default, choice and bound equals its field's. Torch-free: the Snakefile
@@ -25,7 +28,7 @@ import dataclasses
 import json
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +41,7 @@ __all__ = [
     "config_flags",
     "flag",
     "param_name",
+    "recorded_settings",
     "rule_params",
     "setting",
     "setting_fields",
@@ -56,7 +60,10 @@ class Setting:
     without a value (``--demo``), given when the value is true, or with ``inverted`` the flag
     ``--no-<name>``, given when it is false; ``json`` parses the value as JSON (a config entry).
     ``quote`` has the rule's command line quote the value for the shell (a path, a list of
-    names), as a JSON value always is.
+    names), as a JSON value always is. ``convert`` parses a value given as text (the flag's,
+    the config's: ``28K``) into the field's (``28000``); it returns a value already converted
+    as it is and raises ValueError for a bad one. The flag and the rule's params carry the
+    text.
     """
 
     help: str
@@ -71,6 +78,7 @@ class Setting:
     inverted: bool = False
     json: bool = False
     quote: bool = False
+    convert: Callable[[Any], Any] | None = None
 
 
 def setting(default: Any = dataclasses.MISSING, **declared: Any) -> Any:
@@ -197,6 +205,8 @@ def add_settings_arguments(parser: argparse._ActionsContainer, cls: type) -> Non
             continue
         if declared.json:
             options["type"] = json_argument
+        elif declared.convert is not None:
+            options["type"] = str  # settings_from_args converts the text
         elif annotation is bool:
             options.update(type=_boolean, metavar="{true,false}")
         elif typing.get_origin(annotation) is tuple:
@@ -210,12 +220,32 @@ def add_settings_arguments(parser: argparse._ActionsContainer, cls: type) -> Non
         parser.add_argument(flag(field.name), **options)
 
 
+def _converted(value: Any, declared: Setting, where: str, key: str) -> Any:
+    """``value`` through the setting's ``convert`` (as it is without one).
+
+    Raises:
+        ValueError: ``--flag (config.key): why``, for a value the converter refuses.
+    """
+    if declared.convert is None:
+        return value
+    try:
+        return declared.convert(value)
+    except ValueError as error:
+        raise bad_setting(where, key, str(error)) from None
+
+
 def settings_from_args(cls: type, args: argparse.Namespace) -> Any:
-    """The ``cls`` built from the parsed flags of its declared fields (tuples as tuples)."""
+    """The ``cls`` built from the parsed flags of its declared fields (tuples as tuples, a
+    field's ``convert`` applied to its flag's text).
+
+    Raises:
+        ValueError: ``--flag (config.key): why``, for a text a converter refuses.
+    """
     values = {}
-    for field, _, annotation in setting_fields(cls):
+    for field, declared, annotation in setting_fields(cls):
         value = getattr(args, field.name)
-        values[field.name] = tuple(value) if typing.get_origin(annotation) is tuple else value
+        value = tuple(value) if typing.get_origin(annotation) is tuple else value
+        values[field.name] = _converted(value, declared, flag(field.name), declared.key)
     return cls(**values)
 
 
@@ -241,23 +271,29 @@ def _check_items(
             raise bad_setting(where, key, f"each must be {_bounds_text(declared)}, got {item}")
 
 
-def check_settings(settings: Any, names: Mapping[str, str] | None = None) -> None:
-    """Check each declared field's choices and bounds (every item of a tuple, and its length).
+def check_settings(settings: Any, names: Mapping[str, str] | None = None) -> Any:
+    """Convert each declared field (its ``convert``) and check its choices and bounds (every
+    item of a tuple, and its length).
 
     Args:
         settings: a settings dataclass instance.
         names: what ``<name>`` in a config key stands for, by its block (``{"models":
             "vit_base"}``), so that a message names the entry.
 
+    Returns:
+        ``settings`` with every field converted (the same values where none converts).
+
     Raises:
         ValueError: ``--flag (config.key): what is wrong``, for the first bad field.
     """
+    converted = {}
     for field, declared, annotation in setting_fields(type(settings)):
-        value = getattr(settings, field.name)
         key = declared.key
         for block, name in (names or {}).items():
             key = key.replace(f"{block}.<name>", f"{block}.{name}")
         where = flag(field.name)
+        value = _converted(getattr(settings, field.name), declared, where, key)
+        converted[field.name] = value
         if typing.get_origin(annotation) is tuple:
             _check_items(value, declared, annotation, where, key)
             continue
@@ -266,6 +302,20 @@ def check_settings(settings: Any, names: Mapping[str, str] | None = None) -> Non
             raise bad_setting(where, key, f"{value!r} not {allowed}")
         if not _within(value, declared):
             raise bad_setting(where, key, f"must be {_bounds_text(declared)}, got {value}")
+    return dataclasses.replace(settings, **converted)
+
+
+def recorded_settings(settings: Any, leave_out: Iterable[str] = ("demo",)) -> dict[str, Any]:
+    """The declared fields of ``settings`` as provenance records them: by field name, tuples
+    as lists, without the fields ``leave_out`` names (the demo label, which a stage's footer
+    records beside its provenance)."""
+    left_out = set(leave_out)
+    return {
+        field.name: list(value) if isinstance(value, tuple) else value
+        for field, _, _ in setting_fields(type(settings))
+        if field.name not in left_out
+        for value in (getattr(settings, field.name),)
+    }
 
 
 def _config_value(value: Any) -> Any:
@@ -275,14 +325,14 @@ def _config_value(value: Any) -> Any:
 
 def _param_value(field: dataclasses.Field, annotation: Any, value: Any) -> Any:
     """A config value as the params entry of ``field``: a switch as its flag or ``""``, null
-    as the CLI's ``none``, a string setting's value as a string (``budget: 28000``), else
-    :func:`_config_value`."""
+    as the CLI's ``none``, the value of a string setting or of one its flag's text converts
+    (``budget: 28000``) as a string, else :func:`_config_value`."""
     declared = field.metadata["setting"]
     if declared.switch:
         return switch_flag(field) if bool(value) != declared.inverted else ""
     if value is None:
         return "none"
-    if _plain_type(annotation) is str:
+    if declared.convert is not None or _plain_type(annotation) is str:
         return str(value)
     return _config_value(value)
 

@@ -1,0 +1,120 @@
+"""What the ``recommend-text`` stage (:mod:`vitplasticity.recommend.text`) writes beside the
+image recommend's outputs: the decision as data with where its names sit in the causal LM
+(:func:`text_export`), the report's text-specific notes (:func:`report_notes`) and the files
+(:func:`write_text_outputs`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from vitplasticity.components import COMPONENTS
+from vitplasticity.recommend.criteria import Measurements
+from vitplasticity.recommend.export import build_export
+from vitplasticity.recommend.pipeline import write_report
+from vitplasticity.recommend.ranking import Recommendation, configuration_label
+from vitplasticity.recommend.settings import RecommendTextSettings
+from vitplasticity.recommend.text_criteria import RankedLM
+from vitplasticity.recommend.text_inputs import TextRecommendInputs, TextResult
+
+log = logging.getLogger(__name__)
+
+
+def class_path(module: object) -> str:
+    """``module``'s class as ``package.module.Class``."""
+    return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+def text_export(
+    inputs: TextRecommendInputs, where: RankedLM, recommendation: Recommendation
+) -> dict[str, Any]:
+    """The decision as data (:func:`.export.build_export` of the ranked module), with where
+    its names sit in the causal LM (``where``) and the loss the gradients are of."""
+    lm, ranked, prefix = where.lm, where.ranked, where.prefix
+    export = build_export(
+        ranked,
+        recommendation.configuration,
+        model_name=inputs.model,
+        model_entry=inputs.model_spec,
+        dataset=inputs.dataset,
+        recommendation=asdict(recommendation),
+    )
+    export["text"] = {
+        "causal_lm": class_path(lm),
+        "prefix": prefix,
+        "names": (
+            "the parameter and module names are the causal LM's"
+            if not prefix
+            else f"the parameter and module names are {type(ranked).__name__}'s; in the causal "
+            f"LM they sit under {prefix!r}"
+        ),
+        "loss": "next-token cross-entropy (token t from the tokens before it)",
+    }
+    return export
+
+
+def report_notes(
+    inputs: TextRecommendInputs,
+    settings: RecommendTextSettings,
+    measurements: Measurements,
+    where: RankedLM,
+    n_user: int,
+    refused: Sequence[str],
+) -> list[str]:
+    """The report's text-specific paragraphs: the data (``n_user`` user sequences), the loss,
+    what "the classifier head and final norm" are here, and why a weight statistic is n/a
+    (``refused``: the warnings that said so)."""
+    lm, ranked, prefix, head = where.lm, where.ranked, where.prefix, where.head
+    files = ", ".join(f"`{Path(t).name}`" for t in inputs.texts)
+    tied = lm.get_output_embeddings().weight is lm.get_input_embeddings().weight
+    notes = [
+        f"User text: {files} ({n_user:,} sequences of {settings.sequence_length} tokens, taken "
+        f"in turn from each file). Plasticity pairs reference sequence i with user sequence i "
+        f"(cycled), {inputs.protocol} protocol. The relative gradient norm and gradient SNR "
+        f"are of the next-token cross-entropy of {type(lm).__name__} on {settings.batches} "
+        f"batches of {settings.batch_size} user sequences, NFN of the first batch. No head "
+        "warm-up: the LM head is pretrained (the image recommend warms up a new classifier "
+        "first).",
+        f"Here the classifier head and final norm are {', '.join(f'`{n}`' for n in head)}"
+        + (
+            "; the LM head is tied to the token embedding, which only the emb and full "
+            "configurations train."
+            if tied
+            else "."
+        ),
+    ]
+    undefined = [
+        configuration_label(component)
+        for component in COMPONENTS
+        if measurements.weights.filter(pl.col("component") == component)["weight_spectral"]
+        .is_nan()
+        .all()
+    ]
+    if undefined:
+        why = " ".join(refused) if refused else "the log says why"
+        why += "" if why.endswith(".") else "."
+        notes.append(
+            f"Weight spectral is n/a for {', '.join(undefined)}, and so for every configuration "
+            f"that contains one: {why}"
+        )
+    if prefix:
+        notes.append(
+            f"PREFIX.json names {type(ranked).__name__}'s parameters; in {type(lm).__name__} "
+            f"they sit under `{prefix}`."
+        )
+    return notes
+
+
+def write_text_outputs(result: TextResult, prefix: str | os.PathLike[str]) -> None:
+    """Write ``prefix``.md (report, with the text notes), .json (the decision with its
+    parameter names and PEFT configs) and .parquet (table, with the record in its footer),
+    each atomically (:func:`vitplasticity.recommend.pipeline.write_report`)."""
+    write_report(result, prefix, result.notes)
+    log.info("wrote %s.{md,json,parquet}: %s", prefix, result.recommendation)
