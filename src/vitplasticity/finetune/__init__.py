@@ -23,7 +23,7 @@ or gradient norm becomes non-finite stops and is recorded as diverged.
 :class:`~vitplasticity.finetune.settings.TrainingSettings` they share, checks them all once
 (:mod:`~vitplasticity.finetune.identity`), then takes each run through four pieces, one module
 each: :mod:`~vitplasticity.finetune.setup` (model, optimizer, data),
-:mod:`~vitplasticity.finetune.checkpointing` (resume), :mod:`~vitplasticity.finetune.loop`
+:mod:`~vitplasticity.finetune.resumable` (resume), :mod:`~vitplasticity.finetune.loop`
 (the steps of :mod:`~vitplasticity.finetune.step`) and :mod:`~vitplasticity.finetune.outputs`
 (summary and files). :func:`~vitplasticity.finetune.train.train` is one run of it.
 

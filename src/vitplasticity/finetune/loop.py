@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from vitplasticity.data import loader
-from vitplasticity.finetune.checkpointing import ResumableState
+from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.setup import RunContext
 from vitplasticity.finetune.step import StepResult, evaluate, training_step
 

@@ -9,9 +9,9 @@ from typing import Any
 import polars as pl
 
 from vitplasticity.finetune.checkpoint import remove_checkpoint
-from vitplasticity.finetune.checkpointing import ResumableState
 from vitplasticity.finetune.gradients import GROUPS
 from vitplasticity.finetune.loop import TrainingOutcome
+from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.setup import RunContext
 from vitplasticity.provenance import provenance
 from vitplasticity.utils.io import write_json, write_parquet

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vitplasticity.finetune.checkpointing import ResumableState
 from vitplasticity.finetune.identity import FinetuneSettings, check_runs
 from vitplasticity.finetune.loop import train_steps
 from vitplasticity.finetune.outputs import summary, write_outputs
+from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.setup import checked_device, setup_run
 from vitplasticity.workflow.config import Run
