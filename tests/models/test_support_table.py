@@ -137,7 +137,8 @@ def run_recommend(model: nn.Module, inputs: torch.Tensor) -> None:
         # class (model_class), as here.
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-        from vitplasticity.recommend.text import causal_lm, measure_text_criteria
+        from vitplasticity.models.text import causal_lm
+        from vitplasticity.recommend.text import measure_text_criteria
 
         if model.get_output_embeddings() is None and not model.config.tie_word_embeddings:
             model = MODEL_FOR_CAUSAL_LM_MAPPING[type(model.config)](model.config).eval()

@@ -126,7 +126,8 @@ def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings
         ValueError: naming the flag of a missing, contradictory or bad value.
         FileNotFoundError: for a dataset folder that does not exist.
     """
-    from vitplasticity.models.build import ModelSpec
+    from vitplasticity.models.spec import ModelSpec
+    from vitplasticity.models.spec_timm import TimmSpec
     from vitplasticity.recommend.pipeline import RecommendSettings
 
     for flag, sources in (
@@ -143,7 +144,7 @@ def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings
         except (TypeError, ValueError) as error:
             raise ValueError(f"--model-spec: {error}") from None
     else:
-        spec = ModelSpec(
+        spec = TimmSpec(
             timm_id=args.timm_id,
             weights=args.weights,
             normalize=args.normalize,

@@ -63,7 +63,8 @@ from vitplasticity.models.architectures import (
     architecture_for,
 )
 from vitplasticity.models.architectures.base import linear_weight
-from vitplasticity.models.build import ModelSpec, build_model, pick_device, preprocessing
+from vitplasticity.models.build import build_model, pick_device, preprocessing
+from vitplasticity.models.spec import ModelSpec
 from vitplasticity.provenance import provenance
 from vitplasticity.utils.progress import ProgressReporter
 

@@ -17,7 +17,8 @@ from vitplasticity.data.store import read_split
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import architecture_for
 from vitplasticity.models.architectures.base import check_fc1_mode
-from vitplasticity.models.build import ModelSpec, build_model, pick_device, preprocessing
+from vitplasticity.models.build import build_model, pick_device, preprocessing
+from vitplasticity.models.spec import ModelSpec
 from vitplasticity.plasticity.measure import measure_protocols
 from vitplasticity.plasticity.protocols import check_protocols, fc1_mode_matters
 from vitplasticity.plasticity.summary import Measurement, measurement

@@ -26,7 +26,7 @@ are rotary: its embedding hands every block the (cos, sin) of the patch grid.
 
 Finetuning and recommend take a tower in its classification class, whose forward pass pools
 the tower's output its own way (ViTForImageClassification, Dinov2ForImageClassification, ...,
-and :class:`vitplasticity.models.hf.DINOv3ViTClassifier` for DINOv3, which transformers lacks):
+and :class:`DINOv3ViTClassifier` for DINOv3, which transformers lacks):
 :meth:`HFVisionTower.logits` is ``model(pixel_values=inputs).logits``.
 
 Matched by class name (transformers is optional and not imported to answer "no").
@@ -37,7 +37,7 @@ them the tokens by keyword: :meth:`HFVisionTower.hook_input` and ``hook_output``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -67,7 +67,7 @@ WRAPPER_HEADS: tuple[str, ...] = ("classifier", "visual_projection")
 
 NO_CLASSIFIER = (
     "{model} has no classification head: finetuning and recommend take a vision tower in its "
-    "classification class (models.build_model with num_classes > 0, vitplasticity.models.hf)"
+    "classification class (models.build_model with num_classes > 0, vitplasticity.models.build)"
 )
 """Why finetune and recommend refuse a bare tower (or one with a projection, CLIP's)."""
 
@@ -331,6 +331,15 @@ class HFViT(HFVisionTower):
     norm1, attention, norm2 = "layernorm_before", "attention", "layernorm_after"
     output_projection = "o_proj"
     head_parts = ("layernorm", "pooler")
+    model_types = ("vit",)
+    classifiers: ClassVar[dict[str, tuple[type | str, str]]] = {
+        "ViTModel": ("ViTForImageClassification", "vit")
+    }
+    checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {
+        "ViTModel": ("classifier.", "pooler.")
+    }
+    # As ViTForImageClassification holds it: no pooler.
+    tower_kwargs: ClassVar[dict[str, dict[str, Any]]] = {"ViTModel": {"add_pooling_layer": False}}
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         # ViTModel.forward casts the pixels to the patch projection's dtype; its embeddings
@@ -360,14 +369,56 @@ class HFDinov2(LayerScaled):
     layer_classes = ("Dinov2Layer", "Dinov2WithRegistersLayer")
     blocks_at = "encoder.layer"
     head_parts = ("layernorm",)
+    model_types = ("dinov2", "dinov2_with_registers")
+    classifiers: ClassVar[dict[str, tuple[type | str, str]]] = {
+        "Dinov2Model": ("Dinov2ForImageClassification", "dinov2"),
+        "Dinov2WithRegistersModel": (
+            "Dinov2WithRegistersForImageClassification",
+            "dinov2_with_registers",
+        ),
+    }
+    checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {
+        "Dinov2Model": ("classifier.",),
+        "Dinov2WithRegistersModel": ("classifier.",),
+    }
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         # Patches, cls (and register) tokens, position embedding, dropout.
         return Embedded(self.tower(model).embeddings(inputs))
 
 
+class DINOv3ViTClassifier(nn.Module):
+    """A ``DINOv3ViTModel`` with a linear classifier (transformers 5 has no
+    DINOv3ViTForImageClassification): the smallest wrapper that pools as
+    ``Dinov2ForImageClassification`` does.
+
+    Pooling: the concatenation of the cls token and the mean of the patch tokens (the register
+    tokens left out) of the tower's ``last_hidden_state`` (after its final ``norm``), so the
+    classifier takes 2 x hidden_size features.
+    """
+
+    def __init__(self, dinov3: nn.Module, num_classes: int) -> None:
+        super().__init__()
+        self.dinov3 = dinov3
+        width = 2 * dinov3.config.hidden_size
+        self.classifier = nn.Linear(width, num_classes, device="meta")  # drawn by the builder
+
+    def forward(self, pixel_values: torch.Tensor, **kwargs: Any) -> Any:
+        """The classifier's logits of ``pixel_values`` (B, 3, H, W), in an
+        ``ImageClassifierOutput`` as transformers' classification classes return them."""
+        from transformers.modeling_outputs import ImageClassifierOutput
+
+        outputs = self.dinov3(pixel_values, **kwargs)
+        tokens = outputs.last_hidden_state  # (B, 1 + registers + patches, d)
+        patches = tokens[:, 1 + self.dinov3.config.num_register_tokens :]
+        logits = self.classifier(torch.cat([tokens[:, 0], patches.mean(dim=1)], dim=1))
+        return ImageClassifierOutput(
+            logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
 class HFDinov3(LayerScaled):
-    """transformers ``DINOv3ViTModel`` (and :class:`vitplasticity.models.hf.DINOv3ViTClassifier`,
+    """transformers ``DINOv3ViTModel`` (and :class:`DINOv3ViTClassifier`,
     its classifier: cls token and mean patch token, as DINOv2's): rotary positions, register
     tokens, plain or gated MLP."""
 
@@ -377,6 +428,11 @@ class HFDinov3(LayerScaled):
     layer_classes = ("DINOv3ViTLayer",)
     blocks_at = "model.layer"
     head_parts = ("norm",)
+    model_types = ("dinov3_vit",)
+    classifiers: ClassVar[dict[str, tuple[type | str, str]]] = {
+        "DINOv3ViTModel": (DINOv3ViTClassifier, "dinov3")
+    }
+    checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {"DINOv3ViTModel": ("classifier.",)}
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         """cls, register and patch tokens (no absolute positions), and the (cos, sin) of the
@@ -413,6 +469,16 @@ class HFClipVision(HFVisionTower):
     output_projection = "out_proj"
     embedding_parts = ("embeddings", "pre_layrnorm")
     head_parts = ("post_layernorm",)
+    model_types = ("clip", "clip_vision_model")
+    default_classes: ClassVar[dict[str, str]] = {"clip": "CLIPVisionModel"}
+    dual_encoders: ClassVar[dict[str, str]] = {"clip_vision_model": "clip"}
+    other_tower_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        "clip": ("text_model.", "text_projection.", "visual_projection.", "logit_scale")
+    }
+    classifiers: ClassVar[dict[str, tuple[type | str, str]]] = {
+        "CLIPVisionModel": ("CLIPForImageClassification", "vision_model")
+    }
+    checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {"CLIPVisionModel": ("classifier.",)}
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         tower = self.tower(model)
@@ -431,6 +497,16 @@ class HFSiglipVision(HFVisionTower):
     norm1, attention, norm2 = "layer_norm1", "self_attn", "layer_norm2"
     output_projection = "out_proj"
     head_parts = ("post_layernorm", "head")
+    model_types = ("siglip", "siglip_vision_model")
+    default_classes: ClassVar[dict[str, str]] = {"siglip": "SiglipVisionModel"}
+    dual_encoders: ClassVar[dict[str, str]] = {"siglip_vision_model": "siglip"}
+    other_tower_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        "siglip": ("text_model.", "logit_scale", "logit_bias")
+    }
+    classifiers: ClassVar[dict[str, tuple[type | str, str]]] = {
+        "SiglipVisionModel": ("SiglipForImageClassification", "vision_model")
+    }
+    checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {"SiglipVisionModel": ("classifier.",)}
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         return Embedded(self.tower(model).embeddings(inputs))
