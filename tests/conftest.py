@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers.tiny_vit import TINY_SPEC
 from vitplasticity.models.build import build_model
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 
 
 @pytest.fixture(scope="module")

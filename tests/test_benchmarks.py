@@ -20,7 +20,7 @@ from tests.helpers.run_settings import finetune_settings
 from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.step import training_step
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 
 
 def test_quick_benchmark_writes_every_key(

@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from vitplasticity.models.registry import spec_class
+from vitplasticity.models.spec import spec_class
 from vitplasticity.models.weights import read_record, read_snapshot_record, sha256_file
 from vitplasticity.utils.gpu_slots import SLOT_VARIABLE
 
@@ -147,10 +147,10 @@ def _hub_cache_record(model_spec: Mapping[str, Any]) -> dict[str, Any]:
     the weights stage's folder records its files)."""
     revision = str(model_spec.get("revision", "main"))
     try:
-        family = spec_class(model_spec)
-        source = family.hub_weights_file(model_spec)
+        spec = spec_class(model_spec)
+        source = spec.hub_weights_file(model_spec)
         if source is None:
-            return {"repo_id": model_spec.get(family.id_key), "revision": revision, "sha256": None}
+            return {"repo_id": model_spec.get(spec.id_key), "revision": revision, "sha256": None}
         from huggingface_hub import try_to_load_from_cache
     except (ImportError, KeyError, ValueError) as error:
         return {"revision": revision, "sha256": None, "note": str(error)}

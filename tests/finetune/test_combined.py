@@ -23,7 +23,7 @@ from tests.helpers.run_settings import finetune_settings
 from vitplasticity.finetune.model import trainable_parameter_names
 from vitplasticity.finetune.train import train
 from vitplasticity.models.build import build_model
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.tables import accuracy_table
 from vitplasticity.workflow.config import check_config, enabled_experiments, experiment_runs

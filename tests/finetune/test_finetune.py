@@ -28,7 +28,7 @@ from vitplasticity.finetune.outputs import METRICS_SCHEMA, TIMING_FIELDS
 from vitplasticity.finetune.step import training_step
 from vitplasticity.finetune.train import train
 from vitplasticity.models.build import build_model
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 
 CONFIGURATIONS = ("full", "emb", "ln1", "mha", "ln2", "fc1", "fc2", "head")
 

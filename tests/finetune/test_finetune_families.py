@@ -23,7 +23,7 @@ from vitplasticity.finetune.step import training_step
 from vitplasticity.models.architectures import UnsupportedModel, registry
 from vitplasticity.models.architectures.timm_vit import TimmVisionTransformer
 from vitplasticity.models.lora import check_adapters_used
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 
 CPU = torch.device("cpu")
 CLASSES = 4

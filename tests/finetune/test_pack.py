@@ -14,7 +14,7 @@ from tests.helpers.tiny_finetune import cli_args
 from tests.helpers.workflow import PRESETS, merged, planned_jobs, snakemake
 from vitplasticity import cli
 from vitplasticity.finetune.outputs import TIMING_FIELDS
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 from vitplasticity.workflow.packs import finetune_packs
 
 RUN_FLAGS = ("configuration", "lr", "seed", "out-dir")

@@ -23,7 +23,7 @@ from vitplasticity.finetune.precision import cpu_bf16_native
 from vitplasticity.finetune.setup import augment_on_device
 from vitplasticity.finetune.step import training_step
 from vitplasticity.finetune.train import train
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ~ 0.2%); through 3 blocks the loss moves
 # by a few parts in a thousand. The documented tolerances (docs/benchmarks.md):

@@ -26,7 +26,7 @@ from vitplasticity.finetune.checkpoint import load_checkpoint, save_checkpoint
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.outputs import TIMING_FIELDS
 from vitplasticity.finetune.train import train
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 
 STEPS = 24
 # Fields a resumed run may differ in: timing, when, and the resumed flag itself.

@@ -10,7 +10,7 @@ from typing import Any
 from tests.helpers.run_settings import finetune_settings
 from vitplasticity.data import loader
 from vitplasticity.finetune.identity import FinetuneSettings
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 
 
 def settings_for(spec: TimmSpec, **overrides: Any) -> FinetuneSettings:

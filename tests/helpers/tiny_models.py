@@ -100,7 +100,7 @@ def _hf_classifier(case_id: str, family: str, model_type: str, **config) -> Tiny
 
     def build() -> nn.Module:
         from vitplasticity.models.build import build_model
-        from vitplasticity.models.spec_hf import HFModelSpec
+        from vitplasticity.models.spec import HFModelSpec
 
         settings = {"model_type": model_type, **HF_VISION_TINY_CONFIG, **config}
         spec = HFModelSpec(hf_id=f"tiny/{model_type}", weights="random", config=settings)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 
 TINY_VIT_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 3, "num_heads": 3}
 TINY_SPEC = TimmSpec(

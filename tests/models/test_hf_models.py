@@ -35,8 +35,7 @@ from vitplasticity.models.build import build_model
 from vitplasticity.models.build import preprocessing as model_preprocessing
 from vitplasticity.models.hf_build import build_hf_model
 from vitplasticity.models.hf_preprocessing import hf_preprocessing
-from vitplasticity.models.spec import ModelSpec
-from vitplasticity.models.spec_hf import HF_MODEL_KEYS, HFModelSpec
+from vitplasticity.models.spec import HF_MODEL_KEYS, HFModelSpec, ModelSpec
 from vitplasticity.recommend.criteria import gradient_statistics, head_warmup
 
 transformers = pytest.importorskip("transformers")
@@ -590,7 +589,7 @@ from safetensors.torch import save_file
 from vitplasticity.models.architectures import architecture_for
 from vitplasticity.models.hf_build import build_hf_model
 from vitplasticity.models.hf_preprocessing import hf_preprocessing
-from vitplasticity.models.spec_hf import HFModelSpec
+from vitplasticity.models.spec import HFModelSpec
 spec = HFModelSpec(**json.loads(sys.argv[1]))
 try:
     model = build_hf_model(spec, num_classes=3)

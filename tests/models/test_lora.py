@@ -19,7 +19,7 @@ from vitplasticity.finetune.identity import FinetuneSettings, check_runs
 from vitplasticity.finetune.model import build_run_model, trainable_parameter_names
 from vitplasticity.finetune.train import train
 from vitplasticity.models.lora import apply_lora, lora_parameter_names
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 
 pytest.importorskip("peft")
 

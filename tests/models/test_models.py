@@ -11,8 +11,7 @@ from safetensors.torch import save_file
 from tests.helpers.tiny_vit import TINY_VIT_KWARGS
 from vitplasticity.data.preprocessing import IMAGENET_MEAN
 from vitplasticity.models.build import build_model, preprocessing
-from vitplasticity.models.spec import ModelSpec
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import ModelSpec, TimmSpec
 
 
 def test_random_init_uses_kwargs(tiny_spec: TimmSpec) -> None:

@@ -24,8 +24,9 @@ from tests.helpers import workflow
 from tests.helpers.fake_hub import COMMIT, FakeHub, hub_env
 from tests.helpers.workflow import planned_jobs
 from vitplasticity.models.build import build_model
+from vitplasticity.models.hub_file import hub_file, safetensors_name
 from vitplasticity.models.spec import ModelSpec
-from vitplasticity.models.weights import RECORD_FILENAME, fetch, hub_file, safetensors_name
+from vitplasticity.models.weights import RECORD_FILENAME, fetch
 from vitplasticity.provenance import provenance, weights_record
 from vitplasticity.utils.io import read_parquet_metadata
 

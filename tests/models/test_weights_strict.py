@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from tests.helpers.tiny_models import TINY_MODELS, TinyModel
 from tests.helpers.tiny_vit import TINY_VIT_KWARGS
 from vitplasticity.models.build import build_model
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import TimmSpec
 
 TIMM_ID = "vit_tiny_patch16_224"
 # The transformers twin of TINY_VIT_KWARGS: 3 blocks, 48 wide, 3 heads, 32 px, 8 px patches.

@@ -126,8 +126,7 @@ def settings_from_arguments(args: argparse.Namespace) -> tuple[RecommendSettings
         ValueError: naming the flag of a missing, contradictory or bad value.
         FileNotFoundError: for a dataset folder that does not exist.
     """
-    from vitplasticity.models.spec import ModelSpec
-    from vitplasticity.models.spec_timm import TimmSpec
+    from vitplasticity.models.spec import ModelSpec, TimmSpec
     from vitplasticity.recommend.pipeline import RecommendSettings
 
     for flag, sources in (

@@ -4,15 +4,18 @@ Two paired functions: :func:`build_model` (the model of a spec or an entry: bare
 ``num_classes``-way classifier, or with its LM head) and :func:`preprocessing` (the eval
 preprocessing of that model under its spec). Both take the entry's spec, parsed once per job by
 :meth:`vitplasticity.models.spec.ModelSpec.from_config` (or :func:`model_spec`), whose
-``family:`` picks the spec class (:mod:`vitplasticity.models.registry`): timm
-(:mod:`vitplasticity.models.timm_build`), transformers (:mod:`vitplasticity.models.hf_build`),
-or a registered family. The family's architecture (:mod:`vitplasticity.models.architectures`)
-then tells every stage where the model's components are.
+``family:`` picks the spec class (:data:`vitplasticity.models.spec.FAMILIES`); the spec class
+names its family's builder and preprocessor (timm: :mod:`vitplasticity.models.timm_build`;
+transformers: :mod:`vitplasticity.models.hf_build` and
+:mod:`vitplasticity.models.hf_preprocessing`), imported here when a model is built. The
+family's architecture (:mod:`vitplasticity.models.architectures`) then tells every stage where
+the model's components are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -52,7 +55,8 @@ def build_model(
         FileNotFoundError: for weights that are not there (or not in the hub cache offline).
         UnsupportedModel: with ``lm_head``, for a bare model whose head cannot be tied.
     """
-    model = model_spec(spec).build(num_classes)
+    spec = model_spec(spec)
+    model = _family_function(spec.builder)(spec, num_classes)
     if lm_head:
         from vitplasticity.models.text import causal_lm
 
@@ -67,7 +71,14 @@ def preprocessing(model: nn.Module, spec: ModelSpec | Mapping[str, Any]) -> Prep
     Raises:
         ValueError: for a normalisation or processor config the transforms cannot follow.
     """
-    return model_spec(spec).preprocessing(model)
+    spec = model_spec(spec)
+    return _family_function(spec.preprocessor)(model, spec)
+
+
+def _family_function(path: str) -> Callable[..., Any]:
+    """The function a spec class names as ``module:function``."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def train_flops_per_image(timm_id: str, kwargs: dict[str, Any] | None = None) -> int:

@@ -36,7 +36,7 @@ from torch import nn
 
 from vitplasticity.models.architectures import declared
 from vitplasticity.models.hf_classifier import shown_keys, with_classifier
-from vitplasticity.models.spec_hf import HFModelSpec, hub_offline
+from vitplasticity.models.spec import HFModelSpec, hub_offline
 from vitplasticity.utils.optional import require_transformers
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from vitplasticity.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
-from vitplasticity.models.spec_hf import HFModelSpec, hub_offline
+from vitplasticity.models.spec import HFModelSpec, hub_offline
 from vitplasticity.utils.optional import require_transformers
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"

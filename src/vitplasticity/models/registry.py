@@ -1,12 +1,7 @@
-"""The model families of config.yaml's ``models`` entries, selected by ``family:``.
-
-One entry per family: its spec class (:class:`vitplasticity.models.spec.ModelSpec`), which
-knows the entry's keys, how its model is built and what the parse-time checks ask of it. An
-entry without ``family`` is a timm entry (:data:`DEFAULT_FAMILY`): the workflow's command lines
-carry a timm spec without it. A family outside this package registers itself with
-:func:`register_family` (tests register a toy one).
-
-Nothing here imports torch: the Snakefile's checks read it at parse time.
+"""What the Snakefile's parse-time checks ask of the model families, without torch: the key
+an entry's family is chosen by, each family's id key and inputs, and the family of an entry
+the config schema walks (:mod:`vitplasticity.workflow.config`). The families themselves are
+:data:`vitplasticity.models.spec.FAMILIES`.
 """
 
 from __future__ import annotations
@@ -14,38 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vitplasticity.models.spec import ModelSpec
-from vitplasticity.models.spec_hf import HFModelSpec
-from vitplasticity.models.spec_timm import TimmSpec
+from vitplasticity.models.spec import FAMILIES, HFModelSpec, known_family
 
 FAMILY_KEY = "family"
 """The key a model entry's family is chosen by."""
-
-DEFAULT_FAMILY = TimmSpec.family
-"""The family of an entry without ``family``."""
-
-FAMILIES: dict[str, type[ModelSpec]] = {spec.family: spec for spec in (TimmSpec, HFModelSpec)}
-"""Every known family's spec class, by its ``family:`` value."""
-
-TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
-    "tokens": frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"}),
-    "images": frozenset(
-        {
-            "vit",
-            "dinov2",
-            "dinov2_with_registers",
-            "dinov3_vit",
-            "clip",
-            "clip_vision_model",
-            "siglip",
-            "siglip_vision_model",
-        }
-    ),
-}
-"""The transformers ``model_type`` values of the registered architectures, by what they take:
-how an entry tells a text model from a vision one without torch. Each architecture declares
-its own (``Architecture.model_types``); this is their torch-free copy for the Snakefile, and
-tests/models/test_registry.py checks the two agree."""
 
 
 def model_id_keys() -> dict[str, str]:
@@ -53,49 +20,11 @@ def model_id_keys() -> dict[str, str]:
     return {name: spec.id_key for name, spec in FAMILIES.items()}
 
 
-def known_family(entry: Mapping[str, Any]) -> type[ModelSpec] | None:
-    """The spec class of a ``models`` entry's family (timm without ``family``); None for an
-    unknown family (the config's schema check names it)."""
-    family = entry.get(FAMILY_KEY, DEFAULT_FAMILY)
-    return FAMILIES.get(family) if isinstance(family, str) else None
-
-
-def spec_class(entry: Mapping[str, Any]) -> type[ModelSpec]:
-    """The spec class of a ``models`` entry's family (timm without ``family``).
-
-    Raises:
-        ValueError: naming an unknown family and the known ones.
-    """
-    spec = known_family(entry)
-    if spec is None:
-        raise ValueError(
-            f"model entry family {entry.get(FAMILY_KEY)!r}: "
-            f"expected {' or '.join(map(repr, FAMILIES))}"
-        )
-    return spec
-
-
 def family_inputs(entry: Mapping[str, Any]) -> frozenset[str]:
     """What the models of an entry's family can take ("images", "tokens"); nothing for an
     unknown family."""
     spec = known_family(entry)
     return spec.inputs if spec is not None else frozenset()
-
-
-def register_family(spec: type[ModelSpec]) -> None:
-    """Make ``spec``'s family selectable by ``family: <spec.family>``.
-
-    Raises:
-        ValueError: when a family of that name is registered.
-    """
-    if spec.family in FAMILIES:
-        raise ValueError(f"model family {spec.family!r} is registered already")
-    FAMILIES[spec.family] = spec
-
-
-def unregister_family(name: str) -> None:
-    """Forget the family ``name`` (one :func:`register_family` added)."""
-    del FAMILIES[name]
 
 
 def entry_family(

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vitplasticity.models.architectures.base import UnsupportedModel
-from vitplasticity.models.registry import family_inputs, spec_class
+from vitplasticity.models.registry import family_inputs
+from vitplasticity.models.spec import spec_class
 
 if TYPE_CHECKING:
     from torch import nn

@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from vitplasticity.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
-from vitplasticity.models.spec_timm import TimmSpec
-from vitplasticity.models.weights import download, hub_file
+from vitplasticity.models.hub_file import hub_file
+from vitplasticity.models.spec import TimmSpec
+from vitplasticity.models.weights import download
 
 log = logging.getLogger(__name__)
 

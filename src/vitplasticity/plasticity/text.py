@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from vitplasticity.models.spec_hf import HFModelSpec
+    from vitplasticity.models.spec import HFModelSpec
     from vitplasticity.plasticity.summary import Measurement
 
 log = logging.getLogger(__name__)

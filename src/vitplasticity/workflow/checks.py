@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vitplasticity.data.sources import registry
-from vitplasticity.models.registry import known_family
+from vitplasticity.models.spec import known_family
 
 # The ImageNet-1k validation set: 50 images of each of 1000 classes (docs/protocol.md).
 IMAGENET_VAL_IMAGES = 50_000

@@ -26,14 +26,9 @@ import yaml
 
 from vitplasticity.data.imagenet_layouts import IMAGENET_ENV
 from vitplasticity.data.sources import registry
-from vitplasticity.models.registry import (
-    FAMILY_KEY,
-    entry_family,
-    family_inputs,
-    known_family,
-    model_id_keys,
-)
+from vitplasticity.models.registry import FAMILY_KEY, entry_family, model_id_keys
 from vitplasticity.workflow import checks as config_checks
+from vitplasticity.workflow import model_entries
 
 
 class ConfigError(ValueError):
@@ -263,23 +258,10 @@ def check_keys(
         )
 
 
-def model_inputs(entry: Mapping[str, Any]) -> str | None:
-    """What the model of config entry ``entry`` takes: "images", "tokens", or None when the
-    entry does not tell (a transformers model whose config.json only its job reads)."""
-    spec = known_family(entry)
-    return spec.declared_inputs(entry) if spec is not None else None
-
-
 def model_problems(config: Mapping[str, Any]) -> list[str]:
-    """One message per model entry that lacks what its weights need (a random-init
-    transformers model: config.model_type), and per model named by
-    a stage that cannot take its inputs (images for plasticity, finetuning and recommend;
-    token ids for text plasticity), where the entry tells (:func:`model_inputs`)."""
-    models = config["models"]
-    problems = []
-    for name, entry in models.items():
-        spec = known_family(entry)
-        problems.extend(spec.entry_problems(name, entry) if spec is not None else [])
+    """The model entries' problems (:func:`vitplasticity.workflow.model_entries.entry_problems`)
+    with the models each stage names: images for plasticity, finetuning and recommend, token
+    ids for text plasticity."""
     image_users = {"plasticity.models": config["plasticity"]["models"]}
     recommend = config.get("recommend") or {}
     if recommend.get("models"):
@@ -288,32 +270,8 @@ def model_problems(config: Mapping[str, Any]) -> list[str]:
         image_users[f"experiments.{experiment}.models"] = config["experiments"][experiment].get(
             "models", []
         )
-    for key, names in image_users.items():
-        for name in names:
-            if name in models and model_inputs(models[name]) == "tokens":
-                problems.append(
-                    f"{key}: {name!r} is a text model (config.model_type "
-                    f"{models[name]['config']['model_type']!r}): measure it with "
-                    "text_plasticity.run_models"
-                )
     text_models = (config.get("text_plasticity") or {}).get("run_models") or []
-    for name in text_models:
-        if name not in models:
-            problems.append(
-                f"text_plasticity.run_models: unknown model {name!r} "
-                f"(defined: {', '.join(sorted(models))})"
-            )
-        elif "tokens" not in family_inputs(models[name]):
-            problems.append(
-                f"text_plasticity.run_models: {name!r} is a {models[name].get(FAMILY_KEY)} "
-                "model; text plasticity measures transformers text models (family: transformers)"
-            )
-        elif model_inputs(models[name]) == "images":
-            problems.append(
-                f"text_plasticity.run_models: {name!r} is a vision model (config.model_type "
-                f"{models[name]['config']['model_type']!r}), not a text model"
-            )
-    return problems
+    return model_entries.entry_problems(config["models"], image_users, text_models)
 
 
 def lr_label(lr: float) -> str:

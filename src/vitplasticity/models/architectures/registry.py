@@ -13,13 +13,13 @@ from typing import Any
 from torch import nn
 
 from vitplasticity.models.architectures.base import Architecture, UnsupportedModel
+from vitplasticity.models.architectures.hf_dinov3 import HFDinov3
 from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.models.architectures.hf_llama import HFLlama
 from vitplasticity.models.architectures.hf_vision import (
     HFClipVision,
     HFDinov2,
-    HFDinov3,
     HFSiglipVision,
     HFViT,
 )
