@@ -73,10 +73,9 @@ def fetch(
 ) -> dict[str, Any]:
     """Download ``model``'s checkpoint into ``out_dir`` with its record; return the record.
 
-    The file goes through the huggingface_hub cache (a second fetch of the same commit
-    downloads nothing), is copied into ``out_dir/model.safetensors`` atomically while its
-    sha256 is computed, and checked against the hub's LFS sha256 where the cache names the
-    blob by it. ``weights.json`` is written last, atomically.
+    Through the huggingface_hub cache (a second fetch of a commit downloads nothing), copied
+    into ``out_dir/model.safetensors`` atomically, its sha256 checked against the hub's LFS
+    one where the cache names the blob by it; ``weights.json`` written last, atomically.
 
     Args:
         model: the model's config key (for messages and the record).
@@ -100,6 +99,9 @@ def fetch(
     out_dir = Path(out_dir)
     where = f"models.{model} ({timm_id})"
     sha256, size = _copy_verified(cached, out_dir / LOCAL_FILENAME, where)
+    url = huggingface_hub.hf_hub_url(
+        source.repo_id, source.filename, revision=commit or source.revision, endpoint=endpoint
+    )
     record = {
         "model": model,
         "timm_id": timm_id,
@@ -107,9 +109,7 @@ def fetch(
         "filename": source.filename,
         "revision": source.revision,
         "commit": commit,
-        "url": huggingface_hub.hf_hub_url(
-            source.repo_id, source.filename, revision=commit or source.revision, endpoint=endpoint
-        ),
+        "url": url,
         "sha256": sha256,
         "size": size,
         **_fetch_stamp(),
@@ -129,12 +129,11 @@ def fetch_snapshot(
 ) -> dict[str, Any]:
     """Download a snapshot of transformers model ``model`` into ``out_dir``; return its record.
 
-    The files of ``hf_id`` at ``revision`` that match :data:`SNAPSHOT_PATTERNS` go through
-    the huggingface_hub cache (a second fetch of the same commit downloads nothing) and are
-    copied into ``out_dir`` in the repo's layout, atomically, each checked against the id the
-    hub gave it (an LFS file's sha256, a git file's blob id) while its sha256 is computed.
-    Snapshot files already in ``out_dir`` that this snapshot lacks are removed (a revision
-    with fewer shards leaves none behind). ``weights.json`` is written last, atomically.
+    The files of ``hf_id`` at ``revision`` matching :data:`SNAPSHOT_PATTERNS`, through the
+    huggingface_hub cache, copied into ``out_dir`` in the repo's layout atomically, each
+    checked against the id the hub gave it (an LFS sha256, a git blob id). Snapshot files in
+    ``out_dir`` that this one lacks are removed (fewer shards leave none behind);
+    ``weights.json`` is written last, atomically.
 
     Args:
         model: the model's config key (for messages and the record).
@@ -163,21 +162,26 @@ def fetch_snapshot(
     commit = _commit_or_none(snapshot.name)
     out_dir = Path(out_dir)
     _remove_stale_files(out_dir, keep=set(files))
-    records = []
-    for name in files:
-        sha256, size = _copy_verified(snapshot / name, out_dir / name, where)
-        records.append({"path": name, "sha256": sha256, "size": size})
     record = {
         "model": model,
         "repo_id": hf_id,
         "revision": revision,
         "commit": commit,
         "url": f"{endpoint}/{hf_id}/tree/{commit or revision}",
-        "files": records,
+        "files": _copy_snapshot(snapshot, files, out_dir, where),
         **_fetch_stamp(),
     }
     _write_record(out_dir, record)
     return record
+
+
+def _copy_snapshot(snapshot: Path, files: list[str], out_dir: Path, where: str) -> list[dict]:
+    """Each of ``files`` copied from ``snapshot`` into ``out_dir`` (verified): its record."""
+    records = []
+    for name in files:
+        sha256, size = _copy_verified(snapshot / name, out_dir / name, where)
+        records.append({"path": name, "sha256": sha256, "size": size})
+    return records
 
 
 def _download_snapshot(
@@ -283,16 +287,8 @@ def _hub_errors(
             f"models.{model}.revision {revision!r}: no such revision of {repo_id} ({url})"
         ) from error
     except errors.LocalEntryNotFoundError as error:  # before EntryNotFoundError: a subclass
-        missing = (
-            f"{repo_id}, and its snapshot is not (completely)"
-            if filename is None
-            else f"{url}, and the file is not"
-        )
-        raise RuntimeError(
-            f"{where}: cannot reach the hub at {endpoint} for {missing} in the huggingface_hub "
-            "cache; run the weights jobs where there is internet (a login node), or check "
-            f"HF_ENDPOINT and proxy settings ({error.__cause__ or error})"
-        ) from error
+        missing = f"{repo_id}, and its snapshot is not (completely)" if filename is None else url
+        raise RuntimeError(_unreachable(where, endpoint, missing, filename, error)) from error
     except errors.EntryNotFoundError as error:
         if filename is None:
             raise RuntimeError(f"{where}: {url}: {error}") from error
@@ -302,6 +298,19 @@ def _hub_errors(
         ) from error
     except errors.HfHubHTTPError as error:
         raise RuntimeError(f"{where}: {url}: {error}") from error
+
+
+def _unreachable(
+    where: str, endpoint: str, missing: str, filename: str | None, error: Exception
+) -> str:
+    """The message of a download the hub cannot serve and the cache does not hold."""
+    if filename is not None:
+        missing = f"{missing}, and the file is not"
+    return (
+        f"{where}: cannot reach the hub at {endpoint} for {missing} in the huggingface_hub "
+        "cache; run the weights jobs where there is internet (a login node), or check "
+        f"HF_ENDPOINT and proxy settings ({error.__cause__ or error})"
+    )
 
 
 def _check_snapshot(files: list[str], snapshot: Path, where: str, revision: str) -> None:
