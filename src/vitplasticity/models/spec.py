@@ -97,13 +97,6 @@ class ModelSpec:
 
 # --- timm ---------------------------------------------------------------------------------------
 
-# A timm entry (``family: timm``) has ``timm_id``, ``weights`` ("hub", "random", or a local
-# .safetensors / .pth / .bin file), ``normalize`` ("pretrained": the checkpoint's
-# pretrained_cfg; "imagenet": ImageNet mean/std as the reference code did; or ``{mean, std}``),
-# ``kwargs`` for ``timm.create_model`` (a tiny architecture for tests and the demo),
-# ``crop_pct`` (the eval crop fraction; 1.0 is the reference code's Resize(224) +
-# CenterCrop(224)), ``init_seed`` (a random-init backbone's) and ``revision`` (of ``weights:
-# hub``; the weights stage, vitplasticity.models.weights, fetches it for the workflow).
 TIMM_KEYS = frozenset(
     {"timm_id", "weights", "normalize", "crop_pct", "init_seed", "kwargs", "revision"}
 )
@@ -112,7 +105,16 @@ TIMM_KEYS = frozenset(
 
 @dataclass(frozen=True)
 class TimmSpec(ModelSpec):
-    """One ``family: timm`` entry of config.yaml's ``models``."""
+    """One ``family: timm`` entry of config.yaml's ``models``.
+
+    ``timm_id``; ``weights``: "hub", "random", or a local .safetensors / .pth / .bin file;
+    ``normalize``: "pretrained" (the checkpoint's pretrained_cfg), "imagenet" (ImageNet
+    mean/std, as the reference code did) or ``{mean: [...], std: [...]}``; ``kwargs`` for
+    ``timm.create_model`` (a tiny architecture for tests and the demo); ``crop_pct``, the eval
+    crop fraction (1.0 is the reference code's Resize(224) + CenterCrop(224)); ``init_seed``, a
+    random-init backbone's; ``revision``, the hub revision of ``weights: hub`` (the weights
+    stage, :mod:`vitplasticity.models.weights`, fetches it for the workflow).
+    """
 
     family = "timm"
     id_key = "timm_id"
@@ -184,7 +186,7 @@ class TimmSpec(ModelSpec):
     @classmethod
     def hub_weights_file(cls, entry: Mapping[str, Any]) -> HubFile:
         """The hub file timm loads for a ``weights: hub`` entry
-        (:func:`vitplasticity.models.weights.hub_file`).
+        (:func:`vitplasticity.models.hub_file.hub_file`).
 
         Raises:
             KeyError: for an entry without ``timm_id``.
@@ -241,7 +243,11 @@ tests/models/test_registry.py checks the two agree."""
 
 @dataclass(frozen=True)
 class HFModelSpec(ModelSpec):
-    """One ``family: transformers`` entry of config.yaml's ``models``."""
+    """One ``family: transformers`` entry of config.yaml's ``models``: a checkpoint (``hf_id``
+    at ``revision``), where its weights come from, and the class to build (by default the
+    bare model of the checkpoint's ``model_type``; the vision tower for CLIP and SigLIP, as
+    their architectures declare).
+    """
 
     id_key = "hf_id"
     inputs = frozenset({"images", "tokens"})
