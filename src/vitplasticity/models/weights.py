@@ -85,8 +85,8 @@ def fetch(
         cache_dir: the huggingface_hub cache (default: HF_HUB_CACHE / HF_HOME's).
 
     Raises:
-        ValueError: a repo, revision or file that does not exist, or a gated repo without
-            access, naming ``models.<model>`` and the URL.
+        ValueError: naming ``models.<model>`` and the URL, for a repo, revision or file that
+            does not exist or a gated repo without access.
         RuntimeError: the hub cannot be reached and the file is not in the cache.
     """
     import huggingface_hub
@@ -102,18 +102,9 @@ def fetch(
     url = huggingface_hub.hf_hub_url(
         source.repo_id, source.filename, revision=commit or source.revision, endpoint=endpoint
     )
-    record = {
-        "model": model,
-        "timm_id": timm_id,
-        "repo_id": source.repo_id,
-        "filename": source.filename,
-        "revision": source.revision,
-        "commit": commit,
-        "url": url,
-        "sha256": sha256,
-        "size": size,
-        **_fetch_stamp(),
-    }
+    names = {"model": model, "timm_id": timm_id, "repo_id": source.repo_id}
+    where_from = {"filename": source.filename, "revision": source.revision, "commit": commit}
+    record = {**names, **where_from, "url": url, "sha256": sha256, "size": size, **_fetch_stamp()}
     _write_record(out_dir, record)
     return record
 
@@ -162,15 +153,10 @@ def fetch_snapshot(
     commit = _commit_or_none(snapshot.name)
     out_dir = Path(out_dir)
     _remove_stale_files(out_dir, keep=set(files))
-    record = {
-        "model": model,
-        "repo_id": hf_id,
-        "revision": revision,
-        "commit": commit,
-        "url": f"{endpoint}/{hf_id}/tree/{commit or revision}",
-        "files": _copy_snapshot(snapshot, files, out_dir, where),
-        **_fetch_stamp(),
-    }
+    url = f"{endpoint}/{hf_id}/tree/{commit or revision}"
+    files_record = _copy_snapshot(snapshot, files, out_dir, where)
+    names = {"model": model, "repo_id": hf_id, "revision": revision, "commit": commit}
+    record = {**names, "url": url, "files": files_record, **_fetch_stamp()}
     _write_record(out_dir, record)
     return record
 
