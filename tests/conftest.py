@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.helpers.tiny_vit import TINY_SPEC
-from vitplasticity.models.build import ModelSpec, build_model
+from vitplasticity.models.build import build_model
+from vitplasticity.models.spec import TimmSpec
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def tiny_spec() -> ModelSpec:
+def tiny_spec() -> TimmSpec:
     """The spec of a 3-block, 48-wide ViT at 32 px (16 patches + cls token)."""
     return TINY_SPEC
 

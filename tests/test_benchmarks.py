@@ -20,7 +20,7 @@ from tests.helpers.run_settings import finetune_settings
 from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.step import training_step
-from vitplasticity.models.build import ModelSpec
+from vitplasticity.models.spec import TimmSpec
 
 
 def test_quick_benchmark_writes_every_key(
@@ -93,7 +93,7 @@ def test_naive_model_is_the_same_function(tiny_vit: torch.nn.Module) -> None:
 
 @pytest.mark.parametrize(("configuration", "optimizer"), [("ln1", "sgd"), ("mha", "adamw")])
 def test_frozen_parameters_get_no_gradient_and_no_state(
-    tiny_spec: ModelSpec, configuration: str, optimizer: str
+    tiny_spec: TimmSpec, configuration: str, optimizer: str
 ) -> None:
     settings = finetune_settings(
         experiment="bench", model="tiny", dataset="synthetic",

@@ -13,7 +13,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from vitplasticity.models.weights import hub_file, read_record, read_snapshot_record, sha256_file
+from vitplasticity.models.spec import spec_class
+from vitplasticity.models.weights import read_record, read_snapshot_record, sha256_file
 from vitplasticity.utils.gpu_slots import SLOT_VARIABLE
 
 log = logging.getLogger(__name__)
@@ -141,15 +142,16 @@ def _folder_record(folder: Path) -> dict[str, Any]:
 
 
 def _hub_cache_record(model_spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The repo, revision and cached file (with sha256) of a timm ``weights: hub`` model; a
-    transformers one's repo and revision (its files: the weights stage's folder records them)."""
+    """The repo, revision and cached file (with sha256) of a ``weights: hub`` model that loads
+    one hub file (timm); the repo and revision of one whose weights are a folder (transformers:
+    the weights stage's folder records its files)."""
     revision = str(model_spec.get("revision", "main"))
-    if model_spec.get("family") == "transformers":
-        return {"repo_id": model_spec.get("hf_id"), "revision": revision, "sha256": None}
     try:
+        spec = spec_class(model_spec)
+        source = spec.hub_weights_file(model_spec)
+        if source is None:
+            return {"repo_id": model_spec.get(spec.id_key), "revision": revision, "sha256": None}
         from huggingface_hub import try_to_load_from_cache
-
-        source = hub_file(str(model_spec["timm_id"]), revision, model_spec.get("kwargs"))
     except (ImportError, KeyError, ValueError) as error:
         return {"revision": revision, "sha256": None, "note": str(error)}
     found: dict[str, Any] = {"repo_id": source.repo_id, "revision": source.revision}

@@ -22,7 +22,8 @@ from tests.helpers.repo import REPO
 from tests.helpers.run_settings import finetune_settings
 from vitplasticity.finetune.model import trainable_parameter_names
 from vitplasticity.finetune.train import train
-from vitplasticity.models.build import ModelSpec, build_model
+from vitplasticity.models.build import build_model
+from vitplasticity.models.spec import TimmSpec
 from vitplasticity.report.accuracy_table import accuracy_table
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.workflow.config import check_config, enabled_experiments, experiment_runs
@@ -47,7 +48,7 @@ def paper_config() -> dict:
 
 
 @pytest.mark.parametrize("combination", ["mha+fc1", "ln1+ln2", "fc1+fc2", "ln1+mha+fc2"])
-def test_combination_trains_the_union(tiny_spec: ModelSpec, combination: str) -> None:
+def test_combination_trains_the_union(tiny_spec: TimmSpec, combination: str) -> None:
     model = build_model(tiny_spec, num_classes=4)
     names = [name for name, _ in model.named_parameters()]
     parts = combination.split("+")
@@ -114,7 +115,7 @@ def test_schema_rejects_a_bad_lora_rank(paper_config: dict) -> None:
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_combined_run_and_its_table_row(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
     """A whole "mha+fc1" run: its summary, gradient groups, and the aggregated table with the
     trainable parameter count (3 blocks x (qkv + proj + fc1) + head and final norm)."""

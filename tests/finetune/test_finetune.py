@@ -27,7 +27,8 @@ from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.outputs import METRICS_SCHEMA, TIMING_FIELDS
 from vitplasticity.finetune.step import training_step
 from vitplasticity.finetune.train import train
-from vitplasticity.models.build import ModelSpec, build_model
+from vitplasticity.models.build import build_model
+from vitplasticity.models.spec import TimmSpec
 
 CONFIGURATIONS = ("full", "emb", "ln1", "mha", "ln2", "fc1", "fc2", "head")
 
@@ -64,7 +65,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("configuration", CONFIGURATIONS)
-def test_trainable_names_match_the_paper(tiny_spec: ModelSpec, configuration: str) -> None:
+def test_trainable_names_match_the_paper(tiny_spec: TimmSpec, configuration: str) -> None:
     model = build_model(tiny_spec, num_classes=4)
     names = [name for name, _ in model.named_parameters()]
     assert "blocks.2.attn.qkv.weight" in names and "blocks.0.mlp.fc2.bias" in names
@@ -87,7 +88,7 @@ def test_unknown_configuration_lists_the_valid_ones(tiny_vit: torch.nn.Module) -
 
 @pytest.mark.parametrize("configuration", CONFIGURATIONS)
 def test_frozen_parameters_stay_bit_identical(
-    tiny_spec: ModelSpec, demo_dataset: Path, configuration: str
+    tiny_spec: TimmSpec, demo_dataset: Path, configuration: str
 ) -> None:
     settings = settings_for(tiny_spec, configuration=configuration, warmup_steps=0, lr=0.1)
     run_model = build_run_model(settings, 4, torch.device("cpu"))
@@ -108,7 +109,7 @@ def test_frozen_parameters_stay_bit_identical(
     assert {id(p) for p in optimizer.state} == {id(p) for _, p in run_model.trainable}
 
 
-def test_step_loss_gradient_and_sgd_update(tiny_spec: ModelSpec, demo_dataset: Path) -> None:
+def test_step_loss_gradient_and_sgd_update(tiny_spec: TimmSpec, demo_dataset: Path) -> None:
     settings = settings_for(tiny_spec, configuration="full", warmup_steps=0, lr=0.1, steps=10)
     device = torch.device("cpu")
     run_model = build_run_model(settings, 4, device)
@@ -140,7 +141,7 @@ def test_step_loss_gradient_and_sgd_update(tiny_spec: ModelSpec, demo_dataset: P
 
 
 def test_micro_batches_accumulate_the_batch_gradient(
-    tiny_spec: ModelSpec, demo_dataset: Path
+    tiny_spec: TimmSpec, demo_dataset: Path
 ) -> None:
     device = torch.device("cpu")
     results, grads = [], []
@@ -157,7 +158,7 @@ def test_micro_batches_accumulate_the_batch_gradient(
         torch.testing.assert_close(grad, grads[0], rtol=1e-4, atol=1e-6)
 
 
-def test_adamw_has_no_weight_decay(tiny_spec: ModelSpec) -> None:
+def test_adamw_has_no_weight_decay(tiny_spec: TimmSpec) -> None:
     settings = settings_for(tiny_spec, optimizer="adamw", adam_betas=(0.8, 0.99))
     run_model = build_run_model(settings, 4, torch.device("cpu"))
     optimizer = build_optimizer(run_model.trainable, settings)
@@ -184,14 +185,14 @@ def test_adamw_has_no_weight_decay(tiny_spec: ModelSpec) -> None:
     ],
 )
 def test_bad_settings_name_their_flag(
-    tiny_spec: ModelSpec, overrides: dict[str, Any], culprit: str
+    tiny_spec: TimmSpec, overrides: dict[str, Any], culprit: str
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(culprit)):
         settings = settings_for(tiny_spec, **overrides)
         check_runs([settings.run], settings.training)
 
 
-def test_missing_dataset_is_named_before_compute(tiny_spec: ModelSpec, tmp_path: Path) -> None:
+def test_missing_dataset_is_named_before_compute(tiny_spec: TimmSpec, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="--dataset-dir"):
         settings = settings_for(tiny_spec)
         train(settings.run, settings.training, tmp_path / "nope", tmp_path / "out")
@@ -202,7 +203,7 @@ def test_missing_dataset_is_named_before_compute(tiny_spec: ModelSpec, tmp_path:
 
 
 def test_cli_run_writes_the_contract(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
     assert cli.main([*cli_args(tiny_spec, demo_dataset, out), "--demo"]) == 0
@@ -246,7 +247,7 @@ def test_cli_run_writes_the_contract(
     assert summary["total_parameters"] == sum(p.numel() for p in model.parameters())
 
 
-def test_runs_are_deterministic(tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path) -> None:
+def test_runs_are_deterministic(tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path) -> None:
     settings = settings_for(tiny_spec, configuration="ln2", optimizer="adamw", lr=1e-3)
     first = train(settings.run, settings.training, demo_dataset, tmp_path / "a")
     second = train(settings.run, settings.training, demo_dataset, tmp_path / "b")
@@ -259,7 +260,7 @@ def test_runs_are_deterministic(tiny_spec: ModelSpec, demo_dataset: Path, tmp_pa
 
 
 def test_divergence_is_recorded_not_raised(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "diverged"
     flags = {"lr": "1e30", "warmup-steps": "0", "steps": "20", "val-every": "1"}
@@ -275,7 +276,7 @@ def test_divergence_is_recorded_not_raised(
 
 
 def test_cli_rejects_bad_input_with_exit_2(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "bad"
     assert cli.main(cli_args(tiny_spec, demo_dataset, out, **{"micro-batch-size": "3"})) == 2
@@ -284,9 +285,7 @@ def test_cli_rejects_bad_input_with_exit_2(
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
-def test_cuda_without_gpu_is_named(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
-) -> None:
+def test_cuda_without_gpu_is_named(tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=re.escape("--device (finetune.device)")):
         settings = settings_for(tiny_spec, device="cuda")
         train(settings.run, settings.training, demo_dataset, tmp_path / "out")

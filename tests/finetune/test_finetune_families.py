@@ -22,8 +22,8 @@ from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.step import training_step
 from vitplasticity.models.architectures import UnsupportedModel, registry
 from vitplasticity.models.architectures.timm_vit import TimmVisionTransformer
-from vitplasticity.models.build import ModelSpec
 from vitplasticity.models.lora import check_adapters_used
+from vitplasticity.models.spec import TimmSpec
 
 CPU = torch.device("cpu")
 CLASSES = 4
@@ -34,11 +34,11 @@ SMALL = {"img_size": 32, "embed_dim": 48, "depth": 2, "num_heads": 3}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def spec(timm_id: str, **kwargs: Any) -> ModelSpec:
-    return ModelSpec(timm_id=timm_id, weights="random", kwargs=kwargs)
+def spec(timm_id: str, **kwargs: Any) -> TimmSpec:
+    return TimmSpec(timm_id=timm_id, weights="random", kwargs=kwargs)
 
 
-def trained(model_spec: ModelSpec, configuration: str) -> list[str]:
+def trained(model_spec: TimmSpec, configuration: str) -> list[str]:
     """The names a run of ``configuration`` trains, in ``named_parameters`` order."""
     settings = settings_for(model_spec, configuration=configuration)
     return [name for name, _ in build_run_model(settings, CLASSES, CPU).trainable]
@@ -50,7 +50,7 @@ def head_and_final_norm(names: list[str]) -> list[str]:
     return [name for name in names if name.split(".")[0] in ("norm", "fc_norm", "head")]
 
 
-def all_names(model_spec: ModelSpec) -> list[str]:
+def all_names(model_spec: TimmSpec) -> list[str]:
     return trained(model_spec, "full")
 
 
@@ -83,7 +83,7 @@ def test_fc1_of_a_swiglu_dinov3_is_gate_and_up() -> None:
     ],
     ids=lambda s: s.timm_id,
 )
-def test_mha_trains_the_query_and_value_biases(model_spec: ModelSpec) -> None:
+def test_mha_trains_the_query_and_value_biases(model_spec: TimmSpec) -> None:
     """MHA is the whole attention module: q_bias and v_bias (and BEiT's relative position
     table) with qkv and proj, plus the LayerScale of its branch (gamma_1) where there is one.
     (Before the registry: attn.qkv and attn.proj only, the biases frozen.)"""
@@ -144,9 +144,7 @@ def test_gradient_norm_groups_follow_the_components(demo_dataset: Path) -> None:
     ],
     ids=lambda s: s.timm_id,
 )
-def test_lora_reaches_qkv_despite_separate_biases(
-    model_spec: ModelSpec, demo_dataset: Path
-) -> None:
+def test_lora_reaches_qkv_despite_separate_biases(model_spec: TimmSpec, demo_dataset: Path) -> None:
     """With q/v biases timm's attention computes F.linear(x, qkv.weight, bias), which would
     bypass the adapter peft wraps around qkv (before: the run trained proj's adapters alone,
     and said completed). The architecture switches it to qkv(x) + bias: every qkv adapter
@@ -213,7 +211,7 @@ KNOWN_FAMILIES = ("timm_vit", "timm_eva", "timm_beit")
 @pytest.mark.parametrize("configuration", ["mha", "head", "lora"])
 @pytest.mark.parametrize(("model_spec", "model_class"), UNKNOWN, ids=["swin", "convnext"])
 def test_unknown_models_are_refused(
-    model_spec: ModelSpec, model_class: str, configuration: str
+    model_spec: TimmSpec, model_class: str, configuration: str
 ) -> None:
     """Before the registry every configuration "completed" with only the head trained."""
     settings = settings_for(model_spec, configuration=configuration)
@@ -225,7 +223,7 @@ def test_unknown_models_are_refused(
 
 @pytest.mark.parametrize(("model_spec", "model_class"), UNKNOWN, ids=["swin", "convnext"])
 def test_the_finetune_command_refuses_before_any_step(
-    model_spec: ModelSpec,
+    model_spec: TimmSpec,
     model_class: str,
     demo_dataset: Path,
     tmp_path: Path,

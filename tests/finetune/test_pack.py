@@ -14,13 +14,13 @@ from tests.helpers.tiny_finetune import cli_args
 from tests.helpers.workflow import PRESETS, merged, planned_jobs, snakemake
 from vitplasticity import cli
 from vitplasticity.finetune.outputs import TIMING_FIELDS
-from vitplasticity.models.build import ModelSpec
+from vitplasticity.models.spec import TimmSpec
 from vitplasticity.workflow.packs import finetune_packs
 
 RUN_FLAGS = ("configuration", "lr", "seed", "out-dir")
 
 
-def packed_args(spec: ModelSpec, dataset: Path, runs: list[dict]) -> list[str]:
+def packed_args(spec: TimmSpec, dataset: Path, runs: list[dict]) -> list[str]:
     argv = cli_args(spec, dataset, Path("unused"))
     for flag in RUN_FLAGS:  # drop the single-run flags and their values
         index = argv.index(f"--{flag}")
@@ -36,7 +36,7 @@ def comparable(out: Path) -> tuple[dict, pl.DataFrame]:
 
 
 def test_packed_runs_equal_one_process_per_run(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
     runs = [
         {"configuration": "mha", "lr": 0.05, "seed": 0, "out_dir": str(tmp_path / "packed/mha")},
@@ -69,7 +69,7 @@ def test_packed_runs_equal_one_process_per_run(
     ],
 )
 def test_bad_runs_stop_before_any_run(
-    tiny_spec: ModelSpec,
+    tiny_spec: TimmSpec,
     demo_dataset: Path,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -83,7 +83,7 @@ def test_bad_runs_stop_before_any_run(
 
 
 def test_runs_and_single_run_flags_are_exclusive(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     argv = [*cli_args(tiny_spec, demo_dataset, tmp_path / "x"), "--runs", "[]"]
     assert cli.main(argv) == 2 and "either --runs or" in caplog.text

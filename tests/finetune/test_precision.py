@@ -22,7 +22,7 @@ from vitplasticity.finetune.precision import cpu_bf16_native
 from vitplasticity.finetune.setup import augment_on_device
 from vitplasticity.finetune.step import training_step
 from vitplasticity.finetune.train import train
-from vitplasticity.models.build import ModelSpec
+from vitplasticity.models.spec import TimmSpec
 
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ~ 0.2%); through 3 blocks the loss moves
 # by a few parts in a thousand. The documented tolerances (docs/benchmarks.md):
@@ -47,7 +47,7 @@ full_settings = functools.partial(
 )  # fmt: skip
 
 
-def test_bf16_step_within_tolerance_of_fp32(tiny_spec: ModelSpec, demo_dataset: Path) -> None:
+def test_bf16_step_within_tolerance_of_fp32(tiny_spec: TimmSpec, demo_dataset: Path) -> None:
     splits = loader.load_finetune_splits(demo_dataset, seed=0, val_fraction=0.2)
     device = torch.device("cpu")
     outcomes = {}
@@ -75,7 +75,7 @@ def test_bf16_step_within_tolerance_of_fp32(tiny_spec: ModelSpec, demo_dataset: 
 
 
 def test_bf16_cpu_run_within_tolerance_of_fp32(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
     # The whole run on the CPU (loader, autocast steps, evaluation under inference_mode):
     # every logged loss and gradient norm, and every validation loss, within the tolerances.
@@ -187,7 +187,7 @@ def test_mixed_sizes_never_sample_the_padding() -> None:
         assert torch.equal(batch[index], alone[0])
 
 
-def test_augment_setting(tiny_spec: ModelSpec) -> None:
+def test_augment_setting(tiny_spec: TimmSpec) -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert not augment_on_device(full_settings(tiny_spec).training, cpu)
     assert augment_on_device(full_settings(tiny_spec).training, cuda)
@@ -199,7 +199,7 @@ def test_augment_setting(tiny_spec: ModelSpec) -> None:
 
 
 def test_run_with_device_augmentation(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
     settings = full_settings(tiny_spec, augment="device")
     summary = train(settings.run, settings.training, demo_dataset, tmp_path / "run")

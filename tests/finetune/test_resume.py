@@ -25,7 +25,7 @@ from vitplasticity.finetune.checkpoint import load_checkpoint, save_checkpoint
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.outputs import TIMING_FIELDS
 from vitplasticity.finetune.train import train
-from vitplasticity.models.build import ModelSpec
+from vitplasticity.models.spec import TimmSpec
 
 STEPS = 24
 # Fields a resumed run may differ in: timing, when, and the resumed flag itself.
@@ -36,7 +36,7 @@ VOLATILE = (*TIMING_FIELDS, "created", "resumed")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def resume_settings(spec: ModelSpec, optimizer: str) -> FinetuneSettings:
+def resume_settings(spec: TimmSpec, optimizer: str) -> FinetuneSettings:
     """A run of two components long enough for several checkpoints (every 4 of 24 steps)."""
     return settings_for(
         spec,
@@ -115,7 +115,7 @@ def assert_same_as_reference(
 
 
 def test_sigterm_writes_a_checkpoint_and_the_run_resumes_bitwise(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path, reference_runs, sigterm_guard
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path, reference_runs, sigterm_guard
 ) -> None:
     settings = resume_settings(tiny_spec, "adamw")
     out = tmp_path / "run"
@@ -147,7 +147,7 @@ def test_sigterm_writes_a_checkpoint_and_the_run_resumes_bitwise(
 
 
 def test_sigkill_then_rerun_continues_bitwise(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path, reference_runs
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path, reference_runs
 ) -> None:
     settings = resume_settings(tiny_spec, "sgd")
     out = tmp_path / "run"

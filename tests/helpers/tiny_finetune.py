@@ -10,10 +10,10 @@ from typing import Any
 from tests.helpers.run_settings import finetune_settings
 from vitplasticity.data import loader
 from vitplasticity.finetune.identity import FinetuneSettings
-from vitplasticity.models.build import ModelSpec
+from vitplasticity.models.spec import TimmSpec
 
 
-def settings_for(spec: ModelSpec, **overrides: Any) -> FinetuneSettings:
+def settings_for(spec: TimmSpec, **overrides: Any) -> FinetuneSettings:
     """The settings of a 6-step SGD run of ``spec`` on demo-stripes, tuning mha, on the CPU,
     with ``overrides``."""
     base = dict(
@@ -49,7 +49,7 @@ def first_batch(dataset: Path, settings: FinetuneSettings, pre: Any, step: int =
     return batches[step]
 
 
-def cli_args(spec: ModelSpec, dataset: Path, out: Path, **flags: Any) -> list[str]:
+def cli_args(spec: TimmSpec, dataset: Path, out: Path, **flags: Any) -> list[str]:
     """``vitplasticity finetune``'s argv for :func:`settings_for`'s run of ``spec`` on
     ``dataset`` into ``out``; ``flags`` (flag name without dashes -> text) replace or add."""
     values = {

@@ -96,15 +96,16 @@ def _hf_vision(
 
 def _hf_classifier(case_id: str, family: str, model_type: str, **config) -> TinyModel:
     """A tiny transformers vision tower in its classification class with a 5-way head, built as
-    finetuning builds it (``vitplasticity.models.hf.build_hf_model``), random init."""
+    finetuning builds it (``vitplasticity.models.build.build_model``), random init."""
 
     def build() -> nn.Module:
-        from vitplasticity.models.hf import HFModelSpec, build_hf_model
+        from vitplasticity.models.build import build_model
+        from vitplasticity.models.spec import HFModelSpec
 
         settings = {"model_type": model_type, **HF_VISION_TINY_CONFIG, **config}
         spec = HFModelSpec(hf_id=f"tiny/{model_type}", weights="random", config=settings)
         torch.manual_seed(0)
-        return build_hf_model(spec, num_classes=5)
+        return build_model(spec, num_classes=5)
 
     def inputs(n: int) -> torch.Tensor:
         return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(n))

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from vitplasticity.models.build import ModelSpec
+from vitplasticity.models.spec import TimmSpec
 
 TINY_VIT_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 3, "num_heads": 3}
-TINY_SPEC = ModelSpec(
+TINY_SPEC = TimmSpec(
     timm_id="vit_tiny_patch16_224", weights="random", normalize="pretrained", kwargs=TINY_VIT_KWARGS
 )

@@ -1,4 +1,4 @@
-"""Building transformers models from a config entry (vitplasticity.models.hf), and finetuning
+"""Building transformers models from a config entry (vitplasticity.models.hf_build), and finetuning
 the transformers vision towers.
 
 Every model is tiny and built offline: saved with save_pretrained into tmp_path, or drawn from
@@ -30,16 +30,12 @@ from vitplasticity.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Prepro
 from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.step import training_step
-from vitplasticity.models.architectures import architecture_for, parameter_map
-from vitplasticity.models.build import ModelSpec, build_model
+from vitplasticity.models.architectures import architecture_for, declared, parameter_map
+from vitplasticity.models.build import build_model
 from vitplasticity.models.build import preprocessing as model_preprocessing
-from vitplasticity.models.hf import (
-    CLASSIFIERS,
-    HF_MODEL_KEYS,
-    HFModelSpec,
-    build_hf_model,
-    hf_preprocessing,
-)
+from vitplasticity.models.hf_build import build_hf_model
+from vitplasticity.models.hf_preprocessing import hf_preprocessing
+from vitplasticity.models.spec import HF_MODEL_KEYS, HFModelSpec, ModelSpec
 from vitplasticity.recommend.gradients import gradient_statistics, head_warmup
 
 transformers = pytest.importorskip("transformers")
@@ -163,7 +159,8 @@ def test_the_classifier_is_new_and_drawn_from_the_callers_rng(
     saved = saved_tower(model_type, tmp_path / model_type)
     torch.manual_seed(11)
     model = build_hf_model(folder_spec(tmp_path / model_type), num_classes=CLASSES)
-    assert type(model).__name__ == CLASSIFIERS[type(saved).__name__][0]
+    classifier = declared("classifiers")[type(saved).__name__][0]
+    assert type(model).__name__ == getattr(classifier, "__name__", classifier)
     tower = architecture_for(model).tower(model)
     assert_same_tensors(tower.state_dict(), without(saved.state_dict(), "pooler."))
     width = model.classifier.in_features
@@ -218,7 +215,7 @@ def test_a_dual_encoder_checkpoint_loads_its_vision_tower(
     config = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
     dual = perturbed(transformers.CLIPModel(config), 1).float()
     dual.save_pretrained(tmp_path / "clip")
-    with caplog.at_level(logging.INFO, logger="vitplasticity.models.hf"):
+    with caplog.at_level(logging.INFO, logger="vitplasticity.models.hf_build"):
         tower = build_hf_model(folder_spec(tmp_path / "clip"))
     assert type(tower).__name__ == "CLIPVisionModel"
     expected = {
@@ -241,7 +238,7 @@ def test_a_classification_checkpoint_loses_its_head(
     )
     classifier = perturbed(classifier, 2).float()
     classifier.save_pretrained(tmp_path / "cls")
-    with caplog.at_level(logging.INFO, logger="vitplasticity.models.hf"):
+    with caplog.at_level(logging.INFO, logger="vitplasticity.models.hf_build"):
         model = build_hf_model(folder_spec(tmp_path / "cls"), num_classes=CLASSES)
     assert "classifier.weight" in caplog.text
     expected = without(classifier.state_dict(), "classifier.")
@@ -588,7 +585,9 @@ HUB_SCRIPT = """
 import dataclasses, json, sys
 from safetensors.torch import save_file
 from vitplasticity.models.architectures import architecture_for
-from vitplasticity.models.hf import HFModelSpec, build_hf_model, hf_preprocessing
+from vitplasticity.models.hf_build import build_hf_model
+from vitplasticity.models.hf_preprocessing import hf_preprocessing
+from vitplasticity.models.spec import HFModelSpec
 spec = HFModelSpec(**json.loads(sys.argv[1]))
 try:
     model = build_hf_model(spec, num_classes=3)

@@ -19,8 +19,8 @@ from vitplasticity import cli
 from vitplasticity.finetune.identity import check_runs
 from vitplasticity.finetune.model import build_run_model, trainable_parameter_names
 from vitplasticity.finetune.train import train
-from vitplasticity.models.build import ModelSpec
 from vitplasticity.models.lora import apply_lora, lora_parameter_names
+from vitplasticity.models.spec import TimmSpec
 
 pytest.importorskip("peft")
 
@@ -78,7 +78,7 @@ def test_lora_update_is_scaled_low_rank(tiny_vit: torch.nn.Module) -> None:
         torch.testing.assert_close(qkv(x), expected, rtol=1e-12, atol=1e-12)
 
 
-def test_lora_configuration_trains_adapters_head_and_norm(tiny_spec: ModelSpec) -> None:
+def test_lora_configuration_trains_adapters_head_and_norm(tiny_spec: TimmSpec) -> None:
     run_model = build_run_model(lora_settings(tiny_spec), CLASSES, torch.device("cpu"))
     trained = {name for name, _ in run_model.trainable}
     expected = lora_parameter_names(run_model.model) | {
@@ -93,7 +93,7 @@ def test_lora_configuration_trains_adapters_head_and_norm(tiny_spec: ModelSpec) 
     assert sum(p.numel() for _, p in run_model.trainable) == lora_count(8) + HEAD_AND_NORM
 
 
-def test_rebuilt_lora_model_is_identical(tiny_spec: ModelSpec) -> None:
+def test_rebuilt_lora_model_is_identical(tiny_spec: TimmSpec) -> None:
     """Resuming rebuilds the model: the adapters' random A must come back the same."""
     settings = lora_settings(tiny_spec)
     first = build_run_model(settings, CLASSES, torch.device("cpu")).model.state_dict()
@@ -108,7 +108,7 @@ def test_lora_without_adapters_is_an_error(tiny_vit: torch.nn.Module) -> None:
         trainable_parameter_names(tiny_vit, "lora")
 
 
-def test_bad_lora_settings_name_the_key(tiny_spec: ModelSpec, tiny_vit: torch.nn.Module) -> None:
+def test_bad_lora_settings_name_the_key(tiny_spec: TimmSpec, tiny_vit: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match=r"--lora-rank \(finetune.lora.rank\)"):
         bad = lora_settings(tiny_spec, lora_rank=0)
         check_runs([bad.run], bad.training)
@@ -129,14 +129,14 @@ def test_missing_peft_names_the_extra(
         apply_lora(tiny_vit, rank=8, alpha=16)
 
 
-def test_lora_settings_fingerprint_only_lora_runs(tiny_spec: ModelSpec) -> None:
+def test_lora_settings_fingerprint_only_lora_runs(tiny_spec: TimmSpec) -> None:
     lora = lora_settings(tiny_spec).fingerprint_fields()
     assert lora["lora_rank"] == 8 and lora["lora_alpha"] == 16.0
     mha = lora_settings(tiny_spec, configuration="mha").fingerprint_fields()
     assert "lora_rank" not in mha and "lora_alpha" not in mha
 
 
-def test_lora_run_through_the_cli(tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path) -> None:
+def test_lora_run_through_the_cli(tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     code = cli.main(
         [
@@ -158,7 +158,7 @@ def test_lora_run_through_the_cli(tiny_spec: ModelSpec, demo_dataset: Path, tmp_
 
 
 def test_lora_run_moves_only_adapters_and_head(
-    tiny_spec: ModelSpec, demo_dataset: Path, tmp_path: Path
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path
 ) -> None:
     settings = lora_settings(tiny_spec)
     summary = train(settings.run, settings.training, demo_dataset, tmp_path / "run")

@@ -137,7 +137,7 @@ def run_recommend(model: nn.Module, inputs: torch.Tensor) -> None:
         # class (model_class), as here.
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-        from vitplasticity.recommend.text import causal_lm
+        from vitplasticity.models.text import causal_lm
         from vitplasticity.recommend.text_criteria import measure_text_criteria
 
         if model.get_output_embeddings() is None and not model.config.tie_word_embeddings:

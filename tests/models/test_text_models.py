@@ -1,4 +1,5 @@
-"""Strict loading of text models (vitplasticity.models.text_models.build_gpt2) on real saved folders.
+"""Strict loading of text models (through vitplasticity.models.build.build_model) on real saved
+folders.
 
 transformers loads a saved Llama, Qwen2 or BERT folder into a GPT2Model with a warning, and a
 GPT2 checkpoint missing a tensor with that tensor at its random init: the text-plasticity stage
@@ -16,8 +17,9 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers.text_entries import gpt2_entry
 from vitplasticity.cli import main
-from vitplasticity.models.text_models import build_gpt2
+from vitplasticity.models.build import build_model
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -60,7 +62,7 @@ def tiny_gpt2() -> nn.Module:
 
 
 def folder_entry(folder: Path) -> dict:
-    return {"family": "gpt2", "weights": str(folder)}
+    return gpt2_entry(str(folder))
 
 
 @pytest.mark.parametrize("model_type", sorted(OTHER_CONFIGS))
@@ -71,10 +73,10 @@ def test_another_model_type_is_an_error_naming_folder_and_both_types(
     assert json.loads((folder / "config.json").read_text())["model_type"] == model_type
     expected = rf"my_{model_type}'.*model_type '{model_type}', not 'gpt2'"
     with pytest.raises(ValueError, match=expected):
-        build_gpt2(folder_entry(folder))
+        build_model(folder_entry(folder))
     # The same folder given as a hub id (from_pretrained takes a local path there too).
     with pytest.raises(ValueError, match=expected):
-        build_gpt2({"family": "gpt2", "weights": "hub", "hf_id": str(folder)})
+        build_model(gpt2_entry("hub", hf_id=str(folder)))
 
 
 def test_text_plasticity_refuses_a_saved_llama_folder(
@@ -126,14 +128,14 @@ def test_a_folder_without_config_json_is_an_error_naming_it(tmp_path: Path) -> N
     folder = saved(tiny_gpt2(), tmp_path / "weights_only")
     (folder / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"'.*weights_only' has no config\.json"):
-        build_gpt2(folder_entry(folder))
+        build_model(folder_entry(folder))
 
 
 def test_a_config_json_that_is_not_json_is_an_error_naming_it(tmp_path: Path) -> None:
     folder = saved(tiny_gpt2(), tmp_path / "broken")
     (folder / "config.json").write_text("model_type: gpt2\n")
     with pytest.raises(ValueError, match=r"broken/config\.json: not a JSON file"):
-        build_gpt2(folder_entry(folder))
+        build_model(folder_entry(folder))
 
 
 def test_a_checkpoint_missing_a_tensor_is_an_error_naming_folder_and_key(tmp_path: Path) -> None:
@@ -144,7 +146,7 @@ def test_a_checkpoint_missing_a_tensor_is_an_error_naming_folder_and_key(tmp_pat
     with pytest.raises(
         ValueError, match=r"'.*cut'.*1 missing weight\(s\): h\.1\.mlp\.c_fc\.weight"
     ):
-        build_gpt2(folder_entry(folder))
+        build_model(folder_entry(folder))
 
 
 def test_a_checkpoint_with_an_extra_tensor_is_an_error_naming_it(tmp_path: Path) -> None:
@@ -153,13 +155,13 @@ def test_a_checkpoint_with_an_extra_tensor_is_an_error_naming_it(tmp_path: Path)
     weights["score.weight"] = torch.zeros(3, TINY_GPT2["n_embd"])  # a classifier head
     safetensors_torch.save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"'.*extra'.*1 unexpected weight\(s\): score\.weight"):
-        build_gpt2(folder_entry(folder))
+        build_model(folder_entry(folder))
 
 
 def test_a_complete_gpt2_folder_loads_the_saved_weights(tmp_path: Path) -> None:
     original = tiny_gpt2()
     folder = saved(original, tmp_path / "gpt2")
-    loaded = build_gpt2(folder_entry(folder))
+    loaded = build_model(folder_entry(folder))
     assert type(loaded).__name__ == "GPT2Model" and not loaded.training
     assert loaded.config._attn_implementation == "eager"
     expected, found = original.state_dict(), loaded.state_dict()
@@ -173,16 +175,16 @@ def test_a_saved_lm_head_model_loads_its_backbone(tmp_path: Path) -> None:
     torch.manual_seed(0)
     original = transformers.GPT2LMHeadModel(transformers.GPT2Config(**TINY_GPT2))
     folder = saved(original, tmp_path / "lm")
-    loaded = build_gpt2(folder_entry(folder))
+    loaded = build_model(folder_entry(folder))
     for name, tensor in original.transformer.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
 
 
 def test_entry_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"unknown text-model keys \['timm_id'\]"):
-        build_gpt2({"family": "gpt2", "timm_id": "x"})
+    with pytest.raises(ValueError, match=r"unknown model keys \['timm_id'\]"):
+        build_model({**gpt2_entry(), "timm_id": "x"})
     with pytest.raises(FileNotFoundError, match="no/such/folder"):
-        build_gpt2({"family": "gpt2", "weights": "no/such/folder"})
+        build_model(gpt2_entry("no/such/folder"))
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
     with pytest.raises(ImportError, match=r"vitplasticity\[extras\]"):
-        build_gpt2({"family": "gpt2", "weights": "random"})
+        build_model(gpt2_entry("random"))

@@ -23,8 +23,10 @@ from safetensors.torch import load_file
 from tests.helpers import workflow
 from tests.helpers.fake_hub import COMMIT, FakeHub, hub_env
 from tests.helpers.workflow import planned_jobs
-from vitplasticity.models.build import ModelSpec, build_model
-from vitplasticity.models.weights import RECORD_FILENAME, fetch, hub_file, safetensors_name
+from vitplasticity.models.build import build_model
+from vitplasticity.models.hub_file import hub_file, safetensors_name
+from vitplasticity.models.spec import ModelSpec
+from vitplasticity.models.weights import RECORD_FILENAME, fetch
 from vitplasticity.provenance import provenance, weights_record
 from vitplasticity.utils.io import read_parquet_metadata
 
@@ -232,7 +234,8 @@ def test_build_model_loads_the_hub_revision_strictly(
     script = (
         "import json, sys\n"
         "from safetensors.torch import save_file\n"
-        "from vitplasticity.models.build import ModelSpec, build_model\n"
+        "from vitplasticity.models.build import build_model\n"
+        "from vitplasticity.models.spec import ModelSpec\n"
         "from vitplasticity.provenance import weights_record\n"
         "spec, other = json.loads(sys.argv[1]), json.loads(sys.argv[3])\n"
         "model = build_model(ModelSpec.from_config(spec), num_classes=0)\n"

@@ -20,7 +20,8 @@ from safetensors.torch import save_file
 
 from tests.helpers.tiny_models import TINY_MODELS, TinyModel
 from tests.helpers.tiny_vit import TINY_VIT_KWARGS
-from vitplasticity.models.build import ModelSpec, build_model
+from vitplasticity.models.build import build_model
+from vitplasticity.models.spec import TimmSpec
 
 TIMM_ID = "vit_tiny_patch16_224"
 # The transformers twin of TINY_VIT_KWARGS: 3 blocks, 48 wide, 3 heads, 32 px, 8 px patches.
@@ -100,7 +101,7 @@ def test_a_checkpoint_that_is_not_the_model_is_an_error(
     tmp_path: Path, write: Callable[[Path], Path], keys: str, num_classes: int
 ) -> None:
     path = write(tmp_path)
-    spec = ModelSpec(TIMM_ID, str(path), kwargs=TINY_VIT_KWARGS)
+    spec = TimmSpec(TIMM_ID, str(path), kwargs=TINY_VIT_KWARGS)
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} does not match {TIMM_ID}") as e:
         build_model(spec, num_classes=num_classes)
     assert re.search(keys, str(e.value)), str(e.value)
@@ -119,7 +120,7 @@ def loads_as_timm_does(
     timm's own way, from one seed; assert that every tensor and the RNG after are timm's and
     every backbone tensor is the file's; return our model's state dict."""
     torch.manual_seed(seed)
-    ours = build_model(ModelSpec(timm_id, str(path), kwargs=kwargs), num_classes=num_classes)
+    ours = build_model(TimmSpec(timm_id, str(path), kwargs=kwargs), num_classes=num_classes)
     after_ours = torch.rand(3)
     torch.manual_seed(seed)
     theirs = timm.create_model(
@@ -182,7 +183,7 @@ def test_original_dinov2_names_are_converted(tmp_path: Path) -> None:
         "mask_token": torch.randn(1, 48),
     }
     path = save({k: v.contiguous() for k, v in original.items()}, tmp_path / "dinov2.safetensors")
-    loaded = build_model(ModelSpec(timm_id, str(path), kwargs=kwargs)).state_dict()
+    loaded = build_model(TimmSpec(timm_id, str(path), kwargs=kwargs)).state_dict()
     assert list(loaded) == list(source)
     for name, tensor in source.items():
         assert torch.equal(loaded[name], tensor), name
@@ -197,7 +198,7 @@ def test_a_map_pooled_checkpoint_loads_into_a_gap_siglip(tmp_path: Path) -> None
     assert source.attn_pool is not None
     state = {k: v.contiguous() for k, v in source.state_dict().items()}
     path = save(state, tmp_path / "siglip.safetensors")
-    spec = ModelSpec("vit_base_patch16_siglip_gap_224", str(path), kwargs=kwargs)
+    spec = TimmSpec("vit_base_patch16_siglip_gap_224", str(path), kwargs=kwargs)
     loaded = build_model(spec, num_classes=4).state_dict()
     assert {k for k in state if not k.startswith("attn_pool.")} == {
         k for k in loaded if not k.startswith("head.")
@@ -209,4 +210,4 @@ def test_a_map_pooled_checkpoint_loads_into_a_gap_siglip(tmp_path: Path) -> None
     del state["attn_pool.latent"]
     save(state, path)
     with pytest.raises(ValueError, match=r"1 missing keys \(attn_pool\.latent\)"):
-        build_model(ModelSpec("vit_base_patch16_siglip_224", str(path), kwargs=kwargs))
+        build_model(TimmSpec("vit_base_patch16_siglip_224", str(path), kwargs=kwargs))

@@ -79,7 +79,8 @@ def _direct_ln_fc_bounds(model: nn.Module, tokens: np.ndarray) -> dict[tuple[int
 def test_bounds_stage_refuses_mha_by_name(case: str, tmp_path: Path, caplog) -> None:
     from vitplasticity.cli import main
     from vitplasticity.data.transforms import eval_batches
-    from vitplasticity.models.build import ModelSpec, build_model, preprocessing
+    from vitplasticity.models.build import build_model, preprocessing
+    from vitplasticity.models.spec import ModelSpec
     from vitplasticity.utils.io import read_parquet_metadata
 
     timm_id, kwargs, reason = STAGE_CASES[case]

@@ -19,8 +19,9 @@ from tests.helpers.numpy_reference import (
     norm_ratio,
     softmax_rows,
 )
+from tests.helpers.text_entries import gpt2_entry
 from vitplasticity.models.architectures import UnsupportedModel, architecture_for
-from vitplasticity.models.text_models import build_gpt2
+from vitplasticity.models.build import build_model
 from vitplasticity.plasticity.measure import measure
 
 transformers = pytest.importorskip("transformers")
@@ -243,12 +244,8 @@ GPT2_CONFIG = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 100, "n_po
 
 def tiny_gpt2(attn_implementation: str = "eager") -> torch.nn.Module:
     torch.manual_seed(0)
-    entry = {
-        "family": "gpt2",
-        "weights": "random",
-        "config": {**GPT2_CONFIG, "attn_implementation": attn_implementation},
-    }
-    return _perturb(build_gpt2(entry), seed=5)
+    entry = gpt2_entry("random", config={**GPT2_CONFIG, "attn_implementation": attn_implementation})
+    return _perturb(build_model(entry), seed=5)
 
 
 def gpt2_direct(model: torch.nn.Module, reference, downstream, protocol: str) -> dict:
@@ -369,11 +366,11 @@ def test_gpt2_rejects_images_and_long_sequences() -> None:
         measure(model, too_long, too_long)
 
 
-def test_build_gpt2_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError, match=r"unknown text-model keys \['timm_id'\]"):
-        build_gpt2({"family": "gpt2", "timm_id": "x"})
+def test_gpt2_entry_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match=r"unknown model keys \['timm_id'\]"):
+        build_model({**gpt2_entry(), "timm_id": "x"})
     with pytest.raises(FileNotFoundError, match="no/such/folder"):
-        build_gpt2({"family": "gpt2", "weights": "no/such/folder"})
+        build_model(gpt2_entry("no/such/folder"))
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
     with pytest.raises(ImportError, match=r"vitplasticity\[extras\]"):
-        build_gpt2({"family": "gpt2", "weights": "random"})
+        build_model(gpt2_entry("random"))

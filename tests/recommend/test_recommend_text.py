@@ -38,11 +38,12 @@ from vitplasticity.components import COMPONENTS
 from vitplasticity.data.loader import batch_indices
 from vitplasticity.data.text import byte_tokenizer, read_sequences
 from vitplasticity.models.architectures import UnsupportedModel, architecture_for
+from vitplasticity.models.text import causal_lm
 from vitplasticity.plasticity.settings import TextPlasticitySettings
 from vitplasticity.plasticity.text import measure_text
 from vitplasticity.recommend.criteria import CRITERIA
 from vitplasticity.recommend.settings import DEFAULT_CONFIGURATIONS, RecommendTextSettings
-from vitplasticity.recommend.text import causal_lm, recommend_text
+from vitplasticity.recommend.text import recommend_text
 from vitplasticity.recommend.text_criteria import user_sequences
 from vitplasticity.recommend.text_inputs import TextRecommendInputs
 from vitplasticity.recommend.text_report import write_text_outputs

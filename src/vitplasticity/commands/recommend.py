@@ -119,7 +119,7 @@ def recommend_arguments(
         ValueError: naming the flag of a missing, contradictory or bad value.
         FileNotFoundError: for a dataset folder that does not exist.
     """
-    from vitplasticity.models.build import ModelSpec
+    from vitplasticity.models.spec import ModelSpec, TimmSpec
     from vitplasticity.recommend.pipeline import RecommendInputs, checked_settings
 
     for flag, sources in (
@@ -136,7 +136,7 @@ def recommend_arguments(
         except (TypeError, ValueError) as error:
             raise ValueError(f"--model-spec: {error}") from None
     else:
-        spec = ModelSpec(
+        spec = TimmSpec(
             timm_id=args.timm_id,
             weights=args.weights,
             normalize=args.normalize,

@@ -1,6 +1,7 @@
 """What turns an image into a model's input (:class:`Preprocessing`), and ImageNet's mean and
 std, the normalisation most checkpoints expect. Shared by both model families
-(:mod:`vitplasticity.models.build`, :mod:`vitplasticity.models.hf`) and the data pipelines."""
+(:mod:`vitplasticity.models.timm_build`, :mod:`vitplasticity.models.hf_preprocessing`) and the data
+pipelines."""
 
 from __future__ import annotations
 

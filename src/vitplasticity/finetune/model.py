@@ -20,7 +20,7 @@ from vitplasticity.models.architectures import (
     parameter_map,
     parse_configuration,
 )
-from vitplasticity.models.build import ModelSpec, build_model, preprocessing
+from vitplasticity.models.build import build_model, preprocessing
 from vitplasticity.models.lora import apply_lora, check_adapters_used
 
 
@@ -72,7 +72,7 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
 
     Rebuilding with the same settings gives bit-identical parameters, which is why a
     checkpoint only needs the trained ones. A ``family: transformers`` model is its vision
-    tower in its classification class (:func:`vitplasticity.models.hf.build_hf_model`).
+    tower in its classification class (:func:`vitplasticity.models.hf_build.build_hf_model`).
 
     Raises:
         UnsupportedModel: before any step, for a model no architecture knows (naming its
@@ -80,7 +80,7 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
             adapt with LoRA, or whose forward pass bypasses a LoRA adapter), or one with a
             parameter its architecture cannot account for.
     """
-    spec = ModelSpec.from_config(settings.training.model_spec)
+    spec = settings.training.spec
     torch.manual_seed(settings.run.seed)
     model = build_model(spec, num_classes=num_classes)
     architecture = architecture_for(model)

@@ -10,8 +10,10 @@ while the field and the schema disagree. Torch-free: the Snakefile imports it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+from vitplasticity.models.spec import ModelSpec
 from vitplasticity.settings.declaration import bad_setting, check_settings, setting
 
 __all__ = ["WORKFLOW_ONLY_KEYS", "TrainingSettings"]
@@ -123,6 +125,15 @@ class TrainingSettings:
         exclusive_minimum=0,
     )
 
+    @cached_property
+    def spec(self) -> ModelSpec:
+        """The model entry's spec, parsed once per job (:meth:`validate` parses it first).
+
+        Raises:
+            ValueError: naming what the entry's family refuses.
+        """
+        return ModelSpec.from_config(self.model_spec)
+
     def validate(self, model: str = "<name>") -> None:
         """Check every value before any compute: the declared choices and bounds, then what
         involves several fields or the model.
@@ -140,9 +151,7 @@ class TrainingSettings:
                 "finetune.micro_batch_size",
                 f"{self.micro_batch_size} does not divide the batch size {self.batch_size}",
             )
-        from vitplasticity.models.build import ModelSpec  # torch: only where a run is checked
-
         try:
-            ModelSpec.from_config(self.model_spec)
+            self.spec  # noqa: B018 (parsed here, named by its flag; the run reuses it)
         except (TypeError, ValueError) as error:
             raise bad_setting("--model-spec", f"models.{model}", str(error)) from error

@@ -1,1 +1,4 @@
-"""What a model is: spec, build, transformers, weights, LoRA, selection; architectures/ one file per family."""
+"""What a model is: its spec (``spec``: one type per family, picked by ``family:``), the one
+build entry point (``build``), the families' builders (``timm_build``; ``hf_build``,
+``hf_classifier``, ``hf_preprocessing``), text models (``text``), weights and hub files, LoRA,
+selection; ``architectures/``: one file per family."""

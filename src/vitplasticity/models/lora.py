@@ -57,6 +57,28 @@ def apply_lora(
     if not alpha > 0:
         raise ValueError(f"LoRA alpha (finetune.lora.alpha) must be > 0, got {alpha}")
     peft = require_peft()
+    targets = _lora_targets(model, target_modules)
+    config = peft.LoraConfig(
+        r=int(rank), lora_alpha=float(alpha), lora_dropout=0.0, target_modules=targets
+    )
+    model = peft.inject_adapter_in_model(config, model)
+    # peft matches a listed name as a suffix too: a model holding the same path deeper down
+    # would get adapters nobody asked for.
+    adapted = _adapted_modules(model)
+    if sorted(adapted) != sorted(targets):
+        raise ValueError(
+            f"LoRA on {type(model).__name__}: peft adapted {adapted}, not the targets {targets}"
+        )
+    return model
+
+
+def _lora_targets(model: nn.Module, target_modules: Sequence[str] | None) -> list[str]:
+    """The modules to adapt: ``target_modules``, or the architecture's (after its
+    ``prepare_lora``), each checked to name a module of ``model``.
+
+    Raises:
+        ValueError: for one string instead of a list, or a target that names no module.
+    """
     if isinstance(target_modules, str):
         raise ValueError(
             f"LoRA targets {target_modules!r}: give a list of module names, not one string"
@@ -72,18 +94,7 @@ def apply_lora(
         raise ValueError(
             f"LoRA targets {missing or targets!r} match no module of {type(model).__name__}"
         )
-    config = peft.LoraConfig(
-        r=int(rank), lora_alpha=float(alpha), lora_dropout=0.0, target_modules=targets
-    )
-    model = peft.inject_adapter_in_model(config, model)
-    # peft matches a listed name as a suffix too: a model holding the same path deeper down
-    # would get adapters nobody asked for.
-    adapted = _adapted_modules(model)
-    if sorted(adapted) != sorted(targets):
-        raise ValueError(
-            f"LoRA on {type(model).__name__}: peft adapted {adapted}, not the targets {targets}"
-        )
-    return model
+    return targets
 
 
 def check_adapters_used(model: nn.Module, inputs: torch.Tensor) -> None:

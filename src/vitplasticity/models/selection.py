@@ -3,6 +3,26 @@
 The module is ``selection`` and the package exposes its function as ``vitplasticity.select``
 (lazily, so that ``import vitplasticity`` stays free of torch): a submodule named ``select``
 would replace the function on the package as soon as anything imported it.
+
+An optimizer built afterwards from the parameters that require gradients trains the
+configuration; timm's ``train.py`` (``create_optimizer_v2``) and the transformers
+``Trainer`` build theirs that way, and torch's optimizers skip a parameter without a
+gradient in any case. In timm's ``train.py``, add the call after ``create_model``::
+
+    model = create_model(args.model, pretrained=args.pretrained, num_classes=...)
+    vitplasticity.select(model, "mha+fc1")
+
+with the transformers ``Trainer``, before building it::
+
+    vitplasticity.select(model, "ln1+ln2")
+    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset)
+
+or in a loop of your own::
+
+    trained = vitplasticity.select(model, "mha+fc1")
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=1e-4
+    )
 """
 
 from __future__ import annotations
@@ -22,24 +42,8 @@ def select(model: nn.Module, configuration: str, *, train_head: bool = True) -> 
     the names are those ``vitplasticity recommend`` writes to its ``.json`` file.
 
     An optimizer built afterwards from the parameters that require gradients trains the
-    configuration; timm's ``train.py`` (``create_optimizer_v2``) and the transformers
-    ``Trainer`` build theirs that way, and torch's optimizers skip a parameter without a
-    gradient in any case. In timm's ``train.py``, add the call after ``create_model``::
-
-        model = create_model(args.model, pretrained=args.pretrained, num_classes=...)
-        vitplasticity.select(model, "mha+fc1")
-
-    with the transformers ``Trainer``, before building it::
-
-        vitplasticity.select(model, "ln1+ln2")
-        trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset)
-
-    or in a loop of your own::
-
-        trained = vitplasticity.select(model, "mha+fc1")
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=1e-4
-        )
+    configuration (the module docstring shows timm's ``train.py``, the transformers
+    ``Trainer`` and a loop of your own).
 
     Args:
         model: a model of a family vitplasticity knows (modified in place).

@@ -31,10 +31,11 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from vitplasticity.models.hub_file import HubFile, hub_file
 
 LOCAL_FILENAME = "model.safetensors"
 RECORD_FILENAME = "weights.json"
@@ -60,92 +61,6 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
 
 
-@dataclass(frozen=True)
-class HubFile:
-    """The file of a hub repo that timm would load for a model."""
-
-    repo_id: str
-    filename: str
-    revision: str
-
-
-def hub_file(
-    timm_id: str,
-    revision: str = "main",
-    kwargs: Mapping[str, Any] | None = None,
-    model: str = "?",
-) -> HubFile:
-    """The hub repo, file and revision of ``timm_id``'s pretrained weights, as timm finds them.
-
-    Resolves the pretrained_cfg the way ``timm.create_model`` does (the tag of
-    ``arch.tag``, or the architecture's default tag; ``kwargs``' ``pretrained_cfg`` and
-    ``pretrained_cfg_overlay`` applied) and takes its ``hf_hub_id``. A revision pinned in
-    ``hf_hub_id`` (``repo@rev``) is used unless ``revision`` names another than "main".
-
-    Args:
-        timm_id: the model's timm id (config ``models.<model>.timm_id``).
-        revision: branch, tag or commit (config ``models.<model>.revision``).
-        kwargs: the model's timm.create_model kwargs.
-        model: the model's config key, for error messages.
-
-    Raises:
-        ValueError: naming ``models.<model>`` when timm does not know the id, or its
-            pretrained_cfg names no hub repo or no safetensors file.
-    """
-    import timm
-    from timm.models import parse_model_name, split_model_name_tag
-    from timm.models._builder import resolve_pretrained_cfg
-
-    where = f"models.{model}.timm_id {timm_id!r}"
-    source, name = parse_model_name(timm_id)
-    if source:
-        raise ValueError(
-            f"{where}: '{source}:' ids load their config from the hub in every job; use the timm "
-            "registry id (arch.tag) or download the file yourself and set weights: <path>"
-        )
-    arch, tag = split_model_name_tag(name)
-    if not timm.is_model(arch):
-        raise ValueError(f"{where}: timm has no architecture {arch!r}")
-    kwargs = kwargs or {}
-    try:
-        cfg = resolve_pretrained_cfg(
-            arch, kwargs.get("pretrained_cfg") or tag or None, kwargs.get("pretrained_cfg_overlay")
-        )
-    except RuntimeError as error:  # timm: "Invalid pretrained tag (...) for <arch>"
-        raise ValueError(f"{where}: {error}") from error
-    if not cfg.hf_hub_id:
-        raise ValueError(
-            f"{where}: no hub weights (its timm pretrained_cfg has no hf_hub_id); "
-            "use weights: random or a local weights file"
-        )
-    repo_id, _, pinned = cfg.hf_hub_id.partition("@")
-    filename = safetensors_name(cfg.hf_hub_filename or "pytorch_model.bin")
-    if filename is None:
-        raise ValueError(
-            f"{where}: hub file {cfg.hf_hub_filename!r} of {repo_id} has no safetensors "
-            "counterpart; download it yourself and set weights: <path>"
-        )
-    if cfg.hf_hub_filename and cfg.custom_load:
-        raise ValueError(
-            f"{where}: {repo_id}/{cfg.hf_hub_filename} needs timm's custom loader; "
-            "download it yourself and set weights: <path>"
-        )
-    return HubFile(repo_id, filename, revision if revision != "main" else pinned or "main")
-
-
-def safetensors_name(filename: str) -> str | None:
-    """The safetensors file timm loads in place of ``filename`` (timm's _get_safe_alternatives)."""
-    if filename.endswith(".safetensors"):
-        return filename
-    special = {
-        "pytorch_model.bin": "model.safetensors",
-        "open_clip_pytorch_model.bin": "open_clip_model.safetensors",
-    }
-    if filename in special:
-        return special[filename]
-    return filename.removesuffix(".bin") + ".safetensors" if filename.endswith(".bin") else None
-
-
 def fetch(
     model: str,
     timm_id: str,
@@ -158,10 +73,9 @@ def fetch(
 ) -> dict[str, Any]:
     """Download ``model``'s checkpoint into ``out_dir`` with its record; return the record.
 
-    The file goes through the huggingface_hub cache (a second fetch of the same commit
-    downloads nothing), is copied into ``out_dir/model.safetensors`` atomically while its
-    sha256 is computed, and checked against the hub's LFS sha256 where the cache names the
-    blob by it. ``weights.json`` is written last, atomically.
+    Through the huggingface_hub cache (a second fetch of a commit downloads nothing), copied
+    into ``out_dir/model.safetensors`` atomically, its sha256 checked against the hub's LFS
+    one where the cache names the blob by it; ``weights.json`` written last, atomically.
 
     Args:
         model: the model's config key (for messages and the record).
@@ -171,8 +85,8 @@ def fetch(
         cache_dir: the huggingface_hub cache (default: HF_HUB_CACHE / HF_HOME's).
 
     Raises:
-        ValueError: a repo, revision or file that does not exist, or a gated repo without
-            access, naming ``models.<model>`` and the URL.
+        ValueError: naming ``models.<model>`` and the URL, for a repo, revision or file that
+            does not exist or a gated repo without access.
         RuntimeError: the hub cannot be reached and the file is not in the cache.
     """
     import huggingface_hub
@@ -185,20 +99,12 @@ def fetch(
     out_dir = Path(out_dir)
     where = f"models.{model} ({timm_id})"
     sha256, size = _copy_verified(cached, out_dir / LOCAL_FILENAME, where)
-    record = {
-        "model": model,
-        "timm_id": timm_id,
-        "repo_id": source.repo_id,
-        "filename": source.filename,
-        "revision": source.revision,
-        "commit": commit,
-        "url": huggingface_hub.hf_hub_url(
-            source.repo_id, source.filename, revision=commit or source.revision, endpoint=endpoint
-        ),
-        "sha256": sha256,
-        "size": size,
-        **_fetch_stamp(),
-    }
+    url = huggingface_hub.hf_hub_url(
+        source.repo_id, source.filename, revision=commit or source.revision, endpoint=endpoint
+    )
+    names = {"model": model, "timm_id": timm_id, "repo_id": source.repo_id}
+    where_from = {"filename": source.filename, "revision": source.revision, "commit": commit}
+    record = {**names, **where_from, "url": url, "sha256": sha256, "size": size, **_fetch_stamp()}
     _write_record(out_dir, record)
     return record
 
@@ -214,12 +120,11 @@ def fetch_snapshot(
 ) -> dict[str, Any]:
     """Download a snapshot of transformers model ``model`` into ``out_dir``; return its record.
 
-    The files of ``hf_id`` at ``revision`` that match :data:`SNAPSHOT_PATTERNS` go through
-    the huggingface_hub cache (a second fetch of the same commit downloads nothing) and are
-    copied into ``out_dir`` in the repo's layout, atomically, each checked against the id the
-    hub gave it (an LFS file's sha256, a git file's blob id) while its sha256 is computed.
-    Snapshot files already in ``out_dir`` that this snapshot lacks are removed (a revision
-    with fewer shards leaves none behind). ``weights.json`` is written last, atomically.
+    The files of ``hf_id`` at ``revision`` matching :data:`SNAPSHOT_PATTERNS`, through the
+    huggingface_hub cache, copied into ``out_dir`` in the repo's layout atomically, each
+    checked against the id the hub gave it (an LFS sha256, a git blob id). Snapshot files in
+    ``out_dir`` that this one lacks are removed (fewer shards leave none behind);
+    ``weights.json`` is written last, atomically.
 
     Args:
         model: the model's config key (for messages and the record).
@@ -248,21 +153,21 @@ def fetch_snapshot(
     commit = _commit_or_none(snapshot.name)
     out_dir = Path(out_dir)
     _remove_stale_files(out_dir, keep=set(files))
+    url = f"{endpoint}/{hf_id}/tree/{commit or revision}"
+    files_record = _copy_snapshot(snapshot, files, out_dir, where)
+    names = {"model": model, "repo_id": hf_id, "revision": revision, "commit": commit}
+    record = {**names, "url": url, "files": files_record, **_fetch_stamp()}
+    _write_record(out_dir, record)
+    return record
+
+
+def _copy_snapshot(snapshot: Path, files: list[str], out_dir: Path, where: str) -> list[dict]:
+    """Each of ``files`` copied from ``snapshot`` into ``out_dir`` (verified): its record."""
     records = []
     for name in files:
         sha256, size = _copy_verified(snapshot / name, out_dir / name, where)
         records.append({"path": name, "sha256": sha256, "size": size})
-    record = {
-        "model": model,
-        "repo_id": hf_id,
-        "revision": revision,
-        "commit": commit,
-        "url": f"{endpoint}/{hf_id}/tree/{commit or revision}",
-        "files": records,
-        **_fetch_stamp(),
-    }
-    _write_record(out_dir, record)
-    return record
+    return records
 
 
 def _download_snapshot(
@@ -368,16 +273,8 @@ def _hub_errors(
             f"models.{model}.revision {revision!r}: no such revision of {repo_id} ({url})"
         ) from error
     except errors.LocalEntryNotFoundError as error:  # before EntryNotFoundError: a subclass
-        missing = (
-            f"{repo_id}, and its snapshot is not (completely)"
-            if filename is None
-            else f"{url}, and the file is not"
-        )
-        raise RuntimeError(
-            f"{where}: cannot reach the hub at {endpoint} for {missing} in the huggingface_hub "
-            "cache; run the weights jobs where there is internet (a login node), or check "
-            f"HF_ENDPOINT and proxy settings ({error.__cause__ or error})"
-        ) from error
+        missing = f"{repo_id}, and its snapshot is not (completely)" if filename is None else url
+        raise RuntimeError(_unreachable(where, endpoint, missing, filename, error)) from error
     except errors.EntryNotFoundError as error:
         if filename is None:
             raise RuntimeError(f"{where}: {url}: {error}") from error
@@ -387,6 +284,19 @@ def _hub_errors(
         ) from error
     except errors.HfHubHTTPError as error:
         raise RuntimeError(f"{where}: {url}: {error}") from error
+
+
+def _unreachable(
+    where: str, endpoint: str, missing: str, filename: str | None, error: Exception
+) -> str:
+    """The message of a download the hub cannot serve and the cache does not hold."""
+    if filename is not None:
+        missing = f"{missing}, and the file is not"
+    return (
+        f"{where}: cannot reach the hub at {endpoint} for {missing} in the huggingface_hub "
+        "cache; run the weights jobs where there is internet (a login node), or check "
+        f"HF_ENDPOINT and proxy settings ({error.__cause__ or error})"
+    )
 
 
 def _check_snapshot(files: list[str], snapshot: Path, where: str, revision: str) -> None:

@@ -20,7 +20,8 @@ from torch import nn
 from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import Architecture
-from vitplasticity.models.build import ModelSpec, build_model, pick_device, preprocessing
+from vitplasticity.models.build import build_model, pick_device, preprocessing
+from vitplasticity.models.spec import ModelSpec
 from vitplasticity.plasticity.settings import BoundsSettings
 from vitplasticity.plasticity.upper_bounds import (
     TokenStatistics,

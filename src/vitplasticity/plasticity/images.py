@@ -17,7 +17,8 @@ from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import read_split
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import architecture_for
-from vitplasticity.models.build import ModelSpec, build_model, pick_device, preprocessing
+from vitplasticity.models.build import build_model, pick_device, preprocessing
+from vitplasticity.models.spec import ModelSpec
 from vitplasticity.plasticity.measure import measure_protocols
 from vitplasticity.plasticity.protocols import fc1_mode_matters
 from vitplasticity.plasticity.settings import PlasticitySettings

@@ -4,7 +4,7 @@
 The text counterpart of :func:`vitplasticity.plasticity.images.measure_dataset`: pair i is reference
 sequence i with downstream sequence i (cycled), both cut from text files
 (:mod:`vitplasticity.data.text`); the tables have the image plasticity's schema. The model is
-a ``models:`` entry (``family: transformers``) built by :mod:`vitplasticity.models.hf`; in the
+a ``models:`` entry (``family: transformers``) built by :mod:`vitplasticity.models.build`; in the
 workflow its weights (and tokenizer) are the weights stage's folder, loaded offline. Torch and
 transformers are imported when a measurement starts, so that the CLI's ``--help`` stays fast.
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from vitplasticity.models.hf import HFModelSpec
+    from vitplasticity.models.spec import HFModelSpec
     from vitplasticity.plasticity.settings import TextPlasticitySettings
     from vitplasticity.plasticity.summary import Measurement
 
@@ -27,30 +27,6 @@ log = logging.getLogger(__name__)
 AUTO_TOKENIZER = "auto"
 """Tokenizer setting: ``bytes`` for a random-init model, else the model's own tokenizer (its
 weights folder, or its hub id)."""
-
-
-def text_model_spec(model_name: str, entry: Any) -> HFModelSpec:
-    """The spec of text model ``model_name``'s ``models:`` entry (``family: transformers``).
-
-    Raises:
-        ValueError: when ``entry`` is not a mapping, is of another family, carries the old
-            text-model key ``source``, or has an unknown key (naming it).
-    """
-    from vitplasticity.models.hf import HFModelSpec
-
-    if not isinstance(entry, dict):
-        raise ValueError(f"--model-spec: expected a JSON object, got {entry!r}")
-    if "source" in entry:
-        raise ValueError(
-            f"--model-spec of model {model_name!r}: 'source' is the old text-model key; "
-            "write weights: hub | random | <saved model folder> (with family: transformers)"
-        )
-    if entry.get("family") != "transformers":
-        raise ValueError(
-            f"--model-spec of model {model_name!r}: family {entry.get('family', 'timm')!r}; "
-            "text plasticity measures transformers text models (family: transformers)"
-        )
-    return HFModelSpec.from_config(entry)
 
 
 def tokenizer_name(requested: str, spec: HFModelSpec) -> str:
@@ -100,9 +76,11 @@ def _checked_spec(
     file: before any model is built.
 
     Raises:
-        ValueError: for a spec :func:`text_model_spec` refuses.
+        ValueError: for a spec :func:`~vitplasticity.models.text.text_model_spec` refuses.
         FileNotFoundError: naming the flag of a missing text file.
     """
+    from vitplasticity.models.text import text_model_spec
+
     spec = text_model_spec(model_name, model_spec)
     for flag, path in files.items():
         if not Path(path).is_file():
@@ -118,10 +96,10 @@ def _text_model(model_name: str, spec: HFModelSpec, sequence_length: int) -> Any
         ValueError: for a model that takes images or has fewer positions than
             ``sequence_length``.
     """
-    from vitplasticity.models.hf import build_hf_model
+    from vitplasticity.models.build import build_model
 
     # A random init depends on init_seed alone: every job of the model measures the same weights.
-    model = build_hf_model(spec, num_classes=0)
+    model = build_model(spec)
     check_text_model(model_name, model)
     positions = max_positions(model.config)
     if positions is not None and sequence_length > positions:
@@ -173,10 +151,10 @@ def measure_text(
 
     Raises:
         ValueError: for a bad setting (naming its CLI flag and config key), a spec that is
-            not a transformers entry (:func:`text_model_spec`), a model that takes images, a
+            not a transformers entry (:func:`~vitplasticity.models.text.text_model_spec`), a model that takes images, a
             sequence longer than the model's positions, fewer reference sequences than
             ``n_pairs``, or weights that are not a complete checkpoint of the model
-            (:func:`~vitplasticity.models.hf.build_hf_model`).
+            (:func:`~vitplasticity.models.build.build_model`).
         FileNotFoundError: for a missing text file, or a weights folder without config.json.
     """
     import torch

@@ -21,7 +21,8 @@ from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import Split, encode_png, read_meta, read_split
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import ParameterMap, UnsupportedModel, architecture_for
-from vitplasticity.models.build import ModelSpec, build_model, pick_device, preprocessing
+from vitplasticity.models.build import build_model, pick_device, preprocessing
+from vitplasticity.models.spec import ModelSpec
 from vitplasticity.provenance import provenance
 from vitplasticity.recommend.criteria import Measurements, measure_criteria
 from vitplasticity.recommend.export import build_export

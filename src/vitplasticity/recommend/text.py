@@ -49,6 +49,8 @@ from vitplasticity.models.architectures import (
     UnsupportedModel,
     architecture_for,
 )
+from vitplasticity.models.build import build_model
+from vitplasticity.models.text import causal_lm, text_model_entry
 from vitplasticity.plasticity.text import max_positions
 from vitplasticity.recommend.criteria import Measurements
 from vitplasticity.recommend.pipeline import footer_record, rank
@@ -88,53 +90,6 @@ def check_text_model(model: nn.Module) -> None:
         )
 
 
-def causal_lm(model: nn.Module) -> nn.Module:
-    """``model`` when it is a causal LM (it has an LM head), else its causal-LM counterpart
-    (transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING`` for its config) built around the same
-    modules, the head tied to the token embedding. The counterpart is built on the meta device
-    and takes ``model`` whole: no weight is copied or drawn.
-
-    Raises:
-        UnsupportedModel: naming the class, for a bare model whose config unties the head
-            (``tie_word_embeddings`` false: its weights are not in the bare model), one without
-            a causal-LM class, or a counterpart that holds more than the base model and a tied
-            head.
-    """
-    if model.get_output_embeddings() is not None:
-        return model
-    name = type(model).__name__
-    config = model.config
-    from vitplasticity.utils.optional import require_transformers
-
-    require_transformers()
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    try:
-        lm_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except KeyError:
-        raise UnsupportedModel(
-            f"{name}: transformers has no causal-LM class for {type(config).__name__}"
-        ) from None
-    if not getattr(config, "tie_word_embeddings", False):
-        raise UnsupportedModel(
-            f"{name} has no LM head and its config unties it (tie_word_embeddings false): the "
-            "head's weights are not in a bare model, and the next-token loss needs them; name "
-            f"the causal-LM class in the model entry (model_class: {lm_class.__name__})"
-        )
-    with torch.device("meta"):
-        lm = lm_class(config)
-    setattr(lm, lm.base_model_prefix, model)
-    lm.get_output_embeddings().weight = model.get_input_embeddings().weight
-    left = [n for n, t in (*lm.named_parameters(), *lm.named_buffers()) if t.is_meta]
-    if left:
-        raise UnsupportedModel(
-            f"{name}: its causal LM {lm_class.__name__} holds {', '.join(left[:4])} beyond the "
-            "base model and the tied head; name the causal-LM class in the model entry "
-            f"(model_class: {lm_class.__name__})"
-        )
-    return lm.train(model.training)
-
-
 def resolve_tokenizer(requested: str, model_name: str, model_spec: dict[str, Any]) -> str:
     """``auto``: ``bytes`` for a random-init model, else its own tokenizer, as the
     text-plasticity stage resolves it (:func:`vitplasticity.plasticity.text.tokenizer_name`);
@@ -143,34 +98,12 @@ def resolve_tokenizer(requested: str, model_name: str, model_spec: dict[str, Any
     Raises:
         ValueError: with ``auto``, for an entry that is not a transformers text model's.
     """
-    from vitplasticity.plasticity.text import text_model_spec, tokenizer_name
+    from vitplasticity.models.text import text_model_spec
+    from vitplasticity.plasticity.text import tokenizer_name
 
     if requested != "auto":
         return requested
     return tokenizer_name(requested, text_model_spec(model_name, model_spec))
-
-
-def build_text_model(model_name: str, model_spec: dict[str, Any]) -> nn.Module:
-    """The model of ``model_name``'s ``models:`` entry (``family: transformers``), as the
-    text-plasticity stage builds it (:func:`vitplasticity.models.hf.build_hf_model`: a random
-    init from the entry's ``init_seed`` alone, a checkpoint strictly).
-
-    Raises:
-        UnsupportedModel: for a timm entry (an image model), naming the model.
-        ValueError: for an entry that is not a transformers model's (naming the key), or
-            weights that are not a complete checkpoint of the model.
-        FileNotFoundError: for a missing weights folder.
-    """
-    from vitplasticity.models.hf import build_hf_model
-    from vitplasticity.plasticity.text import text_model_spec
-
-    if isinstance(model_spec, dict) and model_spec.get("family", "timm") == "timm":
-        raise UnsupportedModel(
-            f"model {model_name!r} is a timm model (family: timm), an image model: the text "
-            "recommend ranks a causal language model on text; rank it with `vitplasticity "
-            "recommend`"
-        )
-    return build_hf_model(text_model_spec(model_name, model_spec), num_classes=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +141,7 @@ def recommend_text(
         inputs: which model, and on which files.
         settings: what to measure and rank, and how to choose.
         model: the model, already built (its entry ``inputs.model_spec`` is then only
-            recorded); None builds it from the entry (:func:`build_text_model`).
+            recorded); None builds it from the entry (:func:`~vitplasticity.models.build.build_model`).
 
     Raises:
         ValueError: for a bad setting (naming its flag), a sequence longer than the model's
@@ -280,7 +213,7 @@ def _checked_lm(
             parameter its architecture cannot account for.
     """
     if model is None:
-        model = build_text_model(inputs.model, inputs.model_spec)
+        model = build_model(text_model_entry(inputs.model, inputs.model_spec))
     model = model.eval()
     check_text_model(model)
     lm = causal_lm(model).eval()

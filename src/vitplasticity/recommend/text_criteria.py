@@ -139,7 +139,7 @@ def measure_text_criteria(
     pretrained, and nothing is trained.
 
     Args:
-        lm: a causal LM (:func:`vitplasticity.recommend.text.causal_lm`) in eval mode, on the
+        lm: a causal LM (:func:`vitplasticity.models.text.causal_lm`) in eval mode, on the
             batches' device.
         reference: reference token ids (N, L); ``downstream`` likewise (pair i: reference i,
             downstream i, cycled).

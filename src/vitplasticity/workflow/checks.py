@@ -9,7 +9,6 @@ main Snakemake process calls (the SLURM plugin re-parses the Snakefile for every
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vitplasticity.data.sources import registry
+from vitplasticity.models.spec import known_family
 
 # The ImageNet-1k validation set: 50 images of each of 1000 classes (docs/protocol.md).
 IMAGENET_VAL_IMAGES = 50_000
@@ -329,12 +329,6 @@ def report_problems(config: Mapping[str, Any], experiments: list[str]) -> list[s
     return problems
 
 
-def _model_key(entry: Mapping[str, Any]) -> str:
-    """What a meta-device build of a timm entry depends on: timm's version, id and kwargs."""
-    identity = [importlib.metadata.version("timm"), entry["timm_id"], entry["kwargs"]]
-    return json.dumps(identity, sort_keys=True, default=str)
-
-
 def _read_checked(cache: Path | None) -> set[str]:
     """The model keys a cache file lists as built before (none for a missing or odd file)."""
     try:
@@ -357,11 +351,13 @@ def _write_checked(cache: Path, keys: set[str]) -> None:
 def model_kwargs_problems(
     models: Mapping[str, Mapping[str, Any]], cache: str | os.PathLike[str] | None = None
 ) -> list[str]:
-    """Build every timm model entry that has ``kwargs`` once on the meta device (no memory,
-    no weights), so that a wrong keyword or id is named before any job.
+    """Build every model entry its family checks at parse time (a timm entry with ``kwargs``)
+    once on the meta device (no memory, no weights), so that a wrong keyword or id is named
+    before any job (:meth:`vitplasticity.models.spec.ModelSpec.meta_build_problem`).
 
-    Imports torch and timm (seconds), only when an entry has kwargs that ``cache`` does not
-    list as built before with this timm version; the entries that build are added to it.
+    Imports torch (seconds), only when an entry's build key (its family's
+    ``meta_build_key``: for timm, timm's version, the id and the kwargs) is not in ``cache``
+    as built before; the entries that build are added to it.
 
     Args:
         models: the config's ``models`` block.
@@ -369,39 +365,20 @@ def model_kwargs_problems(
     """
     cache = Path(cache) if cache is not None else None
     built = _read_checked(cache)
-    entries = {
-        name: entry
-        for name, entry in models.items()
-        if entry.get("family") == "timm" and entry.get("kwargs") and _model_key(entry) not in built
-    }
-    if not entries:
-        return []
-    import timm
-    import torch
-
+    entries = {}
+    for name, entry in models.items():
+        spec = known_family(entry)
+        key = spec.meta_build_key(entry) if spec is not None else None
+        if key is not None and key not in built:
+            entries[name] = (spec, key)
     problems = []
     before = len(built)
-    for name, entry in entries.items():
-        timm_id = entry["timm_id"]
-        if not timm.is_model(timm_id):
-            problems.append(
-                f"models.{name}.timm_id: {timm_id!r} is not a timm model (timm.list_models() "
-                "lists them)"
-            )
-            continue
-        try:
-            with torch.device("meta"):
-                timm.create_model(
-                    timm_id, pretrained=False, **{**entry["kwargs"], "num_classes": 0}
-                )
-        # A bad keyword or value; not an op that the meta device lacks (the job tells those).
-        except (TypeError, ValueError, AssertionError, KeyError) as error:
-            problems.append(
-                f"models.{name}.kwargs: timm.create_model({timm_id!r}) refuses them "
-                f"({type(error).__name__}: {error}): fix or remove the key"
-            )
-            continue
-        built.add(_model_key(entry))
+    for name, (spec, key) in entries.items():
+        problem = spec.meta_build_problem(name, models[name])
+        if problem is None:
+            built.add(key)
+        else:
+            problems.append(problem)
     if cache is not None and len(built) > before:
         _write_checked(cache, built)
     return problems

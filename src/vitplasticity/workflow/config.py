@@ -26,7 +26,9 @@ import yaml
 
 from vitplasticity.data.imagenet_layouts import IMAGENET_ENV
 from vitplasticity.data.sources import registry
+from vitplasticity.models.registry import FAMILY_KEY, entry_family, model_id_keys
 from vitplasticity.workflow import checks as config_checks
+from vitplasticity.workflow import model_entries
 
 
 class ConfigError(ValueError):
@@ -79,10 +81,9 @@ MAPPING_EXPECTED = "expected a mapping"
 # Keys written for another one that string similarity cannot guess.
 KEY_HINTS: dict[str, str] = {"md5": "checksums", "sha256": "checksums", "hash": "checksums"}
 
-# The key a model entry's family is chosen by, and the key that names the model in each family
-# (an entry without a family is told which family its id key belongs to).
-FAMILY_KEY = "family"
-MODEL_ID_KEYS: dict[str, str] = {"timm": "timm_id", "transformers": "hf_id"}
+# The key that names the model in each registered family (an entry without a family is told
+# which family its id key belongs to).
+MODEL_ID_KEYS: dict[str, str] = model_id_keys()
 # Keys of earlier config layouts (key paths, ``*`` for a user-chosen name), each with what to
 # write instead: a config written for them is told how to update, not offered a near key.
 REPLACED_KEYS: dict[str, str] = {
@@ -144,34 +145,6 @@ def _family_branches(node: Mapping[str, Any], schema: Mapping[str, Any]) -> dict
     return branches
 
 
-def _model_family(
-    value: Mapping[str, Any], families: dict[str, Any], where: str, problems: list[str]
-) -> str | None:
-    """The family of the model entry ``value`` at ``where``; appends the message when it has
-    none or an unknown one (guessing it from the id key, so that its keys are still checked)."""
-    family = value.get(FAMILY_KEY)
-    if isinstance(family, str) and family in families:
-        return family
-    if family is not None:
-        problems.append(
-            f"{where}.{FAMILY_KEY}: unknown family {family!r} (families: {', '.join(families)})"
-        )
-        return None
-    guessed = [name for name, key in MODEL_ID_KEYS.items() if key in value]
-    if "source" in value:  # an entry of the old text_plasticity.models block
-        guessed = ["transformers"]
-    if len(guessed) == 1:
-        problems.append(
-            f"{where}: no {FAMILY_KEY}: key (every model entry names its family now): add "
-            f"{FAMILY_KEY}: {guessed[0]} (its {MODEL_ID_KEYS[guessed[0]]} names a "
-            f"{guessed[0]} model)"
-        )
-        return guessed[0]
-    options = " or ".join(f"{FAMILY_KEY}: {f} (with {k})" for f, k in MODEL_ID_KEYS.items())
-    problems.append(f"{where}: no {FAMILY_KEY}: key; add {options}")
-    return None
-
-
 def _walk(
     value: Any,
     node: Mapping[str, Any],
@@ -199,9 +172,9 @@ def _walk(
         return
     kind, choice, keys_of = "", None, {}
     families = _family_branches(node, schema)
-    if families:  # a model entry: the keys of its family
+    if families:  # a model entry: the keys of the branch it selects
         kind, keys_of = FAMILY_KEY, {f: list(b.get("properties", {})) for f, b in families.items()}
-        choice = _model_family(value, families, path, problems)
+        choice = entry_family(value, families, path, problems)
         if choice is None:
             return
         node = families[choice]
@@ -285,53 +258,10 @@ def check_keys(
         )
 
 
-# The transformers model types of the registered families (vitplasticity.models.architectures), by
-# what they take: how a model entry tells a text model from a vision one without importing
-# torch (its config.model_type, set with weights: random). Other entries are checked by the
-# job that builds the model.
-TEXT_MODEL_TYPES = frozenset(
-    {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"}
-)
-VISION_MODEL_TYPES = frozenset(
-    {
-        "vit",
-        "dinov2",
-        "dinov2_with_registers",
-        "dinov3_vit",
-        "clip",
-        "clip_vision_model",
-        "siglip",
-        "siglip_vision_model",
-    }
-)
-
-
-def model_inputs(entry: Mapping[str, Any]) -> str | None:
-    """What the model of config entry ``entry`` takes: "images", "tokens", or None when the
-    entry does not tell (a transformers model whose config.json only its job reads)."""
-    if entry.get(FAMILY_KEY) == "timm":
-        return "images"
-    model_type = (entry.get("config") or {}).get("model_type")
-    if model_type in TEXT_MODEL_TYPES:
-        return "tokens"
-    return "images" if model_type in VISION_MODEL_TYPES else None
-
-
 def model_problems(config: Mapping[str, Any]) -> list[str]:
-    """One message per model entry that lacks what its weights need (a random-init
-    transformers model: config.model_type), and per model named by
-    a stage that cannot take its inputs (images for plasticity, finetuning and recommend;
-    token ids for text plasticity), where the entry tells (:func:`model_inputs`)."""
-    models = config["models"]
-    problems = []
-    for name, entry in models.items():
-        if entry.get(FAMILY_KEY) != "transformers":
-            continue
-        if entry.get("weights") == "random" and not (entry.get("config") or {}).get("model_type"):
-            problems.append(
-                f"models.{name}.config.model_type: missing (weights: random builds the model "
-                "from its config alone, e.g. model_type: dinov2)"
-            )
+    """The model entries' problems (:func:`vitplasticity.workflow.model_entries.entry_problems`)
+    with the models each stage names: images for plasticity, finetuning and recommend, token
+    ids for text plasticity."""
     image_users = {"plasticity.models": config["plasticity"]["models"]}
     recommend = config.get("recommend") or {}
     if recommend.get("models"):
@@ -340,32 +270,8 @@ def model_problems(config: Mapping[str, Any]) -> list[str]:
         image_users[f"experiments.{experiment}.models"] = config["experiments"][experiment].get(
             "models", []
         )
-    for key, names in image_users.items():
-        for name in names:
-            if name in models and model_inputs(models[name]) == "tokens":
-                problems.append(
-                    f"{key}: {name!r} is a text model (config.model_type "
-                    f"{models[name]['config']['model_type']!r}): measure it with "
-                    "text_plasticity.run_models"
-                )
     text_models = (config.get("text_plasticity") or {}).get("run_models") or []
-    for name in text_models:
-        if name not in models:
-            problems.append(
-                f"text_plasticity.run_models: unknown model {name!r} "
-                f"(defined: {', '.join(sorted(models))})"
-            )
-        elif models[name].get(FAMILY_KEY) != "transformers":
-            problems.append(
-                f"text_plasticity.run_models: {name!r} is a {models[name].get(FAMILY_KEY)} "
-                "model; text plasticity measures transformers text models (family: transformers)"
-            )
-        elif model_inputs(models[name]) == "images":
-            problems.append(
-                f"text_plasticity.run_models: {name!r} is a vision model (config.model_type "
-                f"{models[name]['config']['model_type']!r}), not a text model"
-            )
-    return problems
+    return model_entries.entry_problems(config["models"], image_users, text_models)
 
 
 def lr_label(lr: float) -> str:

@@ -27,8 +27,11 @@ from vitplasticity.models.architectures.parameters import (
 from vitplasticity.models.architectures.registry import (
     ARCHITECTURES,
     architecture_for,
+    declared,
     get_architecture,
     known_families,
+    register_architecture,
+    unregister_architecture,
 )
 
 __all__ = [
@@ -46,10 +49,13 @@ __all__ = [
     "UndefinedStage",
     "UnsupportedModel",
     "architecture_for",
+    "declared",
     "get_architecture",
     "known_families",
     "parameter_map",
     "parse_configuration",
+    "register_architecture",
+    "unregister_architecture",
 ]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -145,6 +145,25 @@ class Architecture:
     """What it covers, for messages and docs."""
     inputs: str = "images"
     """What a batch is: images (N, 3, H, W) or token ids (N, L)."""
+
+    # Build facts (transformers families): what vitplasticity.models.hf_build builds and
+    # drops for the family's classes, read through ``declared``.
+    model_types: tuple[str, ...] = ()
+    """The config.json ``model_type`` values the family takes (a torch-free copy for the
+    Snakefile: :data:`vitplasticity.models.registry.TRANSFORMERS_MODEL_TYPES`)."""
+    default_classes: ClassVar[dict[str, str]] = {}
+    """model_type -> the class built by default when it is not transformers' bare model."""
+    dual_encoders: ClassVar[dict[str, str]] = {}
+    """A tower's model_type -> that of the dual encoder whose checkpoint also holds it."""
+    other_tower_keys: ClassVar[dict[str, tuple[str, ...]]] = {}
+    """A dual encoder's model_type -> its tensors outside the tower, dropped on loading."""
+    classifiers: ClassVar[dict[str, tuple[type | str, str]]] = {}
+    """Tower class -> its classification class (a transformers name, or the family's own
+    wrapper class taking (tower, num_classes)) and where that class holds the tower."""
+    checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {}
+    """Tower class -> a checkpoint's head tensors, dropped (the head is new)."""
+    tower_kwargs: ClassVar[dict[str, dict[str, Any]]] = {}
+    """Class -> keyword arguments built into every model of it."""
 
     # --- what it is ---------------------------------------------------------------------------
 

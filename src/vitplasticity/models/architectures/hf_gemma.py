@@ -44,6 +44,7 @@ class HFGemma(HFDecoder):
 
     name = "hf_gemma"
     title = "transformers Gemma2Model / Gemma3TextModel"
+    model_types = ("gemma2", "gemma3_text")
     variants: ClassVar[dict[str, Variant]] = {
         "Gemma2Model": Variant(windows="layer_types"),
         "Gemma3TextModel": Variant(windows="layer_types", rotary_by_layer_type=True),

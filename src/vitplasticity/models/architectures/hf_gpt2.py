@@ -65,6 +65,7 @@ class HFGPT2(Architecture):
 
     name = "hf_gpt2"
     title = "transformers GPT2Model"
+    model_types = ("gpt2",)
     inputs = "tokens"
 
     # --- what it is ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ class HFLlama(HFDecoder):
 
     name = "hf_llama"
     title = "transformers LlamaModel / MistralModel / Qwen2Model / Qwen3Model"
+    model_types = ("llama", "mistral", "qwen2", "qwen3")
     variants: ClassVar[dict[str, Variant]] = {
         "LlamaModel": Variant(windows="none"),
         "MistralModel": Variant(windows="config"),

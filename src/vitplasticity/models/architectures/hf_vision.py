@@ -26,7 +26,8 @@ are rotary: its embedding hands every block the (cos, sin) of the patch grid.
 
 Finetuning and recommend take a tower in its classification class, whose forward pass pools
 the tower's output its own way (ViTForImageClassification, Dinov2ForImageClassification, ...,
-and :class:`vitplasticity.models.hf.DINOv3ViTClassifier` for DINOv3, which transformers lacks):
+and :class:`~vitplasticity.models.architectures.hf_dinov3.DINOv3ViTClassifier` for DINOv3, which
+transformers lacks):
 :meth:`HFVisionTower.logits` is ``model(pixel_values=inputs).logits``.
 
 Matched by class name (transformers is optional and not imported to answer "no").
@@ -37,7 +38,7 @@ them the tokens by keyword: :meth:`HFVisionTower.hook_input` and ``hook_output``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -67,7 +68,7 @@ WRAPPER_HEADS: tuple[str, ...] = ("classifier", "visual_projection")
 
 NO_CLASSIFIER = (
     "{model} has no classification head: finetuning and recommend take a vision tower in its "
-    "classification class (models.build_model with num_classes > 0, vitplasticity.models.hf)"
+    "classification class (models.build_model with num_classes > 0, vitplasticity.models.build)"
 )
 """Why finetune and recommend refuse a bare tower (or one with a projection, CLIP's)."""
 
@@ -331,6 +332,15 @@ class HFViT(HFVisionTower):
     norm1, attention, norm2 = "layernorm_before", "attention", "layernorm_after"
     output_projection = "o_proj"
     head_parts = ("layernorm", "pooler")
+    model_types = ("vit",)
+    classifiers: ClassVar[dict[str, tuple[type | str, str]]] = {
+        "ViTModel": ("ViTForImageClassification", "vit")
+    }
+    checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {
+        "ViTModel": ("classifier.", "pooler.")
+    }
+    # As ViTForImageClassification holds it: no pooler.
+    tower_kwargs: ClassVar[dict[str, dict[str, Any]]] = {"ViTModel": {"add_pooling_layer": False}}
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         # ViTModel.forward casts the pixels to the patch projection's dtype; its embeddings
@@ -360,40 +370,22 @@ class HFDinov2(LayerScaled):
     layer_classes = ("Dinov2Layer", "Dinov2WithRegistersLayer")
     blocks_at = "encoder.layer"
     head_parts = ("layernorm",)
+    model_types = ("dinov2", "dinov2_with_registers")
+    classifiers: ClassVar[dict[str, tuple[type | str, str]]] = {
+        "Dinov2Model": ("Dinov2ForImageClassification", "dinov2"),
+        "Dinov2WithRegistersModel": (
+            "Dinov2WithRegistersForImageClassification",
+            "dinov2_with_registers",
+        ),
+    }
+    checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {
+        "Dinov2Model": ("classifier.",),
+        "Dinov2WithRegistersModel": ("classifier.",),
+    }
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         # Patches, cls (and register) tokens, position embedding, dropout.
         return Embedded(self.tower(model).embeddings(inputs))
-
-
-class HFDinov3(LayerScaled):
-    """transformers ``DINOv3ViTModel`` (and :class:`vitplasticity.models.hf.DINOv3ViTClassifier`,
-    its classifier: cls token and mean patch token, as DINOv2's): rotary positions, register
-    tokens, plain or gated MLP."""
-
-    name = "hf_dinov3"
-    title = "transformers DINOv3ViTModel"
-    towers = (("DINOv3ViTModel", ""), ("DINOv3ViTClassifier", "dinov3"))
-    layer_classes = ("DINOv3ViTLayer",)
-    blocks_at = "model.layer"
-    head_parts = ("norm",)
-
-    def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
-        """cls, register and patch tokens (no absolute positions), and the (cos, sin) of the
-        patch grid that every block's attention rotates queries and keys by."""
-        tower = self.tower(model)
-        pixels = inputs.to(tower.embeddings.patch_embeddings.weight.dtype)
-        return Embedded(tower.embeddings(pixels), tower.rope_embeddings(pixels))
-
-    def context_kwargs(self, embedded: Embedded) -> dict[str, Any]:
-        return {"position_embeddings": embedded.context}
-
-    def mha_bound_refusal(self, model: nn.Module) -> str | None:
-        return (
-            f"{type(model).__name__} rotates queries and keys by their positions (rotary "
-            "position embedding): the paper's MHA bound is stated for softmax(x A x^T) without "
-            "rotary positions"
-        )
 
 
 class HFClipVision(HFVisionTower):
@@ -413,6 +405,16 @@ class HFClipVision(HFVisionTower):
     output_projection = "out_proj"
     embedding_parts = ("embeddings", "pre_layrnorm")
     head_parts = ("post_layernorm",)
+    model_types = ("clip", "clip_vision_model")
+    default_classes: ClassVar[dict[str, str]] = {"clip": "CLIPVisionModel"}
+    dual_encoders: ClassVar[dict[str, str]] = {"clip_vision_model": "clip"}
+    other_tower_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        "clip": ("text_model.", "text_projection.", "visual_projection.", "logit_scale")
+    }
+    classifiers: ClassVar[dict[str, tuple[type | str, str]]] = {
+        "CLIPVisionModel": ("CLIPForImageClassification", "vision_model")
+    }
+    checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {"CLIPVisionModel": ("classifier.",)}
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         tower = self.tower(model)
@@ -431,6 +433,16 @@ class HFSiglipVision(HFVisionTower):
     norm1, attention, norm2 = "layer_norm1", "self_attn", "layer_norm2"
     output_projection = "out_proj"
     head_parts = ("post_layernorm", "head")
+    model_types = ("siglip", "siglip_vision_model")
+    default_classes: ClassVar[dict[str, str]] = {"siglip": "SiglipVisionModel"}
+    dual_encoders: ClassVar[dict[str, str]] = {"siglip_vision_model": "siglip"}
+    other_tower_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        "siglip": ("text_model.", "logit_scale", "logit_bias")
+    }
+    classifiers: ClassVar[dict[str, tuple[type | str, str]]] = {
+        "SiglipVisionModel": ("SiglipForImageClassification", "vision_model")
+    }
+    checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {"SiglipVisionModel": ("classifier.",)}
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         return Embedded(self.tower(model).embeddings(inputs))

@@ -1,21 +1,25 @@
 """The registered architectures, and which one a model is.
 
 Adding a family is one file (an :class:`~vitplasticity.models.architectures.base.Architecture`
-subclass) and one line in :data:`ARCHITECTURES` (docs/architectures.md).
+subclass, its build facts declared on it) and one line in :data:`ARCHITECTURES`
+(docs/architectures.md); a family outside this package registers with
+:func:`register_architecture`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from vitplasticity.models.architectures.base import Architecture, UnsupportedModel
+from vitplasticity.models.architectures.hf_dinov3 import HFDinov3
 from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.models.architectures.hf_llama import HFLlama
 from vitplasticity.models.architectures.hf_vision import (
     HFClipVision,
     HFDinov2,
-    HFDinov3,
     HFSiglipVision,
     HFViT,
 )
@@ -110,3 +114,29 @@ def get_architecture(name: str) -> Architecture:
         raise ValueError(
             f"unknown architecture {name!r}; known: {', '.join(ARCHITECTURES)}"
         ) from None
+
+
+def register_architecture(architecture: Architecture) -> None:
+    """Add ``architecture`` to :data:`ARCHITECTURES` (checked after the registered ones).
+
+    Raises:
+        ValueError: when one of that name is registered.
+    """
+    if architecture.name in ARCHITECTURES:
+        raise ValueError(f"architecture {architecture.name!r} is registered already")
+    ARCHITECTURES[architecture.name] = architecture
+
+
+def unregister_architecture(name: str) -> None:
+    """Forget the architecture ``name`` (one :func:`register_architecture` added)."""
+    del ARCHITECTURES[name]
+
+
+def declared(fact: str) -> dict[str, Any]:
+    """One build fact of every registered architecture, merged: ``declared("classifiers")``
+    maps each tower class of every family to its classification class
+    (:class:`~vitplasticity.models.architectures.base.Architecture` lists the facts)."""
+    merged: dict[str, Any] = {}
+    for architecture in ARCHITECTURES.values():
+        merged.update(getattr(architecture, fact))
+    return merged

@@ -1,0 +1,111 @@
+"""Text models of ``models:`` entries: the spec of one a text stage measures, and its LM head.
+
+The text stages (text plasticity, recommend-text) take a ``models`` entry whose family takes
+token ids (``family: transformers``); they build it through the front door
+(:func:`vitplasticity.models.build.build_model`), ``lm_head=True`` where the next-token loss
+needs the head (:func:`causal_lm`). torch and transformers are imported when a model is built.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vitplasticity.models.architectures.base import UnsupportedModel
+from vitplasticity.models.registry import family_inputs
+from vitplasticity.models.spec import spec_class
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from vitplasticity.models.spec import ModelSpec
+
+
+def text_model_spec(model_name: str, entry: Any) -> ModelSpec:
+    """The spec of text model ``model_name``'s ``models:`` entry (a family that takes token
+    ids: ``family: transformers``).
+
+    Raises:
+        ValueError: when ``entry`` is not a mapping, is of a family of image models, carries
+            the old text-model key ``source``, or has an unknown key (naming it).
+    """
+    if not isinstance(entry, dict):
+        raise ValueError(f"--model-spec: expected a JSON object, got {entry!r}")
+    if "source" in entry:
+        raise ValueError(
+            f"--model-spec of model {model_name!r}: 'source' is the old text-model key; "
+            "write weights: hub | random | <saved model folder> (with family: transformers)"
+        )
+    if "tokens" not in family_inputs(entry):
+        raise ValueError(
+            f"--model-spec of model {model_name!r}: family {entry.get('family', 'timm')!r}; "
+            "text plasticity measures transformers text models (family: transformers)"
+        )
+    return spec_class(entry).parse(entry)
+
+
+def text_model_entry(model_name: str, entry: Any) -> ModelSpec:
+    """The spec of a text model's entry, refusing an image family's entry first as
+    recommend-text does (:func:`text_model_spec` otherwise).
+
+    Raises:
+        UnsupportedModel: for the entry of a family of image models (timm), naming the model.
+        ValueError: for an entry :func:`text_model_spec` refuses.
+    """
+    if isinstance(entry, dict) and family_inputs(entry) == {"images"}:
+        family = spec_class(entry).family
+        raise UnsupportedModel(
+            f"model {model_name!r} is a {family} model (family: {family}), an image model: the "
+            "text recommend ranks a causal language model on text; rank it with `vitplasticity "
+            "recommend`"
+        )
+    return text_model_spec(model_name, entry)
+
+
+def causal_lm(model: nn.Module) -> nn.Module:
+    """``model`` when it is a causal LM (it has an LM head), else its causal-LM counterpart
+    (transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING`` for its config) built around the same
+    modules, the head tied to the token embedding. The counterpart is built on the meta device
+    and takes ``model`` whole: no weight is copied or drawn.
+
+    Raises:
+        UnsupportedModel: naming the class, for a bare model whose config unties the head
+            (``tie_word_embeddings`` false: its weights are not in the bare model), one without
+            a causal-LM class, or a counterpart that holds more than the base model and a tied
+            head.
+    """
+    import torch
+
+    from vitplasticity.utils.optional import require_transformers
+
+    if model.get_output_embeddings() is not None:
+        return model
+    name = type(model).__name__
+    config = model.config
+
+    require_transformers()
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        lm_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        raise UnsupportedModel(
+            f"{name}: transformers has no causal-LM class for {type(config).__name__}"
+        ) from None
+    if not getattr(config, "tie_word_embeddings", False):
+        raise UnsupportedModel(
+            f"{name} has no LM head and its config unties it (tie_word_embeddings false): the "
+            "head's weights are not in a bare model, and the next-token loss needs them; name "
+            f"the causal-LM class in the model entry (model_class: {lm_class.__name__})"
+        )
+    with torch.device("meta"):
+        lm = lm_class(config)
+    setattr(lm, lm.base_model_prefix, model)
+    lm.get_output_embeddings().weight = model.get_input_embeddings().weight
+    left = [n for n, t in (*lm.named_parameters(), *lm.named_buffers()) if t.is_meta]
+    if left:
+        raise UnsupportedModel(
+            f"{name}: its causal LM {lm_class.__name__} holds {', '.join(left[:4])} beyond the "
+            "base model and the tied head; name the causal-LM class in the model entry "
+            f"(model_class: {lm_class.__name__})"
+        )
+    return lm.train(model.training)
