@@ -232,12 +232,12 @@ def test_plasticity_measures_the_toy_family(
 ) -> None:
     """The plasticity stage on a few pairs: a finite mean per block and component."""
     from vitplasticity.plasticity.images import measure_dataset
+    from vitplasticity.plasticity.settings import PlasticitySettings
 
     reference = tmp_path / "reference.parquet"
     write_reference(reference, 4, seed=5)
-    measurement = measure_dataset(
-        "toy", toy_family, reference, demo_dataset, n_pairs=4, batch_size=2, device="cpu"
-    )
+    settings = PlasticitySettings(n_pairs=4, batch_size=2, device="cpu")
+    measurement = measure_dataset("toy", toy_family, reference, demo_dataset, settings)
     summary = measurement.summary
     assert summary["component"].to_list() == ["ln1", "mha", "ln2", "fc1", "fc2"] * 2
     assert summary["block"].to_list() == [0] * 5 + [1] * 5
@@ -264,21 +264,19 @@ def test_finetuning_trains_the_toy_family(
 
 def test_recommend_ranks_the_toy_family(toy_family: dict[str, Any], demo_dataset: Path) -> None:
     """The recommend stage end to end: every criterion measured and ranked."""
-    from vitplasticity.recommend.pipeline import RecommendSettings, recommend
+    from vitplasticity.recommend.pipeline import RecommendInputs, recommend
+    from vitplasticity.recommend.settings import RecommendImageSettings
 
-    settings = RecommendSettings(
+    inputs = RecommendInputs(
         model="toy",
         dataset="demo-stripes",
         model_spec=ModelSpec.from_config(toy_family),
         reference_fallback="synthetic",
-        n_pairs=8,
-        batch_size=4,
-        batches=2,
-        warmup_steps=2,
-        device="cpu",
-        demo=True,
     )
-    result = recommend(settings, demo_dataset)
+    settings = RecommendImageSettings(
+        n_pairs=8, batch_size=4, batches=2, warmup_steps=2, device="cpu", demo=True
+    )
+    result = recommend(inputs, settings, demo_dataset)
     plasticity = result.table.filter(result.table["criterion"] == "plasticity")
     assert sorted(plasticity["rank"].to_list()) == list(range(1, plasticity.height + 1))
     assert result.recommendation.configuration in set(plasticity["configuration"])

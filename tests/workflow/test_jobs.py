@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from snakemake.iocontainers import Wildcards
 
-from vitplasticity.workflow.config import MODEL_ID_KEYS
-from vitplasticity.workflow.jobs import FAMILY_WIRING, ModelJobs, names_pattern
+from vitplasticity.models.spec import FAMILIES
+from vitplasticity.models.weights import RECORD_FILENAME
+from vitplasticity.workflow.jobs import ModelJobs, names_pattern
 
 GPT2 = {"family": "transformers", "hf_id": "gpt2", "revision": "v1", "weights": "hub"}
 
@@ -107,5 +108,6 @@ def test_entry_values_are_the_models_keys(jobs: ModelJobs) -> None:
     assert jobs.entry_value("timm_id")(of(model="vit_huge")) == "vit_huge_patch14_224.orig_in21k"
 
 
-def test_every_family_is_wired() -> None:
-    assert set(FAMILY_WIRING) == set(MODEL_ID_KEYS)
+def test_every_familys_weights_stage_ends_with_its_record() -> None:
+    """The record is written last: a compute job that reads it reads a complete folder."""
+    assert all(spec.weights_stage_files[-1] == RECORD_FILENAME for spec in FAMILIES.values())

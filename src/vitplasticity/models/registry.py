@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vitplasticity.models.spec import FAMILIES, HFModelSpec, known_family
+from vitplasticity.models.spec import FAMILIES, HFModelSpec, known_family, spec_class
 
 FAMILY_KEY = "family"
 """The key a model entry's family is chosen by."""
@@ -54,3 +54,8 @@ def entry_family(
     options = " or ".join(f"{FAMILY_KEY}: {f} (with {k})" for f, k in ids.items())
     problems.append(f"{where}: no {FAMILY_KEY}: key; add {options}")
     return None
+
+
+def models_of_family(models: Mapping[str, Mapping[str, Any]], family: str) -> list[str]:
+    """The names of the ``models`` entries of ``family`` (an entry without one is timm's)."""
+    return [name for name, entry in models.items() if spec_class(entry).family == family]

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from vitplasticity.models.weights import LOCAL_FILENAME, RECORD_FILENAME
+
 if TYPE_CHECKING:
     from vitplasticity.models.hub_file import HubFile
 
@@ -40,6 +42,19 @@ class ModelSpec:
     preprocessor: ClassVar[str] = ""
     """``module:function`` giving the built model's eval preprocessing:
     ``function(model, spec)``."""
+    weights_stage_files: ClassVar[tuple[str, ...]] = (RECORD_FILENAME,)
+    """What the weights stage leaves in a ``weights: hub`` model's folder and its compute jobs
+    read (:mod:`vitplasticity.models.weights`); the record, written last, is the sentinel."""
+    weights_file_in_spec: ClassVar[bool] = False
+    """Whether a compute job's spec names the first of :attr:`weights_stage_files` (timm's one
+    safetensors file) rather than the folder (a transformers snapshot)."""
+    family_in_spec: ClassVar[bool] = True
+    """Whether a compute job's spec keeps ``family``. A timm spec leaves it out (a spec without
+    one is timm's): the paper's command lines, and the specs its results record, are those of
+    the timm-only layout, and must not change (Snakemake would rerun every job)."""
+    runtime_estimated: ClassVar[bool] = False
+    """Whether :mod:`vitplasticity.workflow.runtime` estimates a job's wall time from the
+    model's FLOPs (it counts timm architectures only)."""
 
     @classmethod
     def from_config(cls, entry: Mapping[str, Any]) -> ModelSpec:
@@ -120,6 +135,11 @@ class TimmSpec(ModelSpec):
     id_key = "timm_id"
     builder = "vitplasticity.models.timm_build:build_timm_model"
     preprocessor = "vitplasticity.models.timm_build:timm_preprocessing"
+    # The one safetensors file timm loads, and its record.
+    weights_stage_files = (LOCAL_FILENAME, RECORD_FILENAME)
+    weights_file_in_spec = True
+    family_in_spec = False
+    runtime_estimated = True
 
     timm_id: str
     weights: str = "hub"

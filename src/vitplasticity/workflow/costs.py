@@ -35,7 +35,7 @@ class JobRuntimes:
         family has no estimate (a transformers model) asks for scheduler.max_runtime_minutes,
         or, where that is null, for no runtime (Snakemake leaves the resource out: the
         partition's default time)."""
-        if not self.models.wiring(model).runtime_estimated:
+        if not self.models.spec_class(model).runtime_estimated:
             return self.max_minutes
         return runtime.capped(estimate(self.config["models"][model]["timm_id"]), self.max_minutes)
 

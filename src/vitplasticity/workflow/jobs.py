@@ -9,40 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from vitplasticity.models.weights import LOCAL_FILENAME, RECORD_FILENAME, SOURCE_KWARGS
+from vitplasticity.models.registry import models_of_family
+from vitplasticity.models.spec import ModelSpec, spec_class
+from vitplasticity.models.weights import SOURCE_KWARGS
 from vitplasticity.workflow.params import Wildcards, as_json
-
-
-@dataclass(frozen=True)
-class FamilyWiring:
-    """How the workflow wires the jobs of one model family.
-
-    Attributes:
-        weights_files: the weights stage's outputs a compute job reads (in its folder).
-        spec_weights_file: whether the spec's ``weights`` names the first of them (timm's
-            safetensors file) instead of the folder (a transformers snapshot).
-        spec_family: whether the spec keeps ``family``: a timm spec leaves it out, which a
-            spec without a family means (the paper's commands, and the specs its results
-            record, are those of the timm-only layout).
-        runtime_estimated: whether vitplasticity.workflow.runtime can estimate a job's wall
-            time (it counts the FLOPs of timm architectures only; vitplasticity.workflow.costs).
-    """
-
-    weights_files: tuple[str, ...]
-    spec_weights_file: bool
-    spec_family: bool
-    runtime_estimated: bool
-
-
-FAMILY_WIRING: dict[str, FamilyWiring] = {
-    # The one safetensors file timm loads, and its record.
-    "timm": FamilyWiring((LOCAL_FILENAME, RECORD_FILENAME), True, False, True),
-    # The record, written last, lists the snapshot's files beside it: the folder's sentinel.
-    "transformers": FamilyWiring((RECORD_FILENAME,), False, True, False),
-}
 
 
 def names_pattern(names: Iterable[str]) -> str:
@@ -62,15 +34,14 @@ class ModelJobs:
         self.models: dict[str, dict[str, Any]] = config["models"]
         self.resources = config["paths"]["resources"]
 
-    def of_family(self, family: str) -> str:
-        """A wildcard constraint matching the names of the models of ``family``."""
-        return names_pattern(
-            name for name, entry in self.models.items() if entry["family"] == family
-        )
+    def of_family(self, name: str) -> str:
+        """A wildcard constraint matching the names of the models of family ``name``."""
+        return names_pattern(models_of_family(self.models, name))
 
-    def wiring(self, model: str) -> FamilyWiring:
-        """How the jobs of ``model``'s family are wired."""
-        return FAMILY_WIRING[self.models[model]["family"]]
+    def spec_class(self, model: str) -> type[ModelSpec]:
+        """The spec class of ``model``'s family: how its jobs are wired (its weights stage's
+        files, what its compute spec keeps, whether its runtime is estimated)."""
+        return spec_class(self.models[model])
 
     def weights_folder(self, model: str) -> str:
         """Where the weights stage puts ``model``'s files: ``<resources>/weights/<model>``."""
@@ -78,21 +49,25 @@ class ModelJobs:
 
     def weights_files(self, model: str) -> list[str]:
         """The weights stage's outputs of a `weights: hub` model, which its compute jobs read
-        (:data:`FAMILY_WIRING`); [] for random or local weights."""
+        (:attr:`~vitplasticity.models.spec.ModelSpec.weights_stage_files`); [] for random or local weights."""
         if self.models[model]["weights"] != "hub":
             return []
-        return [f"{self.weights_folder(model)}/{name}" for name in self.wiring(model).weights_files]
+        return [
+            f"{self.weights_folder(model)}/{name}"
+            for name in self.spec_class(model).weights_stage_files
+        ]
 
     def compute_spec(self, model: str) -> str:
         """The model's config entry as a compute job gets it (JSON): `weights: hub` becomes the
         weights stage's local file (timm) or folder (transformers), and `revision` (which only
         the weights stage reads) is left out, so that models not fetched from the hub keep their
-        spec. A timm entry also leaves out `family: timm` (:class:`FamilyWiring`)."""
+        spec. A timm entry also leaves out `family: timm`
+        (:attr:`~vitplasticity.models.spec.ModelSpec.family_in_spec`)."""
         entry = self.models[model]
-        wiring = self.wiring(model)
-        left_out = ("revision",) if wiring.spec_family else ("revision", "family")
+        declared = self.spec_class(model)
+        left_out = ("revision",) if declared.family_in_spec else ("revision", "family")
         spec = {k: v for k, v in entry.items() if k not in left_out}
-        if entry["weights"] == "hub" and wiring.spec_weights_file:
+        if entry["weights"] == "hub" and declared.weights_file_in_spec:
             spec["weights"] = self.weights_files(model)[0]
         elif entry["weights"] == "hub":
             spec["weights"] = self.weights_folder(model)
