@@ -532,7 +532,7 @@ def test_the_image_recommend_refuses_a_text_model_by_name(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The other way round: ``recommend`` (images) builds a text entry with a classification
-    head, which hf_models refuses by class before any compute."""
+    head, which models.hf_build refuses by class before any compute."""
     from tests.helpers.images import image_folder
 
     folder = image_folder(tmp_path / "pets", per_class=3)

@@ -27,8 +27,7 @@ import yaml
 from vitplasticity.data.imagenet_layouts import IMAGENET_ENV
 from vitplasticity.data.sources import registry
 from vitplasticity.models.registry import FAMILY_KEY, entry_family, model_id_keys
-from vitplasticity.workflow import checks as config_checks
-from vitplasticity.workflow import model_entries
+from vitplasticity.workflow import checks, model_entries
 
 
 class ConfigError(ValueError):
@@ -423,12 +422,12 @@ def check_config(
         build_models: also build every timm model with ``kwargs`` on the meta device (imports
             torch and timm: the main Snakemake process only, not each cluster job).
         models_cache: with ``build_models``, a JSON file recording the models built before,
-            which are not built again (:func:`config_checks.model_kwargs_problems`).
+            which are not built again (:func:`checks.model_kwargs_problems`).
 
     Raises:
         ConfigError: listing every problem, each naming its key and what to write instead.
     """
-    problems: list[str] = config_checks.path_problems(config)
+    problems: list[str] = checks.path_problems(config)
     models, datasets = set(config["models"]), set(config["datasets"])
 
     def unknown(kind: str, names: list[str], known: set[str], key: str) -> None:
@@ -462,13 +461,13 @@ def check_config(
         if "lrs" in exp:
             problems += lr_label_problems(config, name)
     experiments = enabled_experiments(config)
-    problems += config_checks.grid_problems(config, experiments)
-    problems += config_checks.seed_problems(config)
-    problems += config_checks.report_problems(config, experiments)
-    problems += config_checks.finetune_problems(config)
-    problems += config_checks.device_problems(config)
-    problems += config_checks.pair_problems(config)
-    problems += config_checks.split_problems(config)
+    problems += checks.grid_problems(config, experiments)
+    problems += checks.seed_problems(config)
+    problems += checks.report_problems(config, experiments)
+    problems += checks.finetune_problems(config)
+    problems += checks.device_problems(config)
+    problems += checks.pair_problems(config)
+    problems += checks.split_problems(config)
     file_problems = [
         problem
         for name, spec in config["datasets"].items()
@@ -480,10 +479,10 @@ def check_config(
     problems += recommend_problems(config)
     problems += criteria_problems(config)
     for name, spec in config["datasets"].items():
-        problems += config_checks.image_folder_problems(name, spec)
+        problems += checks.image_folder_problems(name, spec)
         if not file_problems:
-            problems += config_checks.archive_problems(name, spec)
+            problems += checks.archive_problems(name, spec)
     if build_models:
-        problems += config_checks.model_kwargs_problems(config["models"], models_cache)
+        problems += checks.model_kwargs_problems(config["models"], models_cache)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
