@@ -9,7 +9,11 @@ from typing import Any
 
 import yaml
 
-from vitplasticity.workflow.resolved import resolved_config_path, save_resolved_config
+from vitplasticity.workflow.resolved import (
+    resolved_config_path,
+    resolved_config_text,
+    save_resolved_config,
+)
 
 
 def test_the_file_lies_beside_the_results(demo: dict[str, Any]) -> None:
@@ -37,3 +41,13 @@ def test_an_unchanged_config_leaves_the_file_alone(demo: dict[str, Any], tmp_pat
     assert (
         yaml.safe_load(path.read_text())["plasticity"]["n_pairs"] == demo["plasticity"]["n_pairs"]
     )
+
+
+def test_a_value_filled_into_several_keys_is_written_at_each(demo: dict[str, Any]) -> None:
+    """The schema's defaults fill one object into several keys: each is written out in full,
+    with no YAML anchor or alias, and the file reads back as the config."""
+    shared: dict[str, Any] = {}
+    demo["models"]["demo_vit"]["kwargs"] = demo["models"]["vit_base"]["kwargs"] = shared
+    text = resolved_config_text(demo)
+    assert "&id" not in text and "*id" not in text
+    assert yaml.safe_load(text) == demo

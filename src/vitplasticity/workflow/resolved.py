@@ -14,6 +14,15 @@ from vitplasticity.utils.io import atomic_path
 FILENAME = "config.resolved.yaml"
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """A YAML dumper that writes a value every place it appears: the schema's defaults fill
+    one dict object into several keys, which a plain dump writes as ``&id001`` anchors and
+    ``*id001`` aliases, hard to read in a file meant for people."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def resolved_config_path(config: dict[str, Any]) -> Path:
     """Where the resolved config is saved: ``<paths.results>/config.resolved.yaml``."""
     return Path(config["paths"]["results"]) / FILENAME
@@ -21,7 +30,7 @@ def resolved_config_path(config: dict[str, Any]) -> Path:
 
 def resolved_config_text(config: dict[str, Any]) -> str:
     """``config`` as YAML, in its own key order."""
-    return yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    return yaml.dump(config, Dumper=_PlainDumper, sort_keys=False, allow_unicode=True)
 
 
 def save_resolved_config(config: dict[str, Any]) -> bool:
