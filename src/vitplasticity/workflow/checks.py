@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from vitplasticity.data.imagenet_layouts import IMAGENET_ENV, IMAGENET_LAYOUTS
 from vitplasticity.data.sources import registry
 from vitplasticity.models.spec import known_family
 
@@ -51,6 +52,55 @@ def path_problems(config: Mapping[str, Any]) -> list[str]:
                 f"paths.{key}: {value!r} is a file, not a folder: name a folder (it is "
                 "created if missing)"
             )
+    return problems
+
+
+def _missing_file(key: str, value: Any, what: str) -> str | None:
+    """The message for a config value that should name an existing file, or None."""
+    path = Path(os.path.expanduser(str(value)))
+    if path.is_dir():
+        return f"{key}: {str(value)!r} is a folder: give the path of {what}"
+    if not path.exists():
+        return f"{key}: {str(value)!r} does not exist: give the path of {what}"
+    return None
+
+
+def input_file_problems(config: Mapping[str, Any]) -> list[str]:
+    """The files a stage will read, by a stat: ImageNet val (``paths.imagenet``, or the
+    environment variable that overrides it) while the reference set it makes is still to be
+    made (once made, a run elsewhere needs no ImageNet), and the text files of an enabled
+    text_plasticity (files, not folders)."""
+    problems = []
+    # the reference job's output (vitplasticity.workflow.datasets.DatasetJobs.reference_file)
+    reference_file = Path(
+        config["paths"].get("resources", "resources"),
+        "reference",
+        f"{config['reference']['name']}.parquet",
+    )
+    imagenet = os.environ.get(IMAGENET_ENV) or config["paths"].get("imagenet")
+    needed = config["reference"].get("source", "imagenet") == "imagenet"
+    if imagenet and needed and not reference_file.exists():
+        path = Path(os.path.expanduser(str(imagenet)))
+        if not path.exists():
+            key = (
+                f"{IMAGENET_ENV} (overrides paths.imagenet)"
+                if IMAGENET_ENV in os.environ
+                else "paths.imagenet"
+            )
+            problems.append(
+                f"{key}: {str(imagenet)!r} does not exist: give ImageNet-1k val "
+                f"({'; '.join(IMAGENET_LAYOUTS)})"
+            )
+    text = config.get("text_plasticity") or {}
+    if text.get("enabled"):
+        files = {"text_plasticity.reference": text.get("reference")}
+        files |= {
+            f"text_plasticity.datasets.{n}": f for n, f in (text.get("datasets") or {}).items()
+        }
+        for key, value in files.items():
+            problem = value and _missing_file(key, value, "a text file, one document per line")
+            if problem:
+                problems.append(problem)
     return problems
 
 
@@ -312,6 +362,11 @@ def report_problems(config: Mapping[str, Any], experiments: list[str]) -> list[s
         problems.append(
             f"report.optimizer_comparison: {compared} names one experiment: name two (the "
             "figure plots one's accuracies against the other's), or [] for no figure"
+        )
+    elif len(compared) == 2 and compared[0] == compared[1]:
+        problems.append(
+            f"report.optimizer_comparison: {compared} compares experiment {compared[0]!r} "
+            "with itself: name two different experiments, or [] for no figure"
         )
     component = report.get("reference_component", "mha")
     tested = {
