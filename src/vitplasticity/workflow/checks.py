@@ -26,6 +26,9 @@ IMAGENET_VAL_IMAGES = 50_000
 # A seed is stored in the results as a 64-bit signed integer (and numpy takes no negative one).
 MAX_SEED = 2**63 - 1
 SEED_KEYS = ("seed", "seeds", "init_seed")
+# The learning rates a grid may hold (the paper's grids span 1e-5 to 0.06; the schema's
+# learning_rates description and docs/configuration.md state the range).
+LR_RANGE = (1e-8, 10.0)
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 DEVICE_KEYS = ("plasticity", "text_plasticity", "recommend", "finetune")
 # The splits of a prepared dataset of each source (vitplasticity.data.sources); image_folder's
@@ -298,8 +301,10 @@ def _duplicates(values: Iterable[Any]) -> list[Any]:
 
 
 def grid_problems(config: Mapping[str, Any], experiments: Iterable[str]) -> list[str]:
-    """The grids of the ``experiments``: learning rates finite and > 0, no value twice (two
-    runs would write one folder)."""
+    """The grids of the ``experiments``: learning rates finite and within :data:`LR_RANGE`
+    (one outside it is a typo: 1e300, or 5 for 5e-5), no value twice (two runs would write
+    one folder)."""
+    low, high = LR_RANGE
     problems = []
     for name in experiments:
         exp = config["experiments"][name]
@@ -307,9 +312,14 @@ def grid_problems(config: Mapping[str, Any], experiments: Iterable[str]) -> list
         grids |= {f"lrs_by_dataset.{d}": v for d, v in (exp.get("lrs_by_dataset") or {}).items()}
         for field, lrs in grids.items():
             key = f"experiments.{name}.{field}"
-            for lr in lrs:
+            for index, lr in enumerate(lrs):
                 if not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
                     problems.append(f"{key}: {lr!r} is not a learning rate (a finite number > 0)")
+                elif not low <= lr <= high:
+                    problems.append(
+                        f"{key}[{index}]: {lr!r} is outside the learning rates a run can use "
+                        f"({low:g} to {high:g}): check its exponent"
+                    )
             numbers = [lr for lr in lrs if isinstance(lr, int | float)]
             for lr in _duplicates(float(lr) for lr in numbers):
                 problems.append(f"{key}: {lr!r} is listed twice: list each learning rate once")

@@ -27,7 +27,7 @@ import yaml
 from vitplasticity.data.imagenet_layouts import IMAGENET_ENV
 from vitplasticity.data.sources import registry
 from vitplasticity.models.registry import FAMILY_KEY, entry_family, model_id_keys
-from vitplasticity.workflow import checks, grid_checks, model_entries
+from vitplasticity.workflow import checks, configuration_checks, model_entries
 
 
 class ConfigError(ValueError):
@@ -462,8 +462,7 @@ def check_config(
             problems += lr_label_problems(config, name)
     experiments = enabled_experiments(config)
     problems += checks.grid_problems(config, experiments)
-    problems += grid_checks.lr_range_problems(config, experiments)
-    problems += grid_checks.configuration_problems(config, experiments)
+    problems += configuration_checks.configuration_problems(config, experiments)
     problems += checks.seed_problems(config)
     problems += checks.report_problems(config, experiments)
     problems += checks.finetune_problems(config)

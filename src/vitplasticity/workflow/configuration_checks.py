@@ -1,5 +1,6 @@
-"""What the run grid plans, checked when the Snakefile is parsed: no parameter set planned
-twice under two spellings, and learning rates within a sane range. Plain Python (no torch);
+"""Finetuning configurations that train the same parameters under two spellings
+(``mha+fc1`` and ``fc1+mha``), refused when the Snakefile is parsed: an experiment would
+plan the same runs twice, recommend rank one component twice. Plain Python (no torch);
 called by :func:`vitplasticity.workflow.config.check_config`, one message per problem."""
 
 from __future__ import annotations
@@ -7,9 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# The learning rates a grid may hold (the paper's grids span 1e-5 to 0.06; the schema's
-# learning_rates description and docs/configuration.md state the range).
-LR_RANGE = (1e-8, 10.0)
 # What a configuration's parts add to the parameters every run trains: "head" nothing (the
 # head and final norm are always trained), "full" everything but LoRA adapters, which only a
 # configuration naming lora injects (vitplasticity.models.architectures.ParameterMap.trained_names).
@@ -57,25 +55,4 @@ def configuration_problems(config: Mapping[str, Any], experiments: Iterable[str]
     problems += duplicate_configurations(
         "recommend.configurations", recommend.get("configurations") or []
     )
-    return problems
-
-
-def lr_range_problems(config: Mapping[str, Any], experiments: Iterable[str]) -> list[str]:
-    """Every learning rate of each enabled experiment within :data:`LR_RANGE` (one outside it
-    is a typo: 1e300, or 5 for 5e-5); non-numbers, non-finite and non-positive values are
-    named by :func:`vitplasticity.workflow.checks.grid_problems`."""
-    low, high = LR_RANGE
-    problems = []
-    for name in experiments:
-        exp = config["experiments"][name]
-        grids = {"lrs": exp.get("lrs") or []}
-        grids |= {f"lrs_by_dataset.{d}": v for d, v in (exp.get("lrs_by_dataset") or {}).items()}
-        for field, lrs in grids.items():
-            for index, lr in enumerate(lrs):
-                number = isinstance(lr, int | float) and not isinstance(lr, bool)
-                if number and 0 < lr < float("inf") and not low <= lr <= high:
-                    problems.append(
-                        f"experiments.{name}.{field}[{index}]: {lr!r} is outside the learning "
-                        f"rates a run can use ({low:g} to {high:g}): check its exponent"
-                    )
     return problems
