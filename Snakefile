@@ -5,8 +5,15 @@ from snakemake.utils import min_version, validate
 from snakemake.exceptions import WorkflowError
 
 from vitplasticity.workflow.config import check_config, check_keys, config_errors_end_the_run
+from vitplasticity.workflow.config_files import check_config_file
 
 min_version("9.27")
+
+# config.yaml is read by the configfile: line below, whose error would name neither the file
+# nor the line (a --configfile is read by Snakemake before this file runs: docs/configuration.md
+# says what its messages mean).
+with config_errors_end_the_run():
+    check_config_file("config.yaml")
 
 
 configfile: "config.yaml"

@@ -5,6 +5,7 @@ time, so that the workflow's rules only look values up."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,21 +42,23 @@ def test_the_paper_config_passes() -> None:
     check_config(paper_with())
 
 
-def test_enabled_text_plasticity_needs_a_reference_models_and_datasets() -> None:
+def test_enabled_text_plasticity_needs_a_reference_models_and_datasets(tmp_path: Path) -> None:
     config = paper_with(text_plasticity={"enabled": True})
     assert [line.strip() for line in problems_of(config)] == [
         "text_plasticity.reference: no reference text file (text_plasticity.enabled is true)",
         "text_plasticity.run_models: no model (text_plasticity.enabled is true)",
         "text_plasticity.datasets: no dataset (text_plasticity.enabled is true)",
     ]
-    # Disabled, the same empty block is fine; enabled and complete, too.
+    # Disabled, the same empty block is fine; enabled and complete (its files exist), too.
     check_config(paper_with(text_plasticity={"enabled": False}))
+    for name in ("ref.txt", "news.txt"):
+        (tmp_path / name).write_text("a document\n")
     config = paper_with(
         text_plasticity={
             "enabled": True,
-            "reference": "ref.txt",
+            "reference": str(tmp_path / "ref.txt"),
             "run_models": ["tiny"],
-            "datasets": {"news": "news.txt"},
+            "datasets": {"news": str(tmp_path / "news.txt")},
         }
     )
     config["models"]["tiny"] = TINY_TEXT_MODEL

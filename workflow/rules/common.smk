@@ -11,6 +11,7 @@ from vitplasticity.workflow.finetune_jobs import FinetuneJobs
 from vitplasticity.workflow.jobs import ModelJobs
 from vitplasticity.workflow.packs import finetune_packs
 from vitplasticity.workflow.onstart import advise_gpu_resources, refuse_packs_on_a_cluster
+from vitplasticity.workflow.failed_jobs import report_failed_jobs
 from vitplasticity.workflow.params import demo_flag, output_folder, output_prefix, stage_params
 from vitplasticity.workflow.report import FIGURE_FLAGS, ReportFiles
 from vitplasticity.workflow.resolved import save_resolved_config
@@ -73,6 +74,12 @@ onstart:
     for check in ONSTART_CHECKS:
         check()
     save_resolved_config(config)
+
+
+# Snakemake's report of a failed job names its log, not what it says: add the log's last
+# error line (vitplasticity.workflow.failed_jobs; docs/configuration.md).
+onerror:
+    report_failed_jobs(log)
 
 
 # Each stage's settings, one params entry per key (vitplasticity.workflow.params.stage_params).

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from vitplasticity.data.imagenet_layouts import IMAGENET_ENV, IMAGENET_LAYOUTS
 from vitplasticity.data.sources import registry
 from vitplasticity.models.spec import known_family
 
@@ -25,6 +26,9 @@ IMAGENET_VAL_IMAGES = 50_000
 # A seed is stored in the results as a 64-bit signed integer (and numpy takes no negative one).
 MAX_SEED = 2**63 - 1
 SEED_KEYS = ("seed", "seeds", "init_seed")
+# The learning rates a grid may hold (the paper's grids span 1e-5 to 0.06; the schema's
+# learning_rates description and docs/configuration.md state the range).
+LR_RANGE = (1e-8, 10.0)
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 DEVICE_KEYS = ("plasticity", "text_plasticity", "recommend", "finetune")
 # The splits of a prepared dataset of each source (vitplasticity.data.sources); image_folder's
@@ -51,6 +55,55 @@ def path_problems(config: Mapping[str, Any]) -> list[str]:
                 f"paths.{key}: {value!r} is a file, not a folder: name a folder (it is "
                 "created if missing)"
             )
+    return problems
+
+
+def _missing_file(key: str, value: Any, what: str) -> str | None:
+    """The message for a config value that should name an existing file, or None."""
+    path = Path(os.path.expanduser(str(value)))
+    if path.is_dir():
+        return f"{key}: {str(value)!r} is a folder: give the path of {what}"
+    if not path.exists():
+        return f"{key}: {str(value)!r} does not exist: give the path of {what}"
+    return None
+
+
+def input_file_problems(config: Mapping[str, Any]) -> list[str]:
+    """The files a stage will read, by a stat: ImageNet val (``paths.imagenet``, or the
+    environment variable that overrides it) while the reference set it makes is still to be
+    made (once made, a run elsewhere needs no ImageNet), and the text files of an enabled
+    text_plasticity (files, not folders)."""
+    problems = []
+    # the reference job's output (vitplasticity.workflow.datasets.DatasetJobs.reference_file)
+    reference_file = Path(
+        config["paths"].get("resources", "resources"),
+        "reference",
+        f"{config['reference']['name']}.parquet",
+    )
+    imagenet = os.environ.get(IMAGENET_ENV) or config["paths"].get("imagenet")
+    needed = config["reference"].get("source", "imagenet") == "imagenet"
+    if imagenet and needed and not reference_file.exists():
+        path = Path(os.path.expanduser(str(imagenet)))
+        if not path.exists():
+            key = (
+                f"{IMAGENET_ENV} (overrides paths.imagenet)"
+                if IMAGENET_ENV in os.environ
+                else "paths.imagenet"
+            )
+            problems.append(
+                f"{key}: {str(imagenet)!r} does not exist: give ImageNet-1k val "
+                f"({'; '.join(IMAGENET_LAYOUTS)})"
+            )
+    text = config.get("text_plasticity") or {}
+    if text.get("enabled"):
+        files = {"text_plasticity.reference": text.get("reference")}
+        files |= {
+            f"text_plasticity.datasets.{n}": f for n, f in (text.get("datasets") or {}).items()
+        }
+        for key, value in files.items():
+            problem = value and _missing_file(key, value, "a text file, one document per line")
+            if problem:
+                problems.append(problem)
     return problems
 
 
@@ -248,8 +301,10 @@ def _duplicates(values: Iterable[Any]) -> list[Any]:
 
 
 def grid_problems(config: Mapping[str, Any], experiments: Iterable[str]) -> list[str]:
-    """The grids of the ``experiments``: learning rates finite and > 0, no value twice (two
-    runs would write one folder)."""
+    """The grids of the ``experiments``: learning rates finite and within :data:`LR_RANGE`
+    (one outside it is a typo: 1e300, or 5 for 5e-5), no value twice (two runs would write
+    one folder)."""
+    low, high = LR_RANGE
     problems = []
     for name in experiments:
         exp = config["experiments"][name]
@@ -257,9 +312,14 @@ def grid_problems(config: Mapping[str, Any], experiments: Iterable[str]) -> list
         grids |= {f"lrs_by_dataset.{d}": v for d, v in (exp.get("lrs_by_dataset") or {}).items()}
         for field, lrs in grids.items():
             key = f"experiments.{name}.{field}"
-            for lr in lrs:
+            for index, lr in enumerate(lrs):
                 if not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
                     problems.append(f"{key}: {lr!r} is not a learning rate (a finite number > 0)")
+                elif not low <= lr <= high:
+                    problems.append(
+                        f"{key}[{index}]: {lr!r} is outside the learning rates a run can use "
+                        f"({low:g} to {high:g}): check its exponent"
+                    )
             numbers = [lr for lr in lrs if isinstance(lr, int | float)]
             for lr in _duplicates(float(lr) for lr in numbers):
                 problems.append(f"{key}: {lr!r} is listed twice: list each learning rate once")
@@ -312,6 +372,11 @@ def report_problems(config: Mapping[str, Any], experiments: list[str]) -> list[s
         problems.append(
             f"report.optimizer_comparison: {compared} names one experiment: name two (the "
             "figure plots one's accuracies against the other's), or [] for no figure"
+        )
+    elif len(compared) == 2 and compared[0] == compared[1]:
+        problems.append(
+            f"report.optimizer_comparison: {compared} compares experiment {compared[0]!r} "
+            "with itself: name two different experiments, or [] for no figure"
         )
     component = report.get("reference_component", "mha")
     tested = {

@@ -27,7 +27,7 @@ import yaml
 from vitplasticity.data.imagenet_layouts import IMAGENET_ENV
 from vitplasticity.data.sources import registry
 from vitplasticity.models.registry import FAMILY_KEY, entry_family, model_id_keys
-from vitplasticity.workflow import checks, model_entries
+from vitplasticity.workflow import checks, configuration_checks, model_entries
 
 
 class ConfigError(ValueError):
@@ -462,6 +462,7 @@ def check_config(
             problems += lr_label_problems(config, name)
     experiments = enabled_experiments(config)
     problems += checks.grid_problems(config, experiments)
+    problems += configuration_checks.configuration_problems(config, experiments)
     problems += checks.seed_problems(config)
     problems += checks.report_problems(config, experiments)
     problems += checks.finetune_problems(config)
@@ -476,6 +477,7 @@ def check_config(
     # Only valid overrides can be compared across the datasets that share a download.
     problems += file_problems or registry.shared_download_problems(config["datasets"])
     problems += text_plasticity_problems(config)
+    problems += checks.input_file_problems(config)
     problems += recommend_problems(config)
     problems += criteria_problems(config)
     for name, spec in config["datasets"].items():
