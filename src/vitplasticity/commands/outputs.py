@@ -20,7 +20,7 @@ def _refused(target: Path, number: int, where: Path, flag: str) -> WriteError:
 
 def check_writable(target: str | os.PathLike[str], flag: str, *, folder: bool = False) -> None:
     """Raise unless the file ``target`` (with ``folder``: the folder ``target`` and files in
-    it) could be written now: ``target`` is not a folder (not a file), and the folder it goes
+    it) could be written now: nothing of the other kind is in its place, and the folder it goes
     in exists and takes a new file, or the nearest folder above that exists takes one (the
     missing folders are made when writing).
 

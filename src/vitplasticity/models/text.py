@@ -33,8 +33,9 @@ def stated_positions(entry: Mapping[str, Any]) -> int | None:
     if entry.get("weights") != "random" or not isinstance(config, Mapping):
         return None
     for key in POSITION_KEYS:
-        if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
-            return config[key]
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
     return None
 
 
