@@ -6,6 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from vitplasticity.commands.outputs import check_writable
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
@@ -94,11 +95,13 @@ def run_finetune(args: argparse.Namespace) -> int:
         for r in _requested_runs(args)
     ]  # fmt: skip
     for index, (_, out_dir) in enumerate(runs):
+        key = "--out-dir" if args.runs is None else f"--runs[{index}].out_dir"
         if Path(out_dir).exists() and not Path(out_dir).is_dir():
-            key = "--out-dir" if args.runs is None else f"--runs[{index}].out_dir"
             raise ValueError(
                 f"{key} {out_dir}: a file, not a folder; give a folder (it is created)"
             )
+        # Here, not at the first checkpoint, minutes into training.
+        check_writable(out_dir, key, folder=True)
     try:
         train_runs(runs, settings, args.dataset_dir)  # every run checked before the first starts
     except Preempted as stop:

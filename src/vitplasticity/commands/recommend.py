@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import logging
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vitplasticity.commands.outputs import check_writable
 from vitplasticity.plasticity.settings import DTYPES
 from vitplasticity.recommend.settings import (
     REFERENCE_FALLBACKS,
@@ -36,6 +38,13 @@ if TYPE_CHECKING:
     from vitplasticity.recommend.pipeline import RecommendInputs
 
 log = logging.getLogger(__name__)
+
+IMAGE_OUTPUTS: tuple[str, ...] = (".md", ".json", ".parquet", ".png", ".pdf")
+"""What ``recommend`` writes after its --out-prefix."""
+TEXT_OUTPUTS: tuple[str, ...] = (".md", ".json", ".parquet")
+"""What ``recommend-text`` writes after its --out-prefix."""
+_SHOWN = 5
+"""How many of the files that are not images an error names."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -142,10 +151,8 @@ def recommend_arguments(
             normalize=args.normalize,
             kwargs=dict(args.model_kwargs),
         )
-    source = args.dataset_dir if args.dataset_dir is not None else args.image_folder
-    if not Path(source).is_dir():
-        flag = "--dataset-dir" if args.dataset_dir is not None else "--image-folder"
-        raise FileNotFoundError(f"{flag}: folder not found: {source}")
+    source = dataset_source(args)
+    check_out_prefix(args.out_prefix, IMAGE_OUTPUTS)
     inputs = RecommendInputs(
         model=args.model or spec.model_id,
         dataset=args.dataset or Path(source).resolve().name,
@@ -157,6 +164,68 @@ def recommend_arguments(
     # Checked before an image folder is prepared (the stage's own check then passes).
     settings = checked_settings(inputs, settings_from_args(RecommendImageSettings, args))
     return inputs, settings, str(source)
+
+
+def dataset_source(args: argparse.Namespace) -> str:
+    """The --dataset-dir or --image-folder the flags name, checked to be a folder (an image
+    folder: of images only, :func:`check_image_files`).
+
+    Raises:
+        FileNotFoundError: for a folder that does not exist.
+        ValueError: for an image folder holding files that are not images.
+    """
+    source = args.dataset_dir if args.dataset_dir is not None else args.image_folder
+    if not Path(source).is_dir():
+        flag = "--dataset-dir" if args.dataset_dir is not None else "--image-folder"
+        raise FileNotFoundError(f"{flag}: folder not found: {source}")
+    if args.image_folder is not None:
+        check_image_files(Path(source))
+    return source
+
+
+def check_image_files(root: Path) -> None:
+    """Raise unless every file under the --image-folder ``root`` is an image (by its suffix,
+    as the preparer reads them): a file skipped without a word would leave the
+    recommendation to the images that remain. Hidden files (``.DS_Store``) are the system's,
+    not the user's, and are passed over.
+
+    Raises:
+        ValueError: naming the folder, how many files are not images, and the first few.
+    """
+    from vitplasticity.data.imagefolder import IMAGE_SUFFIXES
+
+    others = sorted(
+        str(path.relative_to(root))
+        for path in root.rglob("*")
+        if path.is_file()
+        and path.suffix.lower() not in IMAGE_SUFFIXES
+        and not any(part.startswith(".") for part in path.relative_to(root).parts)
+    )
+    if others:
+        shown = ", ".join(others[:_SHOWN]) + (", ..." if len(others) > _SHOWN else "")
+        raise ValueError(
+            f"--image-folder {root}: {len(others)} file(s) are not images "
+            f"({' '.join(sorted(IMAGE_SUFFIXES))}): {shown}; remove them, or give a folder of "
+            "images only"
+        )
+
+
+def check_out_prefix(prefix: str, suffixes: Iterable[str]) -> None:
+    """Raise unless every output ``prefix``<suffix> can be written (checked when the command
+    starts, not after the measurement).
+
+    Raises:
+        ValueError: for a prefix that names a folder (the outputs are files beside it).
+        WriteError: for an output that cannot be written, naming it and the reason.
+    """
+    path = Path(prefix)
+    if str(prefix).endswith("/") or path.name in ("", ".", "..") or path.is_dir():
+        raise ValueError(
+            f"--out-prefix {prefix}: a folder, but the outputs are files PREFIX.md, "
+            f"PREFIX.json, ...: give the folder and a name, e.g. {path / 'NAME'}"
+        )
+    for suffix in suffixes:
+        check_writable(f"{prefix}{suffix}", "--out-prefix")
 
 
 def run_recommend(args: argparse.Namespace) -> int:
@@ -229,6 +298,7 @@ def run_recommend_text(args: argparse.Namespace) -> int:
     from vitplasticity.recommend.text import TextRecommendInputs, recommend_text
     from vitplasticity.recommend.text_report import write_text_outputs
 
+    check_out_prefix(args.out_prefix, TEXT_OUTPUTS)
     inputs = TextRecommendInputs(
         model=args.model,
         dataset=args.dataset or Path(args.text[0]).stem,

@@ -48,9 +48,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_text_plasticity(args: argparse.Namespace) -> int:
     """Measure (:func:`vitplasticity.plasticity.text.measure_text`) and write both tables."""
+    from vitplasticity.models.text import check_stated_positions
     from vitplasticity.plasticity.text import measure_text
 
     settings = settings_from_args(TextPlasticitySettings, args)
+    check_stated_positions(args.model, args.model_spec, settings.sequence_length)
     result = measure_text(
         args.model, args.model_spec, args.reference, args.text, settings, dataset=args.dataset
     )

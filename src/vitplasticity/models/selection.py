@@ -59,9 +59,17 @@ def select(model: nn.Module, configuration: str, *, train_head: bool = True) -> 
     Raises:
         UnsupportedModel: for a model no architecture knows (naming its class and the known
             families), or one with a parameter its architecture cannot account for.
+        TypeError: for a ``configuration`` that is not a string (``None``, a number, a list of
+            components: join them with ``+``).
         ValueError: for an unknown configuration, ``lora`` on a model without adapters, or a
             configuration that trains nothing once the head is excluded (``head``).
     """
+    if not isinstance(configuration, str):
+        raise TypeError(
+            f"select: configuration must be a string such as 'mha' or 'mha+fc1', got "
+            f"{configuration!r} ({type(configuration).__name__}); join several components "
+            "with '+'"
+        )
     parameters = parameter_map(model)
     trained = parameters.trained_names(configuration)
     if not train_head:

@@ -8,9 +8,9 @@ needs the head (:func:`causal_lm`). torch and transformers are imported when a m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from vitplasticity.models.architectures.base import UnsupportedModel
 from vitplasticity.models.registry import family_inputs
 from vitplasticity.models.spec import spec_class
 
@@ -18,6 +18,57 @@ if TYPE_CHECKING:
     from torch import nn
 
     from vitplasticity.models.spec import ModelSpec
+
+POSITION_KEYS: tuple[str, ...] = ("n_positions", "max_position_embeddings")
+"""The config keys that bound a sequence's length, in the order they are read (GPT2's first),
+as :func:`vitplasticity.plasticity.text.max_positions` reads a built model's config."""
+
+
+def stated_positions(entry: Mapping[str, Any]) -> int | None:
+    """The positions a random-init text model's entry states in its config (the longest
+    sequence it takes), known before it is built, torch-free (the workflow checks it at
+    parse); None for a checkpoint (its own config.json says) or a config that states none
+    (its model type's default, which transformers knows)."""
+    config = entry.get("config")
+    if entry.get("weights") != "random" or not isinstance(config, Mapping):
+        return None
+    for key in POSITION_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def check_stated_positions(model_name: str, entry: Any, sequence_length: int) -> None:
+    """Refuse a ``sequence_length`` beyond the positions a random init's entry states
+    (:func:`stated_positions`), before the model is built.
+
+    Raises:
+        ValueError: naming --sequence-length, the positions and the model.
+    """
+    limit = stated_positions(entry) if isinstance(entry, Mapping) else None
+    if limit is not None and sequence_length > limit:
+        raise ValueError(
+            f"--sequence-length {sequence_length} exceeds the {limit} positions of model "
+            f"{model_name!r} (its --model-spec config)"
+        )
+
+
+def untied_bare_model(entry: Any) -> str | None:
+    """The class of a bare text model (no LM head) whose entry's config unties the head
+    (``tie_word_embeddings: false``), which :func:`causal_lm` refuses: known from the entry
+    alone, torch-free. The bare class is the default (no ``model_class``) or a
+    ``<Type>Model`` one (a causal LM is ``<Type>ForCausalLM`` or ``<Type>LMHeadModel``).
+    None otherwise (also when the config leaves the tie to the model type's default)."""
+    config = entry.get("config") if isinstance(entry, Mapping) else None
+    if not isinstance(config, Mapping) or config.get("tie_word_embeddings") is not False:
+        return None
+    model_class = entry.get("model_class")
+    if model_class is None:
+        return f"the bare model of model_type {config.get('model_type', '?')}"
+    if isinstance(model_class, str) and model_class.endswith("Model"):
+        return None if model_class.endswith("LMHeadModel") else model_class
+    return None
 
 
 def text_model_spec(model_name: str, entry: Any) -> ModelSpec:
@@ -51,6 +102,8 @@ def text_model_entry(model_name: str, entry: Any) -> ModelSpec:
         UnsupportedModel: for the entry of a family of image models (timm), naming the model.
         ValueError: for an entry :func:`text_model_spec` refuses.
     """
+    from vitplasticity.models.architectures.base import UnsupportedModel
+
     if isinstance(entry, dict) and family_inputs(entry) == {"images"}:
         family = spec_class(entry).family
         raise UnsupportedModel(
@@ -75,6 +128,7 @@ def causal_lm(model: nn.Module) -> nn.Module:
     """
     import torch
 
+    from vitplasticity.models.architectures.base import UnsupportedModel
     from vitplasticity.utils.optional import require_transformers
 
     if model.get_output_embeddings() is not None:

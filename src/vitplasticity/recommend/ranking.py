@@ -50,6 +50,9 @@ adapters on the modules of lowest normalised feature norm, the least aligned wit
 inputs, and shows the highest ones (its PLoP^-1) do worse: for NFN, higher is *not* better.
 Every other criterion ranks its highest value first (plasticity: the paper's finding)."""
 
+WITHOUT_NFN: frozenset[str] = frozenset({"ln1", "ln2"})
+"""The components that hold no linear map, so have no NFN (n/a): the norms."""
+
 COMPONENT_NAMES: dict[str, str] = {
     "ln1": "LN1",
     "mha": "MHA",
@@ -181,16 +184,18 @@ def greedy_union(
 
 def check_ranking(settings: RecommendImageSettings | RecommendTextSettings) -> None:
     """Check what either recommend's declared checks cannot see alone: that every
-    configuration is made of the five components and named once, and that ``combine`` has a
-    budget to fit.
+    configuration is made of the five components and named once, that ``combine`` has a
+    budget to fit, and that the criterion can rank one of the configurations (NFN cannot
+    rank norms: :data:`WITHOUT_NFN`).
 
     Raises:
         ValueError: naming the flag.
     """
     configurations = settings.configurations
+    parts = []
     for configuration in configurations:
         try:
-            configuration_components(configuration)
+            parts.append(configuration_components(configuration))
         except ValueError as error:
             raise ValueError(f"--configurations: {error}") from None
     if len(set(configurations)) != len(configurations):
@@ -199,6 +204,14 @@ def check_ranking(settings: RecommendImageSettings | RecommendTextSettings) -> N
         )
     if settings.combine and settings.budget is None:
         raise ValueError("--combine needs --budget (without one the union is every component)")
+    # The greedy union joins every component that has a value, whatever --configurations holds.
+    norms_only = all(set(components) <= WITHOUT_NFN for components in parts)
+    if settings.criterion == "nfn" and not settings.combine and norms_only:
+        raise ValueError(
+            f"--criterion nfn: NFN is n/a for norms (they hold no linear map), and --configurations "
+            f"{' '.join(configurations)} holds norms only: add a configuration with mha, fc1 or "
+            "fc2, or rank by another --criterion"
+        )
 
 
 def rank_and_choose(
@@ -342,6 +355,23 @@ def _heuristic(lower: bool) -> str:
     )
 
 
+def _nothing_recommended(
+    budget: int | None, criterion: str, always_trained: int, heuristic: str
+) -> str:
+    """The recommendation's text when no configuration is recommended: none fits ``budget``,
+    or (no budget) every one is n/a by ``criterion`` (a weight statistic the family lacks)."""
+    if budget is None:
+        return (
+            f"**No configuration has a {criterion} value** (n/a for each): rank by another "
+            f"criterion. {heuristic}"
+        )
+    return (
+        f"**No configuration fits the budget of {budget:,} trainable parameters**: linear "
+        f"probing (the head and final norm, {always_trained:,} parameters) is what fits. "
+        f"{heuristic}"
+    )
+
+
 def _recommendation_text(
     recommendation: Recommendation,
     by_config: dict[tuple[str, str], dict],
@@ -352,11 +382,7 @@ def _recommendation_text(
     lower = recommendation.criterion in LOWER_FIRST
     heuristic = _heuristic(lower)
     if recommendation.configuration is None:
-        return (
-            f"**No configuration fits the budget of {recommendation.budget:,} trainable "
-            f"parameters**: linear probing (the head and final norm, {always_trained:,} "
-            f"parameters) is what fits. {heuristic}"
-        )
+        return _nothing_recommended(recommendation.budget, criterion, always_trained, heuristic)
     name = configuration_label(recommendation.configuration)
     budget = (
         "with no budget"

@@ -69,14 +69,20 @@ _BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgb]?)\s*$", re.IGNORECASE
 
 def parse_budget(text: str | int | None) -> int | None:
     """A trainable-parameter budget: a plain integer, or a number with K, M or G (B) after it
-    ("28K" = 28,000; "1.5M" = 1,500,000). None, "" and "none" mean no budget.
+    ("28K" = 28,000; "1.5M" = 1,500,000). None and "none" mean no budget.
 
     Raises:
-        ValueError: for anything else, a negative budget, or one that is not a whole number
+        ValueError: for anything else (an empty budget too: a budget left blank by mistake
+            must not become no budget), a negative budget, or one that is not a whole number
             of parameters ("0.5").
     """
-    if text is None or (isinstance(text, str) and text.strip().lower() in ("", "none")):
+    if text is None or (isinstance(text, str) and text.strip().lower() == "none"):
         return None
+    if isinstance(text, str) and not text.strip():
+        raise ValueError(
+            f"budget {text!r} is empty: give a parameter count such as 28000, 28K or 1.5M, "
+            "or none for no budget"
+        )
     if isinstance(text, bool):
         raise ValueError(f"budget {text!r}: expected a parameter count such as 28000, 28K or 1.5M")
     if isinstance(text, int):

@@ -50,7 +50,12 @@ from vitplasticity.models.architectures import (
     architecture_for,
 )
 from vitplasticity.models.build import build_model
-from vitplasticity.models.text import causal_lm, text_model_entry
+from vitplasticity.models.text import (
+    causal_lm,
+    check_stated_positions,
+    text_model_entry,
+    untied_bare_model,
+)
 from vitplasticity.plasticity.text import max_positions
 from vitplasticity.recommend.criteria import Measurements
 from vitplasticity.recommend.pipeline import footer_record, rank
@@ -130,6 +135,25 @@ def checked_text_settings(
     return settings
 
 
+def check_text_entry(inputs: TextRecommendInputs, settings: RecommendTextSettings) -> None:
+    """What the model's entry alone says the stage would refuse once the model is built:
+    checked before building it (a random init of a large model takes a while).
+
+    Raises:
+        ValueError: for a --sequence-length beyond the positions the entry's config states.
+        UnsupportedModel: for a bare model whose config unties its LM head.
+    """
+    check_stated_positions(inputs.model, inputs.model_spec, settings.sequence_length)
+    bare = untied_bare_model(inputs.model_spec)
+    if bare is not None:
+        raise UnsupportedModel(
+            f"--model-spec of model {inputs.model!r}: {bare} has no LM head and its config "
+            "unties it (tie_word_embeddings false): the head's weights are not in a bare "
+            "model, and the next-token loss needs them; name the causal-LM class in "
+            "model_class (e.g. LlamaForCausalLM)"
+        )
+
+
 def recommend_text(
     inputs: TextRecommendInputs,
     settings: RecommendTextSettings,
@@ -155,6 +179,8 @@ def recommend_text(
     from vitplasticity.models.build import pick_device
 
     settings = checked_text_settings(inputs, settings)
+    if model is None:
+        check_text_entry(inputs, settings)
     lm, ranked, architecture = _checked_lm(inputs, model)
     tokenizer, references, user = _sequences(inputs, settings, lm, ranked)
     device = pick_device(settings.device)

@@ -20,6 +20,7 @@ from typing import Any
 from vitplasticity.data.imagenet_layouts import IMAGENET_ENV, IMAGENET_LAYOUTS
 from vitplasticity.data.sources import registry
 from vitplasticity.models.spec import known_family
+from vitplasticity.models.text import stated_positions, untied_bare_model
 
 # The ImageNet-1k validation set: 50 images of each of 1000 classes (docs/protocol.md).
 IMAGENET_VAL_IMAGES = 50_000
@@ -446,4 +447,41 @@ def model_kwargs_problems(
             problems.append(problem)
     if cache is not None and len(built) > before:
         _write_checked(cache, built)
+    return problems
+
+
+def recommend_input_problems(config: Mapping[str, Any]) -> list[str]:
+    """What the recommend and text stages would refuse when their jobs start, known from the
+    config alone: ``recommend.combine`` without ``recommend.budget``; a
+    ``text_plasticity.sequence_length`` beyond the positions a random text model's config
+    states; and, for recommend-text, a bare text model whose config unties its LM head."""
+    problems = []
+    recommend = config.get("recommend") or {}
+    if recommend.get("enabled") and recommend.get("combine") and recommend.get("budget") is None:
+        problems.append(
+            "recommend.combine: true needs recommend.budget (without one the union is every "
+            "component): set a budget such as 28K, or combine: false"
+        )
+    text = config.get("text_plasticity") or {}
+    if not text.get("enabled"):
+        return problems
+    length = text.get("sequence_length")
+    for name in text.get("run_models") or []:
+        entry = config["models"].get(name)
+        if not isinstance(entry, Mapping):
+            continue  # named by model_problems
+        limit = stated_positions(entry)
+        if isinstance(length, int) and limit is not None and length > limit:
+            problems.append(
+                f"text_plasticity.sequence_length: {length} exceeds the {limit} positions that "
+                f"models.{name}.config states: at most {limit}, or give the model more positions"
+            )
+        bare = untied_bare_model(entry)
+        if recommend.get("enabled") and bare is not None:
+            problems.append(
+                f"models.{name}.config.tie_word_embeddings: false, but {bare} has no LM head, "
+                "and recommend-text's next-token loss needs one (a bare model holds no head "
+                "weights when they are untied): name the causal-LM class in "
+                f"models.{name}.model_class (e.g. LlamaForCausalLM), or tie them"
+            )
     return problems

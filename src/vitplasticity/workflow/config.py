@@ -479,6 +479,7 @@ def check_config(
     problems += text_plasticity_problems(config)
     problems += checks.input_file_problems(config)
     problems += recommend_problems(config)
+    problems += checks.recommend_input_problems(config)
     problems += criteria_problems(config)
     for name, spec in config["datasets"].items():
         problems += checks.image_folder_problems(name, spec)
