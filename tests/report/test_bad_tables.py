@@ -19,6 +19,8 @@ import pytest
 from tests.helpers.report_inputs import plasticity_summary, write_grid
 from vitplasticity import cli
 from vitplasticity.plasticity.measure import PAIR_SCHEMA
+from vitplasticity.report.aggregate import RUNS_TABLE, SELECTED_TABLE
+from vitplasticity.report.stats import COMPARISON_TABLE
 from vitplasticity.utils.io import write_parquet
 
 
@@ -65,7 +67,7 @@ def table(kind: str, inputs: list[Path], out: Path) -> list[str]:
             "--csv", str(out / "t.csv")]  # fmt: skip
 
 
-SELECTED = "a selected-LR table (aggregate --selected-out)"
+SELECTED = SELECTED_TABLE.name  # "a selected-LR table (aggregate --selected-out)"
 SUMMARY = "plasticity summary files (plasticity --summary)"
 NO_ROWS = "no rows: {} has one per result"
 
@@ -132,8 +134,8 @@ def runs_with_a_string_diverged(tmp_path: Path) -> Case:
     runs, _ = selected_table(tmp_path)
     out = tmp_path / "out"
     return Case(figure("robustness", [retyped(runs, "diverged")], out), runs,
-                "not runs tables (aggregate --runs-out) (column diverged is String, not "
-                "Boolean)", out)  # fmt: skip
+                f"not {RUNS_TABLE.name} (column diverged is String, not Boolean)",
+                out)  # fmt: skip
 
 
 def comparison_with_a_string_p_value(tmp_path: Path) -> Case:
@@ -143,8 +145,8 @@ def comparison_with_a_string_p_value(tmp_path: Path) -> Case:
     assert cli.main([*argv, "--out", str(comparison)]) == 0
     out = tmp_path / "out"
     return Case(table("wilcoxon", [retyped(comparison, "wilcoxon_p")], out), comparison,
-                "not a comparison table (stats --out) (column wilcoxon_p is String, not "
-                "Float64)", out)  # fmt: skip
+                f"not {COMPARISON_TABLE.name} (column wilcoxon_p is String, not Float64)",
+                out)  # fmt: skip
 
 
 def bounds_table(tmp_path: Path) -> Path:
