@@ -312,15 +312,19 @@ def test_provenance_records_the_slot_only_when_given(monkeypatch: pytest.MonkeyP
 @pytest.mark.slow
 def test_a_local_run_puts_each_gpu_job_on_a_device_of_its_own(tmp_path: Path) -> None:
     """The mini preset's finetune and plasticity jobs with two stand-in GPUs and
-    `--resources gpu=2`: each job's results record the device it was given, both used."""
+    `--resources gpu=2`, on `device: auto` (the demo's `cpu` takes no slot): each job's
+    results record the device it was given, both used."""
     bindir = Path(sys.executable).parent
     env = job_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1", **{gpu_slots.LOCK_DIR_VARIABLE: None})
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
-    configfiles = ["config.yaml", "workflow/presets/demo.yaml", "tests/presets/mini.yaml"]
+    configfiles = [REPO / n for n in ("config.yaml", "workflow/presets/demo.yaml",
+                                      "tests/presets/mini.yaml")]  # fmt: skip
+    auto = tmp_path / "auto.yaml"
+    auto.write_text("plasticity: {device: auto}\nfinetune: {device: auto}\n")
     command = [
         str(bindir / "snakemake"),
         "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-        "--configfile", *(str(REPO / name) for name in configfiles),
+        "--configfile", *map(str, [*configfiles, auto]),
         "--resources", "gpu=2", "--cores", "2", "finetune_all", "plasticity_all",
     ]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
