@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.command in GPU_COMMANDS:
-            gpu_slots.hold_slot()
+            gpu_slots.hold_slot(getattr(args, "device", None))
         return int(args.handler(args) or 0)
     except (ValueError, OSError, RuntimeError) as error:
         # Bad input, or an output the system refuses (full disk, read-only folder): one clear

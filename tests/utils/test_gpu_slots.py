@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -71,7 +74,10 @@ def start_job(
 
 def started(tmp_path: Path, name: str) -> dict | None:
     path = tmp_path / f"{name}.json.started"
-    return json.loads(path.read_text()) if path.is_file() else None
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):  # not yet, or still being written
+        return None
 
 
 def wait_started(tmp_path: Path, names: list[str], timeout: float = 60.0) -> list[dict]:
@@ -117,8 +123,17 @@ def test_visible_devices_follow_cuda_semantics() -> None:
     assert gpu_slots.visible_devices({"CUDA_VISIBLE_DEVICES": ""}) == []
     assert gpu_slots.visible_devices({"CUDA_VISIBLE_DEVICES": "0,1,2"}) == ["0", "1", "2"]
     assert gpu_slots.visible_devices({"CUDA_VISIBLE_DEVICES": "GPU-ab12, 3"}) == ["GPU-ab12", "3"]
-    # CUDA stops at the first invalid index.
+    # CUDA stops at the first negative index.
     assert gpu_slots.visible_devices({"CUDA_VISIBLE_DEVICES": "2,-1,3"}) == ["2"]
+    mig = "MIG-GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f/7/0"
+    assert gpu_slots.visible_devices({"CUDA_VISIBLE_DEVICES": mig}) == [mig]
+
+
+@pytest.mark.parametrize("value", ["abc", "0,gpu1", "1.5", "GPU-", "0,-x"])
+def test_cuda_visible_devices_other_than_indices_or_ids_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="is neither a device index") as error:
+        gpu_slots.visible_devices({"CUDA_VISIBLE_DEVICES": value})
+    assert str(error.value).startswith(f"CUDA_VISIBLE_DEVICES={value!r}: ")
 
 
 def test_the_driver_lists_the_devices_when_cuda_visible_devices_is_unset(
@@ -196,7 +211,8 @@ def test_a_killed_holders_slot_is_taken_over(tmp_path: Path) -> None:
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=30)
     # The dead holder's lock file is still there, with its pid in it: free all the same.
-    assert gpu_slots.lock_path(tmp_path / "locks", "0").read_text().strip() == str(holder.pid)
+    recorded = gpu_slots.lock_path(tmp_path / "locks", "0").read_text().split()
+    assert recorded == [str(holder.pid), socket.gethostname()]
     (taken,) = wait_started(tmp_path, ["waiter"], timeout=30)
     assert taken["device"] == "0"
     release(tmp_path, "waiter")
@@ -296,15 +312,19 @@ def test_provenance_records_the_slot_only_when_given(monkeypatch: pytest.MonkeyP
 @pytest.mark.slow
 def test_a_local_run_puts_each_gpu_job_on_a_device_of_its_own(tmp_path: Path) -> None:
     """The mini preset's finetune and plasticity jobs with two stand-in GPUs and
-    `--resources gpu=2`: each job's results record the device it was given, both used."""
+    `--resources gpu=2`, on `device: auto` (the demo's `cpu` takes no slot): each job's
+    results record the device it was given, both used."""
     bindir = Path(sys.executable).parent
     env = job_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1", **{gpu_slots.LOCK_DIR_VARIABLE: None})
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
-    configfiles = ["config.yaml", "workflow/presets/demo.yaml", "tests/presets/mini.yaml"]
+    configfiles = [REPO / n for n in ("config.yaml", "workflow/presets/demo.yaml",
+                                      "tests/presets/mini.yaml")]  # fmt: skip
+    auto = tmp_path / "auto.yaml"
+    auto.write_text("plasticity: {device: auto}\nfinetune: {device: auto}\n")
     command = [
         str(bindir / "snakemake"),
         "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-        "--configfile", *(str(REPO / name) for name in configfiles),
+        "--configfile", *map(str, [*configfiles, auto]),
         "--resources", "gpu=2", "--cores", "2", "finetune_all", "plasticity_all",
     ]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
@@ -345,3 +365,123 @@ def test_a_local_run_on_several_gpus_says_once_how_to_use_them(
     assert output.count("2 GPUs found (0, 1)") == (1 if said else 0), output[-5000:]
     if said:
         assert "--resources gpu=2" in output
+
+
+# --- what a GPU stage's command says when it cannot take a slot ----------------------------
+#
+# One row per case: the environment the command runs with, whether a stand-in orphan holds
+# GPU 0's lock, and the words its one ERROR line must hold. Each runs `vitplasticity
+# plasticity` in-process, with a wait of at most 1 s: exit 2, one line, nothing written.
+
+
+@dataclass(frozen=True)
+class SlotCase:
+    name: str
+    variables: dict[str, str]
+    says: list[str]
+    held: bool = False
+
+
+SLOT_CASES = [
+    SlotCase(
+        "cuda_visible_devices_not_a_device",
+        {"CUDA_VISIBLE_DEVICES": "abc"},
+        ["CUDA_VISIBLE_DEVICES='abc': 'abc' is neither a device index"],
+    ),
+    SlotCase(
+        "wait_not_a_number",
+        {"CUDA_VISIBLE_DEVICES": "0", gpu_slots.WAIT_VARIABLE: "six hours"},
+        [f"{gpu_slots.WAIT_VARIABLE}='six hours': expected a number of seconds above 0"],
+    ),
+    SlotCase(
+        "gpu_held_by_a_live_orphan",
+        {"CUDA_VISIBLE_DEVICES": "0", gpu_slots.WAIT_VARIABLE: "1"},
+        [
+            "no GPU free after 1 s: all 1 GPUs are taken by other jobs (GPU 0 by pid {pid} on"
+            " host {host}; locks in {locks})",
+            f"set {gpu_slots.WAIT_VARIABLE} to wait longer",
+        ],
+        held=True,
+    ),
+]
+
+
+@pytest.fixture
+def orphan(tmp_path: Path):
+    """A process holding GPU 0's lock (a leftover of a killed job, still running); ended at
+    the test's end."""
+    env = job_env(tmp_path, CUDA_VISIBLE_DEVICES="0")
+    process = start_job(tmp_path, "orphan", env)
+    wait_started(tmp_path, ["orphan"])
+    yield process
+    release(tmp_path, "orphan")
+    finish(process)
+
+
+def plasticity_argv(out: Path, device: str = "auto") -> list[str]:
+    return ["plasticity", "--model", "tiny", "--model-spec", "{}", "--reference", "none.parquet",
+            "--dataset-dir", "none", "--device", device, "--out", str(out / "p.parquet"),
+            "--summary", str(out / "s.parquet")]  # fmt: skip
+
+
+def slot_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variables: dict[str, str]) -> None:
+    for name in ("SLURM_JOB_ID", gpu_slots.SLOT_VARIABLE, gpu_slots.WAIT_VARIABLE):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(gpu_slots.LOCK_DIR_VARIABLE, str(tmp_path / "locks"))
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize("case", SLOT_CASES, ids=[case.name for case in SLOT_CASES])
+def test_a_gpu_stage_that_cannot_take_a_slot_says_why(
+    case: SlotCase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog, request
+) -> None:
+    from vitplasticity import cli
+
+    pid = request.getfixturevalue("orphan").pid if case.held else None
+    slot_env(monkeypatch, tmp_path, case.variables)
+    out = tmp_path / "out"
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO):
+        status = cli.main(plasticity_argv(out))  # an exception escaping here is a traceback
+    assert time.monotonic() - started < 30
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert status == 2 and len(errors) == 1, caplog.text
+    message = errors[0].getMessage()
+    assert "\n" not in message and errors[0].exc_info is None, message
+    for words in case.says:
+        assert words.format(pid=pid, host=socket.gethostname(), locks=tmp_path / "locks") in (
+            message
+        ), message
+    assert not out.exists()
+    assert gpu_slots.SLOT_VARIABLE not in os.environ
+
+
+def test_a_waiting_job_names_the_holder_on_stderr_and_gives_up(
+    tmp_path: Path, orphan: subprocess.Popen
+) -> None:
+    env = job_env(tmp_path, CUDA_VISIBLE_DEVICES="0", **{gpu_slots.WAIT_VARIABLE: "1.5"})
+    status, stderr = finish(start_job(tmp_path, "waiter", env))
+    assert status == 127 and started(tmp_path, "waiter") is None
+    holder = f"GPU 0 by pid {orphan.pid} on host {socket.gethostname()}"
+    waiting, gave_up = stderr.strip().splitlines()
+    assert holder in waiting and "waiting for one, at most 1.5 s" in waiting, stderr
+    assert holder in gave_up and "no GPU free after 1.5 s" in gave_up, stderr
+
+
+def test_a_cpu_job_takes_no_gpu_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, orphan: subprocess.Popen, caplog
+) -> None:
+    """GPU 0 held, `--device cpu`: the job neither waits for it nor records a slot; it goes
+    on to its own inputs (here an empty model entry: the error is theirs, not the slot's)."""
+    from vitplasticity import cli
+
+    slot_env(monkeypatch, tmp_path, {"CUDA_VISIBLE_DEVICES": "0", gpu_slots.WAIT_VARIABLE: "1"})
+    assert gpu_slots.hold_slot("cpu") is None
+    assert gpu_slots.SLOT_VARIABLE not in os.environ
+    with caplog.at_level(logging.INFO):
+        assert cli.main(plasticity_argv(tmp_path / "out", device="cpu")) == 2
+    assert "no GPU free" not in caplog.text and "lacks 'timm_id'" in caplog.text, caplog.text
+    assert gpu_slots.SLOT_VARIABLE not in os.environ
+    assert [gpu_slots.runs_on_a_gpu(d) for d in ("auto", "cuda", "cuda:1", None)] == [True] * 4
+    assert [gpu_slots.runs_on_a_gpu(d) for d in ("cpu", "mps")] == [False, False]

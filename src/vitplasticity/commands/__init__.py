@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from vitplasticity.plasticity.summary import Measurement
     from vitplasticity.report.figures import FigureSettings
+    from vitplasticity.utils.io import TableKind
 
 log = logging.getLogger(__name__)
 
@@ -71,35 +72,31 @@ def parquet_is_demo(paths: Sequence[str]) -> bool:
 
 
 def read_frames(
-    paths: Sequence[str],
-    expected: str = "Parquet tables written by the workflow",
-    columns: Sequence[str] = (),
+    paths: Sequence[str], kind: TableKind | None = None, columns: Sequence[str] = ()
 ) -> pl.DataFrame:
-    """The Parquet files ``paths`` stacked (columns matched by name; missing ones null).
+    """The result tables ``paths`` of ``kind`` stacked (columns matched by name; missing ones
+    null).
 
     Args:
         paths: the files.
-        expected: what they should be, for the error (``"a selected-LR table (aggregate)"``).
-        columns: columns each must have (the kind of table a command takes).
+        kind: what they should be (its name and column types, from the module writing it);
+            None: any table the workflow writes.
+        columns: columns each must have (what the command uses).
 
     Raises:
         FileNotFoundError: naming every missing file.
-        UnreadableFileError: naming a damaged file, or one without ``columns``, and what to
-            give instead.
+        UnreadableFileError: naming a damaged file, one without ``columns``, with a column of
+            another type or without rows, and what to give instead.
     """
     import polars as pl
 
-    from vitplasticity.utils.io import read_parquet, unreadable
+    from vitplasticity.utils.io import TableKind, read_result_table
 
+    kind = kind or TableKind("Parquet tables written by the workflow", {}, needs_rows=False)
     check_inputs(paths)
-    frames = []
-    for path in paths:
-        frame = read_parquet(path, remedy=input_remedy(path, expected))
-        missing = [c for c in columns if c not in frame.columns]
-        if missing:
-            problem = f"not {expected} (no column(s) {', '.join(missing)})"
-            raise unreadable(path, problem, f"give {expected}")
-        frames.append(frame)
+    frames = [
+        read_result_table(path, kind, columns, input_remedy(path, kind.name)) for path in paths
+    ]
     return pl.concat(frames, how="diagonal_relaxed")
 
 

@@ -8,10 +8,11 @@ Every output says whether it is a demo: ``--demo`` or any input marked demo (a s
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vitplasticity.commands import (
     add_figure_arguments,
@@ -22,27 +23,43 @@ from vitplasticity.commands import (
     report_record,
 )
 
+if TYPE_CHECKING:
+    from vitplasticity.utils.io import TableKind
+
 log = logging.getLogger(__name__)
 
 TABLE_KINDS: tuple[str, ...] = ("accuracy", "wilcoxon", "plasticity")
-# What each table kind reads (for the error when given another table) and the columns that
-# tell it apart.
+# The result tables the report commands read: per kind, the module that writes it and the
+# name of its TableKind there (imported when read: the bounds and finetune writers import
+# torch).
+RESULT_TABLES: dict[str, tuple[str, str]] = {
+    "runs": ("vitplasticity.report.aggregate", "RUNS_TABLE"),
+    "selected": ("vitplasticity.report.aggregate", "SELECTED_TABLE"),
+    "comparison": ("vitplasticity.report.stats", "COMPARISON_TABLE"),
+    "summary": ("vitplasticity.plasticity.summary", "SUMMARY_TABLE"),
+    "bounds": ("vitplasticity.plasticity.bounds", "BOUNDS_TABLE"),
+    "metrics": ("vitplasticity.finetune.outputs", "METRICS_TABLE"),
+}
+_SELECTED = ("model", "dataset", "configuration", "test_accuracy_mean", "test_accuracy_std")
+_SUMMARY = ("model", "protocol", "component", "mean", "n_pairs")
+# What each table and figure kind reads and the columns it needs.
 TABLE_INPUTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "accuracy": (
-        "a selected-LR table (aggregate --selected-out)",
-        ("model", "dataset", "configuration", "test_accuracy_mean", "test_accuracy_std"),
-    ),
+    "accuracy": ("selected", _SELECTED),
     "wilcoxon": (
-        "a comparison table (stats --out)",
+        "comparison",
         ("model", "reference", "component", "alternative", "alpha", "wilcoxon_p"),
     ),
-    "plasticity": (
-        "plasticity summary files (plasticity --summary)",
-        ("model", "protocol", "component", "mean", "n_pairs"),
-    ),
+    "plasticity": ("summary", _SUMMARY),
 }
-RUNS_TABLE = "runs tables (aggregate --runs-out)"
-SELECTED_TABLE = TABLE_INPUTS["accuracy"][0]
+FIGURE_INPUTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "plasticity-boxplot": ("summary", _SUMMARY),
+    "plasticity-depth": ("summary", (*_SUMMARY, "relative_depth")),
+    "accuracy": ("selected", _SELECTED),
+    "robustness": ("runs", ("model", "dataset", "configuration", "diverged", "test_accuracy")),
+    "optimizers": ("selected", ("optimizer", *_SELECTED)),
+    "bounds": ("bounds", ("block", "component", "bound", "measured_mean")),
+    "curves": ("metrics", ("step", "kind", "grad_norm", "val_loss")),
+}
 FIGURE_KINDS: tuple[str, ...] = (
     "plasticity-boxplot",
     "plasticity-depth",
@@ -52,6 +69,18 @@ FIGURE_KINDS: tuple[str, ...] = (
     "optimizers",
     "bounds",
 )
+
+
+def result_table(name: str) -> TableKind:
+    """The kind of result table ``name`` (a key of :data:`RESULT_TABLES`), from its writer."""
+    module, attribute = RESULT_TABLES[name]
+    return getattr(importlib.import_module(module), attribute)
+
+
+def read_tables(paths: Sequence[str], name: str, columns: Sequence[str] = ()) -> Any:
+    """The result tables ``paths`` of kind ``name`` stacked, each with ``columns``
+    (:func:`vitplasticity.commands.read_frames`)."""
+    return read_frames(paths, result_table(name), columns)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -170,7 +199,7 @@ def run_concat(args: argparse.Namespace) -> int:
     from vitplasticity.utils.io import write_parquet
 
     runs = concat_runs(
-        [read_frames([p], RUNS_TABLE, ("experiment", "lr", "seed")) for p in args.inputs]
+        [read_tables([p], "runs", ("experiment", "lr", "seed")) for p in args.inputs]
     )
     write_parquet(
         args.out, runs, report_record({"inputs": args.inputs}, parquet_is_demo(args.inputs))
@@ -183,7 +212,7 @@ def run_stats(args: argparse.Namespace) -> int:
     from vitplasticity.report.stats import compare_selected
     from vitplasticity.utils.io import write_parquet
 
-    selected = read_frames([args.selected], SELECTED_TABLE, TABLE_INPUTS["accuracy"][1])
+    selected = read_tables([args.selected], "selected", _SELECTED)
     result = compare_selected(selected, args.reference, args.alternative, args.alpha)
     demo = args.demo or parquet_is_demo([args.selected])
     settings = {"reference": args.reference, "alternative": args.alternative, "alpha": args.alpha}
@@ -208,7 +237,7 @@ def run_table(args: argparse.Namespace) -> int:
     from vitplasticity.report import accuracy_table, tables
     from vitplasticity.utils.io import atomic_path
 
-    frame = read_frames(args.inputs, *TABLE_INPUTS[args.kind])
+    frame = read_tables(args.inputs, *TABLE_INPUTS[args.kind])
     demo = args.demo or parquet_is_demo(args.inputs)
     if args.kind == "accuracy":
         text = accuracy_table.accuracy_table(frame, demo=demo)
@@ -246,7 +275,7 @@ def _read_curves(paths: Sequence[str]) -> Any:
         summary = read_summary(summary_path)
         demo = demo or bool(summary.get("demo", False))
         frames.append(
-            read_frames([path], "metrics.parquet files (finetune)").with_columns(
+            read_tables([path], *FIGURE_INPUTS["curves"]).with_columns(
                 configuration=pl.lit(summary["configuration"]),
                 run_lr=pl.lit(float(summary["lr"])),
                 seed=pl.lit(int(summary["seed"])),
@@ -276,11 +305,12 @@ def run_figure(args: argparse.Namespace) -> int:
     elif args.kind == "optimizers":
         if len(args.inputs) != 2:
             raise ValueError("--kind optimizers takes two selected-LR tables (--inputs A B)")
-        first, second = read_frames(args.inputs[:1]), read_frames(args.inputs[1:])
+        name, columns = FIGURE_INPUTS[args.kind]
+        first, second = (read_tables([path], name, columns) for path in args.inputs)
         demo = args.demo or parquet_is_demo(args.inputs)
         finetune_figures.optimizer_scatter(first, second, args.out, settings, demo)
     else:
-        frame = read_frames(args.inputs)
+        frame = read_tables(args.inputs, *FIGURE_INPUTS[args.kind])
         demo = args.demo or parquet_is_demo(args.inputs)
         draw = {
             "plasticity-boxplot": figures.plasticity_boxplot,

@@ -14,7 +14,7 @@ from vitplasticity.finetune.loop import TrainingOutcome
 from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.setup import RunContext
 from vitplasticity.provenance import provenance
-from vitplasticity.utils.io import write_json, write_parquet
+from vitplasticity.utils.io import TableKind, write_json, write_parquet
 
 METRICS_SCHEMA: dict[str, pl.DataType] = {
     "step": pl.Int64(),
@@ -28,6 +28,8 @@ METRICS_SCHEMA: dict[str, pl.DataType] = {
     "test_accuracy": pl.Float64(),
 }
 """Columns of metrics.parquet: one row per logged train step and per validation point."""
+
+METRICS_TABLE = TableKind("a run's metrics.parquet (finetune)", METRICS_SCHEMA)
 
 
 TIMING_FIELDS: tuple[str, ...] = ("steps_per_second", "images_per_second", "wall_seconds")

@@ -22,8 +22,10 @@ from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import Architecture
 from vitplasticity.models.build import build_model, pick_device, preprocessing
 from vitplasticity.models.spec import ModelSpec
+from vitplasticity.plasticity.measure import PAIR_SCHEMA
 from vitplasticity.plasticity.settings import BoundsSettings
 from vitplasticity.plasticity.upper_bounds import (
+    BOUND_SCHEMA,
     TokenStatistics,
     bound_rows,
     bounds_architecture,
@@ -32,6 +34,7 @@ from vitplasticity.plasticity.upper_bounds import (
 )
 from vitplasticity.provenance import provenance
 from vitplasticity.settings.declaration import check_settings, recorded_settings
+from vitplasticity.utils.io import TableKind, read_result_table
 from vitplasticity.utils.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,22 @@ COMPARED_PROTOCOL = "embedding"
 inputs (every component fed the embedding output)."""
 
 
+PAIRS_TABLE = TableKind("a plasticity pairs file (plasticity --out)", PAIR_SCHEMA)
+"""What the bounds stage reads of the plasticity stage (:data:`PAIR_SCHEMA`)."""
+
+_MEASURED_SCHEMA: dict[str, pl.DataType] = {
+    "measured_mean": pl.Float64(),
+    "measured_max": pl.Float64(),
+    "n_datasets": pl.UInt32(),
+}
+
+BOUNDS_TABLE = TableKind(
+    "a bounds table (bounds --out)",
+    {"model": pl.String(), **BOUND_SCHEMA, **_MEASURED_SCHEMA},
+)
+"""What :func:`model_bounds` gives: the model, its bounds, the plasticity measured there."""
+
+
 def measured_plasticity(files: Sequence[str | os.PathLike[str]]) -> pl.DataFrame:
     """Mean and largest measured ratio per (block, component), pooled over ``files``.
 
@@ -48,7 +67,8 @@ def measured_plasticity(files: Sequence[str | os.PathLike[str]]) -> pl.DataFrame
 
     Raises:
         FileNotFoundError: naming a missing file.
-        ValueError: naming a file without the plasticity columns.
+        UnreadableFileError: naming a file that is not a plasticity pairs file (a column
+            missing or of another type, no rows).
     """
     needed = ["protocol", "block", "component", "ratio"]
     frames = []
@@ -56,19 +76,15 @@ def measured_plasticity(files: Sequence[str | os.PathLike[str]]) -> pl.DataFrame
         path = Path(name)
         if not path.is_file():
             raise FileNotFoundError(f"plasticity file not found: {path}")
-        columns = pl.read_parquet_schema(path)
-        missing = [c for c in needed if c not in columns]
-        if missing:
-            raise ValueError(f"{path}: not a plasticity pairs file (lacks {missing})")
         frames.append(
-            pl.scan_parquet(path)
+            read_result_table(path, PAIRS_TABLE, needed)
+            .lazy()
             .select(needed)
             .filter(pl.col("protocol") == COMPARED_PROTOCOL)
             .with_columns(pl.lit(path.stem).alias("dataset"))
         )
-    schema = {"block": pl.Int64, "component": pl.String, "measured_mean": pl.Float64}
     if not frames:
-        return pl.DataFrame(schema={**schema, "measured_max": pl.Float64, "n_datasets": pl.UInt32})
+        return pl.DataFrame(schema={"block": pl.Int64, "component": pl.String, **_MEASURED_SCHEMA})
     grouped = (
         pl.concat(frames)
         .group_by("block", "component")

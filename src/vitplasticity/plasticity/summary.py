@@ -5,13 +5,33 @@ component) and the :class:`Measurement` a stage writes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
-import torch
 
 from vitplasticity.components import COMPONENTS
 from vitplasticity.provenance import provenance
+from vitplasticity.utils.io import TableKind
+
+if TYPE_CHECKING:  # the report stage reads summaries (SUMMARY_TABLE) without torch
+    import torch
+
+SUMMARY_TABLE = TableKind(
+    "plasticity summary files (plasticity --summary)",
+    {
+        "model": pl.String(),
+        "dataset": pl.String(),
+        "protocol": pl.String(),
+        "block": pl.Int64(),
+        "component": pl.String(),
+        "relative_depth": pl.Float64(),
+        "n_pairs": pl.Int64(),
+        "mean": pl.Float64(),
+        "std": pl.Float64(),
+        "ci95": pl.Float64(),
+    },
+)
+"""A stage's summary file: :func:`summarize`'s columns after the model's and dataset's."""
 
 
 def summarize(pairs: pl.DataFrame) -> pl.DataFrame:

@@ -24,7 +24,7 @@ from typing import Any
 
 import polars as pl
 
-from vitplasticity.utils.io import read_json, unreadable
+from vitplasticity.utils.io import TableKind, read_json, unreadable
 
 LR_SELECTIONS: tuple[str, ...] = ("val", "test")
 
@@ -54,6 +54,8 @@ _OPTIONAL_FIELDS: dict[str, pl.DataType] = {
 }
 RUN_SCHEMA: dict[str, pl.DataType] = {**_RUN_FIELDS, **_OPTIONAL_FIELDS, "summary": pl.String()}
 """Columns of ``runs.parquet`` (``summary``: the path of the run's summary.json)."""
+
+RUNS_TABLE = TableKind("runs tables (aggregate --runs-out)", RUN_SCHEMA)
 
 CELL: tuple[str, ...] = ("experiment", "model", "dataset", "configuration")
 """The columns that identify one selected-LR cell."""
@@ -212,6 +214,25 @@ SELECTED_COLUMNS: tuple[str, ...] = (
     "trainable_parameters",
 )
 """The columns of :func:`select_learning_rates`' table after the cell's, in order."""
+
+_COUNT = pl.UInt32()  # what polars' len and sum of booleans give
+SELECTED_TABLE = TableKind(
+    "a selected-LR table (aggregate --selected-out)",
+    {
+        **dict.fromkeys(CELL, pl.String()),
+        "optimizer": pl.String(),
+        "lr_selection": pl.String(),
+        "lr": pl.Float64(),
+        **dict.fromkeys(("n_seeds", "n_diverged", "n_lrs", "n_runs", "n_diverged_total"), _COUNT),
+        **dict.fromkeys(
+            ("val_accuracy_mean", "val_accuracy_std", "test_accuracy_mean", "test_accuracy_std"),
+            pl.Float64(),
+        ),
+        "lr_sensitivity": pl.Float64(),
+        "trainable_parameters": pl.Int64(),
+    },
+)
+"""What :func:`select_learning_rates` gives, written to ``<experiment>_selected.parquet``."""
 
 
 def _grid_stats(per_lr: pl.DataFrame) -> pl.DataFrame:

@@ -21,6 +21,8 @@ import warnings
 import numpy as np
 import polars as pl
 
+from vitplasticity.utils.io import TableKind
+
 ALTERNATIVES: tuple[str, ...] = ("greater", "two-sided", "less")
 
 STATS_SCHEMA: dict[str, pl.DataType] = {
@@ -37,6 +39,11 @@ STATS_SCHEMA: dict[str, pl.DataType] = {
     "significant": pl.Boolean(),
 }
 """Columns of :func:`compare_components`'s result."""
+
+COMPARISON_TABLE = TableKind(
+    "a comparison table (stats --out)", {"model": pl.String(), **STATS_SCHEMA}
+)
+"""What :func:`compare_selected` gives, written by ``vitplasticity stats``."""
 
 RESULT_COLUMNS: tuple[str, ...] = (
     "component",

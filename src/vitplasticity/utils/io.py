@@ -3,7 +3,8 @@
 Writing is atomic: a killed job never leaves a file that looks complete, and a write that
 fails (a full disk, a read-only folder) raises one :class:`WriteError` naming the file.
 Reading goes through :func:`read_parquet`, :func:`read_parquet_table`, :func:`read_json` and
-:func:`read_parquet_metadata`: a damaged or foreign file raises one
+:func:`read_parquet_metadata`, a stage's result table through :func:`read_result_table`
+(its :class:`TableKind`: columns, their types, rows): a damaged or foreign file raises one
 :class:`UnreadableFileError` naming the file, what is wrong and the remedy, the way the data
 sources report a damaged download (:class:`vitplasticity.data.archives.InputFile`).
 """
@@ -15,7 +16,8 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -150,6 +152,68 @@ def read_parquet(
     if missing:
         raise unreadable(path, f"no column(s) {', '.join(missing)}", remedy)
     return frame.select(columns) if columns else frame
+
+
+@dataclass(frozen=True)
+class TableKind:
+    """A kind of result table, as the module that writes it declares it: what it is, with the
+    command that writes it (``"a plasticity summary (plasticity --summary)"``), the polars
+    type of each of its columns, and whether a readable one has rows (a result has)."""
+
+    name: str
+    schema: Mapping[str, Any]
+    needs_rows: bool = True
+
+
+def _type_fits(found: Any, expected: Any) -> bool:
+    """Whether a column of type ``found`` holds what one of type ``expected`` should: the same
+    type, any integer for an integer, any number for a float, or all nulls."""
+    import polars as pl
+
+    if found == pl.Null or found == expected:
+        return True
+    if expected.is_integer():
+        return found.is_integer()
+    if expected.is_float():
+        return found.is_numeric()
+    return False
+
+
+def _wrong_types(frame: pl.DataFrame, kind: TableKind) -> list[str]:
+    return [
+        f"column {name} is {frame.schema[name]}, not {expected}"
+        for name, expected in kind.schema.items()
+        if name in frame.columns and not _type_fits(frame.schema[name], expected)
+    ]
+
+
+def read_result_table(
+    path: str | os.PathLike[str],
+    kind: TableKind,
+    columns: Sequence[str] = (),
+    remedy: str | None = None,
+) -> pl.DataFrame:
+    """The result table ``path`` of ``kind``: it must have ``columns``, every column of the
+    kind's schema it has must be of its type, and it must have rows where the kind needs them.
+
+    Raises:
+        FileNotFoundError: naming the missing file.
+        UnreadableFileError: naming the file, what is wrong (damaged, a column missing or of
+            another type, no rows) and what it should be (the kind, with the command that
+            writes it); the remedy is to give that kind of table where a column is missing (a
+            table of another kind), else ``remedy`` (default: rerun).
+    """
+    frame = read_parquet(path, remedy=remedy)
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        problem = f"not {kind.name} (no column(s) {', '.join(missing)})"
+        raise unreadable(path, problem, f"give {kind.name}")
+    wrong = _wrong_types(frame, kind)
+    if wrong:
+        raise unreadable(path, f"not {kind.name} ({'; '.join(wrong)})", remedy)
+    if kind.needs_rows and frame.height == 0:
+        raise unreadable(path, f"no rows: {kind.name} has one per result", remedy)
+    return frame
 
 
 def read_json(path: str | os.PathLike[str], remedy: str | None = None) -> Any:
