@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from vitplasticity.models.architectures import declared
+from vitplasticity.models.checked_weights import check_finite, check_safetensors_folder
 from vitplasticity.models.hf_classifier import shown_keys, with_classifier
 from vitplasticity.models.spec import HFModelSpec, hub_offline
 from vitplasticity.utils.optional import require_transformers
@@ -206,7 +207,8 @@ def load_strict(
     Raises:
         ValueError: naming the source and both model types, or the first few missing,
             unexpected or differently shaped weights (a tower's checkpoint head and a dual
-            encoder's other tower dropped first).
+            encoder's other tower dropped first); naming a folder's safetensors file that is
+            not whole, or the first weight that is not finite (NaN or inf).
     """
     source = spec.source
     model_type = saved_config(spec).get("model_type")
@@ -215,6 +217,8 @@ def load_strict(
     where: dict[str, Any] = {}
     if spec.weights == "hub":
         where = {"revision": spec.revision, "local_files_only": hub_offline()}
+    if spec.weights != "hub":
+        check_safetensors_folder(spec.weights)
     with _named_hub_errors(spec):
         model, info = model_class.from_pretrained(
             spec.hf_id if spec.weights == "hub" else spec.weights,
@@ -245,6 +249,7 @@ def load_strict(
             f"model {str(source)!r}: the checkpoint does not match {model_class.__name__}: "
             f"{'; '.join(problems)}"
         )
+    check_finite(model.named_parameters(), source)
     return model
 
 

@@ -22,8 +22,10 @@ from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import Architecture
 from vitplasticity.models.build import build_model, pick_device, preprocessing
 from vitplasticity.models.spec import ModelSpec
+from vitplasticity.plasticity.finite import check_finite_rows
 from vitplasticity.plasticity.settings import BoundsSettings
 from vitplasticity.plasticity.upper_bounds import (
+    BOUND_SCHEMA,
     TokenStatistics,
     bound_rows,
     bounds_architecture,
@@ -127,6 +129,7 @@ def model_bounds(
         FileNotFoundError: for a missing reference set or plasticity file.
         UnsupportedModel, UndefinedStage: for a model without bounds (no known family, or a
             family that refuses the stage), before any image is decoded.
+        ValueError: naming the model, block and component of a bound that is not finite.
     """
     settings = check_settings(settings)
     spec = ModelSpec.from_config(model_spec)
@@ -135,7 +138,8 @@ def model_bounds(
     target = pick_device(settings.device)
 
     # float64 throughout: the bounds' extreme values come from these tokens.
-    model = build_model(spec, num_classes=0).eval().to(device=target, dtype=torch.float64)
+    model = build_model(spec, num_classes=0, inputs="images").eval()
+    model = model.to(device=target, dtype=torch.float64)
     # Refusals (no bounds in the family, a part it cannot account for, an undefined bound)
     # are known before any image is decoded.
     architecture = bounds_architecture(model)
@@ -146,7 +150,10 @@ def model_bounds(
     embedded = _embedded_tokens(architecture, model, batches, target)
     with ProgressReporter(settings.n_images, f"bounds {model_name}: embedding") as progress:
         stats = TokenStatistics.from_tokens(_counted(embedded, progress))
-    table = _beside_measured(bound_rows(architecture, model.cpu(), stats, undefined), measured)
+    rows = bound_rows(architecture, model.cpu(), stats, undefined)
+    measured_columns = [name for name, kind in BOUND_SCHEMA.items() if kind == pl.Float64()]
+    check_finite_rows(rows, measured_columns, f"bounds of model {model_name!r}")
+    table = _beside_measured(rows, measured)
     recorded: dict[str, Any] = {
         "model_spec": model_spec,
         "reference": str(reference),

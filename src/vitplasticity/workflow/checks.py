@@ -382,3 +382,36 @@ def model_kwargs_problems(
     if cache is not None and len(built) > before:
         _write_checked(cache, built)
     return problems
+
+
+def weights_path_problems(models: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A local ``models.<name>.weights`` path must be what the entry's family loads (its
+    spec's ``weights_path``): a weights file (timm), or a saved-model folder holding
+    config.json (transformers)."""
+    problems = []
+    for name, entry in models.items():
+        spec, weights = known_family(entry), entry.get("weights", "hub")
+        if spec is None or not isinstance(weights, str) or weights in ("hub", "random"):
+            continue
+        key, path = f"models.{name}.weights", Path(weights)
+        if spec.weights_path == "folder":
+            problem = _weights_folder_problem(path)
+        elif path.is_dir():
+            problem = "is a folder: give the weights file in it (.safetensors, .pth or .bin)"
+        else:
+            problem = None if path.is_file() else "does not exist: give a weights file"
+        if problem is not None:
+            problems.append(f"{key}: {weights!r} {problem}, or hub or random")
+    return problems
+
+
+def _weights_folder_problem(path: Path) -> str | None:
+    """What is wrong with ``path`` as a saved transformers model folder, None if nothing."""
+    saved = "a saved-model folder (config.json and *.safetensors, as save_pretrained writes)"
+    if path.is_file():
+        return f"is a file: give {saved}"
+    if not path.is_dir():
+        return f"does not exist: give {saved}"
+    if not (path / "config.json").is_file():
+        return f"has no config.json: give {saved}"
+    return None
