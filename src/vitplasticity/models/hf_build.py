@@ -59,7 +59,8 @@ def build_hf_model(spec: HFModelSpec, num_classes: int = 0) -> nn.Module:
         ValueError: for a checkpoint of another model type than the class's (naming the folder
             and both types); missing, unexpected or differently shaped weights (naming the
             folder and the first keys); an unknown model class; ``num_classes`` on a class
-            that is not a known vision tower.
+            that is not a known vision tower; a folder's safetensors file that is not whole,
+            or a loaded weight that is not finite (naming the file, or the folder and weight).
     """
     if spec.weights not in ("hub", "random") and not Path(spec.weights).is_dir():
         raise FileNotFoundError(
@@ -75,7 +76,10 @@ def build_hf_model(spec: HFModelSpec, num_classes: int = 0) -> nn.Module:
             torch.manual_seed(spec.init_seed)
             model = random_model(transformers, spec, overrides).to(dtype)
         else:
+            if spec.weights != "hub":
+                check_safetensors_folder(spec.weights)
             model = load_strict(transformers, spec, overrides, dtype)
+            check_finite(model.named_parameters(), spec.source)
     if num_classes:
         model = with_classifier(transformers, model, num_classes)
     return model.eval()
@@ -207,8 +211,7 @@ def load_strict(
     Raises:
         ValueError: naming the source and both model types, or the first few missing,
             unexpected or differently shaped weights (a tower's checkpoint head and a dual
-            encoder's other tower dropped first); naming a folder's safetensors file that is
-            not whole, or the first weight that is not finite (NaN or inf).
+            encoder's other tower dropped first).
     """
     source = spec.source
     model_type = saved_config(spec).get("model_type")
@@ -217,8 +220,6 @@ def load_strict(
     where: dict[str, Any] = {}
     if spec.weights == "hub":
         where = {"revision": spec.revision, "local_files_only": hub_offline()}
-    if spec.weights != "hub":
-        check_safetensors_folder(spec.weights)
     with _named_hub_errors(spec):
         model, info = model_class.from_pretrained(
             spec.hf_id if spec.weights == "hub" else spec.weights,
@@ -249,7 +250,6 @@ def load_strict(
             f"model {str(source)!r}: the checkpoint does not match {model_class.__name__}: "
             f"{'; '.join(problems)}"
         )
-    check_finite(model.named_parameters(), source)
     return model
 
 

@@ -98,11 +98,16 @@ class BoundsResult:
     """The ``bounds`` stage's table with its footer metadata, and the token statistics used.
 
     ``metadata["undefined"]`` (present only when a component's bound is not defined for the
-    model) maps each such component to the reason (:func:`undefined_bounds`)."""
+    model) maps each such component to the reason (:func:`undefined_bounds`). Its bounds are
+    finite: a result of NaN or inf is refused, naming the model, block and component."""
 
     table: pl.DataFrame
     metadata: dict[str, Any]
     stats: TokenStatistics
+
+    def __post_init__(self) -> None:
+        measured = [name for name, kind in BOUND_SCHEMA.items() if kind == pl.Float64()]
+        check_finite_rows(self.table, measured, f"bounds of model {self.metadata['model']!r}")
 
     @property
     def undefined(self) -> dict[str, str]:
@@ -129,7 +134,6 @@ def model_bounds(
         FileNotFoundError: for a missing reference set or plasticity file.
         UnsupportedModel, UndefinedStage: for a model without bounds (no known family, or a
             family that refuses the stage), before any image is decoded.
-        ValueError: naming the model, block and component of a bound that is not finite.
     """
     settings = check_settings(settings)
     spec = ModelSpec.from_config(model_spec)
@@ -138,8 +142,7 @@ def model_bounds(
     target = pick_device(settings.device)
 
     # float64 throughout: the bounds' extreme values come from these tokens.
-    model = build_model(spec, num_classes=0, inputs="images").eval()
-    model = model.to(device=target, dtype=torch.float64)
+    model = build_model(spec, inputs="images").eval().to(device=target, dtype=torch.float64)
     # Refusals (no bounds in the family, a part it cannot account for, an undefined bound)
     # are known before any image is decoded.
     architecture = bounds_architecture(model)
@@ -150,10 +153,7 @@ def model_bounds(
     embedded = _embedded_tokens(architecture, model, batches, target)
     with ProgressReporter(settings.n_images, f"bounds {model_name}: embedding") as progress:
         stats = TokenStatistics.from_tokens(_counted(embedded, progress))
-    rows = bound_rows(architecture, model.cpu(), stats, undefined)
-    measured_columns = [name for name, kind in BOUND_SCHEMA.items() if kind == pl.Float64()]
-    check_finite_rows(rows, measured_columns, f"bounds of model {model_name!r}")
-    table = _beside_measured(rows, measured)
+    table = _beside_measured(bound_rows(architecture, model.cpu(), stats, undefined), measured)
     recorded: dict[str, Any] = {
         "model_spec": model_spec,
         "reference": str(reference),
