@@ -833,13 +833,16 @@ def test_models_are_cross_checked_against_their_weights_and_stages(
         check_config(config)
 
 
-def test_text_models_pass_the_cross_checks(paper_config: dict) -> None:
+def test_text_models_pass_the_cross_checks(paper_config: dict, tmp_path: Path) -> None:
     """A random-init Llama, a hub GPT2 and a saved folder: text models by model_type, or
     told only when their job builds them (the hub and folder entries)."""
+    folder = tmp_path / "my-qwen3"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen3"}')
     models = {
         "llm": RANDOM_LLAMA,
         "gpt2": {"family": "transformers", "hf_id": "gpt2"},
-        "mine": {"family": "transformers", "hf_id": "my-qwen3", "weights": "/models/my-qwen3"},
+        "mine": {"family": "transformers", "hf_id": "my-qwen3", "weights": str(folder)},
     }
     override = {"models": models, "text_plasticity": {"run_models": list(models)}}
     validated(merged(paper_config, override))

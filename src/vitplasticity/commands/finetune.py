@@ -6,13 +6,13 @@ import argparse
 import logging
 from pathlib import Path
 
-from vitplasticity.commands.outputs import check_writable
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
     json_argument,
     settings_from_args,
 )
+from vitplasticity.utils.io import check_writable
 
 log = logging.getLogger(__name__)
 

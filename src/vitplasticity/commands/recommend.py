@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vitplasticity.commands.outputs import check_writable
 from vitplasticity.plasticity.settings import DTYPES
 from vitplasticity.recommend.settings import (
     REFERENCE_FALLBACKS,
@@ -33,6 +32,7 @@ from vitplasticity.settings.declaration import (
     json_argument,
     settings_from_args,
 )
+from vitplasticity.utils.io import check_writable
 
 if TYPE_CHECKING:
     from vitplasticity.recommend.pipeline import RecommendInputs

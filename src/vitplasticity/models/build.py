@@ -35,7 +35,11 @@ def model_spec(spec: ModelSpec | Mapping[str, Any]) -> ModelSpec:
 
 
 def build_model(
-    spec: ModelSpec | Mapping[str, Any], num_classes: int = 0, *, lm_head: bool = False
+    spec: ModelSpec | Mapping[str, Any],
+    num_classes: int = 0,
+    *,
+    lm_head: bool = False,
+    inputs: str | None = None,
 ) -> nn.Module:
     """The model of ``spec`` (or of a ``models`` entry), in its family's way.
 
@@ -49,19 +53,44 @@ def build_model(
         lm_head: a text model with its LM head: a causal LM as it is, a bare model inside its
             causal-LM class with the head tied to its embedding
             (:func:`vitplasticity.models.text.causal_lm`).
+        inputs: what the stage feeds the model ("images", "tokens"): a model whose
+            architecture takes other inputs is refused (None: any).
 
     Raises:
-        ValueError: for an entry its family refuses, or weights that do not match the model.
+        ValueError: for an entry its family refuses, weights that do not match the model, or
+            a model that does not take ``inputs``.
         FileNotFoundError: for weights that are not there (or not in the hub cache offline).
         UnsupportedModel: with ``lm_head``, for a bare model whose head cannot be tied.
     """
     spec = model_spec(spec)
     model = _family_function(spec.builder)(spec, num_classes)
+    if inputs is not None:
+        check_inputs(model, spec, inputs)
     if lm_head:
         from vitplasticity.models.text import causal_lm
 
         return causal_lm(model)
     return model
+
+
+def check_inputs(model: nn.Module, spec: ModelSpec, inputs: str) -> None:
+    """Raise unless ``model``'s architecture takes ``inputs`` (a folder of a text model given
+    to an image stage, or the other way round).
+
+    Raises:
+        UnsupportedModel: naming the model's class, for a model no architecture knows.
+        ValueError: naming the model, its weights, its class and what it takes.
+    """
+    from vitplasticity.models.architectures import architecture_for
+
+    architecture = architecture_for(model)
+    if architecture.inputs != inputs:
+        weights = getattr(spec, "weights", None)
+        raise ValueError(
+            f"model {spec.model_id!r} (weights {weights!r}) is a {type(model).__name__} "
+            f"({architecture.name}), which takes {architecture.inputs}: this stage feeds it "
+            f"{inputs}; give a model that takes {inputs}"
+        )
 
 
 def preprocessing(model: nn.Module, spec: ModelSpec | Mapping[str, Any]) -> Preprocessing:

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from vitplasticity.models.architectures import declared
+from vitplasticity.models.checked_weights import check_finite, check_safetensors_folder
 from vitplasticity.models.hf_classifier import shown_keys, with_classifier
 from vitplasticity.models.spec import HFModelSpec, hub_offline
 from vitplasticity.utils.optional import require_transformers
@@ -58,7 +59,8 @@ def build_hf_model(spec: HFModelSpec, num_classes: int = 0) -> nn.Module:
         ValueError: for a checkpoint of another model type than the class's (naming the folder
             and both types); missing, unexpected or differently shaped weights (naming the
             folder and the first keys); an unknown model class; ``num_classes`` on a class
-            that is not a known vision tower.
+            that is not a known vision tower; a folder's safetensors file that is not whole,
+            or a loaded weight that is not finite (naming the file, or the folder and weight).
     """
     if spec.weights not in ("hub", "random") and not Path(spec.weights).is_dir():
         raise FileNotFoundError(
@@ -74,7 +76,10 @@ def build_hf_model(spec: HFModelSpec, num_classes: int = 0) -> nn.Module:
             torch.manual_seed(spec.init_seed)
             model = random_model(transformers, spec, overrides).to(dtype)
         else:
+            if spec.weights != "hub":
+                check_safetensors_folder(spec.weights)
             model = load_strict(transformers, spec, overrides, dtype)
+            check_finite(model.named_parameters(), spec.source)
     if num_classes:
         model = with_classifier(transformers, model, num_classes)
     return model.eval()

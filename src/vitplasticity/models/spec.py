@@ -55,6 +55,9 @@ class ModelSpec:
     runtime_estimated: ClassVar[bool] = False
     """Whether :mod:`vitplasticity.workflow.runtime` estimates a job's wall time from the
     model's FLOPs (it counts timm architectures only)."""
+    weights_path: ClassVar[str] = "file"
+    """What a local ``weights:`` path of the family names: a weights "file" or a saved-model
+    "folder" (the workflow checks it when the config is parsed)."""
 
     @classmethod
     def from_config(cls, entry: Mapping[str, Any]) -> ModelSpec:
@@ -260,6 +263,24 @@ how an entry tells a text model from a vision one without torch. Each architectu
 its own (``Architecture.model_types``); this is their torch-free copy for the Snakefile, and
 tests/models/test_registry.py checks the two agree."""
 
+TRANSFORMERS_MODEL_CLASSES = frozenset(
+    {
+        "GPT2Model",
+        *("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model"),
+        *("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"),
+        *("Gemma2Model", "Gemma3TextModel", "Gemma2ForCausalLM", "Gemma3ForCausalLM"),
+        *("ViTModel", "ViTForImageClassification", "DINOv3ViTModel"),
+        *("Dinov2Model", "Dinov2ForImageClassification"),
+        *("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification"),
+        *("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPForImageClassification"),
+        *("SiglipVisionModel", "SiglipForImageClassification"),
+    }
+)
+"""The transformers classes a ``model_class:`` can name: those the registered architectures
+measure (their bare models, causal LMs, vision towers and towers' classification classes).
+A torch-free copy for the Snakefile; tests/models/test_bad_weights.py checks it against the
+architectures."""
+
 
 @dataclass(frozen=True)
 class HFModelSpec(ModelSpec):
@@ -271,6 +292,7 @@ class HFModelSpec(ModelSpec):
 
     id_key = "hf_id"
     inputs = frozenset({"images", "tokens"})
+    weights_path = "folder"
     builder = "vitplasticity.models.hf_build:build_hf_model"
     preprocessor = "vitplasticity.models.hf_preprocessing:hf_preprocessing"
 
@@ -338,13 +360,32 @@ class HFModelSpec(ModelSpec):
 
     @classmethod
     def entry_problems(cls, name: str, entry: Mapping[str, Any]) -> list[str]:
-        """A random init is built from its config alone: it needs ``config.model_type``."""
-        if entry.get("weights") == "random" and not (entry.get("config") or {}).get("model_type"):
-            return [
+        """A random init is built from its config alone: it needs ``config.model_type``, one
+        of the registered architectures' (:data:`TRANSFORMERS_MODEL_TYPES`); a
+        ``model_class`` must be one they measure (:data:`TRANSFORMERS_MODEL_CLASSES`)."""
+        problems = []
+        model_class = entry.get("model_class")
+        if model_class is not None and model_class not in TRANSFORMERS_MODEL_CLASSES:
+            problems.append(
+                f"models.{name}.model_class: {model_class!r} is not a class of the registered "
+                f"architectures: one of {', '.join(sorted(TRANSFORMERS_MODEL_CLASSES))}, or "
+                "leave it out (the bare model of the checkpoint's model_type)"
+            )
+        if entry.get("weights") != "random":
+            return problems
+        model_type = (entry.get("config") or {}).get("model_type")
+        known = sorted(set().union(*TRANSFORMERS_MODEL_TYPES.values()))
+        if not model_type:
+            problems.append(
                 f"models.{name}.config.model_type: missing (weights: random builds the model "
                 "from its config alone, e.g. model_type: dinov2)"
-            ]
-        return []
+            )
+        elif model_type not in known:
+            problems.append(
+                f"models.{name}.config.model_type: {model_type!r} is not a model type of the "
+                f"registered architectures: one of {', '.join(known)}"
+            )
+        return problems
 
 
 def hub_offline() -> bool:

@@ -19,6 +19,11 @@ import torch
 from torch import nn
 
 from vitplasticity.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+from vitplasticity.models.checked_weights import (
+    SAFETENSORS_SUFFIX,
+    check_finite,
+    check_safetensors_file,
+)
 from vitplasticity.models.hub_file import hub_file
 from vitplasticity.models.spec import TimmSpec
 from vitplasticity.models.weights import download
@@ -91,11 +96,15 @@ def load_checkpoint(model: nn.Module, path: str | Path, name: str) -> None:
 
     Raises:
         ValueError: naming the file, ``name`` and the first keys, when keys are missing,
-            unexpected or of another shape.
+            unexpected or of another shape; naming the file, for a safetensors file that is
+            not whole or a tensor that is not finite (NaN or inf).
     """
     from timm.models import load_state_dict
 
+    if Path(path).suffix == SAFETENSORS_SUFFIX:
+        check_safetensors_file(path)
     state = load_state_dict(str(path))
+    check_finite(state.items(), path)
     convert = _family_filter(model)
     if convert is not None:
         state = convert(state, model)

@@ -22,6 +22,7 @@ from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import Architecture
 from vitplasticity.models.build import build_model, pick_device, preprocessing
 from vitplasticity.models.spec import ModelSpec
+from vitplasticity.plasticity.finite import check_finite_rows
 from vitplasticity.plasticity.measure import PAIR_SCHEMA
 from vitplasticity.plasticity.settings import BoundsSettings
 from vitplasticity.plasticity.upper_bounds import (
@@ -112,11 +113,16 @@ class BoundsResult:
     """The ``bounds`` stage's table with its footer metadata, and the token statistics used.
 
     ``metadata["undefined"]`` (present only when a component's bound is not defined for the
-    model) maps each such component to the reason (:func:`undefined_bounds`)."""
+    model) maps each such component to the reason (:func:`undefined_bounds`). Its bounds are
+    finite: a result of NaN or inf is refused, naming the model, block and component."""
 
     table: pl.DataFrame
     metadata: dict[str, Any]
     stats: TokenStatistics
+
+    def __post_init__(self) -> None:
+        measured = [name for name, kind in BOUND_SCHEMA.items() if kind == pl.Float64()]
+        check_finite_rows(self.table, measured, f"bounds of model {self.metadata['model']!r}")
 
     @property
     def undefined(self) -> dict[str, str]:
@@ -151,7 +157,7 @@ def model_bounds(
     target = pick_device(settings.device)
 
     # float64 throughout: the bounds' extreme values come from these tokens.
-    model = build_model(spec, num_classes=0).eval().to(device=target, dtype=torch.float64)
+    model = build_model(spec, inputs="images").eval().to(device=target, dtype=torch.float64)
     # Refusals (no bounds in the family, a part it cannot account for, an undefined bound)
     # are known before any image is decoded.
     architecture = bounds_architecture(model)

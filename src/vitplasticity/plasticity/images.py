@@ -54,7 +54,7 @@ def measure_dataset(
     target = pick_device(settings.device)
     dataset = Path(dataset_dir).name
 
-    model = build_model(spec, num_classes=0).eval()
+    model = build_model(spec, num_classes=0, inputs="images").eval()
     architecture = architecture_for(model)
     gated = fc1_mode_matters(architecture, architecture.blocks(model))  # refusals named here
     model = model.to(device=target, dtype=getattr(torch, settings.dtype))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from vitplasticity.components import COMPONENTS
+from vitplasticity.plasticity.finite import PAIR_MEASURED, check_finite_rows
 from vitplasticity.provenance import provenance
 from vitplasticity.utils.io import TableKind
 
@@ -96,7 +97,13 @@ def measurement(
     device: torch.device,
     demo: bool,
 ) -> Measurement:
-    """``pairs`` with its summary (labelled with ``model`` and ``dataset``) and its metadata."""
+    """``pairs`` with its summary (labelled with ``model`` and ``dataset``) and its metadata.
+
+    Raises:
+        ValueError: naming the model, dataset, block and component of a pair whose numerator
+            or denominator is not finite (:func:`check_finite_rows`).
+    """
+    check_finite_rows(pairs, PAIR_MEASURED, f"plasticity of model {model!r} on {dataset}")
     metadata = {
         "provenance": provenance(settings, device),
         "model": model,

@@ -50,6 +50,7 @@ from vitplasticity.models.architectures import (
     parameter_map,
     parse_configuration,
 )
+from vitplasticity.plasticity.finite import PAIR_MEASURED, check_finite_rows
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.plasticity.pairs import Images
 from vitplasticity.plasticity.upper_bounds import (
@@ -358,6 +359,19 @@ class Measurements:
             always_trained=always_trained_parameters(model, parameters),
             features=features,
         )
+
+    def check_finite(self, what: str) -> None:
+        """Raise unless what was measured is finite: the plasticity pairs' numerators and
+        denominators, and the weight and relative gradient norms of every tensor whose weight
+        is not zero (NaN by design there; a weight statistic or NFN refused for a component
+        is NaN by design too, and is not checked).
+
+        Raises:
+            ValueError: naming ``what`` (the model), the block and component at fault.
+        """
+        check_finite_rows(self.pairs, PAIR_MEASURED, what)
+        gradients = self.tensors.filter(pl.col("weight_norm") != 0)
+        check_finite_rows(gradients, ("weight_norm", "relative_gradient_norm"), what)
 
     def trainable_parameters(self, configuration: str) -> int:
         """Trainable parameters of ``configuration`` beyond the head and final norm (its

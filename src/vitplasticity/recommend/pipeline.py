@@ -361,7 +361,7 @@ def _measure(
     warmup = range(settings.warmup_steps)
     gradients = range(settings.warmup_steps, settings.warmup_steps + settings.batches)
     with ProgressReporter(n, f"plasticity {inputs.model}/{inputs.dataset}") as progress:
-        return measure_criteria(
+        measurements = measure_criteria(
             model,
             decoded_batches(reference, pre, settings.batch_size),
             decoded_batches(cycled, pre, settings.batch_size),
@@ -372,6 +372,8 @@ def _measure(
             batch_size=settings.batch_size,
             progress=progress,
         )
+    measurements.check_finite(f"recommend criteria of model {inputs.model!r} on {inputs.dataset}")
+    return measurements
 
 
 def write_outputs(result: Result, prefix: str | os.PathLike[str]) -> None:

@@ -331,6 +331,7 @@ def _measure(
             protocol=inputs.protocol,
             progress=progress,
         )
+    measurements.check_finite(f"recommend criteria of model {inputs.model!r} on {inputs.dataset}")
     return measurements, refused
 
 

@@ -467,6 +467,7 @@ def check_config(
     problems += checks.report_problems(config, experiments)
     problems += checks.finetune_problems(config)
     problems += checks.device_problems(config)
+    problems += model_entries.weights_path_problems(config["models"])
     problems += checks.pair_problems(config)
     problems += checks.split_problems(config)
     file_problems = [

@@ -1,10 +1,12 @@
 """The model entries of config.yaml checked at parse time, without torch: what an entry lacks
-for its weights and which stages can take its model, each family asked through its spec class
+for its weights, whether a local weights path is what its family loads, and which stages can
+take its model, each family asked through its spec class
 (:data:`vitplasticity.models.spec.FAMILIES`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from vitplasticity.models.registry import FAMILY_KEY, family_inputs
@@ -61,3 +63,36 @@ def entry_problems(
                 f"{models[name]['config']['model_type']!r}), not a text model"
             )
     return problems
+
+
+def weights_path_problems(models: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A local ``models.<name>.weights`` path must be what the entry's family loads (its
+    spec's ``weights_path``): a weights file (timm), or a saved-model folder holding
+    config.json (transformers)."""
+    problems = []
+    for name, entry in models.items():
+        spec, weights = known_family(entry), entry.get("weights", "hub")
+        if spec is None or not isinstance(weights, str) or weights in ("hub", "random"):
+            continue
+        key, path = f"models.{name}.weights", Path(weights)
+        if spec.weights_path == "folder":
+            problem = _weights_folder_problem(path)
+        elif path.is_dir():
+            problem = "is a folder: give the weights file in it (.safetensors, .pth or .bin)"
+        else:
+            problem = None if path.is_file() else "does not exist: give a weights file"
+        if problem is not None:
+            problems.append(f"{key}: {weights!r} {problem}, or hub or random")
+    return problems
+
+
+def _weights_folder_problem(path: Path) -> str | None:
+    """What is wrong with ``path`` as a saved transformers model folder, None if nothing."""
+    saved = "a saved-model folder (config.json and *.safetensors, as save_pretrained writes)"
+    if path.is_file():
+        return f"is a file: give {saved}"
+    if not path.is_dir():
+        return f"does not exist: give {saved}"
+    if not (path / "config.json").is_file():
+        return f"has no config.json: give {saved}"
+    return None
