@@ -172,4 +172,5 @@ def test_packs_are_refused_on_a_cluster_executor_before_any_job(tmp_path: Path) 
     assert result.returncode != 0, output[-3000:]
     assert "finetune.pack_runs: true packs runs for one machine" in output
     assert "slurm/profile.yaml" in output
+    assert 'File "' not in output, output[-3000:]  # the message alone, as a config error
     assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()

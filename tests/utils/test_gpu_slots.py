@@ -24,6 +24,7 @@ import polars as pl
 import pytest
 
 from tests.helpers.repo import REPO
+from tests.helpers.workflow import snakemake
 from vitplasticity.provenance import provenance
 from vitplasticity.utils import gpu_slots
 from vitplasticity.utils.io import read_parquet_metadata
@@ -485,3 +486,19 @@ def test_a_cpu_job_takes_no_gpu_slot(
     assert gpu_slots.SLOT_VARIABLE not in os.environ
     assert [gpu_slots.runs_on_a_gpu(d) for d in ("auto", "cuda", "cuda:1", None)] == [True] * 4
     assert [gpu_slots.runs_on_a_gpu(d) for d in ("cpu", "mps")] == [False, False]
+
+
+@pytest.mark.slow
+def test_a_workflow_run_with_a_bad_device_list_ends_with_the_message_alone(
+    tmp_path: Path,
+) -> None:
+    """The workflow's start-up check reads CUDA_VISIBLE_DEVICES before the first job: a value
+    that names no device ends the run with that one message (no File ... lines), nothing
+    made."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "abc"}
+    result = snakemake(tmp_path, "--cores", "1", "all", env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert "CUDA_VISIBLE_DEVICES='abc'" in output and "neither a device index" in output
+    assert 'File "' not in output, output[-3000:]
+    assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()

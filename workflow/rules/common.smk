@@ -3,7 +3,9 @@
 # Keep this file free of torch imports: the SLURM plugin re-parses it on every node.
 from functools import partial
 
-from vitplasticity.workflow.config import enabled_experiments
+from snakemake.exceptions import WorkflowError
+
+from vitplasticity.workflow.config import config_errors_end_the_run, enabled_experiments
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.datasets import DatasetJobs
@@ -71,8 +73,11 @@ ONSTART_CHECKS = [partial(advise_gpu_resources, workflow)]
 
 
 onstart:
-    for check in ONSTART_CHECKS:
-        check()
+    # A check's refusal (a bad CUDA_VISIBLE_DEVICES, packs on a cluster) ends the run with its
+    # message alone, as a config error does, not with the File ... lines of a crash.
+    with config_errors_end_the_run(ValueError, WorkflowError):
+        for check in ONSTART_CHECKS:
+            check()
     save_resolved_config(config)
 
 
