@@ -1,9 +1,12 @@
-"""One process per run folder: a lock file in the folder, held with ``flock`` while a process
-writes there (:func:`hold_folder`).
+"""One process per run folder: a lock file in the folder, locked while a process writes there
+(:func:`hold_folder`).
 
 As with the GPU slots (:mod:`vitplasticity.utils.gpu_slots`), the kernel releases the lock
 when its process ends, however it ends: a killed job leaves no lock behind, only a stale file
-that the next holder takes over. The file holds its holder's pid and host, so that a process
+that the next holder takes over. Unlike the slots' ``flock``, the lock is a POSIX record lock
+(``lockf``), which forked children do not inherit: a killed run's data-loader workers, which
+outlive it for a while, hold nothing. Such locks do not conflict within one process, so the
+process also keeps the set of folders it holds. The file holds its holder's pid and host, so that a process
 refused the folder can name who has it (an orphaned job of a killed Snakemake, say).
 
 Import-light (no torch).
@@ -11,6 +14,7 @@ Import-light (no torch).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
@@ -19,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 LOCK_NAME = "training.lock"
+
+_HELD: set[Path] = set()  # the folders this process holds
 
 
 class FolderBusy(RuntimeError):
@@ -40,17 +46,19 @@ class FolderBusy(RuntimeError):
 
 
 def _locked_descriptor(path: Path) -> int | None:
-    """A descriptor holding the flock of the file at ``path`` (created if missing), or None
+    """A descriptor holding the lock of the file at ``path`` (created if missing), or None
     when another process holds it. Retries when the file it locked was removed or replaced
     meanwhile (its holder removes it on release), so that two processes never hold two files
     of one name."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
             os.close(fd)
-            return None
+            if error.errno in (errno.EACCES, errno.EAGAIN):
+                return None
+            raise
         try:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 return fd
@@ -78,9 +86,13 @@ def hold_folder(folder: str | os.PathLike[str]) -> Iterator[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
+    held = folder.resolve()
+    if held in _HELD:  # checked first: closing another descriptor of the file would unlock it
+        raise FolderBusy(folder, _holder(path))
     fd = _locked_descriptor(path)
     if fd is None:
         raise FolderBusy(folder, _holder(path))
+    _HELD.add(held)
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
@@ -88,4 +100,5 @@ def hold_folder(folder: str | os.PathLike[str]) -> Iterator[Path]:
     finally:
         # Removed while still locked: a process that opened the old file retries (above).
         path.unlink(missing_ok=True)
+        _HELD.discard(held)
         os.close(fd)
