@@ -1,9 +1,20 @@
 """finetune.pack_runs: several runs in one process give each run's own, identical results;
-through the workflow, each packed rule (vitplasticity.workflow.packs) runs its runs once."""
+through the workflow, each packed rule (vitplasticity.workflow.packs) runs its runs once.
+
+A pack interrupted after some of its runs keeps the finished ones, and the same command again
+trains only the others (the interrupted one from its checkpoint), with the results of an
+uninterrupted pack; a run folder another process works in is refused, naming that process,
+and the other runs are done."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import polars as pl
@@ -13,8 +24,10 @@ import yaml
 from tests.helpers.tiny_finetune import cli_args
 from tests.helpers.workflow import PRESETS, merged, planned_jobs, snakemake
 from vitplasticity import cli
+from vitplasticity.finetune import finished
 from vitplasticity.finetune.outputs import TIMING_FIELDS
 from vitplasticity.models.spec import TimmSpec
+from vitplasticity.utils.folder_lock import LOCK_NAME, FolderBusy, hold_folder
 from vitplasticity.workflow.packs import finetune_packs
 
 RUN_FLAGS = ("configuration", "lr", "seed", "out-dir")
@@ -174,3 +187,169 @@ def test_packs_are_refused_on_a_cluster_executor_before_any_job(tmp_path: Path) 
     assert "slurm/profile.yaml" in output
     assert 'File "' not in output, output[-3000:]  # the message alone, as a config error
     assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
+
+
+RUN_CONFIGURATIONS = ("mha", "ln1", "fc1", "head")
+# Long enough to be caught mid-run (a checkpoint every 2 steps), a second or two each.
+STEPS = {"steps": "40", "val-every": "20"}
+CLI = "import sys; from vitplasticity import cli; sys.exit(cli.main(sys.argv[1:]))"
+
+
+def pack(root: Path) -> list[dict]:
+    return [
+        {"configuration": c, "lr": 0.05, "seed": 0, "out_dir": str(root / c)}
+        for c in RUN_CONFIGURATIONS
+    ]
+
+
+def argv(spec: TimmSpec, dataset: Path, runs: list[dict]) -> list[str]:
+    args = packed_args(spec, dataset, runs)
+    for flag, value in STEPS.items():
+        args[args.index(f"--{flag}") + 1] = value
+    return args
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """The command in a process group of its own (a job's group, to signal it whole)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, *args],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def wait_until(condition, proc: subprocess.Popen[bytes], log: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.02)
+
+
+def trained(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The folders of the runs that a process set up to train (its "run <folder>:" lines)."""
+    return [
+        r.getMessage().split()[1].rstrip(":")
+        for r in caplog.records
+        if r.getMessage().startswith("run ")
+    ]
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name
+)
+def test_a_rerun_trains_only_the_runs_an_interrupted_pack_did_not_finish(
+    tiny_spec: TimmSpec,
+    demo_dataset: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    sig: signal.Signals,
+) -> None:
+    runs = pack(tmp_path / "packed")
+    folders = [Path(r["out_dir"]) for r in runs]
+    log = tmp_path / "first.log"
+    proc = start(argv(tiny_spec, demo_dataset, runs), log)
+    # Caught with two runs finished and the third mid-run, past a checkpoint.
+    wait_until(lambda: (folders[2] / "checkpoint.pt").exists(), proc, log)
+    os.killpg(proc.pid, sig)
+    assert proc.wait(timeout=60) != 0
+    done = [f for f in folders if (f / "summary.json").exists()]
+    assert done == folders[:2], log.read_text()[-3000:]
+    # What Snakemake does to the outputs of an interrupted job before its rerun.
+    for folder in done:
+        (folder / "summary.json").unlink()
+        (folder / "metrics.parquet").unlink()
+
+    with caplog.at_level("INFO"):
+        assert cli.main(argv(tiny_spec, demo_dataset, runs)) == 0
+    assert trained(caplog) == [str(f) for f in folders[2:]]
+    kept = [r.getMessage() for r in caplog.records if "finished by an earlier attempt" in r.msg]
+    assert len(kept) == 2
+    resumed = [json.loads((f / "summary.json").read_text())["resumed"] for f in folders]
+    assert resumed == [False, False, True, False]  # the third from its checkpoint
+
+    reference = pack(tmp_path / "uninterrupted")
+    assert cli.main(argv(tiny_spec, demo_dataset, reference)) == 0
+    for folder, entry in zip(folders, reference, strict=True):
+        ours, theirs = comparable(folder), comparable(Path(entry["out_dir"]))
+        for key in ("resumed", "git_commit"):  # a kept run's commit is its first attempt's
+            ours[0].pop(key), theirs[0].pop(key)
+        assert ours[0] == theirs[0] and ours[1].equals(theirs[1])
+        # Left as an unpacked run leaves its folder: its two files.
+        assert sorted(p.name for p in folder.iterdir()) == ["metrics.parquet", "summary.json"]
+
+
+def test_a_kept_run_with_other_settings_or_altered_files_is_trained_again(
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs = pack(tmp_path)[:3]
+    folders = [Path(r["out_dir"]) for r in runs]
+    # The second run's folder held here: the pack fails after the others, keeping them.
+    with hold_folder(folders[1]):
+        assert cli.main(packed_args(tiny_spec, demo_dataset, runs)) == 2
+    kept = [f / finished.KEPT_DIR for f in folders]
+    assert [k.is_dir() for k in kept] == [True, False, True]
+    (kept[0] / "summary.json").write_text("{}")
+    record = json.loads((kept[2] / finished.RECORD).read_text())
+    (kept[2] / finished.RECORD).write_text(json.dumps({**record, "fingerprint": "other"}))
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert cli.main(packed_args(tiny_spec, demo_dataset, runs)) == 0
+    assert trained(caplog) == [str(f) for f in folders]
+    assert "missing or altered" in caplog.text and "kept by other settings" in caplog.text
+    assert not any(k.exists() for k in kept)
+
+
+def test_a_run_folder_another_process_works_in_is_refused_naming_it(
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An orphaned job (its Snakemake killed) still trains the second run of the pack when the
+    pack is started again: the new process leaves that run alone, saying who has it, does the
+    others and fails; once the orphan has ended, the same command does the rest."""
+    runs = pack(tmp_path / "packed")
+    folders = [Path(r["out_dir"]) for r in runs]
+    log = tmp_path / "orphan.log"
+    long_run = {**runs[1]}
+    orphan_args = argv(tiny_spec, demo_dataset, [long_run])
+    orphan_args[orphan_args.index("--steps") + 1] = "100000"
+    orphan = start(orphan_args, log)
+    try:
+        wait_until(lambda: (folders[1] / "checkpoint.pt").exists(), orphan, log)
+        with caplog.at_level("INFO"):
+            assert cli.main(argv(tiny_spec, demo_dataset, runs)) == 2
+        holder = f"pid {orphan.pid} on host {socket.gethostname()}"
+        assert f"{folders[1]} is being written by {holder}" in caplog.text
+        assert "1 of 4 runs not done" in caplog.text
+        assert trained(caplog) == [str(folders[i]) for i in (0, 2, 3)]
+        assert not (folders[1] / "summary.json").exists()
+    finally:
+        os.killpg(orphan.pid, signal.SIGKILL)
+        orphan.wait(timeout=60)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert cli.main(argv(tiny_spec, demo_dataset, runs)) == 0
+    assert trained(caplog) == [str(folders[1])]
+    assert all((f / "summary.json").exists() for f in folders)
+
+
+def test_a_folder_lock_is_released_when_its_holder_is_killed(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from vitplasticity.utils.folder_lock import hold_folder\n"
+            "with hold_folder(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert holder.stdout.readline() == b"held\n"
+    with pytest.raises(FolderBusy, match=f"pid {holder.pid} on host"), hold_folder(tmp_path):
+        pass
+    holder.kill()
+    holder.wait(timeout=60)
+    assert (tmp_path / LOCK_NAME).exists()  # a stale file, no longer locked
+    with hold_folder(tmp_path):
+        assert f"pid {os.getpid()} " in (tmp_path / LOCK_NAME).read_text()
+    assert not (tmp_path / LOCK_NAME).exists()

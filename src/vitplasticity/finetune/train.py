@@ -3,20 +3,31 @@ each trained from its start (or its checkpoint) to its outputs."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from vitplasticity.finetune import finished
+from vitplasticity.finetune.checkpoint import fingerprint
 from vitplasticity.finetune.identity import FinetuneSettings, check_runs
 from vitplasticity.finetune.loop import train_steps
 from vitplasticity.finetune.outputs import summary, write_outputs
 from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.setup import checked_device, setup_run
+from vitplasticity.utils.folder_lock import FolderBusy, hold_folder
 from vitplasticity.workflow.config import Run
 
 log = logging.getLogger(__name__)
+
+
+class RunsRefused(RuntimeError):
+    """Runs of the job were left alone: another process holds their folders (the others were
+    done)."""
 
 
 def train_runs(
@@ -26,8 +37,12 @@ def train_runs(
     summary.json into each ``out_dir``.
 
     Every run, the settings, the dataset and the device are checked once, before the first
-    run starts. A run resumes from ``out_dir/checkpoint.pt`` when one written with the same
-    settings exists.
+    run starts. Each run's folder is locked while it is worked on
+    (:func:`vitplasticity.utils.folder_lock.hold_folder`); a run whose folder another process
+    holds is skipped, and the others are done. A run resumes from ``out_dir/checkpoint.pt``
+    when one written with the same settings exists. In a job of several runs (a pack), each
+    finished run's outputs are kept aside until all are done, and a run kept by an
+    interrupted attempt is put back instead of trained (:mod:`vitplasticity.finetune.finished`).
 
     Returns:
         The summaries (what each summary.json holds), in the order of ``runs``.
@@ -37,27 +52,61 @@ def train_runs(
             asked for where none is visible.
         FileNotFoundError: when ``dataset_dir`` is not a prepared dataset.
         Preempted: when SIGTERM arrived; the checkpoint of the run it stopped is written.
+        RunsRefused: after the other runs, naming each run whose folder another process held.
     """
     check_runs([run for run, _ in runs], training)
     device = checked_device(training, dataset_dir)
-    summaries = []
+    packed = len(runs) > 1
+    summaries, refused = [], []
     for run, out_dir in runs:
-        context = setup_run(FinetuneSettings(run, training), device, dataset_dir, out_dir)
-        state = ResumableState.resume(context)
-        outcome = train_steps(context, state)
-        run_summary = summary(context, state, outcome)
-        write_outputs(context, state, run_summary)
-        log.info(
-            "%s: %s at step %s, best val %s (step %s), test %s",
-            out_dir,
-            run_summary["status"],
-            run_summary["final_step"],
-            run_summary["best_val_accuracy"],
-            run_summary["best_step"],
-            run_summary["test_accuracy"],
-        )
-        summaries.append(run_summary)
+        try:
+            with hold_folder(out_dir):
+                summaries.append(
+                    _finished_run(run, training, device, dataset_dir, Path(out_dir), packed)
+                )
+        except FolderBusy as busy:
+            log.error("%s", busy)
+            refused.append(str(busy))
+    if refused:
+        raise RunsRefused(f"{len(refused)} of {len(runs)} runs not done: " + "; ".join(refused))
+    if packed:
+        for _, out_dir in runs:
+            finished.discard(Path(out_dir))
     return summaries
+
+
+def _finished_run(
+    run: Run,
+    training: TrainingSettings,
+    device: torch.device,
+    dataset_dir: str | Path,
+    out_dir: Path,
+    packed: bool,
+) -> dict[str, Any]:
+    """The summary of ``run`` trained into ``out_dir`` (or, in a pack, put back from the copy
+    an interrupted attempt kept)."""
+    settings = FinetuneSettings(run, training)
+    key = fingerprint(settings.fingerprint_fields())
+    if packed and finished.restore(out_dir, key):
+        log.info("%s: finished by an earlier attempt of the pack, kept", out_dir)
+        return json.loads((out_dir / "summary.json").read_text())
+    context = setup_run(settings, device, dataset_dir, out_dir)
+    state = ResumableState.resume(context)
+    outcome = train_steps(context, state)
+    run_summary = summary(context, state, outcome)
+    write_outputs(context, state, run_summary)
+    if packed:
+        finished.keep(out_dir, key)
+    log.info(
+        "%s: %s at step %s, best val %s (step %s), test %s",
+        out_dir,
+        run_summary["status"],
+        run_summary["final_step"],
+        run_summary["best_val_accuracy"],
+        run_summary["best_step"],
+        run_summary["test_accuracy"],
+    )
+    return run_summary
 
 
 def train(
@@ -66,6 +115,6 @@ def train(
     """Finetune one run (:func:`train_runs` of ``[(run, out_dir)]``); return its summary.
 
     Raises:
-        ValueError, FileNotFoundError, Preempted: as :func:`train_runs`.
+        ValueError, FileNotFoundError, Preempted, RunsRefused: as :func:`train_runs`.
     """
     return train_runs([(run, out_dir)], training, dataset_dir)[0]
