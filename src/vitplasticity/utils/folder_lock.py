@@ -78,12 +78,14 @@ def _holder(path: Path) -> str:
 def hold_folder(folder: str | os.PathLike[str]) -> Iterator[Path]:
     """Hold ``folder``'s lock (creating the folder) for the block; the lock file is removed
     when the block ends normally or by an exception, and released by the kernel if the process
-    dies in it.
+    dies in it. The folders it created are removed again when the block leaves them empty (a
+    run refused before it wrote anything leaves nothing behind).
 
     Raises:
         FolderBusy: naming the holder's pid and host, when another process holds the lock.
     """
     folder = Path(folder)
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     held = folder.resolve()
@@ -102,3 +104,13 @@ def hold_folder(folder: str | os.PathLike[str]) -> Iterator[Path]:
         path.unlink(missing_ok=True)
         _HELD.discard(held)
         os.close(fd)
+        _remove_if_empty(created)
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is empty; stop at the first that is not."""
+    for made in folders:
+        try:
+            made.rmdir()
+        except OSError:  # not empty (the run wrote into it, or another process locked it)
+            return
