@@ -7,7 +7,6 @@ culprit named, nothing written."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -18,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.cli_errors import refusal
 from tests.helpers.images import write_reference
 from tests.helpers.tiny_models import GPT2_TINY_CONFIG, HF_VISION_TINY_CONFIG
 from tests.helpers.tiny_vit import TINY_SPEC, TINY_VIT_KWARGS
-from vitplasticity import cli
 from vitplasticity.models.architectures import ARCHITECTURES, architecture_for, declared
 from vitplasticity.models.spec import TRANSFORMERS_MODEL_CLASSES
 from vitplasticity.utils.optional import require_transformers
@@ -219,19 +218,10 @@ def test_bad_weights_end_in_one_error_line(
 ) -> None:
     given = row.build(tmp_path)
     argv = stage_argv(row.stage, given.entry, tmp_path, demo_dataset)
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        status = cli.main(argv)  # an exception escaping here is a traceback
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert status == 2 and len(errors) == 1, caplog.text
-    message = errors[0].getMessage()
-    assert "\n" not in message and errors[0].exc_info is None, message
+    message = refusal(argv, caplog, tmp_path / "out")
     assert given.culprit in message, message
     for words in row.says:
         assert words in message, message
-    out = tmp_path / "out"
-    leftovers = list(out.rglob("*")) if out.exists() else []
-    assert leftovers == [], f"half-written outputs: {leftovers}"
 
 
 def test_the_model_classes_copy_matches_the_architectures() -> None:
