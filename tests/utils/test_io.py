@@ -148,3 +148,18 @@ def test_read_json_names_the_file_and_the_line(tmp_path):
     path.write_bytes(b"\xff\xfe{}")
     with pytest.raises(io.UnreadableFileError, match="not valid JSON"):
         io.read_json(path)
+
+
+def test_stale_temporaries_are_the_files_atomic_path_names(tmp_path: Path) -> None:
+    """A process killed inside atomic_path leaves its temporary file: removed, and only it."""
+    target = tmp_path / "checkpoint.pt"
+    with pytest.raises(RuntimeError), io.atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        left = tmp.with_name(tmp.name)  # what a SIGKILL here would leave
+        raise RuntimeError("killed")
+    left.write_bytes(b"half")  # atomic_path cleans up an exception; a SIGKILL does not
+    kept = [tmp_path / name for name in ("summary.json", ".hidden", "x.tmp", ".a.b.tmp")]
+    for path in kept:
+        path.write_text("{}")
+    assert io.remove_stale_temporaries(tmp_path) == [left]
+    assert sorted(tmp_path.iterdir()) == sorted(kept)

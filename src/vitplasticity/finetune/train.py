@@ -20,6 +20,7 @@ from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.setup import checked_device, setup_run
 from vitplasticity.utils.folder_lock import FolderBusy, hold_folder
+from vitplasticity.utils.io import remove_stale_temporaries
 from vitplasticity.workflow.config import Run
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,10 @@ def train_runs(
     for run, out_dir in runs:
         try:
             with hold_folder(out_dir):
+                # A run killed mid-write (SIGKILL) leaves atomic_path's temporary file; this
+                # process holds the folder now, so no one else is writing it.
+                for stale in remove_stale_temporaries(out_dir):
+                    log.info("removed %s, left by a run killed while writing it", stale)
                 summaries.append(
                     _finished_run(run, training, device, dataset_dir, Path(out_dir), packed)
                 )

@@ -271,6 +271,21 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+_TEMPORARY = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
+"""The names :func:`atomic_path` gives its temporary files (``.<name>.<8 random>.tmp``)."""
+
+
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary files :func:`atomic_path` left in ``folder`` when a process was
+    killed mid-write (SIGKILL runs no clean-up), and return them. Only for a folder no other
+    process is writing into (e.g. a run folder whose lock the caller holds).
+    """
+    stale = [p for p in Path(folder).iterdir() if p.is_file() and _TEMPORARY.match(p.name)]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 @contextlib.contextmanager
 def _naming(target: Path, tmp: Path | None = None) -> Iterator[None]:
     """Turn an OSError about writing ``target`` into a :class:`WriteError` naming it: one
