@@ -102,6 +102,11 @@ SlurmdParameters=config_overrides
 GresTypes=gpu
 NodeName=localhost CPUs=$CPUS RealMemory=$MEM Gres=gpu:$GPUS State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+# A CPU partition (the same node: what routes there is the partition a job names), as a
+# cluster keeps CPU-only jobs off its GPU nodes; and a partition with a 20-minute time limit,
+# as a cluster's caps are, for the tests that packed jobs fit under one.
+PartitionName=cpu Nodes=localhost MaxTime=INFINITE State=UP
+PartitionName=capped Nodes=localhost MaxTime=20 State=UP
 CONF
 # Stand-in GPUs: SLURM schedules and accounts them as on a real GPU node. Slurm 22.05's gres/gpu
 # drops a GPU without File= ("Removing file-less GPU"), and a File= must be a character or
