@@ -7,7 +7,7 @@ With one, in about 8 minutes and with nothing from the internet:
 
 1. the CUDA-marked tests (``pytest -m gpu``);
 2. one short real finetuning run per precision (:data:`PRECISIONS`: fp32, bf16, bf16 with
-   ``finetune.compile``) of a random-init ViT-B/16 at 224 px, all parameters trained, on a
+   ``finetune.compile``, tf32) of a random-init ViT-B/16 at 224 px, all parameters trained, on a
    synthetic prepared dataset, through the project's own ``finetune.train.train``;
 3. ``python -m benchmarks.run --device cuda --quick``;
 
@@ -57,6 +57,7 @@ PRECISIONS = (
     Precision("fp32", "fp32", False, "fp32"),
     Precision("bf16", "bf16", False, "bf16"),
     Precision("bf16_compile", "bf16", True, "bf16"),
+    Precision("tf32", "tf32", False, "tf32"),
 )
 
 
@@ -272,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     device = torch.device("cuda")
     tests = run_step([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "tests"], timeout=240)
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, as in benchmarks.run
+    # fp32 means fp32, as in benchmarks.run (the tf32 run turns TF32 on for its own steps).
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
     peaks = matmul_peak_flops(device, args.matmul_size)
     flops = train_flops_per_image(VIT_B16, device)
     runs = {}

@@ -11,12 +11,17 @@ the raw figures and the machine:
   main-process loading): same model init, batch and images; the three take turns.
 - ``finetune_bf16_vs_fp32``: the bf16 step's images/s over the fp32 step's (on a CPU above 1
   only with native bf16 matmuls, AVX512-BF16 or AMX, and a model large enough).
+- ``finetune_<precision>_vs_hand`` (fp32, bf16, tf32): the project's step with its data over a
+  hand-written loop (benchmarks/hand_loop.py: the same model and batch in the same
+  precision, random images already on the device, no loader, no clipping, nothing read
+  back): 1 is the hand loop's speed. tf32 is fp32 on a CPU.
 - ``plasticity_vs_floor``: seconds of ``plasticity.measure`` over the floor, plain forward
   passes of the same images through the same modules (embedding and the five component
   calls per block) without any norm bookkeeping. At most 1.3 on a CPU.
 - ``loader_vs_naive``: images/s of the project's train batches (decoded once; crops and
   flips on the device on a GPU) over per-sample PIL decoding and transforms.
-- ``dag_seconds``: wall time of ``snakemake -n all`` on config.yaml (the paper's full DAG).
+- ``dag_seconds``: wall time of ``python -m snakemake -n all`` on config.yaml (the paper's
+  full DAG); null when that failed (``failed`` names it; the other figures are kept).
 
 Plus the memory of one training step per finetuning configuration (benchmarks/memory.py,
 in ``--precision``) and, per precision, the finetuning path's model FLOPs utilisation against
@@ -43,6 +48,7 @@ import torch
 import torch.nn.functional as functional
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.hand_loop import hand_loop, precision_context
 from benchmarks.memory import CONFIGURATIONS, memory_table
 from benchmarks.naive import (
     explicit_attention_copy,
@@ -59,7 +65,7 @@ from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.precision import cpu_bf16_native
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.finetune.step import training_step
+from vitplasticity.finetune.step import deferred_training_step
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.utils.io import write_json
 from vitplasticity.workflow.config import Run
@@ -67,10 +73,14 @@ from vitplasticity.workflow.config import Run
 REPO = Path(__file__).resolve().parents[1]
 TINY_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 3, "num_heads": 3}
 VIT_B16 = {"timm_id": "vit_base_patch16_224", "weights": "random", "normalize": "imagenet"}
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "tf32")
 KEYS = (
     "finetune_fp32_vs_naive",
     "finetune_bf16_vs_naive",
+    "finetune_tf32_vs_naive",
+    "finetune_fp32_vs_hand",
+    "finetune_bf16_vs_hand",
+    "finetune_tf32_vs_hand",
     "finetune_bf16_vs_fp32",
     "plasticity_vs_floor",
     "loader_vs_naive",
@@ -117,17 +127,24 @@ def make_store(root: Path, args: argparse.Namespace) -> Path:
 
 
 def bench_finetune(split: store.Split, spec: dict[str, Any], args, device) -> dict[str, Any]:
-    """The project's training path in fp32 and in bf16 autocast against the naive loop.
+    """The project's training path in each precision against the naive loop and against a
+    hand-written loop in the same precision.
 
-    Each precision has its own model (the same init), optimizer and loader stream; the three
-    contenders take turns, and each step's images/s includes its data.
+    Each precision has its own model (the same init), optimizer and loader stream; the
+    contenders take turns, and each project step's images/s includes its data. The project's
+    steps are the loop's ordinary ones (deferred_training_step: nothing read back).
     """
     steppers: dict[str, Any] = {}
+    hands: dict[str, Any] = {}
     for precision in PRECISIONS:
         settings = settings_for(spec, args, precision)
         run_model = build_run_model(settings, num_classes=10, device=device)
         if precision == PRECISIONS[0]:  # the naive loop starts from the same weights
             naive_model = explicit_attention_copy(run_model.model)
+        hands[f"hand_{precision}"] = hand_loop(
+            run_model.model, args.batch_size, run_model.preprocessing.input_size, 10,
+            precision, args.steps, device,
+        )  # fmt: skip
         optimizer = build_optimizer(run_model.trainable, settings)
         if args.compile:
             run_model = dataclasses.replace(run_model, model=torch.compile(run_model.model))
@@ -159,7 +176,7 @@ def bench_finetune(split: store.Split, spec: dict[str, Any], args, device) -> di
                     images = loader.augment_on_device(canvas, sizes, boxes, flips, pre.input_size)
                 else:
                     images, labels = item
-                training_step(
+                deferred_training_step(
                     run_model, optimizer, images, labels, counter[precision], settings, device
                 )
                 counter[precision] += 1
@@ -175,6 +192,7 @@ def bench_finetune(split: store.Split, spec: dict[str, Any], args, device) -> di
             counter["naive"] += 1
 
     contenders = {precision: project(precision) for precision in PRECISIONS} | {"naive": naive}
+    contenders |= hands
     times = interleaved_medians(contenders, args.repeats, device)
     images_per_step = args.steps * args.batch_size
     result: dict[str, Any] = {
@@ -183,6 +201,7 @@ def bench_finetune(split: store.Split, spec: dict[str, Any], args, device) -> di
     }
     speed = {name: value["images_per_second"] for name, value in result.items()}
     result["vs_naive"] = {precision: speed[precision] / speed["naive"] for precision in PRECISIONS}
+    result["vs_hand"] = {p: speed[p] / speed[f"hand_{p}"] for p in PRECISIONS}
     result["bf16_vs_fp32"] = speed["bf16"] / speed["fp32"]
     # Of the fastest repetitions too: on a shared machine, the one least disturbed by others.
     result["bf16_vs_fp32_fastest"] = min(times["fp32"]["seconds"]) / min(times["bf16"]["seconds"])
@@ -214,15 +233,21 @@ def train_flops_per_image(spec: dict[str, Any], device: torch.device) -> float:
 
 def matmul_peak_flops(device: torch.device, size: int, repeats: int = 10) -> dict[str, float]:
     """Measured FLOP/s of a square matmul per precision (the peaks MFU is measured against),
-    fp32 and bf16 taking turns.
+    fp32, bf16 and tf32 (fp32 on a CPU) taking turns.
 
     A peak is what the machine can do: the fastest repetition, not the median, so that a
     burst of load from other jobs during these few seconds does not lower it.
     """
     a = torch.randn(size, size, device=device)
     b = torch.randn(size, size, device=device)
-    operands = {"fp32": (a, b), "bf16": (a.bfloat16(), b.bfloat16())}
+    operands = {"fp32": (a, b), "bf16": (a.bfloat16(), b.bfloat16()), "tf32": (a, b)}
+
+    def tf32_matmul() -> None:
+        with precision_context(device, "tf32"):
+            a @ b
+
     contenders = {name: (lambda x=x, y=y: x @ y) for name, (x, y) in operands.items()}
+    contenders["tf32"] = tf32_matmul
     times = interleaved_medians(contenders, repeats, device)
     return {name: 2 * size**3 / min(times[name]["seconds"]) for name in operands}
 
@@ -305,18 +330,25 @@ def bench_loader(split: store.Split, pre, args, device) -> dict[str, Any]:
 
 
 def bench_dag(configfile: str | None) -> dict[str, Any]:
-    """Wall time of ``snakemake -n --forceall all`` (config.yaml, plus ``configfile`` merged over
-    it): every job planned, whatever is already on disk (after ``make demo`` a plain dry run
-    plans nothing and counts no job)."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
-    command = [str(Path(sys.executable).parent / "snakemake"), "-n", "--forceall", "all"]
+    """Wall time of ``python -m snakemake -n --forceall all`` (config.yaml, plus ``configfile``
+    merged over it): every job planned, whatever is already on disk (after ``make demo`` a
+    plain dry run plans nothing and counts no job). Snakemake runs as a module of this
+    interpreter: a ``snakemake`` script beside it is absent in many environments. A failure
+    is returned (``failed``: the command and its last error lines), not raised, so that the
+    figures measured before it are written."""
+    command = [sys.executable, "-m", "snakemake", "-n", "--forceall", "all"]
     if configfile:
         command += ["--configfile", configfile]
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    except OSError as error:
+        return {"seconds": None, "command": " ".join(command[1:]), "jobs": None,
+                "failed": repr(error)}  # fmt: skip
     seconds = time.perf_counter() - started
     if done.returncode:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+        return {"seconds": None, "command": " ".join(command[1:]), "jobs": None,
+                "failed": f"exit {done.returncode}: {(done.stdout + done.stderr)[-2000:]}"}  # fmt: skip
     jobs = [line for line in done.stdout.splitlines() if line.startswith("total")]
     return {
         "seconds": seconds,
@@ -352,6 +384,9 @@ def print_table(result: dict[str, Any]) -> None:
     rows = [
         *((f"finetune_{name}_vs_naive", result[f"finetune_{name}_vs_naive"],
            f"{speed[name]:.2f} vs {speed['naive']:.2f} images/s") for name in PRECISIONS),
+        *((f"finetune_{name}_vs_hand", result[f"finetune_{name}_vs_hand"],
+           f"{speed[name]:.2f} vs {raw['finetune'][f'hand_{name}']['images_per_second']:.2f}"
+           " images/s (hand loop, data on the device)") for name in PRECISIONS),
         ("finetune_bf16_vs_fp32", result["finetune_bf16_vs_fp32"],
          f"{speed['bf16']:.2f} vs {speed['fp32']:.2f} images/s; fastest repetitions "
          f"{raw['finetune']['bf16_vs_fp32_fastest']:.2f}"),
@@ -368,7 +403,10 @@ def print_table(result: dict[str, Any]) -> None:
     ]  # fmt: skip
     print(f"{'measure':<22}{'value':>10}  raw")
     for name, value, detail in rows:
-        print(f"{name:<22}{value:>10.3f}  {detail}")
+        if value is None:
+            print(f"{name:<22}{'FAILED':>10}  {raw['dag'].get('failed', '')[-300:]}")
+        else:
+            print(f"{name:<22}{value:>10.3f}  {detail}")
     for name in PRECISIONS:
         print(f"{'mfu_' + name:<22}{raw['mfu'][name]:>10.3f}  of the {name} matmul peak")
     if result["machine"]["device"] == "cpu":
@@ -434,7 +472,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no GPU is visible")
     torch.set_num_threads(args.threads)
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 for the naive loop too
+    # fp32 means fp32 for the naive loop too (tf32 turns TF32 on for its own blocks only).
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
     spec = model_spec(args.model, args.quick)
     with tempfile.TemporaryDirectory(prefix="vitplasticity-bench-") as tmp:
         dataset = make_store(Path(tmp), args)
@@ -462,6 +501,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mfu = {name: finetune[name]["images_per_second"] * flops / peaks[name] for name in PRECISIONS}
     result = {
         **{f"finetune_{name}_vs_naive": finetune["vs_naive"][name] for name in PRECISIONS},
+        **{f"finetune_{name}_vs_hand": finetune["vs_hand"][name] for name in PRECISIONS},
         "finetune_bf16_vs_fp32": finetune["bf16_vs_fp32"],
         "plasticity_vs_floor": plast["ratio"],
         "loader_vs_naive": loading["ratio"],
@@ -479,8 +519,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "settings": {k: v for k, v in vars(args).items()} | {"model_spec": spec},
         "machine": machine(device, args.threads),
+        "failed": ["dag_seconds"] if dag["seconds"] is None else [],
     }
     for key in KEYS:
+        if key in result["failed"]:
+            continue
         if not (isinstance(result[key], float) and math.isfinite(result[key])):
             raise RuntimeError(f"{key} is not a finite number: {result[key]}")
     print_table(result)
@@ -490,4 +533,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 if __name__ == "__main__":
     np.seterr(all="ignore")
-    main()
+    sys.exit(1 if main()["failed"] else 0)

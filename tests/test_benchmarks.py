@@ -26,13 +26,19 @@ from vitplasticity.models.spec import TimmSpec
 def test_quick_benchmark_writes_every_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The DAG timing fails (a config file that does not exist): every other figure is
+    # still written, and the JSON names what failed.
     out = tmp_path / "bench.json"
     bench.main(
         ["--quick", "--device", "cpu", "--json", str(out), "--repeats", "2", "--pairs", "8",
-         "--threads", "1", "--dag-configfile", str(REPO / "workflow/presets/demo.yaml")]
+         "--threads", "1", "--dag-configfile", str(tmp_path / "missing.yaml")]
     )  # fmt: skip
     result = json.loads(out.read_text())
+    assert result["failed"] == ["dag_seconds"] and result["dag_seconds"] is None
+    assert result["raw"]["dag"]["failed"].startswith("exit ")
     for key in bench.KEYS:
+        if key == "dag_seconds":
+            continue
         assert isinstance(result[key], float) and math.isfinite(result[key]) and result[key] > 0
     raw = result["raw"]
     for part, sides in (("finetune", ("fp32", "bf16", "naive")), ("loader", ("project", "naive"))):
@@ -53,9 +59,13 @@ def test_quick_benchmark_writes_every_key(
     assert raw["plasticity"]["ratio"] == pytest.approx(
         raw["plasticity"]["measure"]["median_s"] / raw["plasticity"]["floor"]["median_s"]
     )
-    assert raw["dag"]["jobs"] > 0
+    for precision in ("fp32", "bf16", "tf32"):  # the project against the hand loop
+        hand = raw["finetune"][f"hand_{precision}"]["images_per_second"]
+        assert result[f"finetune_{precision}_vs_hand"] == pytest.approx(
+            raw["finetune"][precision]["images_per_second"] / hand
+        )
     assert raw["finetune"]["train_flops_per_image"] > 0
-    assert raw["mfu"].keys() == raw["matmul_peak_flops"].keys() == {"fp32", "bf16"}
+    assert raw["mfu"].keys() == raw["matmul_peak_flops"].keys() == {"fp32", "bf16", "tf32"}
     assert all(value > 0 for value in (*raw["mfu"].values(), *raw["matmul_peak_flops"].values()))
     assert {row["configuration"] for row in raw["memory"]} == {"full", "ln1"}
     for row in raw["memory"]:
@@ -66,6 +76,12 @@ def test_quick_benchmark_writes_every_key(
     printed = capsys.readouterr().out
     for key in (*bench.KEYS, "matmul_bf16_vs_fp32", "mfu_fp32", "mfu_bf16", "CPU bf16 matmuls"):
         assert key in printed
+
+
+def test_the_dag_is_timed_through_python_m_snakemake() -> None:
+    dag = bench.bench_dag(str(REPO / "workflow/presets/demo.yaml"))
+    assert dag["command"].startswith("-m snakemake -n --forceall all")
+    assert dag["seconds"] > 0 and dag["jobs"] > 0 and "failed" not in dag
 
 
 def test_flop_count_of_a_tiny_vit_matches_the_formula() -> None:

@@ -18,7 +18,7 @@ from vitplasticity.data.preprocessing import Preprocessing
 from vitplasticity.finetune.identity import check_runs
 from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.optim import build_optimizer
-from vitplasticity.finetune.precision import cpu_bf16_native
+from vitplasticity.finetune.precision import autocast, cpu_bf16_native, tf32_matmuls
 from vitplasticity.finetune.setup import augment_on_device
 from vitplasticity.finetune.step import training_step
 from vitplasticity.finetune.train import train
@@ -205,3 +205,28 @@ def test_run_with_device_augmentation(
     summary = train(settings.run, settings.training, demo_dataset, tmp_path / "run")
     assert summary["status"] == "completed" and summary["final_step"] == 4
     assert 0 <= summary["test_accuracy"] <= 1
+
+
+def test_tf32_runs_as_fp32_on_a_cpu(
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path
+) -> None:
+    # tf32 switches only CUDA matmuls: a CPU run is fp32 bit for bit, and records tf32.
+    frames = {}
+    for precision in ("fp32", "tf32"):
+        settings = full_settings(tiny_spec, precision=precision, steps=3, val_every=3)
+        summary = train(settings.run, settings.training, demo_dataset, tmp_path / precision)
+        assert summary["status"] == "completed"
+        assert summary["settings"]["precision"] == precision
+        frames[precision] = pl.read_parquet(tmp_path / precision / "metrics.parquet")
+    assert frames["fp32"].equals(frames["tf32"])
+
+
+def test_tf32_switches_cuda_matmuls_for_the_block_only() -> None:
+    # What a GPU step sees inside the block (the flag is readable without a GPU).
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    with tf32_matmuls():
+        assert matmul.fp32_precision == "tf32"
+    assert matmul.fp32_precision == before
+    with autocast(torch.device("cpu"), "tf32"):
+        assert matmul.fp32_precision == before  # a CPU block leaves CUDA's setting alone

@@ -1,5 +1,13 @@
 """The steps of a run: train, log, validate (model selection on validation accuracy), and
 checkpoint every ``checkpoint_every`` steps and on SIGTERM.
+
+Host synchronisation: a step that logs, validates, checkpoints or ends the run reads its loss
+and gradient norm back (:func:`training_step`); every other step leaves them on the device
+(:func:`deferred_training_step`), so the GPU is never idle waiting for the host between
+steps. The deferred values are read back together, one copy for all, before the next such
+step (at most ``MAX_DEFERRED_STEPS`` apart) and checked there: the run stops at the first
+non-finite one with the same row, step and outcome as a per-step check, because nothing
+computed from the weights after that step is kept (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -18,9 +26,19 @@ import torch
 from vitplasticity.data import loader
 from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.setup import RunContext
-from vitplasticity.finetune.step import StepResult, evaluate, training_step
+from vitplasticity.finetune.step import (
+    PendingStep,
+    StepResult,
+    deferred_training_step,
+    evaluate,
+    training_step,
+)
 
 log = logging.getLogger(__name__)
+
+MAX_DEFERRED_STEPS = 100
+"""Steps whose values stay on the device before they are read back, whatever log_every: a
+diverged run stops at most this many steps after it diverged (its result unchanged)."""
 
 
 class Preempted(Exception):
@@ -94,6 +112,37 @@ def _step_images(context: RunContext, item: tuple) -> tuple[torch.Tensor, torch.
     return loader.augment_on_device(canvas, sizes, boxes, flips, input_size), labels
 
 
+def _synchronous(training: Any, step: int, deferred: int, sigterm: threading.Event) -> bool:
+    """Whether ``step`` reads its values back: it logs, validates, checkpoints, ends the run,
+    follows SIGTERM, or ``MAX_DEFERRED_STEPS`` steps are waiting."""
+    return (
+        step == 1
+        or step % training.log_every == 0
+        or step % training.val_every == 0
+        or step % training.checkpoint_every == 0
+        or step == training.steps
+        or deferred + 1 >= MAX_DEFERRED_STEPS
+        or sigterm.is_set()
+    )
+
+
+def _record_step(state: ResumableState, step: int, result: StepResult) -> None:
+    state.record(train_row(step, result))
+    log.info("step %d loss %.4f grad %.4f lr %.3g", step, result.loss, result.grad_norm, result.lr)
+    if not result.finite:
+        log.warning("step %d: non-finite loss or gradient; the run diverged", step)
+
+
+def _first_nonfinite(pending: list[tuple[int, PendingStep]]) -> tuple[int, StepResult] | None:
+    """The first deferred step whose loss or gradient is non-finite (one read-back for
+    all), or None."""
+    results = PendingStep.read([step for _, step in pending])
+    for (step, _), result in zip(pending, results, strict=True):
+        if not result.finite:
+            return step, result
+    return None
+
+
 def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
     """The steps from ``state.start_step`` to the last: train, log, validate, checkpoint.
 
@@ -105,6 +154,7 @@ def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
     settings, device = context.settings, context.device
     training = settings.training
     diverged, step, train_seconds = False, state.start_step, 0.0
+    pending: list[tuple[int, PendingStep]] = []
     with _sigterm_flag() as sigterm:
         stream = loader.train_batches(
             context.batches,
@@ -117,30 +167,26 @@ def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
             tick = time.perf_counter()
             images, labels = _step_images(context, item)
             step = step_index + 1
+            arguments = (context.run_model, context.optimizer, images, labels, step_index)
+            if not _synchronous(training, step, len(pending), sigterm):
+                pending.append((step, deferred_training_step(*arguments, settings, device)))
+                train_seconds += time.perf_counter() - tick
+                continue
+            failed = _first_nonfinite(pending)
+            pending.clear()
+            if failed is not None:  # an earlier step diverged: the run stops there
+                train_seconds += time.perf_counter() - tick
+                step = failed[0]
+                _record_step(state, *failed)
+                diverged = True
+                break
             logged = step == 1 or step % training.log_every == 0 or step == training.steps
-            result = training_step(
-                context.run_model,
-                context.optimizer,
-                images,
-                labels,
-                step_index,
-                settings,
-                device,
-                logged,
-            )
+            result = training_step(*arguments, settings, device, logged)
             train_seconds += time.perf_counter() - tick
             diverged = not result.finite
             if logged or diverged:
-                state.record(train_row(step, result))
-                log.info(
-                    "step %d loss %.4f grad %.4f lr %.3g",
-                    step,
-                    result.loss,
-                    result.grad_norm,
-                    result.lr,
-                )
+                _record_step(state, step, result)
             if diverged:
-                log.warning("step %d: non-finite loss or gradient; the run diverged", step)
                 break
             _after_step(context, state, step, result.lr, sigterm)
     return TrainingOutcome(diverged, step, train_seconds)

@@ -87,9 +87,9 @@ class TrainingSettings:
     )
     precision: str = setting(
         "fp32",
-        help="fp32 (exact) | bf16 (autocast)",
+        help="fp32 (exact) | bf16 (autocast) | tf32 (TF32 matmuls on a GPU; fp32 on a CPU)",
         key="finetune.precision",
-        choices=("fp32", "bf16"),
+        choices=("fp32", "bf16", "tf32"),
     )
     device: str = setting("auto", help="auto | cpu | cuda[:N]", key="finetune.device")
     # 4: a SLURM GPU job decodes and augments ahead of the steps; the count never changes

@@ -63,23 +63,39 @@ class StepResult:
         return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
 
 
-def training_step(
+@dataclass(frozen=True)
+class PendingStep:
+    """An optimizer step whose loss and gradient norm are still on the device: reading them
+    (:meth:`read`) waits for the GPU, so the loop reads a run of them at once."""
+
+    values: torch.Tensor  # (2,): the loss and the gradient norm before clipping, fp32
+    lr: float
+
+    @staticmethod
+    def read(pending: list[PendingStep]) -> list[StepResult]:
+        """The results of ``pending`` steps, in one device-to-host copy (one synchronisation
+        however many steps)."""
+        if not pending:
+            return []
+        values = torch.stack([step.values for step in pending]).tolist()  # (n, 2)
+        return [
+            StepResult(loss, norm, step.lr, {})
+            for step, (loss, norm) in zip(pending, values, strict=True)
+        ]
+
+
+def _gradients(
     run_model: RunModel,
     optimizer: torch.optim.Optimizer,
     images: torch.Tensor,
     labels: torch.Tensor,
-    step_index: int,
     settings: FinetuneSettings,
     device: torch.device,
-    group_norms: bool = False,
-) -> StepResult:
-    """One optimizer update on one batch of uint8 images (B, 3, S, S).
-
-    Gradients are accumulated over micro-batches, each micro-batch's mean loss weighted by
-    its share of the batch (so the gradient is that of the batch's mean loss), clipped to
-    ``clip_grad_norm``, and applied at the scheduled learning rate. A non-finite loss or
-    gradient skips the update.
-    """
+    group_norms: bool,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The batch's accumulated gradients, clipped: (loss and norm before clipping as one
+    (2,) fp32 tensor on the device, per-group norms when asked). Synchronises only for the
+    group norms."""
     model, pre = run_model.model, run_model.preprocessing
     training = settings.training
     parameters = [parameter for _, parameter in run_model.trainable]
@@ -98,12 +114,63 @@ def training_step(
         total += loss.detach()
     norms = group_grad_norms(run_model.trainable, run_model.parameters) if group_norms else {}
     grad_norm = torch.nn.utils.clip_grad_norm_(parameters, training.clip_grad_norm)
+    return torch.stack([total, grad_norm.to(total.dtype)]), norms
+
+
+def _apply(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+
+
+def training_step(
+    run_model: RunModel,
+    optimizer: torch.optim.Optimizer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    step_index: int,
+    settings: FinetuneSettings,
+    device: torch.device,
+    group_norms: bool = False,
+) -> StepResult:
+    """One optimizer update on one batch of uint8 images (B, 3, S, S).
+
+    Gradients are accumulated over micro-batches, each micro-batch's mean loss weighted by
+    its share of the batch (so the gradient is that of the batch's mean loss), clipped to
+    ``clip_grad_norm``, and applied at the scheduled learning rate. A non-finite loss or
+    gradient skips the update. Reads the loss and norm back: one synchronisation.
+    """
+    values, norms = _gradients(run_model, optimizer, images, labels, settings, device, group_norms)
+    training = settings.training
     lr = warmup_cosine_lr(step_index, settings.run.lr, training.warmup_steps, training.steps)
     # One device-to-host copy for both numbers (one synchronisation per step, not two).
-    loss_value, norm_value = torch.stack([total, grad_norm.to(total.dtype)]).tolist()
+    loss_value, norm_value = values.tolist()
     result = StepResult(loss_value, norm_value, lr, norms)
     if result.finite:
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.step()
+        _apply(optimizer, lr)
     return result
+
+
+def deferred_training_step(
+    run_model: RunModel,
+    optimizer: torch.optim.Optimizer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    step_index: int,
+    settings: FinetuneSettings,
+    device: torch.device,
+) -> PendingStep:
+    """:func:`training_step`'s update without reading anything back (no synchronisation):
+    the GPU queues the next steps while this one computes.
+
+    The update is applied even when the loss or gradient is non-finite, where
+    :func:`training_step` skips it: the caller must read the step back
+    (:meth:`PendingStep.read`) before it uses the weights for anything it keeps (an
+    evaluation, a checkpoint), and stop the run at the first non-finite step, as
+    training_step's caller does; the weights after it are then never used.
+    """
+    values, _ = _gradients(run_model, optimizer, images, labels, settings, device, False)
+    training = settings.training
+    lr = warmup_cosine_lr(step_index, settings.run.lr, training.warmup_steps, training.steps)
+    _apply(optimizer, lr)
+    return PendingStep(values, lr)

@@ -1,14 +1,16 @@
 """The wall time (minutes) each SLURM job asks for, from the config: vitplasticity.workflow.
-runtime's estimates in the precision the job computes in, capped at
-``scheduler.max_runtime_minutes``, scaled by the retry attempt. Snakemake calls these as the
-``runtime`` resource of every job when it builds the DAG."""
+runtime's estimates in the precision the job computes in, calibrated by measured speeds
+(vitplasticity.workflow.calibration: finished runs, a gpu-check JSON, the GPU class table),
+capped at ``scheduler.max_runtime_minutes``, scaled by the retry attempt. Snakemake calls these
+as the ``runtime`` resource of every job when it builds the DAG."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
-from vitplasticity.workflow import runtime
+from vitplasticity.workflow import calibration, runtime
 from vitplasticity.workflow.jobs import ModelJobs
 from vitplasticity.workflow.packs import FinetunePack
 from vitplasticity.workflow.params import Wildcards
@@ -30,6 +32,12 @@ class JobRuntimes:
         self.max_minutes: int | None = config["scheduler"]["max_runtime_minutes"]
         self.models = ModelJobs(config)
 
+    @functools.cached_property
+    def calibration(self) -> calibration.Calibration:
+        """The measured speeds, read once (the results tree scanned when the first runtime
+        is asked for)."""
+        return calibration.from_config(self.config)
+
     def model_minutes(self, model: str, estimate: Estimate) -> int | None:
         """The wall time of a job of ``model``: ``estimate(timm_id)``, capped. A model whose
         family has no estimate (a transformers model) asks for scheduler.max_runtime_minutes,
@@ -47,6 +55,7 @@ class JobRuntimes:
             timm_id,
             finetune["precision"],
             attempt,
+            self.calibration,
         )
 
     def finetune(self, wildcards: Wildcards, attempt: int) -> int | None:
@@ -72,7 +81,7 @@ class JobRuntimes:
         return self.model_minutes(
             wildcards.model,
             lambda timm_id: runtime.plasticity_minutes(
-                p["n_pairs"], len(p["protocols"]), timm_id, p["dtype"], attempt
+                p["n_pairs"], len(p["protocols"]), timm_id, p["dtype"], attempt, self.calibration
             ),
         )
 
@@ -88,5 +97,6 @@ class JobRuntimes:
                 block["batches"],
                 timm_id,
                 attempt,
+                self.calibration,
             ),
         )

@@ -42,6 +42,8 @@ import functools
 import math
 from fractions import Fraction
 
+from vitplasticity.workflow.calibration import Calibration, Throughput
+
 # Training FLOPs of one image (forward + backward, 2 FLOPs per multiply-add) at the input
 # resolution of each timm architecture, as its architecture counts them (models.
 # train_flops_per_image). The old estimate read a size word from the id and assumed 224 px:
@@ -80,8 +82,12 @@ TRAIN_FLOPS_PER_IMAGE: dict[str, int] = {
 #   peak. cuBLAS may run fp64 matmuls on the A100's fp64 tensor cores (19.5 TFLOP/s), but
 #   the plain rate is the safe side; consumer GPUs run fp64 at 1/32 to 1/64 of fp32 and would
 #   need far more than this.
+# - tf32 (finetune.precision: tf32): 53.8112, half the bf16 rate, as the A100's dense TF32
+#   tensor-core peak (156 TFLOP/s) is half its bf16 one. Derived, not measured.
+# These are the last resort: measured speeds come first (vitplasticity.workflow.calibration).
 SUSTAINED_TFLOPS: dict[str, Fraction] = {
     "bf16": Fraction("107.6224"),
+    "tf32": Fraction("53.8112"),
     "fp32": Fraction(14),
     "float64": Fraction(7),
 }
@@ -125,22 +131,56 @@ def _counted_flops(timm_id: str) -> int:
     return train_flops_per_image(timm_id)
 
 
-def image_seconds(timm_id: str, precision: str) -> Fraction:
-    """Estimated seconds of one image's training forward + backward on one GPU.
-
-    Args:
-        timm_id: the model's timm id (:func:`train_gflop_per_image`).
-        precision: ``fp32`` or ``bf16`` (``finetune.precision``), ``float32`` or ``float64``
-            (``plasticity.dtype``).
-
-    Raises:
-        ValueError: ``precision`` is none of these.
-    """
+def _precision_name(precision: str) -> str:
     name = PRECISION_ALIASES.get(precision, precision)
     if name not in SUSTAINED_TFLOPS:
         known = sorted([*SUSTAINED_TFLOPS, *PRECISION_ALIASES])
         raise ValueError(f"unknown precision {precision!r} (known: {', '.join(known)})")
-    return train_gflop_per_image(timm_id) / (1000 * SUSTAINED_TFLOPS[name])
+    return name
+
+
+def throughput(
+    timm_id: str,
+    precision: str,
+    calibration: Calibration | None = None,
+    training_run: bool = False,
+) -> Throughput:
+    """Seconds of one image's training forward + backward on one GPU, and their source:
+    a finished run's measured speed (``training_run`` jobs only: a finetuning run of the same
+    model and precision), else the calibration's sustained TFLOP/s (gpu-check JSON, then
+    the GPU class table), else the A100 estimate (:data:`SUSTAINED_TFLOPS`).
+
+    Raises:
+        ValueError: ``precision`` is unknown.
+    """
+    name = _precision_name(precision)
+    if calibration is not None:
+        if training_run:
+            measured = calibration.measured_image_seconds(timm_id.partition(".")[0], name)
+            if measured is not None:
+                return Throughput(measured, "finished")
+        rate = calibration.tflops(name)
+        if rate is not None:
+            return Throughput(train_gflop_per_image(timm_id) / (1000 * rate[0]), rate[1])
+    seconds = train_gflop_per_image(timm_id) / (1000 * SUSTAINED_TFLOPS[name])
+    return Throughput(seconds, "a100_estimate")
+
+
+def image_seconds(timm_id: str, precision: str, calibration: Calibration | None = None) -> Fraction:
+    """Estimated seconds of one image's training forward + backward on one GPU, from the
+    calibration's sustained TFLOP/s or the A100 estimate (:func:`throughput`).
+
+    Args:
+        timm_id: the model's timm id (:func:`train_gflop_per_image`).
+        precision: ``fp32``, ``bf16`` or ``tf32`` (``finetune.precision``), ``float32`` or
+            ``float64`` (``plasticity.dtype``).
+        calibration: measured speeds (vitplasticity.workflow.calibration); None: the A100
+            estimate.
+
+    Raises:
+        ValueError: ``precision`` is none of these.
+    """
+    return throughput(timm_id, precision, calibration).image_seconds
 
 
 def _minutes(fixed: int, seconds: Fraction, attempt: int) -> int:
@@ -148,7 +188,12 @@ def _minutes(fixed: int, seconds: Fraction, attempt: int) -> int:
 
 
 def finetune_minutes(
-    steps: int, batch_size: int, timm_id: str, precision: str, attempt: int = 1
+    steps: int,
+    batch_size: int,
+    timm_id: str,
+    precision: str,
+    attempt: int = 1,
+    calibration: Calibration | None = None,
 ) -> int:
     """Minutes one finetuning run asks for: steps x batch_size images of training work,
     +30% for evaluation, +15 min, times the attempt; rounded down.
@@ -157,16 +202,23 @@ def finetune_minutes(
         steps: the dataset's finetuning steps (``datasets.<name>.steps``).
         batch_size: images per optimizer step (``finetune.batch_size``).
         timm_id: the model's timm id (``models.<name>.timm_id``).
-        precision: ``finetune.precision`` (fp32 or bf16).
+        precision: ``finetune.precision`` (fp32, bf16 or tf32).
         attempt: the scheduler's attempt, 1 for the first submission.
+        calibration: measured speeds, finished runs' first (:func:`throughput`).
     """
     images = steps * batch_size
-    seconds = FINETUNE_EVAL_FACTOR * images * image_seconds(timm_id, precision)
+    per_image = throughput(timm_id, precision, calibration, training_run=True).image_seconds
+    seconds = FINETUNE_EVAL_FACTOR * images * per_image
     return _minutes(FINETUNE_FIXED_MINUTES, seconds, attempt)
 
 
 def plasticity_minutes(
-    n_pairs: int, n_protocols: int, timm_id: str, precision: str, attempt: int = 1
+    n_pairs: int,
+    n_protocols: int,
+    timm_id: str,
+    precision: str,
+    attempt: int = 1,
+    calibration: Calibration | None = None,
 ) -> int:
     """Minutes one plasticity job asks for: two images per pair and protocol, each a third
     of a training image's work, times a 10x margin, +20 min, times the attempt; rounded down.
@@ -179,12 +231,19 @@ def plasticity_minutes(
         attempt: the scheduler's attempt, 1 for the first submission.
     """
     forwards = 2 * n_pairs * n_protocols
-    seconds = PLASTICITY_MARGIN * forwards * image_seconds(timm_id, precision) / FORWARD_SHARE
+    per_image = image_seconds(timm_id, precision, calibration)
+    seconds = PLASTICITY_MARGIN * forwards * per_image / FORWARD_SHARE
     return _minutes(PLASTICITY_FIXED_MINUTES, seconds, attempt)
 
 
 def recommend_minutes(
-    n_pairs: int, batch_size: int, warmup_steps: int, batches: int, timm_id: str, attempt: int = 1
+    n_pairs: int,
+    batch_size: int,
+    warmup_steps: int,
+    batches: int,
+    timm_id: str,
+    attempt: int = 1,
+    calibration: Calibration | None = None,
 ) -> int:
     """Minutes one recommend job asks for, in float32: its plasticity pairs (two forwards
     each) and head warm-up batches (forwards only), a third of a training image's work per
@@ -202,7 +261,8 @@ def recommend_minutes(
     training_images = (
         Fraction(2 * n_pairs + warmup_steps * batch_size, FORWARD_SHARE) + batches * batch_size
     )
-    seconds = PLASTICITY_MARGIN * training_images * image_seconds(timm_id, RECOMMEND_PRECISION)
+    per_image = image_seconds(timm_id, RECOMMEND_PRECISION, calibration)
+    seconds = PLASTICITY_MARGIN * training_images * per_image
     return _minutes(PLASTICITY_FIXED_MINUTES, seconds, attempt)
 
 
