@@ -207,7 +207,8 @@ def test_cli_run_writes_the_contract(
 ) -> None:
     out = tmp_path / "run"
     assert cli.main([*cli_args(tiny_spec, demo_dataset, out), "--demo"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.parquet", "summary.json"]
+    # Its two outputs and their verified copy (vitplasticity.finetune.finished), no checkpoint.
+    assert sorted(p.name for p in out.iterdir()) == ["finished", "metrics.parquet", "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary) >= CONTRACT_KEYS
     assert summary["status"] == "completed" and summary["diverged"] is False

@@ -256,6 +256,7 @@ def test_a_rerun_trains_only_the_runs_an_interrupted_pack_did_not_finish(
     assert proc.wait(timeout=60) != 0
     done = [f for f in folders if (f / "summary.json").exists()]
     assert done == folders[:2], log.read_text()[-3000:]
+    assert all((f / finished.KEPT_DIR / finished.RECORD).is_file() for f in done)
     # What Snakemake does to the outputs of an interrupted job before its rerun.
     for folder in done:
         (folder / "summary.json").unlink()
@@ -264,7 +265,7 @@ def test_a_rerun_trains_only_the_runs_an_interrupted_pack_did_not_finish(
     with caplog.at_level("INFO"):
         assert cli.main(argv(tiny_spec, demo_dataset, runs)) == 0
     assert trained(caplog) == [str(f) for f in folders[2:]]
-    kept = [r.getMessage() for r in caplog.records if "finished by an earlier attempt" in r.msg]
+    kept = [r.getMessage() for r in caplog.records if "finished by an earlier job" in r.msg]
     assert len(kept) == 2
     resumed = [json.loads((f / "summary.json").read_text())["resumed"] for f in folders]
     assert resumed == [False, False, True, False]  # the third from its checkpoint
@@ -276,29 +277,97 @@ def test_a_rerun_trains_only_the_runs_an_interrupted_pack_did_not_finish(
         for key in ("resumed", "git_commit"):  # a kept run's commit is its first attempt's
             ours[0].pop(key), theirs[0].pop(key)
         assert ours[0] == theirs[0] and ours[1].equals(theirs[1])
-        # Left as an unpacked run leaves its folder: its two files.
-        assert sorted(p.name for p in folder.iterdir()) == ["metrics.parquet", "summary.json"]
+        # Left as an uninterrupted run leaves its folder: its two files and their copy.
+        listing = sorted(p.name for p in folder.iterdir())
+        assert listing == ["finished", "metrics.parquet", "summary.json"]
 
 
-def test_a_kept_run_with_other_settings_or_altered_files_is_trained_again(
+def test_a_kept_run_with_other_settings_code_or_altered_files_is_trained_again(
     tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    runs = pack(tmp_path)[:3]
+    runs = pack(tmp_path)
     folders = [Path(r["out_dir"]) for r in runs]
     # The second run's folder held here: the pack fails after the others, keeping them.
     with hold_folder(folders[1]):
         assert cli.main(packed_args(tiny_spec, demo_dataset, runs)) == 2
     kept = [f / finished.KEPT_DIR for f in folders]
-    assert [k.is_dir() for k in kept] == [True, False, True]
+    assert [k.is_dir() for k in kept] == [True, False, True, True]
     (kept[0] / "summary.json").write_text("{}")
     record = json.loads((kept[2] / finished.RECORD).read_text())
     (kept[2] / finished.RECORD).write_text(json.dumps({**record, "fingerprint": "other"}))
+    record = json.loads((kept[3] / finished.RECORD).read_text())
+    older = {**record, "code": {**record["code"], "version": "0.0.1"}}
+    (kept[3] / finished.RECORD).write_text(json.dumps(older))
+    for folder in folders:  # what Snakemake does to the outputs of an interrupted job
+        for name in finished.OUTPUTS:
+            (folder / name).unlink(missing_ok=True)
     caplog.clear()
     with caplog.at_level("INFO"):
         assert cli.main(packed_args(tiny_spec, demo_dataset, runs)) == 0
     assert trained(caplog) == [str(f) for f in folders]
     assert "missing or altered" in caplog.text and "kept by other settings" in caplog.text
-    assert not any(k.exists() for k in kept)
+    assert "kept by other code" in caplog.text
+    # Each copy now records this training, with this code.
+    for folder, copy in zip(folders, kept, strict=True):
+        record = json.loads((copy / finished.RECORD).read_text())
+        assert record["code"] == finished.code_identity() and record["fingerprint"] != "other"
+        assert (copy / "summary.json").read_bytes() == (folder / "summary.json").read_bytes()
+
+
+def test_a_finished_single_run_whose_outputs_were_deleted_is_put_back_not_trained(
+    tiny_spec: TimmSpec, demo_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run of its own (one job of a cluster's group job, say): Snakemake deletes a finished
+    run's outputs when its group job is cancelled; the next job of the run puts them back from
+    the copy, byte for byte, instead of training it."""
+    out = tmp_path / "run"
+    args = cli_args(tiny_spec, demo_dataset, out)
+    assert cli.main(args) == 0
+    first = {name: (out / name).read_bytes() for name in finished.OUTPUTS}
+    for name in finished.OUTPUTS:
+        (out / name).unlink()
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert cli.main(args) == 0
+    assert trained(caplog) == []
+    assert f"{out}: finished by an earlier job" in caplog.text
+    assert {name: (out / name).read_bytes() for name in finished.OUTPUTS} == first
+
+
+def test_a_job_killed_between_the_outputs_and_their_copy_resumes_from_the_checkpoint(
+    tiny_spec: TimmSpec,
+    demo_dataset: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checkpoint is removed only once the copy is recorded: a job that dies after
+    writing the outputs but before the copy leaves its checkpoint, and the rerun resumes from
+    it instead of training the run from its start."""
+    out = tmp_path / "run"
+    args = cli_args(tiny_spec, demo_dataset, out)
+
+    def killed(out_dir: Path, key: str) -> None:
+        raise KeyboardInterrupt("killed before the copy")
+
+    monkeypatch.setattr(finished, "keep", killed)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(args)
+    assert (out / "summary.json").is_file() and (out / "checkpoint.pt").is_file()
+    assert not (out / finished.KEPT_DIR).exists()
+    monkeypatch.undo()
+    for name in finished.OUTPUTS:  # what Snakemake does to the outputs of a failed job
+        (out / name).unlink()
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert cli.main(args) == 0
+    assert f"resuming {out}/checkpoint.pt from step" in caplog.text
+    assert not (out / "checkpoint.pt").exists()
+    reference = tmp_path / "reference"
+    assert cli.main(cli_args(tiny_spec, demo_dataset, reference)) == 0
+    ours, theirs = comparable(out), comparable(reference)
+    assert ours[0].pop("resumed") is True and theirs[0].pop("resumed") is False
+    assert ours[0] == theirs[0] and ours[1].equals(theirs[1])
 
 
 def test_a_run_folder_another_process_works_in_is_refused_naming_it(

@@ -1,12 +1,13 @@
-"""A packed job's finished runs, kept until the whole pack is done.
+"""A finished run's verified copy, kept in its folder outside the job's declared outputs.
 
-Snakemake sees a pack (``finetune --runs``) as one job: when it is interrupted it deletes
-every output of the job, the finished runs' too, and a rerun starts the job afresh. So a
-packed run, once its summary.json and metrics.parquet are written, also keeps a copy of them
-in ``<run>/pack_finished/`` with a record of the settings' fingerprint and each file's SHA-256.
-A rerun of the pack puts a run's files back from a copy that matches its settings and its
-hashes instead of training it again, and the job removes the copies once all its runs are
-done, leaving each run folder as an unpacked run leaves it.
+Snakemake deletes every output of an interrupted job: a pack's (``finetune --runs``, one job)
+and, on a cluster, every job of a cancelled group job (the profile's ``groups:``), the
+finished runs' too. So every run, packed or not, once its summary.json and metrics.parquet are
+written, keeps a copy of them in ``<run>/finished/`` with a record of the settings'
+fingerprint, the code that trained it and each file's SHA-256. A later job of the same run
+puts the files back from a copy that matches its settings, its code and its hashes instead of
+training the run again. The copy stays (it is not an output, so no clean-up removes it): a
+run is trained again only when its folder, or its ``finished/``, is deleted.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
+from vitplasticity.provenance import git_commit
 from vitplasticity.utils.io import atomic_path, write_json
+from vitplasticity.version import __version__
 
 log = logging.getLogger(__name__)
 
-KEPT_DIR = "pack_finished"
+KEPT_DIR = "finished"
 OUTPUTS = ("summary.json", "metrics.parquet")
 RECORD = "record.json"  # written last: a copy without it is incomplete
 
@@ -35,21 +39,29 @@ def _copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, tmp)
 
 
+def code_identity() -> dict[str, Any]:
+    """The code that trains a run: a copy from other code is not put back (a forced rerun
+    after an update trains anew). The commit without its ``-dirty`` mark: a config.yaml
+    edited after an interruption must not cost the finished runs."""
+    commit = git_commit()
+    return {"version": __version__, "git_commit": commit and commit.removesuffix("-dirty")}
+
+
 def keep(out_dir: Path, key: str) -> None:
-    """Copy the finished run's outputs in ``out_dir`` aside, recorded with the settings
-    fingerprint ``key``."""
+    """Copy the finished run's outputs in ``out_dir`` into ``out_dir/finished/``, recorded
+    with the settings fingerprint ``key``, the code and each file's SHA-256."""
     kept = out_dir / KEPT_DIR
     kept.mkdir(exist_ok=True)
     (kept / RECORD).unlink(missing_ok=True)
     for name in OUTPUTS:
         _copy(out_dir / name, kept / name)
     hashes = {name: _sha256(kept / name) for name in OUTPUTS}
-    write_json(kept / RECORD, {"fingerprint": key, "sha256": hashes})
+    write_json(kept / RECORD, {"fingerprint": key, "code": code_identity(), "sha256": hashes})
 
 
 def restore(out_dir: Path, key: str) -> bool:
-    """Put back the outputs of a run finished earlier with settings ``key``; False (nothing
-    changed) when there is no complete copy of them with those settings."""
+    """Put back the outputs of the run finished earlier in ``out_dir`` with settings ``key``
+    and this code; False (nothing changed) when there is no complete, matching copy."""
     kept = out_dir / KEPT_DIR
     try:
         record = json.loads((kept / RECORD).read_text())
@@ -58,6 +70,9 @@ def restore(out_dir: Path, key: str) -> bool:
     if record.get("fingerprint") != key:
         log.warning("%s was kept by other settings; training the run", kept)
         return False
+    if record.get("code") != code_identity():
+        log.warning("%s was kept by other code (%s); training the run", kept, record.get("code"))
+        return False
     hashes = record.get("sha256", {})
     if any(not (kept / n).is_file() or _sha256(kept / n) != hashes.get(n) for n in OUTPUTS):
         log.warning("%s: a kept file is missing or altered; training the run", kept)
@@ -65,8 +80,3 @@ def restore(out_dir: Path, key: str) -> bool:
     for name in OUTPUTS:
         _copy(kept / name, out_dir / name)
     return True
-
-
-def discard(out_dir: Path) -> None:
-    """Remove the copies of ``out_dir`` (once its pack is done)."""
-    shutil.rmtree(out_dir / KEPT_DIR, ignore_errors=True)

@@ -8,7 +8,6 @@ from typing import Any
 
 import polars as pl
 
-from vitplasticity.finetune.checkpoint import remove_checkpoint
 from vitplasticity.finetune.gradients import GROUPS
 from vitplasticity.finetune.loop import TrainingOutcome
 from vitplasticity.finetune.resumable import ResumableState
@@ -75,12 +74,11 @@ def summary(context: RunContext, state: ResumableState, outcome: TrainingOutcome
 
 
 def write_outputs(context: RunContext, state: ResumableState, run_summary: dict[str, Any]) -> None:
-    """Write metrics.parquet (the summary in its footer) and summary.json, then delete the
-    checkpoint: a finished run leaves its two files only."""
+    """Write metrics.parquet (the summary in its footer) and summary.json (the caller deletes
+    the checkpoint once it has kept their copy: :mod:`vitplasticity.finetune.finished`)."""
     write_parquet(
         context.out_dir / "metrics.parquet",
         _metrics_frame(state.rows),
         metadata={"summary": run_summary},
     )
     write_json(context.out_dir / "summary.json", run_summary)
-    remove_checkpoint(context.checkpoint_path)

@@ -12,7 +12,11 @@ from typing import Any
 import torch
 
 from vitplasticity.finetune import finished
-from vitplasticity.finetune.checkpoint import fingerprint
+from vitplasticity.finetune.checkpoint import (
+    CHECKPOINT_NAME,
+    fingerprint,
+    remove_checkpoint,
+)
 from vitplasticity.finetune.identity import FinetuneSettings, check_runs
 from vitplasticity.finetune.loop import train_steps
 from vitplasticity.finetune.outputs import summary, write_outputs
@@ -41,9 +45,10 @@ def train_runs(
     run starts. Each run's folder is locked while it is worked on
     (:func:`vitplasticity.utils.folder_lock.hold_folder`); a run whose folder another process
     holds is skipped, and the others are done. A run resumes from ``out_dir/checkpoint.pt``
-    when one written with the same settings exists. In a job of several runs (a pack), each
-    finished run's outputs are kept aside until all are done, and a run kept by an
-    interrupted attempt is put back instead of trained (:mod:`vitplasticity.finetune.finished`).
+    when one written with the same settings exists. Each finished run keeps a verified copy of
+    its outputs in its folder, and a run whose copy matches is put back instead of trained
+    (:mod:`vitplasticity.finetune.finished`): the finished runs of an interrupted pack or
+    group job, whose outputs Snakemake deleted, are not trained again.
 
     Returns:
         The summaries (what each summary.json holds), in the order of ``runs``.
@@ -57,7 +62,6 @@ def train_runs(
     """
     check_runs([run for run, _ in runs], training)
     device = checked_device(training, dataset_dir)
-    packed = len(runs) > 1
     summaries, refused = [], []
     for run, out_dir in runs:
         try:
@@ -66,17 +70,12 @@ def train_runs(
                 # process holds the folder now, so no one else is writing it.
                 for stale in remove_stale_temporaries(out_dir):
                     log.info("removed %s, left by a run killed while writing it", stale)
-                summaries.append(
-                    _finished_run(run, training, device, dataset_dir, Path(out_dir), packed)
-                )
+                summaries.append(_finished_run(run, training, device, dataset_dir, Path(out_dir)))
         except FolderBusy as busy:
             log.error("%s", busy)
             refused.append(str(busy))
     if refused:
         raise RunsRefused(f"{len(refused)} of {len(runs)} runs not done: " + "; ".join(refused))
-    if packed:
-        for _, out_dir in runs:
-            finished.discard(Path(out_dir))
     return summaries
 
 
@@ -86,22 +85,24 @@ def _finished_run(
     device: torch.device,
     dataset_dir: str | Path,
     out_dir: Path,
-    packed: bool,
 ) -> dict[str, Any]:
-    """The summary of ``run`` trained into ``out_dir`` (or, in a pack, put back from the copy
-    an interrupted attempt kept)."""
+    """The summary of ``run`` trained into ``out_dir`` (or put back from the copy an earlier
+    job of the run kept)."""
     settings = FinetuneSettings(run, training)
     key = fingerprint(settings.fingerprint_fields())
-    if packed and finished.restore(out_dir, key):
-        log.info("%s: finished by an earlier attempt of the pack, kept", out_dir)
+    if finished.restore(out_dir, key):
+        log.info("%s: finished by an earlier job, put back from %s", out_dir, finished.KEPT_DIR)
+        remove_checkpoint(out_dir / CHECKPOINT_NAME)  # left by a job killed after the copy
         return json.loads((out_dir / "summary.json").read_text())
     context = setup_run(settings, device, dataset_dir, out_dir)
     state = ResumableState.resume(context)
     outcome = train_steps(context, state)
     run_summary = summary(context, state, outcome)
     write_outputs(context, state, run_summary)
-    if packed:
-        finished.keep(out_dir, key)
+    # The checkpoint goes only once the copy is recorded: a job killed in between resumes
+    # from it instead of training the run from its start.
+    finished.keep(out_dir, key)
+    remove_checkpoint(context.checkpoint_path)
     log.info(
         "%s: %s at step %s, best val %s (step %s), test %s",
         out_dir,
