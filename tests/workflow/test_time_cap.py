@@ -10,6 +10,7 @@ from typing import Any
 import immutables
 import pytest
 from snakemake.iocontainers import Wildcards
+from snakemake.resources import Resources
 from snakemake.settings.types import GroupSettings
 
 from tests.helpers.configs import Configure
@@ -19,6 +20,7 @@ from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import finetune_packs
 from vitplasticity.workflow.time_cap import (
     GroupFit,
+    cap_fixed_runtimes,
     check_cap,
     cut_packs,
     experiment_run_minutes,
@@ -143,3 +145,23 @@ def test_fitted_input_fits_the_groups_before_calling_the_input(demo_with: Config
     fit = GroupFit(workflow, config, JobRuntimes(config), report=lambda _: None)
     assert fit.fitted_input(lambda wildcards: f"in-{wildcards}")("w") == "in-w"
     assert workflow.group_settings.group_components["finetune_pack"] == 1
+
+
+def rule_with_runtime(name: str, runtime_resource: Any) -> SimpleNamespace:
+    return SimpleNamespace(
+        name=name, resources=Resources.from_mapping({"runtime": runtime_resource})
+    )
+
+
+def test_the_profiles_fixed_runtimes_are_lowered_to_the_cap() -> None:
+    """prepare's 240 minutes (the workflow profile) would wait forever on a 20-minute
+    partition; a job's own function (finetune's) caps itself and is left alone."""
+    rules = [
+        rule_with_runtime("prepare", 240),
+        rule_with_runtime("wilcoxon", 15),
+        rule_with_runtime("finetune", lambda wildcards, attempt: 999),
+    ]
+    assert cap_fixed_runtimes(rules, 20) == ["prepare"]
+    assert [r.resources["runtime"].value for r in rules[:2]] == [20, 15]
+    assert rules[2].resources["runtime"].is_evaluable()
+    assert cap_fixed_runtimes(rules, None) == []

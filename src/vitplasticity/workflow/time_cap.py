@@ -204,3 +204,28 @@ class GroupFit:
         if self.cap is None or minutes is None:
             return minutes
         return min(minutes, self.cap // self.runs_per_group)
+
+
+def cap_fixed_runtimes(rules: Iterable[Any], max_minutes: int | None) -> list[str]:
+    """Lower every rule's fixed ``runtime`` resource (a number: the workflow profile's
+    set-resources, slurm/profile.yaml's default-resources) to the cap; the rules that compute
+    theirs from the config (finetune, plasticity, recommend) cap it themselves.
+
+    Args:
+        rules: Snakemake's rules (``workflow.rules``: ``name``, ``resources``).
+        max_minutes: scheduler.max_runtime_minutes (None: nothing changes).
+
+    Returns:
+        The names of the rules lowered, sorted.
+    """
+    if max_minutes is None:
+        return []
+    lowered = []
+    for rule in rules:
+        resource = rule.resources.get("runtime")
+        # A function of the job (evaluable) has no value before its job exists.
+        value = None if resource is None or resource.is_evaluable() else resource.value
+        if isinstance(value, int) and value > max_minutes:
+            rule.resources["runtime"] = max_minutes
+            lowered.append(rule.name)
+    return sorted(lowered)
