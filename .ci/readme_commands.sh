@@ -16,8 +16,12 @@ rm -rf "$clone"
 git clone -q "$repo" "$clone"
 ln -s "$repo/.venv" "$clone/.venv"
 
-fresh_shell() {  # run $1 in the clone in a shell that has inherited nothing
-    env -i HOME="$HOME" PATH=/usr/local/bin:/usr/bin:/bin bash -c "cd '$clone' && set -euo pipefail && $1"
+# Run $1 in the clone in a shell that has inherited nothing. PYTHONPATH makes the clone's own
+# package win over the one the linked venv's editable install points to (the same commit in
+# CI; on a developer's machine it may be another checkout); it puts nothing on PATH.
+fresh_shell() {
+    env -i HOME="$HOME" PATH=/usr/local/bin:/usr/bin:/bin PYTHONPATH="$clone/src" \
+        bash -c "cd '$clone' && set -euo pipefail && $1"
 }
 
 # Without the README's activation the commands are not found (what a new user met).
