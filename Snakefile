@@ -6,6 +6,8 @@ from snakemake.exceptions import WorkflowError
 
 from vitplasticity.workflow.config import check_config, check_keys, config_errors_end_the_run
 from vitplasticity.workflow.config_files import check_config_file
+from vitplasticity.workflow.scheduling import route_and_prioritize
+from vitplasticity.workflow.time_cap import cap_fixed_runtimes
 
 min_version("9.27")
 
@@ -80,3 +82,11 @@ rule recommend_all:
 rule weights_all:
     input:
         TARGETS.weights(),
+
+
+# CPU-only rules on scheduler.cpu_partition (when set), and the paper's first results
+# (plasticity, bounds, the reference set, their figures) submitted before the finetuning grid
+# (vitplasticity.workflow.scheduling; docs/slurm.md).
+route_and_prioritize(workflow.rules, config["scheduler"]["cpu_partition"])
+# The profiles' fixed wall times (prepare 240 minutes...) within scheduler.max_runtime_minutes too.
+cap_fixed_runtimes(workflow.rules, config["scheduler"]["max_runtime_minutes"])

@@ -1,6 +1,7 @@
 # What the rules share: wildcard constraints, the run grid's targets, and each job's inputs,
 # params and wall time, all bound to the config here and computed in vitplasticity.workflow.
 # Keep this file free of torch imports: the SLURM plugin re-parses it on every node.
+import sys
 from functools import partial
 
 from snakemake.exceptions import WorkflowError
@@ -19,6 +20,7 @@ from vitplasticity.workflow.report import FIGURE_FLAGS, ReportFiles
 from vitplasticity.workflow.resolved import save_resolved_config
 from vitplasticity.workflow.results import ResultFiles
 from vitplasticity.workflow.targets import Targets
+from vitplasticity.workflow.time_cap import GroupFit, check_cap, cut_packs
 from vitplasticity.settings.declaration import command_flags
 from vitplasticity.plasticity.settings import (
     BoundsSettings,
@@ -51,6 +53,12 @@ DATA = DatasetJobs(config)
 FILES = ResultFiles(config)
 REPORT_FILES = ReportFiles(config)
 RUNTIMES = JobRuntimes(config)
+# No job, packed either way, asks for more than scheduler.max_runtime_minutes: a cap that
+# leaves a run no time past its start-up is refused; Snakemake groups of finetune runs are
+# cut to fit it (vitplasticity.workflow.time_cap; finetune_packs.smk cuts the packs).
+with config_errors_end_the_run():
+    check_cap(config)
+GROUP_FIT = GroupFit(workflow, config, RUNTIMES, report=partial(print, file=sys.stderr))
 FINETUNE = FinetuneJobs(config, TrainingSettings)
 TARGETS = Targets(config)
 DEMO_FLAG = demo_flag(config)

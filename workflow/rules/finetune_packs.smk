@@ -10,7 +10,8 @@ ONSTART_CHECKS.append(partial(refuse_packs_on_a_cluster, workflow))
 # One rule per experiment and list of (configuration, lr, seed): datasets with their own
 # LR grid get their own rule, so that every output pattern is fixed. Its name comes from
 # its content (vitplasticity.workflow.packs), so it stays put when the config grows.
-for pack in finetune_packs(config):
+# A pack whose runs would sum to more than scheduler.max_runtime_minutes is cut into several.
+for pack in cut_packs(finetune_packs(config), config, RUNTIMES):
 
     rule:
         name:

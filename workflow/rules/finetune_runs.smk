@@ -3,7 +3,9 @@
 
 rule finetune:
     input:
-        dataset=DATA.dataset,
+        # Snakemake groups of this rule are cut to fit scheduler.max_runtime_minutes before
+        # they are formed (GroupFit).
+        dataset=GROUP_FIT.fitted_input(DATA.dataset),
         weights=MODELS.weights,
     output:
         summary=f"{RESULTS}/finetune/{{experiment}}/{{model}}/{{dataset}}/{{configuration}}/lr{{lr}}_seed{{seed}}/summary.json",
@@ -21,7 +23,8 @@ rule finetune:
         # Empty for every configuration without "lora": editing finetune.lora reruns LoRA runs only.
         lora_flags=FINETUNE.lora_flags,
     resources:
-        runtime=RUNTIMES.finetune,
+        # Its share of the cap when Snakemake groups finetune runs (GroupFit).
+        runtime=GROUP_FIT.finetune,
     conda:
         ENV
     shell:

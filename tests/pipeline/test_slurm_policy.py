@@ -1,0 +1,149 @@
+"""The small demo on the local SLURM with the shipped packing block, under a 20-minute time
+cap (the test cluster's `capped` partition, MaxTime 20) and with CPU-only rules routed to its
+`cpu` partition (scheduler.cpu_partition): every job COMPLETED, none asked for more than 20
+minutes (the packing block's groups of 3 runs of 15 minutes are cut), CPU-only jobs ran on
+`cpu` and GPU jobs on `capped`, the first results were submitted before the first finetuning
+job, and the finetuning jobs asked SLURM for a lower priority (--nice). The per-job start-up
+(sacct elapsed against each run's own compute) is printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers.demo_workflow import workflow_args
+from tests.helpers.slurm_harness import (
+    GLOBAL_PROFILE,
+    REPO,
+    LocalSlurm,
+    packing_block,
+    run_snakemake,
+    run_uuids,
+    shipped_profile_args,
+    timelimit_minutes,
+    why_no_slurm,
+)
+from vitplasticity.workflow.scheduling import FIRST_RESULT_RULES, is_gpu_rule
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+CAP = 20
+CAPPED_PARTITION, CPU_PARTITION = "capped", "cpu"
+FIELDS = [
+    "JobID",
+    "State",
+    "Partition",
+    "Timelimit",
+    "Submit",
+    "ElapsedRaw",
+    "SubmitLine",
+    "Comment",
+]
+
+
+@pytest.fixture(scope="module")
+def local_slurm() -> Iterator[LocalSlurm]:
+    reason = why_no_slurm()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the SLURM tests, but: {reason}")
+        pytest.skip(reason)
+    cluster = LocalSlurm()
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def accounting(job_name: str, expected: int) -> list[dict[str, str]]:
+    """sacct's allocation rows of the run `job_name`, with partition and submit line, once
+    all `expected` jobs are there."""
+    deadline = time.monotonic() + 60
+    while True:
+        out = subprocess.run(
+            ["sacct", "-X", "-P", "-n", "--name", job_name, "-o", ",".join(FIELDS)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+        rows = [dict(zip(FIELDS, line.split("|"), strict=False)) for line in out.splitlines()]
+        rows = [row for row in rows if row.get("JobID")]
+        if len(rows) >= expected or time.monotonic() > deadline:
+            return rows
+        time.sleep(1)
+
+
+def rule_of(row: dict[str, str]) -> str:
+    """The job's rule; a group job's comment names its group and rule (finetune_pack_finetune)."""
+    return row["Comment"].removeprefix("rule_").split("_wildcards_")[0]
+
+
+def is_finetune(row: dict[str, str]) -> bool:
+    return rule_of(row) == "finetune" or rule_of(row).startswith("finetune_pack")
+
+
+def test_capped_packed_run_routes_cpu_rules_and_submits_first_results_first(
+    local_slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    shipped = yaml.safe_load((GLOBAL_PROFILE / "profile.yaml").read_text())
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    block = packing_block((GLOBAL_PROFILE / "profile.yaml").read_text())
+    # The GPU partition is the capped one: what a user fills in as slurm_partition.
+    defaults = {**shipped["default-resources"], "slurm_partition": CAPPED_PARTITION}
+    (profile / "profile.yaml").write_text(
+        yaml.safe_dump({**shipped, **block, "default-resources": defaults})
+    )
+    scheduler = {"scheduler": {"max_runtime_minutes": CAP, "cpu_partition": CPU_PARTITION}}
+    args = [*workflow_args(tmp_path, scheduler), *shipped_profile_args(jobs=2, profile=profile)]
+    proc = run_snakemake([*args, "finetune_all", "plasticity_all"], REPO, timeout=1200)
+    assert "finetune_pack=3 lowered to finetune_pack=1" in proc.stdout, proc.stdout[-3000:]
+    (uuid,) = run_uuids(proc.stdout)
+    n_jobs = proc.stdout.count("has been submitted with SLURM jobid")
+    rows = accounting(uuid, n_jobs)
+    assert len(rows) == n_jobs and {r["State"] for r in rows} == {"COMPLETED"}, rows
+
+    rules = {rule_of(r) for r in rows}
+    assert {"prepare", "reference", "plasticity"} <= rules, rows
+    assert any(rule.startswith("finetune_pack") for rule in rules), rows
+    for row in rows:
+        assert timelimit_minutes(row["Timelimit"]) <= CAP, row
+        gpu = is_finetune(row) or is_gpu_rule(rule_of(row))
+        assert row["Partition"] == (CAPPED_PARTITION if gpu else CPU_PARTITION), row
+        # The grid yields to every other job in SLURM's queue.
+        assert ("--nice=100" in row["SubmitLine"]) == is_finetune(row), row
+
+    # Submission order: JobIDs grow with submission. The first results' jobs that were ready
+    # before any finetuning run (prepare, reference) came before the first finetune job.
+    first_finetune = min(int(r["JobID"]) for r in rows if is_finetune(r))
+    for row in rows:
+        if rule_of(row) in FIRST_RESULT_RULES - {"plasticity", "bounds"}:
+            assert int(row["JobID"]) < first_finetune, rows
+
+    # Start-up per finetuning job: SLURM's elapsed against the run's own compute.
+    compute = {
+        p.parent.name: json.loads(p.read_text())["wall_seconds"]
+        for p in (tmp_path / "results").rglob("summary.json")
+    }
+    finetune_rows = [r for r in rows if is_finetune(r)]
+    elapsed = sum(int(r["ElapsedRaw"]) for r in finetune_rows)
+    print(
+        "\nfinetune jobs under a 20-minute cap:",
+        json.dumps(
+            {
+                "jobs": len(finetune_rows),
+                "sacct_elapsed_s": elapsed,
+                "runs_compute_s": round(sum(compute.values()), 1),
+                "start_up_per_job_s": round(
+                    (elapsed - sum(compute.values())) / len(finetune_rows), 1
+                ),
+            }
+        ),
+    )
