@@ -103,11 +103,15 @@ CRITERION_LABELS: dict[str, str] = {
     "gradient_snr": "Grad. SNR",
     "weight_spectral": "Spectral",
     "nfn": "NFN",
+    "spectrum_snr": "Spectrum SNR",
+    "kappa": "kappa",
 }
 """Short names of known criteria in tables and figures (others print as they are named)."""
 
 NO_SCORE_REASONS: dict[str, str] = {
     "nfn": "a norm holds no linear map, so it has no NFN",
+    "spectrum_snr": "a norm holds no weight matrix, so it has no Spectrum SNR",
+    "kappa": "a norm holds no weight matrix, so it has no condition number",
 }
 """Why a criterion has no score for some configurations by design (said in ``note``)."""
 
