@@ -539,3 +539,122 @@ def test_criteria_table_compiles(tmp_path: Path) -> None:
         "two": criteria_table(C.analyse(crit, two_models)),
     }
     compile_tables(tmp_path, tables)
+
+
+# --- the selector benchmark on a plain accuracy table ----------------------------------------
+
+
+def _recommend_rows(values: dict[str, dict[str, dict[str, float]]], lower_first: set[str]):
+    """Recommend-table rows from {criterion: {dataset: {configuration: value}}}, ranked as
+    recommend ranks (highest first, lowest for ``lower_first``; NaN last)."""
+    rows = []
+    for criterion, datasets in values.items():
+        for dataset, cells in datasets.items():
+            sign = -1.0 if criterion in lower_first else 1.0
+            order = sorted(
+                cells, key=lambda c: (math.isnan(cells[c]), -sign * np.nan_to_num(cells[c]))
+            )
+            for rank, configuration in enumerate(order, start=1):
+                rows.append(
+                    {
+                        "model": "vit",
+                        "dataset": dataset,
+                        "configuration": configuration,
+                        "criterion": criterion,
+                        "value": cells[configuration],
+                        "rank": rank,
+                    }
+                )
+    return pl.DataFrame(rows)
+
+
+def test_score_selectors_scores_spectrum_and_kappa_against_scipy() -> None:
+    """Five datasets, seeds as rows of a plain (configuration, dataset, accuracy) table:
+    per-dataset rho and tau are scipy's on the seed means, kappa's score is its negated
+    value (lowest first), the norms' n/a values are no score, and the Wilcoxon p across
+    datasets is scipy's with min_p = 2^-5."""
+    rng = np.random.default_rng(7)
+    datasets = [f"d{i}" for i in range(5)]
+    accuracy_rows, means = [], {}
+    for dataset in datasets:
+        for configuration in COMPONENTS:
+            seeds = rng.uniform(0.5, 0.9, size=3)
+            means[dataset, configuration] = seeds.mean()
+            accuracy_rows += [
+                {"configuration": configuration, "dataset": dataset, "accuracy": float(a)}
+                for a in seeds
+            ]
+    accuracy = pl.DataFrame(accuracy_rows)
+    linear = ["mha", "fc1", "fc2"]
+    values = {
+        "spectrum_snr": {
+            d: {
+                c: (math.nan if c in ("ln1", "ln2") else float(rng.uniform(0.1, 1)))
+                for c in COMPONENTS
+            }
+            for d in datasets
+        },
+        "kappa": {
+            d: {
+                c: (math.nan if c in ("ln1", "ln2") else float(rng.uniform(2, 50)))
+                for c in COMPONENTS
+            }
+            for d in datasets
+        },
+    }
+    criteria = C.recommend_criteria(_recommend_rows(values, {"kappa"}))
+    result = C.score_selectors(criteria, accuracy, experiment="verify")
+    per_dataset = result.filter(pl.col("level") == "dataset")
+    rhos: dict[str, list[float]] = {}
+    for criterion, sign in (("spectrum_snr", 1.0), ("kappa", -1.0)):
+        for dataset in datasets:
+            row = per_dataset.filter(
+                (pl.col("criterion") == criterion) & (pl.col("dataset") == dataset)
+            ).row(0, named=True)
+            score = [sign * values[criterion][dataset][c] for c in linear]
+            measured = [means[dataset, c] for c in linear]
+            assert row["n"] == 3 and row["experiment"] == "verify"
+            rho, rho_p = stats.spearmanr(score, measured)
+            tau, tau_p = stats.kendalltau(score, measured)
+            assert row["spearman_rho"] == pytest.approx(rho, abs=1e-12)
+            assert row["kendall_tau"] == pytest.approx(tau, abs=1e-12)
+            assert row["spearman_p"] == pytest.approx(rho_p, abs=1e-12)
+            assert row["kendall_p"] == pytest.approx(tau_p, abs=1e-12)
+            best = linear[int(np.argmax(score))]
+            assert row["top1_hit"] == float(best == linear[int(np.argmax(measured))])
+            rhos.setdefault(criterion, []).append(rho)
+    summary = result.filter(pl.col("level") == "summary")
+    for criterion, values_of in rhos.items():
+        row = summary.filter(pl.col("criterion") == criterion).row(0, named=True)
+        kept = [r for r in values_of if r != 0]
+        assert row["wilcoxon_p"] == pytest.approx(
+            stats.wilcoxon(kept, alternative="greater").pvalue, abs=1e-12
+        )
+        assert row["min_p"] == pytest.approx(2.0 ** -len(kept))
+    pairwise = result.filter(pl.col("level") == "pairwise")
+    assert set(zip(pairwise["criterion"], pairwise["versus"], strict=True)) == {
+        ("spectrum_snr", "kappa"),
+        ("kappa", "spectrum_snr"),
+    }
+
+
+def test_score_selectors_refuses_a_table_without_its_columns_or_model() -> None:
+    criteria = C.combine_criteria(
+        [
+            pl.DataFrame(
+                {
+                    "model": ["a", "b"],
+                    "dataset": ["d", "d"],
+                    "configuration": ["mha", "mha"],
+                    "criterion": ["kappa", "kappa"],
+                    "source": ["recommend", "recommend"],
+                    "score": [1.0, 2.0],
+                }
+            )
+        ]
+    )
+    with pytest.raises(ValueError, match="accuracy table misses column"):
+        C.score_selectors(criteria, pl.DataFrame({"dataset": ["d"]}), experiment="v")
+    plain = pl.DataFrame({"configuration": ["mha"], "dataset": ["d"], "accuracy": [0.5]})
+    with pytest.raises(ValueError, match="criteria hold 2 models"):
+        C.score_selectors(criteria, plain, experiment="v")

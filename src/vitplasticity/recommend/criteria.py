@@ -22,6 +22,10 @@ the items of its parts:
   map: their NFN is n/a (NaN, ranked last and never recommended), and a configuration that
   joins a norm to linear components has the NFN of its linear maps. PLoP finetunes the
   *lowest* NFN first (:data:`.ranking.LOWER_FIRST`), the opposite end from the other criteria.
+- ``spectrum_snr`` (Spectrum) and ``kappa`` (KappaTune's condition number), data-free: items
+  are the 2-D weight tensors of every block; per tensor, from its singular values
+  (:mod:`.matrix_criteria`). Norms hold no matrix: n/a, as for NFN. KappaTune finetunes the
+  *lowest* kappa first (:data:`.ranking.LOWER_FIRST`).
 
 A configuration's trainable parameters exclude the classifier head and the final norm, which
 every configuration trains (:func:`always_trained_parameters` counts those). Which parameter
@@ -35,7 +39,7 @@ import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -60,6 +64,11 @@ from vitplasticity.plasticity.upper_bounds import (
     stacked_weight,
 )
 from vitplasticity.recommend.gradients import Batch, gradient_statistics, head_warmup
+from vitplasticity.recommend.matrix_criteria import (
+    MATRIX_SCHEMA,
+    matrix_estimate,
+    matrix_statistics,
+)
 from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics
 from vitplasticity.recommend.settings import CRITERIA as CRITERIA  # declared with the flags
 
@@ -333,6 +342,9 @@ class Measurements:
     """Parameters of the head and final norm (trained by every configuration)."""
     features: pl.DataFrame
     """:func:`vitplasticity.recommend.nfn.feature_norm_statistics` rows (one per linear map)."""
+    matrices: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=MATRIX_SCHEMA))
+    """:func:`vitplasticity.recommend.matrix_criteria.matrix_statistics` rows (one per tensor);
+    empty: Spectrum SNR and kappa n/a for every configuration."""
 
     @classmethod
     def of_components(
@@ -358,6 +370,7 @@ class Measurements:
             component_parameters={c: sum(sizes[n].numel() for n in names[c]) for c in COMPONENTS},
             always_trained=always_trained_parameters(model, parameters),
             features=features,
+            matrices=matrix_statistics(model),
         )
 
     def check_finite(self, what: str) -> None:
@@ -389,7 +402,15 @@ class Measurements:
             "gradient_snr": tensor_estimate(self.tensors, parts, "gradient_snr"),
             "weight_spectral": weight_estimate(self.weights, parts),
             "nfn": nfn_estimate(self.features, parts),
+            "spectrum_snr": self._matrix_estimate(parts, "spectrum_snr"),
+            "kappa": self._matrix_estimate(parts, "kappa"),
         }
+
+    def _matrix_estimate(self, parts: Sequence[str], criterion: str) -> Estimate:
+        n_items = self.matrices.filter(
+            pl.col("component").is_in(list(parts)) & pl.col(criterion).is_finite()
+        ).height
+        return Estimate(matrix_estimate(self.matrices, parts, criterion), n_items=n_items)
 
 
 def measure_criteria(

@@ -25,6 +25,10 @@ rules: a part (a component, or the head) that cannot be named exactly has no PEF
 ``peft.forms`` says so with the reason instead of dropping it; each form also lists the
 parameters of its part that it leaves frozen (a linear's bias beside its LoRA adapter, a
 LayerScale), since LoRA trains a low-rank update of a weight, not the component.
+
+``trainers`` holds the same decision in the formats trainers read without peft: axolotl's
+``unfrozen_parameters``, a plain freeze list, and Spectrum's score file of our Spectrum SNR
+(:mod:`.trainer_exports`).
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ def build_export(
     """
     from vitplasticity.models.architectures import ParameterMap, architecture_for
     from vitplasticity.recommend.criteria import configuration_components
+    from vitplasticity.recommend.matrix_criteria import matrix_statistics
+    from vitplasticity.recommend.trainer_exports import trainer_exports
 
     components = () if configuration is None else configuration_components(configuration)
     architecture = architecture_for(model)
@@ -85,6 +91,8 @@ def build_export(
     forms = _peft_forms(architecture, model, parameters, names, components)
     lora, ln_tuning = _peft_configs(architecture, model, forms)
     counts = _counts(names.sizes, chosen, always)
+    trained_names = set(always).union(*chosen.values())
+    trained = [n for n in names.parameters if n in trained_names]
     if lora is not None:
         counts["lora_adapters"] = _adapter_count(model, lora["config"]["target_modules"])
     return {
@@ -97,6 +105,7 @@ def build_export(
         "parameters": {"components": chosen, "always_trained": always},
         "counts": counts,
         "peft": {"lora": lora, "ln_tuning": ln_tuning, "forms": forms},
+        "trainers": trainer_exports(model, trained, matrix_statistics(model)),
         "usage": _usage(configuration, lora, ln_tuning),
     }
 
@@ -436,4 +445,9 @@ def _usage(
             "Norms alone: peft.get_peft_model(model, peft.LNTuningConfig(**peft.ln_tuning.config))."
         )
     sentences.append("A part whose peft.forms entry has no form is not in the PEFT configs.")
+    sentences.append(
+        "axolotl: unfrozen_parameters: trainers.axolotl.unfrozen_parameters (anchored, one per "
+        "parameter); a trainer taking names: freeze trainers.freeze; axolotl's Spectrum plugin: "
+        "trainers.spectrum (its usage)."
+    )
     return sentences

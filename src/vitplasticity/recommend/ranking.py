@@ -3,7 +3,7 @@ its Markdown report.
 
 The table is long: one row per (configuration, criterion), columns :data:`TABLE_SCHEMA`.
 Within a criterion, rank 1 is the configuration to finetune first: the highest value, except
-for the criteria of :data:`LOWER_FIRST` (NFN), where it is the lowest; a NaN value ranks last;
+for the criteria of :data:`LOWER_FIRST` (NFN, kappa), where it is the lowest; a NaN value ranks last;
 ties go to the configuration with fewer trainable parameters, then to the order given.
 """
 
@@ -41,17 +41,25 @@ CRITERION_LABELS: dict[str, str] = {
     "gradient_snr": "gradient SNR",
     "weight_spectral": "weight spectral",
     "nfn": "NFN",
+    "spectrum_snr": "Spectrum SNR",
+    "kappa": "kappa",
 }
 """How each criterion is printed in the report and the figure."""
 
-LOWER_FIRST: frozenset[str] = frozenset({"nfn"})
+LOWER_FIRST: frozenset[str] = frozenset({"nfn", "kappa"})
 """Criteria whose *lowest* value is finetuned first. PLoP (Hayou et al., ICLR 2026) places its
 adapters on the modules of lowest normalised feature norm, the least aligned with the task's
 inputs, and shows the highest ones (its PLoP^-1) do worse: for NFN, higher is *not* better.
-Every other criterion ranks its highest value first (plasticity: the paper's finding)."""
+KappaTune (Ludwig 2025) finetunes the tensors of lowest condition number, the least
+anisotropic. Every other criterion ranks its highest value first (plasticity: the paper's
+finding; Spectrum: the highest SNR)."""
 
 WITHOUT_NFN: frozenset[str] = frozenset({"ln1", "ln2"})
-"""The components that hold no linear map, so have no NFN (n/a): the norms."""
+"""The components that hold no linear map, so have no NFN (n/a): the norms. They hold no
+weight matrix either, so Spectrum's SNR and kappa are n/a for them too."""
+
+NORMS_NOT_RANKED: frozenset[str] = frozenset({"nfn", "spectrum_snr", "kappa"})
+"""The criteria that are n/a for the norms (:data:`WITHOUT_NFN`)."""
 
 COMPONENT_NAMES: dict[str, str] = {
     "ln1": "LN1",
@@ -206,9 +214,11 @@ def check_ranking(settings: RecommendImageSettings | RecommendTextSettings) -> N
         raise ValueError("--combine needs --budget (without one the union is every component)")
     # The greedy union joins every component that has a value, whatever --configurations holds.
     norms_only = all(set(components) <= WITHOUT_NFN for components in parts)
-    if settings.criterion == "nfn" and not settings.combine and norms_only:
+    if settings.criterion in NORMS_NOT_RANKED and not settings.combine and norms_only:
+        label = CRITERION_LABELS[settings.criterion]
         raise ValueError(
-            f"--criterion nfn: NFN is n/a for norms (they hold no linear map), and --configurations "
+            f"--criterion {settings.criterion}: {label} is n/a for norms (they hold no linear map), "
+            "and --configurations "
             f"{' '.join(configurations)} holds norms only: add a configuration with mha, fc1 or "
             "fc2, or rank by another --criterion"
         )

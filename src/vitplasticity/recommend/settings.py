@@ -42,6 +42,8 @@ CRITERIA: tuple[str, ...] = (
     "gradient_snr",
     "weight_spectral",
     "nfn",
+    "spectrum_snr",
+    "kappa",
 )
 """Criterion names, as in the ``criterion`` column of the recommendation table."""
 

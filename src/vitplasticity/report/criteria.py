@@ -103,11 +103,15 @@ CRITERION_LABELS: dict[str, str] = {
     "gradient_snr": "Grad. SNR",
     "weight_spectral": "Spectral",
     "nfn": "NFN",
+    "spectrum_snr": "Spectrum SNR",
+    "kappa": "kappa",
 }
 """Short names of known criteria in tables and figures (others print as they are named)."""
 
 NO_SCORE_REASONS: dict[str, str] = {
     "nfn": "a norm holds no linear map, so it has no NFN",
+    "spectrum_snr": "a norm holds no weight matrix, so it has no Spectrum SNR",
+    "kappa": "a norm holds no weight matrix, so it has no condition number",
 }
 """Why a criterion has no score for some configurations by design (said in ``note``)."""
 
@@ -402,6 +406,58 @@ def analyse(
     return pl.concat(
         [per_dataset, summarize_criteria(per_dataset), compare_criteria(per_dataset)]
     ).cast(RESULT_SCHEMA)  # type: ignore[arg-type]
+
+
+ACCURACY_COLUMNS: tuple[str, ...] = ("configuration", "dataset", "accuracy")
+"""The plain accuracy table :func:`score_selectors` reads (``model`` optional)."""
+
+
+def score_selectors(
+    criteria: pl.DataFrame,
+    accuracy: pl.DataFrame,
+    *,
+    experiment: str,
+    configurations: Sequence[str] | None = None,
+    min_configurations: int = MIN_CONFIGURATIONS,
+) -> pl.DataFrame:
+    """The selector benchmark on any measured accuracies (the paper's grid, verification
+    runs): :func:`analyse` of ``criteria`` against a plain table.
+
+    Args:
+        criteria: a criteria frame (:data:`CRITERION_SCHEMA`; :func:`recommend_criteria` of
+            recommend tables, :func:`plasticity_criteria`, :func:`parameter_criterion`).
+        accuracy: columns ``configuration``, ``dataset``, ``accuracy`` (a fraction or a
+            percentage: only ranks matter), and ``model`` when the criteria hold several
+            models (else the criteria's one model). Several rows of one (model, dataset,
+            configuration), its seeds, count as their mean.
+        experiment: the ``experiment`` of the result's rows (``verify``, ``sgd``).
+        configurations: the configurations compared; None (default) for every one present
+            in both tables.
+        min_configurations: see :func:`.criteria_statistics.correlate`.
+
+    Returns:
+        :func:`analyse`'s rows: per dataset rho, tau, top-1 hit; per criterion across datasets
+        the one-sided Wilcoxon of rho > 0 with ``min_p`` = 2^-n; criterion against criterion.
+
+    Raises:
+        ValueError: naming a missing column, a model the criteria do not identify, or no
+            (model, dataset) that both tables cover.
+    """
+    _require(accuracy, ACCURACY_COLUMNS, "accuracy table")
+    if "model" not in accuracy.columns:
+        models = criteria["model"].unique().to_list()
+        if len(models) != 1:
+            raise ValueError(
+                f"accuracy table: no model column, and the criteria hold {len(models)} models "
+                f"({', '.join(sorted(models))}): add a model column"
+            )
+        accuracy = accuracy.with_columns(model=pl.lit(models[0]))
+    selected = (
+        accuracy.group_by("model", "dataset", "configuration", maintain_order=True)
+        .agg(test_accuracy_mean=pl.col("accuracy").cast(pl.Float64).mean())
+        .with_columns(experiment=pl.lit(experiment))
+    )
+    return analyse(criteria, selected, configurations, min_configurations)
 
 
 def best_criterion_lines(result: pl.DataFrame) -> list[str]:

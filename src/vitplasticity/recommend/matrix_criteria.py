@@ -1,0 +1,144 @@
+"""Two data-free criteria of a weight matrix's singular values: Spectrum's SNR and KappaTune's
+condition number, per 2-D weight tensor of every component.
+
+- ``spectrum_snr`` (Hartford et al. 2024, "Spectrum: Targeted Training on Signal to Noise
+  Ratio", arXiv 2406.06623; cognitivecomputations/spectrum ``spectrum.py``,
+  ``calculate_snr_for_layer``): the singular values s of an (n, m) weight, sigma = IQR(s) /
+  1.349 (quartiles by linear interpolation, as ``torch.quantile``), the Marchenko-Pastur
+  threshold sigma (1 + sqrt(beta)) with beta = min(n, m) / max(n, m); signal = the sum of the
+  s above the threshold, noise = the sum of the others; SNR = signal / noise / s_max. Spectrum
+  trains the modules of *highest* SNR.
+- ``kappa`` (Ludwig 2025, "The Condition Number as a Scale-Invariant Proxy for Information
+  Encoding in Neural Units", arXiv 2506.16289; oswaldoludwig/kappaTune
+  ``selective_fine_tuning.py``): kappa = s_max / s_min over the same singular values;
+  KappaTune finetunes the *lowest* kappa first (the least anisotropic tensors), so kappa ranks
+  its lowest value first (:data:`.ranking.LOWER_FIRST`).
+
+Spectrum's code returns a number in cases where the number means something else; here those
+are n/a (NaN) with the reason in ``reason``, never a value:
+
+- a 1-D tensor (a norm's gamma or beta, a bias): Spectrum unsqueezes it to a 1 x d matrix, one
+  singular value, IQR 0, threshold 0, so it scores 1.0 whatever the weights (KappaTune skips
+  tensors below 2-D). Norms (LN1, LN2) therefore have neither criterion, as they have no NFN;
+- no singular value at or below the threshold (``no noise``): Spectrum then divides by 1
+  instead of a noise sum, so the value turns into sum(s) / s_max, a count of directions, not a
+  ratio of signal to noise (it happens whenever the IQR is 0, e.g. an orthogonal matrix);
+- s_max = 0 (a zero matrix): no spectrum at all; for kappa, s_min = 0 (a singular matrix:
+  KappaTune's infinity) is n/a likewise, so that a configuration's mean stays a number.
+
+Signal = 0 (every singular value below the threshold) is a true SNR of 0 and is kept. Both
+criteria are computed in float64 on the CPU (an SVD per matrix; ViT-B has 48, a second).
+A configuration's value is the unweighted mean over the 2-D weights of its components, every
+block's (:func:`matrix_estimate`); a configuration of norms alone has none: n/a.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+from torch import nn
+
+from vitplasticity.components import COMPONENTS
+from vitplasticity.models.architectures import parameter_map
+
+IQR_TO_SIGMA = 1.349
+"""The interquartile range of a standard normal: IQR / 1.349 estimates its sigma."""
+
+MATRIX_SCHEMA: dict[str, pl.DataType] = {
+    "component": pl.String(),
+    "parameter": pl.String(),
+    "spectrum_snr": pl.Float64(),
+    "spectrum_snr_reason": pl.String(),
+    "kappa": pl.Float64(),
+    "kappa_reason": pl.String(),
+}
+"""Columns of :func:`matrix_statistics`: one row per parameter tensor of the five components."""
+
+NOT_A_MATRIX = "a 1-D tensor (norm weight or bias) has one singular value: Spectrum scores it 1.0"
+NO_NOISE = (
+    "no singular value at or below the Marchenko-Pastur threshold: Spectrum divides by 1, so "
+    "the value would be sum(s)/s_max, not a signal-to-noise ratio"
+)
+ZERO_MATRIX = "a zero matrix has no singular spectrum"
+SINGULAR = "a singular matrix (s_min = 0) has an infinite condition number"
+
+
+def singular_values(weight: np.ndarray) -> np.ndarray:
+    """The singular values of a 2-D ``weight`` in float64, largest first."""
+    return np.linalg.svd(np.asarray(weight, dtype=np.float64), compute_uv=False)
+
+
+def spectrum_snr(weight: np.ndarray) -> tuple[float, str | None]:
+    """Spectrum's SNR of ``weight`` and None, or NaN and why it is n/a (module docstring)."""
+    weight = np.asarray(weight, dtype=np.float64)
+    if weight.ndim != 2:
+        return math.nan, NOT_A_MATRIX
+    s = singular_values(weight)
+    if s[0] == 0:
+        return math.nan, ZERO_MATRIX
+    q25, q75 = np.quantile(s, [0.25, 0.75])
+    sigma = (q75 - q25) / IQR_TO_SIGMA
+    n, m = weight.shape
+    beta = min(n, m) / max(n, m)
+    threshold = sigma * (1 + math.sqrt(beta))
+    signal = s > threshold
+    if signal.all():
+        return math.nan, NO_NOISE
+    return float(s[signal].sum() / s[~signal].sum() / s[0]), None
+
+
+def condition_number(weight: np.ndarray) -> tuple[float, str | None]:
+    """KappaTune's kappa = s_max / s_min of ``weight`` and None, or NaN and why it is n/a."""
+    weight = np.asarray(weight, dtype=np.float64)
+    if weight.ndim != 2:
+        return math.nan, "a 1-D tensor (norm weight or bias) is not a matrix: KappaTune skips it"
+    s = singular_values(weight)
+    if s[0] == 0:
+        return math.nan, ZERO_MATRIX
+    if s[-1] == 0:
+        return math.nan, SINGULAR
+    return float(s[0] / s[-1]), None
+
+
+def matrix_statistics(model: nn.Module) -> pl.DataFrame:
+    """Spectrum's SNR and kappa of every parameter tensor of the five components, every
+    block's, in ``named_parameters`` order (the model's
+    :class:`~vitplasticity.models.architectures.ParameterMap` says which component owns which).
+
+    Raises:
+        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
+    """
+    parameters = parameter_map(model)
+    tensors = dict(model.named_parameters())
+    rows = []
+    for component in COMPONENTS:
+        for name in parameters.component_names(component):
+            weight = tensors[name].detach().cpu().double().numpy()
+            snr, snr_reason = spectrum_snr(weight)
+            kappa, kappa_reason = condition_number(weight)
+            rows.append(
+                {
+                    "component": component,
+                    "parameter": name,
+                    "spectrum_snr": snr,
+                    "spectrum_snr_reason": snr_reason,
+                    "kappa": kappa,
+                    "kappa_reason": kappa_reason,
+                }
+            )
+    return pl.DataFrame(rows, schema=MATRIX_SCHEMA)
+
+
+def matrix_estimate(matrices: pl.DataFrame, components: Sequence[str], criterion: str) -> float:
+    """``criterion`` (``spectrum_snr`` or ``kappa``) of a configuration: the unweighted mean
+    over its components' tensors where it is defined; NaN (n/a) where it is defined for none."""
+    values = (
+        matrices.filter(pl.col("component").is_in(list(components)))[criterion]
+        .to_numpy()
+        .astype(np.float64)
+    )
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if len(values) else math.nan
