@@ -94,10 +94,14 @@ def _step_images(context: RunContext, item: tuple) -> tuple[torch.Tensor, torch.
     return loader.augment_on_device(canvas, sizes, boxes, flips, input_size), labels
 
 
-def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
+def train_steps(
+    context: RunContext, state: ResumableState, stop_at: int | None = None
+) -> TrainingOutcome:
     """The steps from ``state.start_step`` to the last: train, log, validate, checkpoint.
 
-    Stops early when the loss or gradient becomes non-finite (the run diverged).
+    Stops early when the loss or gradient becomes non-finite (the run diverged), or after
+    step ``stop_at`` (a rung of successive halving): the schedule, logging and validation
+    stay those of the full ``training.steps``, so a later process continues the run exactly.
 
     Raises:
         Preempted: when SIGTERM arrived; the checkpoint is written first.
@@ -105,11 +109,12 @@ def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
     settings, device = context.settings, context.device
     training = settings.training
     diverged, step, train_seconds = False, state.start_step, 0.0
+    end = training.steps if stop_at is None else min(stop_at, training.steps)
     with _sigterm_flag() as sigterm:
         stream = loader.train_batches(
             context.batches,
             state.start_step,
-            training.steps,
+            end,
             training.num_workers,
             device.type == "cuda",
         )
