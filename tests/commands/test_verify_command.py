@@ -11,6 +11,8 @@ import polars as pl
 import pytest
 
 from tests.helpers.cli_errors import refusal
+from vitplasticity import cli
+from vitplasticity.commands import verify as verify_command
 from vitplasticity.models.spec import TimmSpec
 
 
@@ -34,7 +36,7 @@ def argv(tmp_path: Path, spec: TimmSpec, **flags: str) -> list[str]:
     }
     args = ["recommend-verify"]
     for key, value in values.items():
-        args += [f"--{key}", *(value.split() if key == "lrs" else [value])]
+        args += [f"--{key}", *(value.split() if key in ("lrs", "seeds") else [value])]
     return args
 
 
@@ -54,3 +56,10 @@ def test_a_bad_input_is_refused_naming_it(
 ) -> None:
     message = refusal(argv(tmp_path, tiny_spec, **flags), caplog, outputs=tmp_path / "out")
     assert named in message
+
+
+def test_the_cli_hands_recommend_verify_to_its_command(tmp_path: Path, tiny_spec: TimmSpec) -> None:
+    args = cli.build_parser().parse_args(argv(tmp_path, tiny_spec, lrs="0.01 0.1", seeds="0 42"))
+    assert args.handler is verify_command.run_verify
+    assert (args.lrs, args.seeds, args.top_k, args.eta) == ([0.01, 0.1], [0, 42], 2, 2)
+    assert "recommend-verify" in cli.GPU_COMMANDS  # takes a GPU slot of its own, as finetune
