@@ -18,7 +18,7 @@ from vitplasticity.version import __version__
 # The stages that compute on a GPU: on a workstation each takes a GPU of its own before it
 # imports torch (vitplasticity.utils.gpu_slots; nothing changes under SLURM or without a GPU).
 GPU_COMMANDS: frozenset[str] = frozenset(
-    {"finetune", "plasticity", "text-plasticity", "recommend", "recommend-text"}
+    {"finetune", "plasticity", "text-plasticity", "recommend", "recommend-text", "recommend-verify"}
 )
 
 # Modules that register subcommands, in the order --help lists them.
@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "finetune",
     "report",
     "recommend",
+    "verify",
     "criteria",
 )
 

@@ -49,6 +49,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         '([{"configuration": .., "lr": .., "seed": .., "out_dir": ..}]), done one after '
         "another in this process (saves the start-up of one process per run)",
     )
+    run.add_argument(
+        "--stop-at-step",
+        type=int,
+        help="pause each run after this step (a rung of successive halving): checkpoint and "
+        "rung_step<N>.json written, the schedule stays that of --steps; rerun without it to "
+        "continue to --steps exactly",
+    )
     # Every training flag, its type, choices and default from TrainingSettings (the config
     # key each mirrors in its help).
     training = parser.add_argument_group("training (defaults: the config schema's)")
@@ -84,6 +91,8 @@ def run_finetune(args: argparse.Namespace) -> int:
     from vitplasticity.workflow.config import Run
 
     settings = settings_from_args(TrainingSettings, args)
+    if args.stop_at_step is not None and args.stop_at_step < 1:
+        raise ValueError(f"--stop-at-step: must be >= 1, got {args.stop_at_step}")
     # Both ways give the LR as a float parsed from its shortest repr (--lr, or a JSON number):
     # a packed run and a run of its own train with the same LR, to the last bit.
     runs = [
@@ -103,7 +112,8 @@ def run_finetune(args: argparse.Namespace) -> int:
         # Here, not at the first checkpoint, minutes into training.
         check_writable(out_dir, key, folder=True)
     try:
-        train_runs(runs, settings, args.dataset_dir)  # every run checked before the first starts
+        # every run checked before the first starts
+        train_runs(runs, settings, args.dataset_dir, args.stop_at_step)
     except Preempted as stop:
         log.warning("%s; rerun to resume", stop)
         return PREEMPTED_EXIT

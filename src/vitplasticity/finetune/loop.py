@@ -112,15 +112,18 @@ def _step_images(context: RunContext, item: tuple) -> tuple[torch.Tensor, torch.
     return loader.augment_on_device(canvas, sizes, boxes, flips, input_size), labels
 
 
-def _synchronous(training: Any, step: int, deferred: int, sigterm: threading.Event) -> bool:
-    """Whether ``step`` reads its values back: it logs, validates, checkpoints, ends the run,
-    follows SIGTERM, or ``MAX_DEFERRED_STEPS`` steps are waiting."""
+def _synchronous(
+    training: Any, step: int, end: int, deferred: int, sigterm: threading.Event
+) -> bool:
+    """Whether ``step`` reads its values back: it logs, validates, checkpoints, ends the run
+    or its rung (``end``), follows SIGTERM, or ``MAX_DEFERRED_STEPS`` steps are waiting."""
     return (
         step == 1
         or step % training.log_every == 0
         or step % training.val_every == 0
         or step % training.checkpoint_every == 0
         or step == training.steps
+        or step == end
         or deferred + 1 >= MAX_DEFERRED_STEPS
         or sigterm.is_set()
     )
@@ -143,10 +146,14 @@ def _first_nonfinite(pending: list[tuple[int, PendingStep]]) -> tuple[int, StepR
     return None
 
 
-def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
+def train_steps(
+    context: RunContext, state: ResumableState, stop_at: int | None = None
+) -> TrainingOutcome:
     """The steps from ``state.start_step`` to the last: train, log, validate, checkpoint.
 
-    Stops early when the loss or gradient becomes non-finite (the run diverged).
+    Stops early when the loss or gradient becomes non-finite (the run diverged), or after
+    step ``stop_at`` (a rung of successive halving): the schedule, logging and validation
+    stay those of the full ``training.steps``, so a later process continues the run exactly.
 
     Raises:
         Preempted: when SIGTERM arrived; the checkpoint is written first.
@@ -155,11 +162,12 @@ def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
     training = settings.training
     diverged, step, train_seconds = False, state.start_step, 0.0
     pending: list[tuple[int, PendingStep]] = []
+    end = training.steps if stop_at is None else min(stop_at, training.steps)
     with _sigterm_flag() as sigterm:
         stream = loader.train_batches(
             context.batches,
             state.start_step,
-            training.steps,
+            end,
             training.num_workers,
             device.type == "cuda",
         )
@@ -168,7 +176,7 @@ def train_steps(context: RunContext, state: ResumableState) -> TrainingOutcome:
             images, labels = _step_images(context, item)
             step = step_index + 1
             arguments = (context.run_model, context.optimizer, images, labels, step_index)
-            if not _synchronous(training, step, len(pending), sigterm):
+            if not _synchronous(training, step, end, len(pending), sigterm):
                 pending.append((step, deferred_training_step(*arguments, settings, device)))
                 train_seconds += time.perf_counter() - tick
                 continue

@@ -21,6 +21,7 @@ from vitplasticity.finetune.identity import FinetuneSettings, check_runs
 from vitplasticity.finetune.loop import train_steps
 from vitplasticity.finetune.outputs import summary, write_outputs
 from vitplasticity.finetune.resumable import ResumableState
+from vitplasticity.finetune.rungs import rung_record, write_rung_record
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.setup import checked_device, setup_run
 from vitplasticity.utils.folder_lock import FolderBusy, hold_folder
@@ -36,7 +37,10 @@ class RunsRefused(RuntimeError):
 
 
 def train_runs(
-    runs: Sequence[tuple[Run, str | Path]], training: TrainingSettings, dataset_dir: str | Path
+    runs: Sequence[tuple[Run, str | Path]],
+    training: TrainingSettings,
+    dataset_dir: str | Path,
+    stop_at: int | None = None,
 ) -> list[dict[str, Any]]:
     """Finetune each ``(run, out_dir)`` in turn with ``training``; write metrics.parquet and
     summary.json into each ``out_dir``.
@@ -50,8 +54,14 @@ def train_runs(
     (:mod:`vitplasticity.finetune.finished`): the finished runs of an interrupted pack or
     group job, whose outputs Snakemake deleted, are not trained again.
 
+    With ``stop_at`` (a rung of successive halving), each run stops after that step under
+    the schedule of its full ``training.steps``, writes its checkpoint and its
+    ``rung_step<stop_at>.json`` (:mod:`vitplasticity.finetune.rungs`); a run that ends
+    (diverges, or ``stop_at`` >= steps) before writes its outputs as well as the record.
+
     Returns:
-        The summaries (what each summary.json holds), in the order of ``runs``.
+        The summaries (what each summary.json holds), in the order of ``runs``; a run
+        paused at ``stop_at`` gives its rung record instead.
 
     Raises:
         ValueError: for a bad setting, naming its flag and config key, or a GPU device
@@ -61,6 +71,8 @@ def train_runs(
         RunsRefused: after the other runs, naming each run whose folder another process held.
     """
     check_runs([run for run, _ in runs], training)
+    if stop_at is not None and stop_at < 1:
+        raise ValueError(f"--stop-at-step: must be >= 1, got {stop_at}")
     device = checked_device(training, dataset_dir)
     summaries, refused = [], []
     for run, out_dir in runs:
@@ -70,7 +82,9 @@ def train_runs(
                 # process holds the folder now, so no one else is writing it.
                 for stale in remove_stale_temporaries(out_dir):
                     log.info("removed %s, left by a run killed while writing it", stale)
-                summaries.append(_finished_run(run, training, device, dataset_dir, Path(out_dir)))
+                summaries.append(
+                    _finished_run(run, training, device, dataset_dir, Path(out_dir), stop_at)
+                )
         except FolderBusy as busy:
             log.error("%s", busy)
             refused.append(str(busy))
@@ -85,9 +99,10 @@ def _finished_run(
     device: torch.device,
     dataset_dir: str | Path,
     out_dir: Path,
+    stop_at: int | None = None,
 ) -> dict[str, Any]:
     """The summary of ``run`` trained into ``out_dir`` (or put back from the copy an earlier
-    job of the run kept)."""
+    job of the run kept); the rung record of a run paused at ``stop_at``."""
     settings = FinetuneSettings(run, training)
     key = fingerprint(settings.fingerprint_fields())
     if finished.restore(out_dir, key):
@@ -96,13 +111,24 @@ def _finished_run(
         return json.loads((out_dir / "summary.json").read_text())
     context = setup_run(settings, device, dataset_dir, out_dir)
     state = ResumableState.resume(context)
-    outcome = train_steps(context, state)
+    outcome = train_steps(context, state, stop_at)
+    if stop_at is not None and not outcome.diverged and outcome.final_step < training.steps:
+        state.save(context, outcome.final_step)
+        record = rung_record(state.rows, stop_at, training.steps, "paused", outcome.final_step)
+        log.info("%s: paused at step %d (rung), checkpoint written", out_dir, outcome.final_step)
+        write_rung_record(out_dir, record)
+        return record
     run_summary = summary(context, state, outcome)
     write_outputs(context, state, run_summary)
     # The checkpoint goes only once the copy is recorded: a job killed in between resumes
     # from it instead of training the run from its start.
     finished.keep(out_dir, key)
     remove_checkpoint(context.checkpoint_path)
+    if stop_at is not None:
+        status = run_summary["status"]
+        write_rung_record(
+            out_dir, rung_record(state.rows, stop_at, training.steps, status, outcome.final_step)
+        )
     log.info(
         "%s: %s at step %s, best val %s (step %s), test %s",
         out_dir,
@@ -116,11 +142,16 @@ def _finished_run(
 
 
 def train(
-    run: Run, training: TrainingSettings, dataset_dir: str | Path, out_dir: str | Path
+    run: Run,
+    training: TrainingSettings,
+    dataset_dir: str | Path,
+    out_dir: str | Path,
+    stop_at: int | None = None,
 ) -> dict[str, Any]:
-    """Finetune one run (:func:`train_runs` of ``[(run, out_dir)]``); return its summary.
+    """Finetune one run (:func:`train_runs` of ``[(run, out_dir)]``); return its summary
+    (its rung record when paused at ``stop_at``).
 
     Raises:
         ValueError, FileNotFoundError, Preempted, RunsRefused: as :func:`train_runs`.
     """
-    return train_runs([(run, out_dir)], training, dataset_dir)[0]
+    return train_runs([(run, out_dir)], training, dataset_dir, stop_at)[0]
