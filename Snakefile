@@ -49,6 +49,7 @@ include: "workflow/rules/recommend.smk"
 
 rule all:
     input:
+        BILL,
         TARGETS.plasticity(),
         TARGETS.bounds(),
         TARGETS.report(),

@@ -8,6 +8,7 @@ from snakemake.exceptions import WorkflowError
 
 from vitplasticity.workflow.config import config_errors_end_the_run, enabled_experiments
 from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.workflow.bill import BillNotice
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.datasets import DatasetJobs
 from vitplasticity.workflow.finetune_jobs import FinetuneJobs
@@ -59,6 +60,12 @@ RUNTIMES = JobRuntimes(config)
 with config_errors_end_the_run():
     check_cap(config)
 GROUP_FIT = GroupFit(workflow, config, RUNTIMES, report=partial(print, file=sys.stderr))
+# finetune.pack_runs' packs as cut to the cap (finetune_packs.smk sets them); None: unpacked.
+PACKS = None
+# The bill of rule all: the GPU-hours its jobs ask for, by rule, model and precision, and the
+# SLURM jobs they make, printed by every dry run or start of `all` and written to
+# .snakemake/vitplasticity/bill.md (vitplasticity.workflow.bill; docs/slurm.md).
+BILL = BillNotice(workflow, config, RUNTIMES, GROUP_FIT, lambda: PACKS, ".snakemake/vitplasticity/bill.md")
 FINETUNE = FinetuneJobs(config, TrainingSettings)
 TARGETS = Targets(config)
 DEMO_FLAG = demo_flag(config)

@@ -11,7 +11,8 @@ ONSTART_CHECKS.append(partial(refuse_packs_on_a_cluster, workflow))
 # LR grid get their own rule, so that every output pattern is fixed. Its name comes from
 # its content (vitplasticity.workflow.packs), so it stays put when the config grows.
 # A pack whose runs would sum to more than scheduler.max_runtime_minutes is cut into several.
-for pack in cut_packs(finetune_packs(config), config, RUNTIMES):
+PACKS = cut_packs(finetune_packs(config), config, RUNTIMES)
+for pack in PACKS:
 
     rule:
         name:

@@ -1,0 +1,145 @@
+"""The bill of rule all (vitplasticity.workflow.bill) is what the jobs ask for: its GPU jobs and
+their minutes equal the ``gpu=1`` jobs and ``runtime`` resources Snakemake's own dry run
+evaluates, for the demo and the paper; packs and Snakemake groups are counted as one job."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import immutables
+import pytest
+from snakemake.settings.types import GroupSettings
+
+from tests.helpers.configs import DEMO, PAPER, Configure, dry_run
+from vitplasticity.workflow.bill import Bill, BillLine, BillNotice, compute_bill
+from vitplasticity.workflow.costs import JobRuntimes
+from vitplasticity.workflow.packs import finetune_packs
+from vitplasticity.workflow.time_cap import GroupFit, cut_packs
+
+DEMO_SLURM = DEMO.parent / "demo_slurm.yaml"
+
+
+def dry_run_gpu_jobs(printed: str) -> dict[str, list[int]]:
+    """Each GPU rule's jobs' runtimes, read from a dry run's job blocks."""
+    jobs: dict[str, list[int]] = defaultdict(list)
+    for block in re.split(r"\n(?=\[[^\n]*\]\n(?:local)?rule )", printed):
+        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        resources = re.search(r"^\s+resources: (.*)$", block, re.M)
+        if rule and resources and re.search(r"\bgpu=1\b", resources.group(1)):
+            runtime = re.search(r"\bruntime=(\d+)", resources.group(1))
+            jobs[rule.group(1)].append(int(runtime.group(1)))
+    return jobs
+
+
+def bill_minutes(bill: Bill, rule: str) -> int:
+    return sum(line.minutes for line in bill.lines if line.rule == rule)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("configfiles", "edit"),
+    [
+        ((PAPER,), {"scheduler": {"gpu_class": "H200"}}),
+        ((PAPER, DEMO, DEMO_SLURM), {"scheduler": {"max_runtime_minutes": 20}}),
+    ],
+    ids=["paper_h200", "demo_unpacked_capped"],
+)
+def test_the_bill_is_what_snakemakes_dry_run_asks_for(
+    tmp_path: Path, configfiles: tuple[Path, ...], edit: dict
+) -> None:
+    result = dry_run(tmp_path, *configfiles, edit=edit)
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = result.stdout + result.stderr  # Snakemake logs to either, by version
+    asked = dry_run_gpu_jobs(printed)
+    assert asked["finetune"], "the dry run lists no finetune job"
+    written = (tmp_path / ".snakemake/vitplasticity/bill.md").read_text()
+    assert "The bill of rule all" in printed
+    total_jobs = sum(len(minutes) for minutes in asked.values())
+    assert f"in {total_jobs:,} GPU jobs" in written
+    hours = sum(sum(minutes) for minutes in asked.values()) / 60
+    assert f"{hours:,.1f} GPU-hours asked" in written
+    for rule, minutes in asked.items():
+        rows = [row for row in written.splitlines() if row.startswith(f"| {rule} |")]
+        billed_runs = sum(int(row.split("|")[4].replace(",", "")) for row in rows)
+        assert billed_runs == len(minutes), rule
+
+
+def test_the_bill_sums_each_rules_runtime_function(demo_with: Configure) -> None:
+    config = demo_with({"finetune": {"pack_runs": False}})
+    runtimes = JobRuntimes(config)
+    bill = compute_bill(config, runtimes)
+    cells = [
+        (m, d) for m in config["plasticity"]["models"] for d in config["plasticity"]["datasets"]
+    ]
+    expected = sum(runtimes.plasticity(SimpleNamespace(model=m, dataset=d), 1) for m, d in cells)
+    assert bill_minutes(bill, "plasticity") == expected
+    finetune = [line for line in bill.lines if line.rule == "finetune"]
+    assert [line.precision for line in finetune] == [config["finetune"]["precision"]]
+    assert bill.slurm_jobs == sum(line.runs for line in bill.lines)
+
+
+def test_packs_and_groups_are_one_job_each(demo_with: Configure) -> None:
+    config = demo_with({"scheduler": {"max_runtime_minutes": 31}})
+    runtimes = JobRuntimes(config)
+    unpacked = compute_bill(config, runtimes)
+    runs = sum(line.runs for line in unpacked.lines if line.rule == "finetune")
+    others = unpacked.slurm_jobs - runs
+    packs = cut_packs(finetune_packs(config), config, runtimes)
+    packed = compute_bill(config, runtimes, packs=packs)
+    cells = sum(len(pack.models) * len(pack.datasets) for pack in packs)
+    assert packed.slurm_jobs == cells + others
+    assert bill_minutes(packed, "finetune") == bill_minutes(unpacked, "finetune")
+    workflow = SimpleNamespace(
+        group_settings=GroupSettings(
+            overwrite_groups=immutables.Map({"finetune": "grid"}),
+            group_components=immutables.Map({"grid": 3}),
+        )
+    )
+    fit = GroupFit(workflow, config, runtimes, report=lambda _: None)
+    grouped = compute_bill(
+        config, runtimes, runs_per_group=fit.runs_per_group, run_minutes=fit.finetune
+    )
+    assert fit.runs_per_group == 2  # two 15-minute runs fit 31 minutes, three do not
+    assert grouped.slurm_jobs == math.ceil(runs / 2) + others
+
+
+def test_transformers_models_without_a_cap_are_billed_apart() -> None:
+    line = BillLine("finetune", "gpt", "fp32", runs=3, minutes=0, unestimated=3)
+    text = Bill((line,), slurm_jobs=3).text()
+    assert "(+3 at the partition's default time)" in text
+
+
+@pytest.mark.parametrize(
+    ("jobs", "minutes", "expected_hours"),
+    [(50, 50 * 60, 50 / 10 / 3600), (300, 300 * 60, 300 * 1 / 300 * 200 / 100)],
+)
+def test_the_last_submission_waits_for_all_but_the_last_jobs_at_once(
+    jobs: int, minutes: int, expected_hours: float
+) -> None:
+    bill = Bill((BillLine("finetune", "m", "fp32", jobs, minutes),), slurm_jobs=jobs)
+    assert bill.last_submission_hours == pytest.approx(expected_hours)
+    assert bill.submission_seconds == jobs / 10
+
+
+def test_the_notice_prints_and_writes_once(demo_with: Configure, tmp_path: Path) -> None:
+    config = demo_with({})
+    runtimes = JobRuntimes(config)
+    workflow = SimpleNamespace(group_settings=None, local_exec=True)
+    said: list[str] = []
+    target = tmp_path / "sub" / "bill.md"
+    notice = BillNotice(
+        workflow,
+        config,
+        runtimes,
+        GroupFit(workflow, config, runtimes),
+        lambda: None,
+        target,
+        report=said.append,
+    )
+    assert notice(None) == [] and notice(None) == []
+    assert len(said) == 1 and str(target) in said[0]
+    assert target.read_text().startswith("# The bill of rule all")
