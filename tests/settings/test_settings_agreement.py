@@ -45,8 +45,10 @@ from vitplasticity.workflow.config import load_schema
 SCHEMA_PATH = REPO / "workflow/schemas/config.schema.yaml"
 SCHEMA = load_schema(SCHEMA_PATH)
 
-# Flags of `vitplasticity finetune` that say which run, not how to train (no config key).
+# Flags of `vitplasticity finetune` that say which run, not how to train (no config key),
+# and where it stops this time (a rung of the verification: workflow/rules/verify.smk).
 RUN_IDENTITY_DESTS = {
+    "stop_at_step",
     "experiment",
     "model",
     "dataset",
