@@ -45,6 +45,7 @@ include: "workflow/rules/finetune.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/criteria.smk"
 include: "workflow/rules/recommend.smk"
+include: "workflow/rules/verify.smk"
 
 
 rule all:
@@ -56,6 +57,7 @@ rule all:
         TARGETS.text_plasticity(),
         TARGETS.criteria(),
         TARGETS.recommend(),
+        VERIFY.report_files(),
     default_target: True
 
 

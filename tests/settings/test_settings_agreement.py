@@ -313,6 +313,21 @@ class Stage:
     """Keys of its blocks that choose the jobs (or that another stage declares): no flag."""
 
 
+# The workflow's verification (workflow/rules/verify.smk), not the recommend command's.
+VERIFY_KEYS = frozenset(
+    f"recommend.verify.{k}"
+    for k in [
+        "enabled",
+        "experiment",
+        "models",
+        "datasets",
+        "criterion",
+        "top_k",
+        "baselines",
+        "eta",
+    ]
+)
+
 STAGES = [
     Stage(
         PlasticitySettings,
@@ -350,7 +365,7 @@ STAGES = [
             | {"dataset_dir", "image_folder", "dataset", "reference", "reference_fallback"}
             | {"dtype", "out_prefix"}
         ),
-        frozenset({"recommend.enabled", "recommend.models", "recommend.datasets"}),
+        frozenset({"recommend.enabled", "recommend.models", "recommend.datasets"} | VERIFY_KEYS),
     ),
     Stage(
         RecommendTextSettings,
@@ -367,6 +382,7 @@ STAGES = [
             | {f"text_plasticity.{k}" for k in ("device", "dtype")}
             | {"recommend.enabled", "recommend.models", "recommend.datasets"}
             | {"recommend.warmup_steps", "recommend.warmup_lr"}
+            | VERIFY_KEYS
         ),
     ),
     Stage(

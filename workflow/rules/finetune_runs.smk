@@ -14,6 +14,8 @@ rule finetune:
         f"{RESULTS}/logs/finetune/{{experiment}}/{{model}}/{{dataset}}/{{configuration}}/lr{{lr}}_seed{{seed}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/finetune/{{experiment}}/{{model}}/{{dataset}}/{{configuration}}/lr{{lr}}_seed{{seed}}.tsv"
+    wildcard_constraints:
+        experiment=ONE_RUN_EXPERIMENTS,
     params:
         **FINETUNE_PARAMS,
         out_dir=output_folder("summary"),

@@ -8,7 +8,8 @@ import logging
 
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.settings.declaration import add_settings_arguments, settings_from_args
-from vitplasticity.utils.io import check_writable
+from vitplasticity.utils.io import check_writable, write_json
+from vitplasticity.workflow.verify import BASELINES
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,104 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--criterion", default="plasticity", help="whose top-k are verified")
     what.add_argument("--top-k", type=int, default=2, help="configurations of --criterion")
     what.add_argument("--eta", type=int, default=2, help="halving factor (>= 2)")
+    what.add_argument(
+        "--baselines",
+        nargs="*",
+        default=list(BASELINES),
+        help="configurations verified whatever the ranking says (default: head full lora)",
+    )
+    what.add_argument(
+        "--no-train",
+        action="store_true",
+        help="write the report from finished runs only (the workflow's report job): a run "
+        "or rung record not there yet is an error naming it",
+    )
     what.add_argument("--budget", help="trainable-parameter budget: 28000, 28K, 1.5M")
     what.add_argument("--runs-dir", required=True, help="folder of the verification's runs")
     what.add_argument("--out-prefix", required=True, help="writes PREFIX_verified.*")
     training = parser.add_argument_group("training (defaults: the config schema's)")
     add_settings_arguments(training, TrainingSettings)
     parser.set_defaults(handler=run_verify)
+    _register_candidates(subparsers)
+    _register_rung(subparsers)
+
+
+def _register_candidates(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "verify-candidates",
+        help="the configurations a verification finetunes (the workflow's first step)",
+        description="Read recommend's ranking; write the configurations to verify (the top-k "
+        "of --criterion, the baselines, each criterion's first pick) with why, as JSON.",
+    )
+    parser.add_argument("--ranking", required=True, help="recommend's PREFIX.parquet")
+    parser.add_argument("--criterion", default="plasticity", help="whose top-k are verified")
+    parser.add_argument("--top-k", type=int, default=2, help="configurations of --criterion")
+    parser.add_argument("--baselines", nargs="*", default=list(BASELINES), help="always verified")
+    parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.set_defaults(handler=run_candidates)
+
+
+def run_candidates(args: argparse.Namespace) -> int:
+    """Write the candidates of a verification."""
+    from vitplasticity.models.architectures import parse_configuration
+    from vitplasticity.recommend.verification import read_ranks
+    from vitplasticity.workflow.verify import candidates
+
+    ranks = read_ranks(args.ranking)
+    chosen = candidates(ranks.to_dicts(), args.criterion, args.top_k, tuple(args.baselines))
+    for candidate in chosen:
+        parse_configuration(candidate.configuration)
+    rows = [{"configuration": c.configuration, "reasons": list(c.reasons)} for c in chosen]
+    write_json(args.out, rows)
+    log.info("verify: %s", ", ".join(row["configuration"] for row in rows))
+    return 0
+
+
+def _register_rung(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "verify-rung",
+        help="a rung's decision: which learning rates continue (the workflow's halving step)",
+        description="Read the rung records (rung_step<s>.json) of one configuration's "
+        "learning rates; write which --keep continue and why, as JSON.",
+    )
+    parser.add_argument("--configuration", required=True)
+    parser.add_argument("--rung-step", type=int, required=True, help="the rung's last step")
+    parser.add_argument("--keep", type=int, required=True, help="learning rates that continue")
+    parser.add_argument(
+        "--record",
+        nargs="+",
+        required=True,
+        metavar="LR=PATH",
+        help="each learning rate (exact) and its run's rung record",
+    )
+    parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.set_defaults(handler=run_rung)
+
+
+def run_rung(args: argparse.Namespace) -> int:
+    """Write a rung's decision from its records."""
+    import json
+    from pathlib import Path
+
+    from vitplasticity.workflow.verify import decide
+
+    scores: dict[float, float | None] = {}
+    for item in args.record:
+        lr_text, sep, path = item.partition("=")
+        if not sep:
+            raise ValueError(f"--record {item!r}: expected LR=PATH")
+        record = json.loads(Path(path).read_text())
+        if record.get("rung_step") != args.rung_step:
+            raise ValueError(
+                f"--record {path}: a record of step {record.get('rung_step')}, "
+                f"not of --rung-step {args.rung_step}"
+            )
+        diverged = record["status"] == "diverged"
+        scores[float(lr_text)] = None if diverged else record["best_val_accuracy"]
+    decision = decide(args.configuration, args.rung_step, scores, keep=args.keep)
+    write_json(args.out, decision.record())
+    log.info("%s rung at step %d: continue %s", args.configuration, args.rung_step, decision.keep)
+    return 0
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -59,11 +152,19 @@ def run_verify(args: argparse.Namespace) -> int:
         args.criterion,
         args.top_k,
         args.eta,
+        tuple(args.baselines),
     )
     check_plan(args.ranking, plan, training)  # every input, before a folder is made
     check_writable(args.runs_dir, "--runs-dir", folder=True)
     result = verify(
-        args.ranking, plan, training, args.dataset_dir, args.runs_dir, args.out_prefix, budget
+        args.ranking,
+        plan,
+        training,
+        args.dataset_dir,
+        args.runs_dir,
+        args.out_prefix,
+        budget,
+        trains=not args.no_train,
     )
     chosen = result["recommendation"]
     compute = result["compute"]

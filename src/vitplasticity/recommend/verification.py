@@ -27,7 +27,7 @@ from vitplasticity.finetune.train import train
 from vitplasticity.models.architectures import parse_configuration
 from vitplasticity.recommend.verified_report import measured_table, write_report
 from vitplasticity.utils.io import write_json
-from vitplasticity.workflow.config import Run
+from vitplasticity.workflow.config import Run, lr_label
 from vitplasticity.workflow.verify import (
     Candidate,
     Compute,
@@ -76,15 +76,19 @@ def read_ranks(path: str | Path) -> pl.DataFrame:
 
 
 def _run_dir(out_root: Path, configuration: str, lr: float, seed: int) -> Path:
-    return out_root / configuration / f"lr{lr!r}_seed{seed}"
+    # The folder config.Run names (the workflow's runs are the experiment's own).
+    return out_root / configuration / f"lr{lr_label(lr)}_seed{seed}"
 
 
 class _Runner:
     """Trains the runs of one verification and counts the steps each reached."""
 
-    def __init__(self, plan: VerifyPlan, training: TrainingSettings, dataset_dir, out_root):
+    def __init__(
+        self, plan: VerifyPlan, training: TrainingSettings, dataset_dir, out_root, trains: bool
+    ):
         self.plan, self.training = plan, training
         self.dataset_dir, self.out_root = dataset_dir, Path(out_root)
+        self.trains = trains
         self.reached: dict[Path, int] = {}
 
     def run(self, configuration: str, lr: float, seed: int, stop_at: int | None) -> dict:
@@ -98,6 +102,11 @@ class _Runner:
             result = json.loads(rung.read_text())
         elif rung is None and done.is_file():
             result = json.loads(done.read_text())
+        elif not self.trains:
+            missing = rung if rung is not None else done
+            raise FileNotFoundError(
+                f"{missing}: not written yet, and --no-train reads finished runs only"
+            )
         else:
             identity = Run(
                 self.plan.experiment, self.plan.model, self.plan.dataset, configuration, lr, seed
@@ -142,9 +151,14 @@ def verify(
     out_root: str | Path,
     report_prefix: str | Path,
     budget: int | None = None,
+    trains: bool = True,
 ) -> dict[str, Any]:
     """Verify the recommendation of ``ranking`` (see the module docstring); return the
     compute spent and the measured recommendation.
+
+    With ``trains`` False (the workflow's report job, whose rungs and decisions are jobs of
+    their own), every run must be there already: nothing is trained and no decision file is
+    written, the same decisions are taken again from the same records.
 
     Raises:
         ValueError, FileNotFoundError: for a bad ranking file, criterion, top-k, eta,
@@ -153,14 +167,15 @@ def verify(
     ranks, chosen = check_plan(ranking, plan, training)
     ends = rung_steps(training.steps, training.val_every, len(plan.lrs), plan.eta)
     counts = survivors_at(len(plan.lrs), len(ends), plan.eta)
-    runner = _Runner(plan, training, dataset_dir, out_root)
+    runner = _Runner(plan, training, dataset_dir, out_root, trains)
     first, summaries = plan.seeds[0], []
     for candidate in chosen:
         name, alive = candidate.configuration, sorted(plan.lrs)
         for j, end in enumerate(ends[:-1]):
             scores = {lr: _rung_score(runner.run(name, lr, first, end)) for lr in alive}
             decision = decide(name, end, scores, keep=counts[j + 1])
-            write_json(Path(out_root) / name / f"rung{j + 1}_step{end}.json", decision.record())
+            if trains:
+                write_json(Path(out_root) / name / f"rung{j + 1}_step{end}.json", decision.record())
             log.info("%s rung %d (step %d): continue %s", name, j + 1, end, decision.keep)
             alive = list(decision.keep)
         best_lr = alive[0]

@@ -1,0 +1,281 @@
+"""The workflow's budgeted verification (config ``recommend.verify``): the files, inputs and
+parse-time checks of workflow/rules/verify.smk. Torch-free (the Snakefile imports it).
+
+For each verified (model, dataset), Snakemake sees every step of
+:mod:`vitplasticity.workflow.verify`'s successive halving:
+
+1. ``verify_candidates`` (a Snakemake checkpoint) reads recommend's ranking and writes the
+   configurations to verify, with why (``<results>/verify/<model>/<dataset>/candidates.json``);
+2. ``verify_rung`` trains one run of a candidate to the end of a rung (``vitplasticity
+   finetune --stop-at-step``, the run's ``rung_step<s>.json`` and checkpoint); a later rung of
+   the same run continues it;
+3. ``verify_decision`` (a checkpoint) reads a rung's records of the learning rates still in
+   and writes which continue and why (``.../<configuration>/rung_step<s>.json``); the next
+   rung's jobs are those it keeps;
+4. the last survivor, and the other seeds of its learning rate, are ordinary finetuning runs
+   of ``recommend.verify.experiment`` (the ``finetune`` rule): the survivor's job continues
+   its run from the last rung's checkpoint to the full budget, so its numbers are those of
+   the same run of that experiment's full grid;
+5. ``verify_report`` writes ``<results>/recommend/<model>/<dataset>_verified.{md,parquet,png}``
+   from those runs (``recommend-verify --no-train``).
+
+The runs are the experiment's own run folders (``<results>/finetune/<experiment>/...``): its
+optimizer, learning rates (``lrs``, ``lrs_by_dataset``) and seeds are the verification's. An
+experiment whose grid trains the same (model, dataset) is refused: both would write the
+same folders.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from vitplasticity.workflow.config import ConfigError, learning_rates, lr_label
+from vitplasticity.workflow.params import Wildcards
+from vitplasticity.workflow.recommend_jobs import recommend_value
+from vitplasticity.workflow.verify import rung_steps, survivors_at
+
+KEY = "recommend.verify"
+REPORT_FORMATS = ("md", "parquet", "png")
+
+
+class VerifyJobs:
+    """The verification's files and input functions, bound to the config.
+
+    Args:
+        config: the validated config.
+        checkpoints: Snakemake's ``checkpoints`` object (set by verify.smk before the DAG is
+            built; the input functions read the candidates and decisions through it).
+    """
+
+    def __init__(self, config: dict[str, Any], checkpoints: Any = None) -> None:
+        self.config = config
+        self.block = config["recommend"]["verify"]
+        self.results = config["paths"]["results"]
+        self.checkpoints = checkpoints
+
+    @property
+    def enabled(self) -> bool:
+        """Whether ``all`` asks for verified reports (recommend and its verify block on)."""
+        return bool(self.config["recommend"]["enabled"] and self.block["enabled"])
+
+    @property
+    def experiment(self) -> str:
+        """The experiment whose optimizer, learning rates and seeds the runs take."""
+        return self.block["experiment"]
+
+    def cells(self) -> list[tuple[str, str]]:
+        """The verified (model, dataset) pairs: recommend's, or ``recommend.verify``'s own."""
+        models = self.block["models"] or recommend_value(self.config, "models")
+        datasets = self.block["datasets"] or recommend_value(self.config, "datasets")
+        return [(m, d) for m in models for d in datasets]
+
+    def lrs(self, dataset: str) -> list[float]:
+        """The experiment's learning rates on ``dataset``, ascending."""
+        return sorted(learning_rates(self.config["experiments"][self.experiment], dataset))
+
+    def seeds(self) -> list[int]:
+        """The experiment's seeds; the first runs the rungs."""
+        return list(self.config["experiments"][self.experiment]["seeds"])
+
+    def ends(self, dataset: str) -> list[int]:
+        """Each rung's last step, the full budget last (:func:`workflow.verify.rung_steps`)."""
+        spec = self.config["datasets"][dataset]
+        return rung_steps(spec["steps"], spec["val_every"], len(self.lrs(dataset)), self.eta)
+
+    @property
+    def eta(self) -> int:
+        """The halving factor."""
+        return int(self.block["eta"])
+
+    # Files ------------------------------------------------------------------------------
+
+    def report_files(self) -> list[str]:
+        """Every verified report (``rule all``'s and ``verify_all``'s targets)."""
+        if not self.enabled:
+            return []
+        return [
+            f"{self.results}/recommend/{m}/{d}_verified.{ext}"
+            for m, d in self.cells()
+            for ext in REPORT_FORMATS
+        ]
+
+    def run_dir(self, model: str, dataset: str, configuration: str, lr: float, seed: int) -> str:
+        """A run's folder: the experiment's own (as config.Run names it)."""
+        return (
+            f"{self.results}/finetune/{self.experiment}/{model}/{dataset}/{configuration}/"
+            f"lr{lr_label(lr)}_seed{seed}"
+        )
+
+    def cell_dir(self, model: str, dataset: str) -> str:
+        """The folder of the experiment's runs of ``model`` on ``dataset``."""
+        return f"{self.results}/finetune/{self.experiment}/{model}/{dataset}"
+
+    def candidates_file(self, model: str, dataset: str) -> str:
+        """The candidates checkpoint's output."""
+        return f"{self.results}/verify/{model}/{dataset}/candidates.json"
+
+    def decision_file(self, model: str, dataset: str, configuration: str, step: int) -> str:
+        """A rung decision checkpoint's output."""
+        return f"{self.results}/verify/{model}/{dataset}/{configuration}/rung_step{step}.json"
+
+    # Input functions ----------------------------------------------------------------------
+
+    def candidates(self, model: str, dataset: str) -> list[str]:
+        """The configurations to verify (after the candidates checkpoint has run)."""
+        path = self.checkpoints.verify_candidates.get(model=model, dataset=dataset).output[0]
+        return [row["configuration"] for row in json.loads(Path(path).read_text())]
+
+    def alive(self, model: str, dataset: str, configuration: str, rung: int) -> list[float]:
+        """The learning rates that run rung ``rung`` (0-based): every one at the first, then
+        those the previous rung's decision keeps."""
+        lrs = self.lrs(dataset)
+        if rung == 0:
+            return lrs
+        previous = self.ends(dataset)[rung - 1]
+        path = self.checkpoints.verify_decision.get(
+            model=model, dataset=dataset, configuration=configuration, step=str(previous)
+        ).output[0]
+        kept = json.loads(Path(path).read_text())["continue"]
+        return [lr for lr in lrs if lr in kept]
+
+    def rung_inputs(self, wildcards: Wildcards) -> list[str]:
+        """A rung job's own run paused at the previous rung (none for the first rung)."""
+        ends = self.ends(wildcards.dataset)
+        rung = self._rung_index(ends, int(wildcards.step))
+        if rung == 0:
+            return []
+        run = f"{self.cell_dir(wildcards.model, wildcards.dataset)}/{wildcards.configuration}"
+        return [f"{run}/lr{wildcards.lr}_seed{wildcards.seed}/rung_step{ends[rung - 1]}.json"]
+
+    def decision_inputs(self, wildcards: Wildcards) -> dict[str, str]:
+        """A rung decision's records: each learning rate still in, by its label."""
+        ends = self.ends(wildcards.dataset)
+        rung = self._rung_index(ends, int(wildcards.step))
+        seed = self.seeds()[0]
+        alive = self.alive(wildcards.model, wildcards.dataset, wildcards.configuration, rung)
+        run = f"{self.cell_dir(wildcards.model, wildcards.dataset)}/{wildcards.configuration}"
+        return {
+            f"lr{lr_label(lr)}": f"{run}/lr{lr_label(lr)}_seed{seed}/rung_step{wildcards.step}.json"
+            for lr in alive
+        }
+
+    def keep(self, wildcards: Wildcards) -> int:
+        """How many learning rates a rung decision keeps."""
+        ends = self.ends(wildcards.dataset)
+        counts = survivors_at(len(self.lrs(wildcards.dataset)), len(ends), self.eta)
+        return counts[self._rung_index(ends, int(wildcards.step)) + 1]
+
+    def report_inputs(self, wildcards: Wildcards) -> dict[str, Any]:
+        """The report's inputs besides recommend's ranking: the candidates, each one's
+        decisions and every seed's full-budget run of its surviving learning rate."""
+        model, dataset = wildcards.model, wildcards.dataset
+        ends = self.ends(dataset)
+        inputs: dict[str, Any] = {
+            "candidates": self.candidates_file(model, dataset),
+            "decisions": [],
+            "runs": [],
+        }
+        for configuration in self.candidates(model, dataset):
+            inputs["decisions"] += [
+                self.decision_file(model, dataset, configuration, end) for end in ends[:-1]
+            ]
+            (best,) = self.alive(model, dataset, configuration, len(ends) - 1)
+            inputs["runs"] += [
+                f"{self.run_dir(model, dataset, configuration, best, seed)}/summary.json"
+                for seed in self.seeds()
+            ]
+        return inputs
+
+    def records_argument(self, wildcards: Wildcards) -> str:
+        """A rung decision's --record list: each learning rate still in (exact) = its record."""
+        records = self.decision_inputs(wildcards)
+        alive = self.alive(
+            wildcards.model,
+            wildcards.dataset,
+            wildcards.configuration,
+            self._rung_index(self.ends(wildcards.dataset), int(wildcards.step)),
+        )
+        return " ".join(shlex.quote(f"{lr!r}={records[f'lr{lr_label(lr)}']}") for lr in alive)
+
+    def optimizer(self, wildcards: Wildcards) -> str:
+        """The experiment's optimizer (the report job has no {experiment} wildcard)."""
+        return self.config["experiments"][self.experiment]["optimizer"]
+
+    def lrs_argument(self, wildcards: Wildcards) -> str:
+        """The report command's --lrs: every learning rate of the dataset, exact (repr)."""
+        return " ".join(repr(lr) for lr in self.lrs(wildcards.dataset))
+
+    def seeds_argument(self, wildcards: Wildcards) -> str:
+        """The report command's --seeds."""
+        return " ".join(str(seed) for seed in self.seeds())
+
+    def rung_lr(self, wildcards: Wildcards) -> float:
+        """A rung job's exact learning rate (its {lr} wildcard is the path label)."""
+        matches = [lr for lr in self.lrs(wildcards.dataset) if lr_label(lr) == wildcards.lr]
+        if len(matches) != 1:
+            raise ConfigError(
+                f"{KEY}: no single learning rate of experiment {self.experiment!r} on "
+                f"{wildcards.dataset!r} has the label lr{wildcards.lr}"
+            )
+        return matches[0]
+
+    @staticmethod
+    def _rung_index(ends: list[int], step: int) -> int:
+        if step not in ends[:-1]:
+            raise ConfigError(f"{KEY}: step {step} ends no rung (rungs end at {ends[:-1]})")
+        return ends.index(step)
+
+
+def verify_problems(config: dict[str, Any]) -> list[str]:
+    """What is wrong with ``recommend.verify`` (empty when it is off or sound)."""
+    block = config["recommend"]["verify"]
+    if not block["enabled"]:
+        return []
+    problems = []
+    if not config["recommend"]["enabled"]:
+        problems.append(f"{KEY}.enabled: verification needs recommend.enabled: true")
+    name = block["experiment"]
+    experiments = config["experiments"]
+    if name is None:
+        return [
+            *problems,
+            f"{KEY}.experiment: required when {KEY}.enabled is true (the "
+            "experiment whose optimizer, learning rates and seeds the runs take)",
+        ]
+    if name not in experiments:
+        known = ", ".join(sorted(experiments)) or "none"
+        return [*problems, f"{KEY}.experiment: {name!r} is not an experiment (known: {known})"]
+    jobs = VerifyJobs(config)
+    experiment = experiments[name]
+    covered = set()
+    if experiment.get("enabled"):
+        covered = {(m, d) for m in experiment["models"] for d in experiment["datasets"]}
+    for model, dataset in jobs.cells():
+        if dataset not in config["datasets"]:
+            problems.append(f"{KEY}: dataset {dataset!r} is not in datasets")
+            continue
+        if (model, dataset) in covered:
+            problems.append(
+                f"{KEY}.experiment: {name!r} is enabled and its grid trains {model} on "
+                f"{dataset}: both would write the same run folders. Name a disabled "
+                "experiment (the verification takes its optimizer, learning rates and seeds)"
+            )
+        try:
+            jobs.ends(dataset)
+        except ValueError as error:
+            problems.append(f"{KEY} on {dataset}: {error}")
+    return problems
+
+
+def check_verify(config: dict[str, Any]) -> None:
+    """:func:`verify_problems`, all at once.
+
+    Raises:
+        ConfigError: naming every problem.
+    """
+    problems = verify_problems(config)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
