@@ -35,6 +35,9 @@ VOLATILE: frozenset[str] = frozenset(
         "wall_seconds",  # how long it took
         "steps_per_second",
         "images_per_second",
+        # A finished run's kept copy (finetune.finished's record.json) holds its files'
+        # SHA-256, which change with the timings above.
+        "sha256",
     }
 )
 """Keys and columns that legitimately differ between two runs of the same computation."""

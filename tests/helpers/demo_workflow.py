@@ -13,6 +13,7 @@ import yaml
 from snakemake.utils import update_config
 
 from tests.helpers.slurm_harness import REPO
+from vitplasticity.finetune import finished
 
 PRESETS = [
     REPO / "config.yaml",
@@ -76,20 +77,28 @@ def merged_config(*extra_configs: dict) -> dict:
     return config
 
 
+def outputs(results: Path, pattern: str) -> list[Path]:
+    """The files below `results` matching `pattern`, not the runs' kept copies of them
+    (vitplasticity.finetune.finished: `<run>/finished/`)."""
+    return [p for p in sorted(results.rglob(pattern)) if finished.KEPT_DIR not in p.parts]
+
+
 def summaries(results: Path) -> dict[str, dict]:
-    """Every summary.json below `results`, without circumstantial fields, by relative path."""
+    """Every run's summary.json below `results`, without circumstantial fields, by relative
+    path."""
     return {
         str(p.relative_to(results)): {
             k: v for k, v in json.loads(p.read_text()).items() if k not in CIRCUMSTANTIAL
         }
-        for p in sorted(results.rglob("summary.json"))
+        for p in outputs(results, "summary.json")
     }
 
 
 def tables(results: Path) -> dict[str, pl.DataFrame]:
-    """Every Parquet table below `results`, without timing columns, by relative path."""
+    """Every Parquet table below `results` (not the kept copies), without timing columns, by
+    relative path."""
     out = {}
-    for path in sorted(results.rglob("*.parquet")):
+    for path in outputs(results, "*.parquet"):
         frame = pl.read_parquet(path)
         timing = [c for c in frame.columns if any(w in c for w in ("second", "time", "created"))]
         out[str(path.relative_to(results))] = frame.drop(timing)

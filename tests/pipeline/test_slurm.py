@@ -39,7 +39,7 @@ import yaml
 from snakemake.cli import get_argument_parser
 
 from tests.compare_results import compare_trees
-from tests.helpers.demo_workflow import merged_config, summaries, tables, workflow_args
+from tests.helpers.demo_workflow import merged_config, outputs, summaries, tables, workflow_args
 from tests.helpers.slurm_harness import (
     GLOBAL_PROFILE,
     REPO,
@@ -379,7 +379,7 @@ def test_packing_block_packs_the_runs_into_fewer_jobs_with_the_same_results(
         assert len(runs) == 6
         compute = sum(
             json.loads(p.read_text())["wall_seconds"]
-            for p in (workdir / "results").rglob("summary.json")
+            for p in outputs(workdir / "results", "summary.json")
         )
         slurm_seconds = sum(seconds_between(r["Submit"], r["End"]) for r in finetune_rows)
         measured[mode] = {

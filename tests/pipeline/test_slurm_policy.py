@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.demo_workflow import workflow_args
+from tests.helpers.demo_workflow import outputs, workflow_args
 from tests.helpers.slurm_harness import (
     GLOBAL_PROFILE,
     REPO,
@@ -130,7 +130,7 @@ def test_capped_packed_run_routes_cpu_rules_and_submits_first_results_first(
     # Start-up per finetuning job: SLURM's elapsed against the run's own compute.
     compute = {
         p.parent.name: json.loads(p.read_text())["wall_seconds"]
-        for p in (tmp_path / "results").rglob("summary.json")
+        for p in outputs(tmp_path / "results", "summary.json")
     }
     finetune_rows = [r for r in rows if is_finetune(r)]
     elapsed = sum(int(r["ElapsedRaw"]) for r in finetune_rows)
