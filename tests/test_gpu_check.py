@@ -94,12 +94,15 @@ def test_a_short_real_run_measured_and_written_as_the_check_does(tmp_path: Path)
     tests = {"command": "pytest -m gpu", "returncode": 0, "seconds": 1.0, "tail": []}
     bench = {"command": "benchmarks.run", "returncode": 3, "seconds": 1.0, "tail": []}
     report = gpu_check.build_report(
-        "stand-in", 2e9, {"fp32": 1e12, "bf16": 2e12}, runs, tests, bench,
+        "stand-in", 2e9, {"fp32": 1e12, "bf16": 2e12, "tf32": 1.5e12}, runs, tests, bench,
         matmul_size=1024, wall_seconds=5.0,
     )  # fmt: skip
     assert report["failed"] == ["benchmarks_run"]
     assert report["finetune"]["bf16"]["mfu"] == pytest.approx(
         runs["bf16"]["images_per_second"] * 2e9 / 2e12
+    )
+    assert report["finetune"]["tf32"]["mfu"] == pytest.approx(
+        runs["tf32"]["images_per_second"] * 2e9 / 1.5e12
     )
     documented = (REPO / "docs/benchmarks.md").read_text()
     for key in (*report, *report["finetune"]["fp32"]):
