@@ -6,13 +6,22 @@ equal its never-paused twin's; a rerun has nothing to do."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from tests.helpers.demo_workflow import CIRCUMSTANTIAL, workflow_args
-from tests.helpers.slurm_harness import REPO, run_snakemake
+from tests.helpers.slurm_harness import (
+    REPO,
+    LocalSlurm,
+    run_snakemake,
+    run_uuids,
+    shipped_profile_args,
+    wait_for_accounting,
+    why_no_slurm,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -110,3 +119,41 @@ def test_a_verification_runs_through_snakemake(tmp_path: Path) -> None:
     # Cached: the same command again has nothing to do.
     again = run_snakemake(args, REPO, timeout=600)
     assert "Nothing to be done" in again.stdout, again.stdout[-2000:]
+
+
+@pytest.mark.slurm
+def test_a_verification_runs_through_the_local_slurm(tmp_path: Path) -> None:
+    """The same verification on the local SLURM with the shipped profiles, one seed and two
+    ranked configurations: every cluster job COMPLETED, the candidates and decisions run on
+    the Snakemake host, the report written."""
+    if (reason := why_no_slurm()) is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the SLURM tests, but: {reason}")
+        pytest.skip(reason)
+    cluster = LocalSlurm()
+    cluster.start()
+    try:
+        edit = {
+            "finetune": {"pack_runs": False},
+            "experiments": {EXPERIMENT: {"seeds": [0]}},
+            "recommend": {"configurations": ["mha", "ln1"]},
+        }
+        args = [
+            *workflow_args(tmp_path, VERIFY, edit),
+            *shipped_profile_args(jobs=2),
+            "verify_all",
+        ]
+        proc = run_snakemake(args, REPO, timeout=1800)
+    finally:
+        cluster.stop()
+    (uuid,) = run_uuids(proc.stdout)
+    n_jobs = proc.stdout.count("has been submitted with SLURM jobid")
+    rows = wait_for_accounting(uuid, n_jobs)
+    assert {row["State"] for row in rows} == {"COMPLETED"}, rows
+    # The plugin's comment: rule_<rule>_wildcards_<values>.
+    rules = [row["Comment"].removeprefix("rule_").split("_wildcards_")[0] for row in rows]
+    assert "verify_rung" in rules and "verify_report" in rules, rules
+    assert "verify_decision" not in rules and "verify_candidates" not in rules, rules
+    report = tmp_path / "results/recommend/demo_vit/demo-stripes_verified.md"
+    assert "How well each criterion predicted it" in report.read_text()
+    print(f"\nverification on the local SLURM: {len(rows)} jobs, {sorted(set(rules))}")

@@ -23,7 +23,10 @@ VERIFY_PARAMS = {**FINETUNE_PARAMS, "optimizer": VERIFY.optimizer}
 ruleorder: verify_report > recommend
 
 
+# The candidates and the rung decisions read a few small files: they run where Snakemake runs
+# (no cluster job's start-up, no queue between two rungs).
 checkpoint verify_candidates:
+    localrule: True
     input:
         ranking=f"{RESULTS}/recommend/{{model}}/{{dataset}}.parquet",
     output:
@@ -70,6 +73,7 @@ rule verify_rung:
 
 
 checkpoint verify_decision:
+    localrule: True
     input:
         unpack(VERIFY.decision_inputs),
     output:
