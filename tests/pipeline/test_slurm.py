@@ -25,12 +25,10 @@ must run).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -55,7 +53,6 @@ from tests.helpers.slurm_harness import (
     start_snakemake,
     timelimit_minutes,
     wait_for_accounting,
-    why_no_slurm,
 )
 from vitplasticity.workflow import runtime
 from vitplasticity.workflow.resolved import FILENAME as RESOLVED_CONFIG
@@ -64,20 +61,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TARGETS = ("finetune_all", "plasticity_all")
 DEMO_SLURM = REPO / "workflow/presets/demo_slurm.yaml"
-
-
-@pytest.fixture(scope="module")
-def local_slurm() -> Iterator[LocalSlurm]:
-    """A running local SLURM for the module; stopped afterwards if started here."""
-    reason = why_no_slurm()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the SLURM tests, but: {reason}")
-        pytest.skip(reason)
-    cluster = LocalSlurm()
-    cluster.start()
-    yield cluster
-    cluster.stop()
 
 
 def slurm_workflow_args(workdir: Path, *extra_configs: dict) -> list[str]:

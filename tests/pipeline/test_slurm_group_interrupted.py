@@ -9,10 +9,8 @@ and trains the rest; the results equal an uninterrupted run's."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,6 @@ from tests.helpers.slurm_harness import (
     run_uuids,
     shipped_profile_args,
     start_snakemake,
-    why_no_slurm,
 )
 from vitplasticity.finetune import finished
 
@@ -44,20 +41,6 @@ FOUR_RUNS = {
     },
 }
 CELL = "finetune/sgd/demo_vit/demo-stripes"
-
-
-@pytest.fixture(scope="module")
-def local_slurm() -> Iterator[LocalSlurm]:
-    """A running local SLURM for the module; stopped afterwards if started here."""
-    reason = why_no_slurm()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the SLURM tests, but: {reason}")
-        pytest.skip(reason)
-    cluster = LocalSlurm()
-    cluster.start()
-    yield cluster
-    cluster.stop()
 
 
 def one_group_profile(folder: Path) -> Path:

@@ -9,10 +9,8 @@ job, and the finetuning jobs asked SLURM for a lower priority (--nice). The per-
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,6 @@ from tests.helpers.slurm_harness import (
     run_uuids,
     shipped_profile_args,
     timelimit_minutes,
-    why_no_slurm,
 )
 from vitplasticity.workflow.scheduling import FIRST_RESULT_RULES, is_gpu_rule
 
@@ -46,19 +43,6 @@ FIELDS = [
     "SubmitLine",
     "Comment",
 ]
-
-
-@pytest.fixture(scope="module")
-def local_slurm() -> Iterator[LocalSlurm]:
-    reason = why_no_slurm()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the SLURM tests, but: {reason}")
-        pytest.skip(reason)
-    cluster = LocalSlurm()
-    cluster.start()
-    yield cluster
-    cluster.stop()
 
 
 def accounting(job_name: str, expected: int) -> list[dict[str, str]]:

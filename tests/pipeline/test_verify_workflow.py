@@ -6,7 +6,6 @@ equal its never-paused twin's; a rerun has nothing to do."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import polars as pl
@@ -20,7 +19,6 @@ from tests.helpers.slurm_harness import (
     run_uuids,
     shipped_profile_args,
     wait_for_accounting,
-    why_no_slurm,
 )
 
 pytestmark = pytest.mark.slow
@@ -122,30 +120,19 @@ def test_a_verification_runs_through_snakemake(tmp_path: Path) -> None:
 
 
 @pytest.mark.slurm
-def test_a_verification_runs_through_the_local_slurm(tmp_path: Path) -> None:
+def test_a_verification_runs_through_the_local_slurm(
+    local_slurm: LocalSlurm, tmp_path: Path
+) -> None:
     """The same verification on the local SLURM with the shipped profiles, one seed and two
     ranked configurations: every cluster job COMPLETED, the candidates and decisions run on
     the Snakemake host, the report written."""
-    if (reason := why_no_slurm()) is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the SLURM tests, but: {reason}")
-        pytest.skip(reason)
-    cluster = LocalSlurm()
-    cluster.start()
-    try:
-        edit = {
-            "finetune": {"pack_runs": False},
-            "experiments": {EXPERIMENT: {"seeds": [0]}},
-            "recommend": {"configurations": ["mha", "ln1"]},
-        }
-        args = [
-            *workflow_args(tmp_path, VERIFY, edit),
-            *shipped_profile_args(jobs=2),
-            "verify_all",
-        ]
-        proc = run_snakemake(args, REPO, timeout=1800)
-    finally:
-        cluster.stop()
+    edit = {
+        "finetune": {"pack_runs": False},
+        "experiments": {EXPERIMENT: {"seeds": [0]}},
+        "recommend": {"configurations": ["mha", "ln1"]},
+    }
+    args = [*workflow_args(tmp_path, VERIFY, edit), *shipped_profile_args(jobs=2), "verify_all"]
+    proc = run_snakemake(args, REPO, timeout=1800)
     (uuid,) = run_uuids(proc.stdout)
     n_jobs = proc.stdout.count("has been submitted with SLURM jobid")
     rows = wait_for_accounting(uuid, n_jobs)
