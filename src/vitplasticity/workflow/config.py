@@ -76,6 +76,10 @@ DATASET_KEYS: dict[str, tuple[str, ...]] = {
     "pet": (*_DATASET_COMMON, *_DOWNLOADED),
 }
 # How check_keys names a value that should be a mapping (and counts such problems).
+SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""PyYAML's safe loader in C (libyaml) where PyYAML was built with it, else in Python: the
+schema and config are read again by every cluster job, and libyaml reads them ~10x faster."""
+
 MAPPING_EXPECTED = "expected a mapping"
 # Keys written for another one that string similarity cannot guess.
 KEY_HINTS: dict[str, str] = {"md5": "checksums", "sha256": "checksums", "hash": "checksums"}
@@ -100,7 +104,7 @@ REPLACED_KEYS: dict[str, str] = {
 
 def load_schema(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The workflow's JSON schema (YAML) as a mapping."""
-    return yaml.safe_load(Path(path).read_text())
+    return yaml.load(Path(path).read_text(), Loader=SAFE_LOADER)
 
 
 def _resolve(node: Mapping[str, Any], schema: Mapping[str, Any]) -> Mapping[str, Any]:
