@@ -117,6 +117,13 @@ def _gradients(
     return torch.stack([total, grad_norm.to(total.dtype)]), norms
 
 
+def scheduled_lr(step_index: int, settings: FinetuneSettings) -> float:
+    """The learning rate of update ``step_index`` (0-based) under the run's warm-up and
+    cosine schedule."""
+    training = settings.training
+    return warmup_cosine_lr(step_index, settings.run.lr, training.warmup_steps, training.steps)
+
+
 def _apply(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -141,8 +148,7 @@ def training_step(
     gradient skips the update. Reads the loss and norm back: one synchronisation.
     """
     values, norms = _gradients(run_model, optimizer, images, labels, settings, device, group_norms)
-    training = settings.training
-    lr = warmup_cosine_lr(step_index, settings.run.lr, training.warmup_steps, training.steps)
+    lr = scheduled_lr(step_index, settings)
     # One device-to-host copy for both numbers (one synchronisation per step, not two).
     loss_value, norm_value = values.tolist()
     result = StepResult(loss_value, norm_value, lr, norms)
@@ -170,7 +176,6 @@ def deferred_training_step(
     training_step's caller does; the weights after it are then never used.
     """
     values, _ = _gradients(run_model, optimizer, images, labels, settings, device, False)
-    training = settings.training
-    lr = warmup_cosine_lr(step_index, settings.run.lr, training.warmup_steps, training.steps)
+    lr = scheduled_lr(step_index, settings)
     _apply(optimizer, lr)
     return PendingStep(values, lr)
