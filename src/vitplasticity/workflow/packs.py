@@ -114,11 +114,21 @@ def finetune_packs(config: dict[str, Any]) -> list[FinetunePack]:
         packs += [
             FinetunePack(name, models, tuple(datasets), runs) for runs, datasets in groups.items()
         ]
+    check_distinct_names(packs, "packs with different run lists")
+    return packs
+
+
+def check_distinct_names(packs: list[FinetunePack], which: str) -> None:
+    """Refuse ``packs`` of which two share a rule name (a digest clash): Snakemake would
+    take them for one rule.
+
+    Raises:
+        ConfigError: naming the shared names, ``which`` packs share them, and the remedy.
+    """
     names = [pack.name for pack in packs]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
         raise ConfigError(
-            f"finetune.pack_runs: packs with different run lists share the rule name(s) "
-            f"{', '.join(clashes)}; raise vitplasticity.workflow.packs.DIGEST_LENGTH"
+            f"finetune.pack_runs: {which} share the rule name(s) {', '.join(clashes)}; "
+            "raise vitplasticity.workflow.packs.DIGEST_LENGTH"
         )
-    return packs

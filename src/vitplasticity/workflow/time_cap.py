@@ -29,7 +29,7 @@ from typing import Any
 from vitplasticity.workflow import runtime
 from vitplasticity.workflow.config import ConfigError, enabled_experiments, experiment_runs
 from vitplasticity.workflow.costs import JobRuntimes
-from vitplasticity.workflow.packs import FinetunePack
+from vitplasticity.workflow.packs import FinetunePack, check_distinct_names
 from vitplasticity.workflow.params import Wildcards
 
 CAP_KEY = "scheduler.max_runtime_minutes"
@@ -118,13 +118,7 @@ def cut_packs(
             replace(pack, runs=pack.runs[start : start + size])
             for start in range(0, len(pack.runs), size)
         ]
-    names = [pack.name for pack in cut]
-    clashes = sorted({n for n in names if names.count(n) > 1})
-    if clashes:
-        raise ConfigError(
-            f"finetune.pack_runs: the packs cut to {CAP_KEY} share the rule name(s) "
-            f"{', '.join(clashes)}; raise vitplasticity.workflow.packs.DIGEST_LENGTH"
-        )
+    check_distinct_names(cut, f"the packs cut to {CAP_KEY}")
     return cut
 
 
