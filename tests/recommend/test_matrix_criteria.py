@@ -7,23 +7,32 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
+import yaml
 
+from tests.helpers.repo import REPO
 from tests.helpers.tiny_models import TINY_MODELS
 from vitplasticity.components import COMPONENTS
 from vitplasticity.models.architectures import parameter_map
+from vitplasticity.models.build import build_model
+from vitplasticity.models.spec import ModelSpec
 from vitplasticity.recommend.criteria import Measurements
 from vitplasticity.recommend.matrix_criteria import (
     NO_NOISE,
     NOT_A_MATRIX,
     SINGULAR,
     ZERO_MATRIX,
+    ZERO_NOISE,
     condition_number,
+    matrix_estimate,
     matrix_statistics,
     spectrum_snr,
 )
 from vitplasticity.recommend.ranking import LOWER_FIRST
+from vitplasticity.report import criteria as report_criteria
+from vitplasticity.report.tables import criteria_table
 
 TINY_VIT = next(t for t in TINY_MODELS if t.id == "vit_tiny_patch16_224")
 
@@ -115,6 +124,9 @@ def test_no_signal_is_a_true_zero() -> None:
         (np.eye(8) * 3.0, NO_NOISE),  # IQR 0: Spectrum's "no noise" (sum(s)/s_max = 8)
         (np.linalg.qr(np.random.default_rng(5).standard_normal((12, 12)))[0], NO_NOISE),
         (np.zeros((6, 4)), ZERO_MATRIX),
+        # IQR 0 and a zero singular value: the threshold 0 leaves the 0 as the only noise,
+        # and Spectrum would divide by a noise sum of 0.
+        (np.diag([1.0, 1.0, 1.0, 1.0, 1.0, 0.0]), ZERO_NOISE),
     ],
 )
 def test_spectrum_degenerate_cases_are_na_with_the_reason(weight: np.ndarray, reason: str) -> None:
@@ -190,3 +202,85 @@ def test_the_norms_are_na_and_kappa_ranks_lowest_first() -> None:
         rows = matrices.filter(matrices["component"].is_in(["mha", "fc1"]))[criterion].to_numpy()
         assert both == pytest.approx(rows[np.isfinite(rows)].mean())
     assert "kappa" in LOWER_FIRST and "spectrum_snr" not in LOWER_FIRST
+
+
+def test_an_fc1_of_iid_noise_is_na_for_no_noise_and_the_benchmark_says_so() -> None:
+    """FC1 weights of i.i.d. rectangular noise (as a random-init FC1's, e.g. the demo model's)
+    leave Spectrum no noise: each matrix is n/a with that reason, FC1's configuration has no
+    Spectrum SNR, and the selector benchmark's note and table give that reason for FC1,
+    not the norms' (a norm holds no weight matrix)."""
+    model = TINY_VIT.build()
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.ndim != 2 or not name.startswith("blocks."):
+                continue
+            n, m = parameter.shape
+            if ".mlp.fc1." in name:
+                weight = rng.standard_normal((n, m)) / math.sqrt(max(n, m))
+            else:
+                weight, _ = _planted(n, m, [6.0, 4.0], seed=int(rng.integers(1000)))
+            parameter.copy_(torch.from_numpy(weight))
+    matrices = matrix_statistics(model)
+    fc1 = matrices.filter(matrices["component"] == "fc1")
+    weights = fc1.filter(fc1["parameter"].str.ends_with("weight"))
+    assert weights.height and weights["spectrum_snr_reason"].to_list() == [NO_NOISE] * len(weights)
+    values = {c: matrix_estimate(matrices, (c,), "spectrum_snr") for c in COMPONENTS}
+    assert [c for c, v in values.items() if math.isnan(v)] == ["ln1", "ln2", "fc1"]
+
+    # Beside it a criterion every configuration has (the table names what one lacks against
+    # the others): plasticity, made up.
+    plasticity = {c: float(i) for i, c in enumerate(COMPONENTS)}
+    datasets = ("d0", "d1", "d2")
+    rows = []
+    for criterion, value in (("spectrum_snr", values), ("plasticity", plasticity)):
+        order = sorted(COMPONENTS, key=lambda c: (math.isnan(value[c]), -np.nan_to_num(value[c])))
+        rows += [
+            {"model": "vit", "dataset": d, "configuration": c, "criterion": criterion,
+             "value": value[c], "rank": order.index(c) + 1}
+            for d in datasets
+            for c in COMPONENTS
+        ]  # fmt: skip
+    recommend = pl.DataFrame(rows)
+    accuracy = pl.DataFrame(
+        [
+            {"configuration": c, "dataset": d, "accuracy": 0.5 + 0.1 * i + 0.01 * j}
+            for j, d in enumerate(datasets)
+            for i, c in enumerate(COMPONENTS)
+        ]
+    )
+    criteria = report_criteria.recommend_criteria(recommend)
+    result = report_criteria.score_selectors(criteria, accuracy, experiment="verify")
+    spectrum = result.filter(
+        (result["level"] == "dataset") & (result["criterion"] == "spectrum_snr")
+    )
+    for note in spectrum["note"]:
+        assert "a norm holds no weight matrix, so it has no Spectrum SNR (ln1, ln2)" in note
+        assert f"{report_criteria.LINEAR_NO_SCORE_REASONS['spectrum_snr']} (fc1)" in note
+    caption = " ".join(criteria_table(result).split())  # the caption's lines joined
+    assert "a norm holds no weight matrix, so it has no Spectrum SNR (LN1, LN2);" in caption
+    assert "no singular value at or below the Marchenko-Pastur threshold" in caption
+    assert "or a zero matrix (recommend/matrix\\_criteria.py) (FC1)" in caption
+
+
+def test_the_demo_grid_leaves_only_spectrum_snr_unscored_and_why() -> None:
+    """The demo preset's SGD grid holds the five components, so each criterion the demo
+    model defines for at least three of them is scored by the selector benchmark; Spectrum's
+    SNR is defined for MHA alone (its random-init FC1 and FC2 leave no noise), so its rho is
+    undefined, with that reason, rather than computed on fewer than three."""
+    demo = yaml.safe_load((REPO / "workflow/presets/demo.yaml").read_text())
+    assert set(COMPONENTS) <= set(demo["experiments"]["sgd"]["configurations"])
+    entry = demo["models"]["demo_vit"]
+    model = build_model(ModelSpec.from_config(entry), num_classes=4)
+    matrices = matrix_statistics(model)
+    defined = {
+        criterion: [
+            c for c in COMPONENTS if math.isfinite(matrix_estimate(matrices, (c,), criterion))
+        ]
+        for criterion in ("spectrum_snr", "kappa")
+    }
+    assert defined == {"spectrum_snr": ["mha"], "kappa": ["mha", "fc1", "fc2"]}
+    mlp = matrices.filter(
+        matrices["component"].is_in(["fc1", "fc2"]) & matrices["parameter"].str.ends_with("weight")
+    )
+    assert set(mlp["spectrum_snr_reason"]) == {NO_NOISE}

@@ -281,7 +281,15 @@ def test_no_configuration_is_the_head_alone() -> None:
     assert "No configuration fits" in export["usage"][0]
 
 
-@pytest.mark.parametrize("configuration", ["full", "emb", "head", "lora", "mha+attn"])
+def test_head_is_the_linear_probe() -> None:
+    """A verification's baseline ``head`` (it can win): the head and final norm alone."""
+    export = _export(MODELS["vit_tiny_patch16_224"], "head")
+    assert export["configuration"] == "head" and export["components"] == []
+    assert export["counts"]["configuration"] == 0 and export["peft"]["lora"] is None
+    assert export["usage"][0].startswith("Linear probing")
+
+
+@pytest.mark.parametrize("configuration", ["full", "emb", "head+mha", "lora", "mha+attn"])
 def test_a_configuration_not_made_of_components_is_refused(configuration: str) -> None:
     with pytest.raises(ValueError, match=re.escape(repr(configuration))):
         _export(MODELS["vit_tiny_patch16_224"], configuration)

@@ -119,6 +119,14 @@ def test_verification_runs_the_halving_and_reports_what_it_measured(
     assert result["recommendation"]["configuration"] == best
     assert f"**{best}**" in report
     assert (prefix.parent / "demo-stripes_verified.png").stat().st_size > 0
+    # The measured recommendation's export says it was verified, with the chosen row's numbers.
+    export = json.loads((prefix.parent / "demo-stripes_verified.json").read_text())
+    chosen = table.filter(pl.col("configuration") == best).row(0, named=True)
+    measured = export["verification"]["measured"]
+    assert export["verification"]["verified"] is True and export["configuration"] == best
+    assert measured["val_accuracy_mean"] == chosen["val_accuracy_mean"]
+    assert measured["seeds"] == list(SEEDS) and measured["lr"] == chosen["lr"]
+    assert export["verification"]["settings"]["rungs"] == [6, 12]
 
     # A rerun reads every run back: nothing is trained again, the report is the same.
     before = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}

@@ -82,4 +82,5 @@ def test_the_rungs_of_four_learning_rates(demo_with: Configure) -> None:
     assert jobs.rung_lr(first) == 0.01
     with pytest.raises(ConfigError, match="step 48 ends no rung"):
         jobs.keep(SimpleNamespace(**cell, step="48"))
-    assert len(jobs.report_files()) == 3 * 3  # recommend's three datasets, three formats
+    # recommend's three datasets, four files each (md, parquet, png, json)
+    assert len(jobs.report_files()) == 3 * 4

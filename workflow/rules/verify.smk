@@ -102,6 +102,7 @@ rule verify_report:
         markdown=f"{RESULTS}/recommend/{{model}}/{{dataset}}_verified.md",
         table=f"{RESULTS}/recommend/{{model}}/{{dataset}}_verified.parquet",
         png=f"{RESULTS}/recommend/{{model}}/{{dataset}}_verified.png",
+        export=f"{RESULTS}/recommend/{{model}}/{{dataset}}_verified.json",
     log:
         f"{RESULTS}/logs/verify/{{model}}/{{dataset}}/report.log",
     params:

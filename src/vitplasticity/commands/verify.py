@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Verify what `vitplasticity recommend` ranked: finetune its top-k "
         "configurations, the baselines (head, full, lora) and each criterion's first pick, "
         "with successive halving over --lrs (the first seed), then every seed of each one's "
-        "best learning rate; write PREFIX_verified.{md,parquet,png}.",
+        "best learning rate; write PREFIX_verified.{md,parquet,png} and the measured "
+        "recommendation's export, PREFIX_verified.json (verified: true, and by what).",
     )
     what = parser.add_argument_group("what to verify")
     what.add_argument("--ranking", required=True, help="recommend's PREFIX.parquet")

@@ -29,6 +29,12 @@ LayerScale), since LoRA trains a low-rank update of a weight, not the component.
 ``trainers`` holds the same decision in the formats trainers read without peft: axolotl's
 ``unfrozen_parameters``, a plain freeze list, and Spectrum's score file of our Spectrum SNR
 (:mod:`.trainer_exports`).
+
+``verification`` says how the configuration was chosen (:mod:`.verification_record`):
+``verified: false`` and the criterion for recommend's heuristic pick, ``verified: true`` with
+the measured accuracy and the verification's settings for recommend-verify's. It is a key of
+the file beside the formats, never inside one: ``peft.LoraConfig(**...)``, axolotl's
+``unfrozen_parameters`` and Spectrum's score file take their parts as they are.
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ LORA_RANK = 8
 LORA_ALPHA = 16
 """The paper's LoRA baseline: rank 8, alpha 16 (docs/protocol.md, "LoRA baseline")."""
 
+LINEAR_PROBE = "head"
+"""The configuration that trains the head and final norm alone (a verification's baseline)."""
+
 NORM_COMPONENTS: tuple[str, ...] = ("ln1", "ln2")
 """The components peft tunes as norms (LNTuningConfig); the others are linear (LoRA)."""
 
@@ -61,16 +70,20 @@ def build_export(
     model_entry: Mapping[str, Any],
     dataset: str | None = None,
     recommendation: Mapping[str, Any] | None = None,
+    verification: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready description of ``configuration`` on ``model`` (the module docstring's).
 
     Args:
         model: the model the names are of (class, sizes and head of the one to finetune),
             left as it was.
-        configuration: components joined by ``+`` (``mha+fc1``); None when no configuration
-            fits the budget (the head and final norm alone, linear probing).
+        configuration: components joined by ``+`` (``mha+fc1``); ``head`` (a verified linear
+            probe) or None when no configuration fits the budget: the head and final norm
+            alone.
         model_name, model_entry: its name in the outputs and its config.yaml ``models`` entry.
         dataset, recommendation: what it is for, how it was chosen (copied as it is).
+        verification: the ``verification`` record (:mod:`.verification_record`); None: the
+            heuristic pick of ``recommendation``'s criterion, unverified.
 
     Raises:
         ValueError: for a configuration that is not made of the five components.
@@ -82,8 +95,10 @@ def build_export(
     from vitplasticity.recommend.criteria import configuration_components
     from vitplasticity.recommend.matrix_criteria import matrix_statistics
     from vitplasticity.recommend.trainer_exports import trainer_exports
+    from vitplasticity.recommend.verification_record import heuristic_record
 
-    components = () if configuration is None else configuration_components(configuration)
+    probe = configuration in (None, LINEAR_PROBE)
+    components = () if probe else configuration_components(configuration)
     architecture = architecture_for(model)
     parameters, names = ParameterMap(architecture, model), _Names(model)
     chosen = {c: parameters.component_names(c) for c in components}
@@ -107,6 +122,7 @@ def build_export(
         "peft": {"lora": lora, "ln_tuning": ln_tuning, "forms": forms},
         "trainers": trainer_exports(model, trained, matrix_statistics(model)),
         "usage": _usage(configuration, lora, ln_tuning),
+        "verification": dict(verification or heuristic_record(recommendation)),
     }
 
 
@@ -423,6 +439,8 @@ def _usage(
     configuration: str | None, lora: Mapping[str, Any] | None, ln_tuning: Mapping[str, Any] | None
 ) -> list[str]:
     """How to apply the file, in sentences."""
+    if configuration == LINEAR_PROBE:
+        return ["Linear probing: train the head and final norm alone (parameters.always_trained)."]
     if configuration is None:
         return [
             "No configuration fits the budget: train the head and final norm alone "

@@ -22,14 +22,20 @@ are n/a (NaN) with the reason in ``reason``, never a value:
   tensors below 2-D). Norms (LN1, LN2) therefore have neither criterion, as they have no NFN;
 - no singular value at or below the threshold (``no noise``): Spectrum then divides by 1
   instead of a noise sum, so the value turns into sum(s) / s_max, a count of directions, not a
-  ratio of signal to noise (it happens whenever the IQR is 0, e.g. an orthogonal matrix);
+  ratio of signal to noise. It happens whenever the singular values bunch, since the
+  threshold comes from their own spread: i.i.d. noise of a rectangular shape (a random-init
+  FC1 or FC2: every one of their matrices in the demo model) as well as an orthogonal matrix
+  (IQR 0), so "no noise" is no statement that the matrix holds only signal;
+- every value at or below the threshold is 0 (a rank-deficient matrix whose other singular
+  values bunch): Spectrum divides by a noise sum of 0, infinity;
 - s_max = 0 (a zero matrix): no spectrum at all; for kappa, s_min = 0 (a singular matrix:
   KappaTune's infinity) is n/a likewise, so that a configuration's mean stays a number.
 
 Signal = 0 (every singular value below the threshold) is a true SNR of 0 and is kept. Both
 criteria are computed in float64 on the CPU (an SVD per matrix; ViT-B has 48, a second).
 A configuration's value is the unweighted mean over the 2-D weights of its components, every
-block's (:func:`matrix_estimate`); a configuration of norms alone has none: n/a.
+block's (:func:`matrix_estimate`); a configuration of norms alone has none: n/a, as has one
+whose every matrix is n/a (the demo's FC1 and FC2 for Spectrum: no noise).
 """
 
 from __future__ import annotations
@@ -62,6 +68,10 @@ NO_NOISE = (
     "no singular value at or below the Marchenko-Pastur threshold: Spectrum divides by 1, so "
     "the value would be sum(s)/s_max, not a signal-to-noise ratio"
 )
+ZERO_NOISE = (
+    "every singular value at or below the Marchenko-Pastur threshold is 0: Spectrum divides "
+    "by a noise sum of 0 (infinity)"
+)
 ZERO_MATRIX = "a zero matrix has no singular spectrum"
 SINGULAR = "a singular matrix (s_min = 0) has an infinite condition number"
 
@@ -87,7 +97,10 @@ def spectrum_snr(weight: np.ndarray) -> tuple[float, str | None]:
     signal = s > threshold
     if signal.all():
         return math.nan, NO_NOISE
-    return float(s[signal].sum() / s[~signal].sum() / s[0]), None
+    noise = s[~signal].sum()
+    if noise == 0:
+        return math.nan, ZERO_NOISE
+    return float(s[signal].sum() / noise / s[0]), None
 
 
 def condition_number(weight: np.ndarray) -> tuple[float, str | None]:

@@ -1,7 +1,9 @@
 """Budgeted verification of a recommendation, in one process: finetune the candidates of
 :func:`vitplasticity.workflow.verify.candidates` on the user's dataset with successive halving
 over the learning rates, then the other seeds of each one's best learning rate, and write the
-verified report (:mod:`vitplasticity.recommend.verified_report`).
+verified report (:mod:`vitplasticity.recommend.verified_report`) and the export of the measured
+recommendation, ``PREFIX_verified.json``, recording that it was verified and how
+(:mod:`vitplasticity.recommend.verification_record`).
 
 Every run goes through :func:`vitplasticity.finetune.train.train` (a rung pauses it with a
 checkpoint; a survivor continues it), so a verified run's numbers are those of the same run
@@ -21,10 +23,12 @@ from typing import Any
 
 import polars as pl
 
+from vitplasticity.data.store import read_meta
 from vitplasticity.finetune.rungs import rung_record_path
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.train import train
 from vitplasticity.models.architectures import parse_configuration
+from vitplasticity.recommend.verification_record import verified_record, write_verified_export
 from vitplasticity.recommend.verified_report import measured_table, write_report
 from vitplasticity.utils.io import write_json
 from vitplasticity.workflow.config import Run, lr_label
@@ -186,7 +190,18 @@ def verify(
     recommendation = write_report(
         report_prefix, table, compute, budget, title=title, demo=training.demo
     )
+    record = verified_record(
+        recommendation, plan, training, ends, _verified(report_prefix, ".md"), budget
+    )
+    num_classes = int(read_meta(dataset_dir)["num_classes"])
+    write_verified_export(_verified(report_prefix, ".json"), record, training, num_classes)
     return {"compute": compute, "recommendation": recommendation}
+
+
+def _verified(report_prefix: str | Path, suffix: str) -> Path:
+    """``PREFIX_verified<suffix>``, the verified report's file of that suffix."""
+    prefix = Path(report_prefix)
+    return prefix.parent / f"{prefix.name}_verified{suffix}"
 
 
 def _compute(

@@ -57,7 +57,7 @@ best, and :func:`best_criterion_lines` says so.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -113,7 +113,36 @@ NO_SCORE_REASONS: dict[str, str] = {
     "spectrum_snr": "a norm holds no weight matrix, so it has no Spectrum SNR",
     "kappa": "a norm holds no weight matrix, so it has no condition number",
 }
-"""Why a criterion has no score for some configurations by design (said in ``note``)."""
+"""Why a criterion has no score for a configuration of norms alone, by design."""
+
+LINEAR_NO_SCORE_REASONS: dict[str, str] = {
+    "nfn": "no linear map of it had an input of nonzero norm, so it has no NFN",
+    "spectrum_snr": (
+        "Spectrum's SNR is n/a for every weight matrix of it: no singular value at or below "
+        "the Marchenko-Pastur threshold (Spectrum's value would be sum(s)/s_max, not a "
+        "signal-to-noise ratio: e.g. a random-init FC1 or FC2, whose singular values bunch), "
+        "or a zero matrix (recommend/matrix_criteria.py)"
+    ),
+    "kappa": "every weight matrix of it is zero or singular, so it has no condition number",
+}
+"""Why a criterion has no score for a configuration that holds a linear component: every
+item of it was n/a (:mod:`vitplasticity.recommend.matrix_criteria` says why per matrix)."""
+
+
+def no_score_reasons(
+    criterion: str, configurations: Sequence[str], name: Callable[[str], str] = str
+) -> list[str]:
+    """Why ``criterion`` has no score for ``configurations``, one reason per kind, each
+    followed by the configurations it explains (printed by ``name``): norms alone
+    (:data:`NO_SCORE_REASONS`) and the others (:data:`LINEAR_NO_SCORE_REASONS`); none for a
+    criterion neither names."""
+    norms = [c for c in configurations if set(c.split("+")) <= {"ln1", "ln2"}]
+    linear = [c for c in configurations if c not in norms]
+    reasons = []
+    for names, known in ((norms, NO_SCORE_REASONS), (linear, LINEAR_NO_SCORE_REASONS)):
+        if names and criterion in known:
+            reasons.append(f"{known[criterion]} ({', '.join(map(name, names))})")
+    return reasons
 
 
 def criterion_label(name: str) -> str:
@@ -377,7 +406,7 @@ def _coverage_note(
     unscored = [c for c in present if c in measured and c not in scores]
     notes = [
         *(f"no score for {c}" for c in unscored),
-        *([NO_SCORE_REASONS[criterion]] if unscored and criterion in NO_SCORE_REASONS else []),
+        *no_score_reasons(criterion, unscored),
         *(f"no accuracy for {c}" for c in present if c in scores and c not in measured),
         *([note] if note else []),
     ]

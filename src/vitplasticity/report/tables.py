@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from vitplasticity.report.criteria import (
-    NO_SCORE_REASONS,
     criterion_label,
+    no_score_reasons,
     single_experiment,
     unscored_configurations,
 )
@@ -302,6 +302,12 @@ def _criteria_summary_rows(
         table.add(model, ("n/a", "n/a"), [escape(n) for n in names], [n or MISSING for n in names])
 
 
+def _unscored_of(missing: dict[tuple[str, str], list[str]], criterion: str) -> list[str]:
+    """The configurations ``criterion`` has no value for, over every model, in order."""
+    names = {n for (_, c), found in missing.items() if c == criterion for n in found}
+    return component_order(sorted(names))
+
+
 def criteria_table(result: pl.DataFrame, demo: bool = False) -> str:
     """Datasets x criteria: Spearman rho of each criterion with the accuracy, then the summary
     rows: mean rho, mean tau, hit rate, the number n of datasets with a defined rho, the
@@ -319,11 +325,12 @@ def criteria_table(result: pl.DataFrame, demo: bool = False) -> str:
     experiment = single_experiment(result)
     lines, _, n_max = _criteria_layout(result)
     several = result.filter(pl.col("level") == "dataset")["criterion"].n_unique() > 1
-    unscored = sorted({c for _, c in unscored_configurations(result)})
+    missing = unscored_configurations(result)
+    unscored = sorted({c for _, c in missing})
     reasons = [
-        f"{escape(criterion_label(c))}: {escape(NO_SCORE_REASONS[c])}"
+        f"{escape(criterion_label(c))}: {escape('; '.join(why))}"
         for c in unscored
-        if c in NO_SCORE_REASONS
+        if (why := no_score_reasons(c, _unscored_of(missing, c), label))
     ]
     caption = (
         rf"Rank correlation of each criterion with the selected-LR test accuracy over the "

@@ -16,8 +16,9 @@ For each verified (model, dataset), Snakemake sees every step of
    of ``recommend.verify.experiment`` (the ``finetune`` rule): the survivor's job continues
    its run from the last rung's checkpoint to the full budget, so its numbers are those of
    the same run of that experiment's full grid;
-5. ``verify_report`` writes ``<results>/recommend/<model>/<dataset>_verified.{md,parquet,png}``
-   from those runs (``recommend-verify --no-train``).
+5. ``verify_report`` writes
+   ``<results>/recommend/<model>/<dataset>_verified.{md,parquet,png,json}`` from those runs
+   (``recommend-verify --no-train``).
 
 The runs are the experiment's own run folders (``<results>/finetune/<experiment>/...``): its
 optimizer, learning rates (``lrs``, ``lrs_by_dataset``) and seeds are the verification's. An
@@ -38,7 +39,7 @@ from vitplasticity.workflow.recommend_jobs import recommend_value
 from vitplasticity.workflow.verify import rung_steps, survivors_at
 
 KEY = "recommend.verify"
-REPORT_FORMATS = ("md", "parquet", "png")
+REPORT_FORMATS = ("md", "parquet", "png", "json")
 
 
 class VerifyJobs:
