@@ -65,7 +65,9 @@ def build_hf_model(spec: HFModelSpec, num_classes: int = 0) -> nn.Module:
             the cache), naming the hub id and revision.
         ValueError: for a checkpoint of another model type than the class's (naming the folder
             and both types); missing, unexpected or differently shaped weights (naming the
-            folder and the first keys); an unknown model class; ``num_classes`` on a class
+            folder and the first keys); an unknown model class, or a checkpoint whose
+            config.json names a class no architecture measures (naming the folder and the
+            class); ``num_classes`` on a class
             that is not a known vision tower; a folder's safetensors file that is not whole,
             or a loaded weight that is not finite (naming the file, or the folder and weight).
     """
