@@ -234,7 +234,6 @@ def test_the_model_classes_copy_matches_the_architectures() -> None:
         for name in [
             *(tower for tower, _ in getattr(architecture, "towers", ())),
             *getattr(architecture, "variants", {}),
-            *getattr(architecture, "causal_lm", {}),
         ]
     } | set(declared("default_classes").values())
     assert {n for n in declared_classes if hasattr(transformers, n)} <= TRANSFORMERS_MODEL_CLASSES

@@ -143,10 +143,3 @@ def test_cross_attention_blocks_are_refused_by_name() -> None:
     model = transformers.GPT2Model(config)
     with pytest.raises(UnsupportedModel, match="block 0 of GPT2Model has cross-attention"):
         architecture_for(model).blocks(model)
-
-
-def test_a_lm_head_model_is_not_matched() -> None:
-    """GPT2LMHeadModel wraps a GPT2Model (``transformer``): the family is the bare model."""
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2_TINY_CONFIG))
-    with pytest.raises(UnsupportedModel, match="GPT2LMHeadModel"):
-        architecture_for(model)

@@ -227,20 +227,21 @@ def test_a_dual_encoder_checkpoint_loads_its_vision_tower(
     assert "text_model.final_layer_norm.weight" in caplog.text and "logit_scale" in caplog.text
 
 
-def test_a_classification_checkpoint_loses_its_head(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A Dinov2ForImageClassification folder: the tower loads, its classifier is dropped
-    (logged) and a new one drawn, of the run's class count."""
+def test_a_classification_checkpoint_gets_a_new_head(tmp_path: Path) -> None:
+    """A Dinov2ForImageClassification folder loads as its config.json's class (its classifier
+    with it, strictly); finetuning replaces the classifier with a new one of the run's class
+    count, around the same tower."""
     settings = {k: v for k, v in tiny_config("dinov2").items() if k != "model_type"}
     classifier = transformers.Dinov2ForImageClassification(
         transformers.Dinov2Config(**settings, num_labels=7)
     )
     classifier = perturbed(classifier, 2).float()
     classifier.save_pretrained(tmp_path / "cls")
-    with caplog.at_level(logging.INFO, logger="vitplasticity.models.hf_build"):
-        model = build_hf_model(folder_spec(tmp_path / "cls"), num_classes=CLASSES)
-    assert "classifier.weight" in caplog.text
+    loaded = build_hf_model(folder_spec(tmp_path / "cls"))
+    assert type(loaded).__name__ == "Dinov2ForImageClassification"
+    assert_same_tensors(loaded.state_dict(), classifier.state_dict())
+    model = build_hf_model(folder_spec(tmp_path / "cls"), num_classes=CLASSES)
+    assert type(model).__name__ == "Dinov2ForImageClassification"
     expected = without(classifier.state_dict(), "classifier.")
     assert_same_tensors(without(model.state_dict(), "classifier."), expected)
     assert model.classifier.out_features == CLASSES
@@ -309,9 +310,27 @@ def test_num_classes_needs_a_vision_tower() -> None:
     gpt2 = HFModelSpec(hf_id="gpt2", weights="random", config={"model_type": "gpt2", "n_layer": 1})
     with pytest.raises(ValueError, match="GPT2Model has no classification class here"):
         build_hf_model(gpt2, num_classes=CLASSES)
+    text_classifier = HFModelSpec(
+        hf_id="gpt2",
+        weights="random",
+        config={"model_type": "gpt2", "n_layer": 1},
+        model_class="GPT2ForSequenceClassification",
+    )
+    with pytest.raises(ValueError, match="GPT2ForSequenceClassification has no classification"):
+        build_hf_model(text_classifier, num_classes=CLASSES)
+
+
+def test_a_classification_class_gets_a_new_head() -> None:
+    """A vision tower built in its classification class (model_class) with num_classes: the
+    class's classifier is replaced by a new one of that many classes, around the same tower."""
     vit = random_spec("vit", model_class="ViTForImageClassification")
-    with pytest.raises(ValueError, match="ViTForImageClassification has no classification class"):
-        build_hf_model(vit, num_classes=CLASSES)
+    built = build_hf_model(vit)
+    model = build_hf_model(vit, num_classes=CLASSES)
+    assert type(model).__name__ == "ViTForImageClassification"
+    assert model.classifier.out_features == CLASSES != built.classifier.out_features
+    assert_same_tensors(
+        without(model.state_dict(), "classifier."), without(built.state_dict(), "classifier.")
+    )
 
 
 # --- the classification wrappers pool as the model's own class ---------------------------------

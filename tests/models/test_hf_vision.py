@@ -378,7 +378,6 @@ def test_finetuning_stages_need_a_classification_class(case: TinyModel) -> None:
 @pytest.mark.parametrize(
     ("model_class", "config"),
     [
-        ("ViTForMaskedImageModeling", _config("ViTConfig", intermediate_size=96)),
         ("CLIPTextModel", transformers.CLIPTextConfig(hidden_size=48, num_attention_heads=3)),
         ("DINOv3ViTBackbone", _config("DINOv3ViTConfig", intermediate_size=96)),
     ],

@@ -65,12 +65,12 @@ USER_TEXTS = {
 }
 
 # Each component's parameters, written out from transformers' names (docs/protocol.md 3.1).
-GPT2_PATTERNS = {
-    "ln1": r"h\.\d+\.ln_1\.",
-    "mha": r"h\.\d+\.attn\.",
-    "ln2": r"h\.\d+\.ln_2\.",
-    "fc1": r"h\.\d+\.mlp\.c_fc\.",
-    "fc2": r"h\.\d+\.mlp\.c_proj\.",
+GPT2_PATTERNS = {  # in GPT2LMHeadModel, the causal LM ranked
+    "ln1": r"transformer\.h\.\d+\.ln_1\.",
+    "mha": r"transformer\.h\.\d+\.attn\.",
+    "ln2": r"transformer\.h\.\d+\.ln_2\.",
+    "fc1": r"transformer\.h\.\d+\.mlp\.c_fc\.",
+    "fc2": r"transformer\.h\.\d+\.mlp\.c_proj\.",
 }
 LLAMA_PATTERNS = {
     "ln1": r"model\.layers\.\d+\.input_layernorm\.",
@@ -108,8 +108,9 @@ def _tied_llama() -> torch.nn.Module:
 
 
 MODELS = {
-    # id: (build, parameter patterns, the prefix of the ranked module's names in the causal LM)
-    "gpt2": (lambda: _tiny("gpt2_tiny"), GPT2_PATTERNS, "transformer."),
+    # id: (build, parameter patterns, the prefix of the ranked module's names in the causal LM:
+    # none, every family ranks the causal LM itself)
+    "gpt2": (lambda: _tiny("gpt2_tiny"), GPT2_PATTERNS, ""),
     "llama_causal_lm": (lambda: _tiny("llama_causal_lm_tiny"), LLAMA_PATTERNS, ""),
     "llama_tied_bare": (_tied_llama, LLAMA_PATTERNS, ""),
 }
@@ -447,21 +448,22 @@ def test_the_command_writes_the_report_table_and_export(tmp_path: Path) -> None:
 
     export = json.loads(Path(f"{prefix}.json").read_text())
     assert export["configuration"] == chosen
-    model = transformers.GPT2Model(transformers.GPT2Config(**GPT2_TINY_CONFIG))
+    # The names are the causal LM's, GPT2LMHeadModel's (its lm_head tied to wte).
+    lm = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2_TINY_CONFIG))
     for component in chosen.split("+"):
-        expected = [n for n, _ in model.named_parameters() if re.match(GPT2_PATTERNS[component], n)]
+        expected = [n for n, _ in lm.named_parameters() if re.match(GPT2_PATTERNS[component], n)]
         assert export["parameters"]["components"][component] == expected
-    assert export["parameters"]["always_trained"] == ["ln_f.weight", "ln_f.bias"]
-    assert export["text"]["prefix"] == "transformer."
-    lm_names = {n for n, _ in transformers.GPT2LMHeadModel(model.config).named_parameters()}
-    trained = [*export["parameters"]["always_trained"]]
-    trained += [n for names in export["parameters"]["components"].values() for n in names]
-    assert {f"transformer.{n}" for n in trained} <= lm_names
+    assert export["parameters"]["always_trained"] == [
+        "transformer.ln_f.weight",
+        "transformer.ln_f.bias",
+    ]
+    assert export["text"]["prefix"] == ""
+    assert export["model"]["class"].endswith("GPT2LMHeadModel")
 
     text = Path(f"{prefix}.md").read_text()
     assert "# Which components should I finetune? gpt2_tiny on notes" in text
     assert "`notes.txt`, `mail.txt`" in text and "next-token cross-entropy" in text
-    assert "they sit under `transformer.`" in text
+    assert "they sit under" not in text
 
 
 def test_the_export_of_a_llama_names_its_parameters_and_lora_targets(tmp_path: Path) -> None:

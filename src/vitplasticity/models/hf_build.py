@@ -1,5 +1,12 @@
 """Building the transformers model of a config entry (``family: transformers``), strictly.
 
+The class built from a checkpoint (``weights: hub`` or a saved folder) is the entry's
+``model_class``; without one, the class its config.json's ``architectures`` names (what
+``save_pretrained`` wrote: a saved ``LlamaForCausalLM`` loads as one, its ``lm_head`` with
+it), unless it names a dual encoder whose tower the family measures (CLIP, SigLIP: the family's
+declared default class); without either, the bare model of its ``model_type``. A class no
+architecture measures is an error naming the folder and the class.
+
 Loading is strict. transformers loads a Llama folder into a GPT2Model, or a checkpoint that
 lacks a tensor into its class, with a warning, and leaves every weight it cannot place at its
 random init: a random model would be measured or finetuned. Here the checkpoint's config.json
@@ -37,7 +44,7 @@ from torch import nn
 from vitplasticity.models.architectures import declared
 from vitplasticity.models.checked_weights import check_finite, check_safetensors_folder
 from vitplasticity.models.hf_classifier import shown_keys, with_classifier
-from vitplasticity.models.spec import HFModelSpec, hub_offline
+from vitplasticity.models.spec import TRANSFORMERS_MODEL_CLASSES, HFModelSpec, hub_offline
 from vitplasticity.utils.optional import require_transformers
 
 log = logging.getLogger(__name__)
@@ -58,7 +65,9 @@ def build_hf_model(spec: HFModelSpec, num_classes: int = 0) -> nn.Module:
             the cache), naming the hub id and revision.
         ValueError: for a checkpoint of another model type than the class's (naming the folder
             and both types); missing, unexpected or differently shaped weights (naming the
-            folder and the first keys); an unknown model class; ``num_classes`` on a class
+            folder and the first keys); an unknown model class, or a checkpoint whose
+            config.json names a class no architecture measures (naming the folder and the
+            class); ``num_classes`` on a class
             that is not a known vision tower; a folder's safetensors file that is not whole,
             or a loaded weight that is not finite (naming the file, or the folder and weight).
     """
@@ -112,6 +121,41 @@ def model_class_for(transformers: Any, name: str | None, model_type: Any, source
     if not (isinstance(found, type) and issubclass(found, transformers.PreTrainedModel)):
         raise ValueError(f"model {source!r}: model_class {name!r} is not a transformers model")
     return found
+
+
+def saved_class(config: dict[str, Any], source: str) -> str | None:
+    """The class a checkpoint's config.json names (``architectures``, one entry, as
+    ``save_pretrained`` writes it); None when it names none, or names a class the
+    architectures do not measure while its ``model_type`` has a class its family declares
+    (a CLIP or SigLIP dual encoder: its vision tower).
+
+    Raises:
+        ValueError: naming ``source`` and the class(es), for an ``architectures`` that is not
+            one class name, or a class no registered architecture measures.
+    """
+    names = config.get("architectures")
+    if names is None or names == []:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(
+            f"model {str(source)!r}: its config.json's architectures is {names!r}, not a list "
+            "of class names"
+        )
+    if len(names) > 1:
+        raise ValueError(
+            f"model {str(source)!r}: its config.json names the classes {names} "
+            "(architectures): name the one to build (model_class)"
+        )
+    (name,) = names
+    if name in TRANSFORMERS_MODEL_CLASSES:
+        return name
+    if config.get("model_type") in declared("default_classes"):
+        return None
+    raise ValueError(
+        f"model {str(source)!r}: its config.json names the class {name!r} (architectures), "
+        "which no vitplasticity architecture measures; the classes that load: "
+        f"{', '.join(sorted(TRANSFORMERS_MODEL_CLASSES))}"
+    )
 
 
 def expected_model_types(model_class: type) -> tuple[str, ...]:
@@ -214,8 +258,10 @@ def load_strict(
             encoder's other tower dropped first).
     """
     source = spec.source
-    model_type = saved_config(spec).get("model_type")
-    model_class = model_class_for(transformers, spec.model_class, model_type, source)
+    config = saved_config(spec)
+    model_type = config.get("model_type")
+    name = spec.model_class or saved_class(config, source)
+    model_class = model_class_for(transformers, name, model_type, source)
     check_model_type(model_type, model_class, source)
     where: dict[str, Any] = {}
     if spec.weights == "hub":

@@ -35,14 +35,22 @@ def with_classifier(transformers: Any, tower: nn.Module, num_classes: int) -> nn
 
     The class is built on the meta device (no second backbone in memory, no draw from the
     RNG), then holds ``tower`` itself where it holds its own: its forward pass is the class's,
-    its backbone the tower's weights.
+    its backbone the tower's weights. A tower already in its classification class (a
+    checkpoint saved from one) is taken out of it first: its old classifier is replaced.
 
     Raises:
         ValueError: naming the class when it is not a known vision tower.
         UnsupportedModel: when the class holds parts beside the tower and the classifier.
     """
-    name = type(tower).__name__
     classifiers = declared("classifiers")
+    held = {
+        classifier: attribute
+        for classifier, attribute in classifiers.values()
+        if isinstance(classifier, str)
+    }
+    if type(tower).__name__ in held:
+        tower = getattr(tower, held[type(tower).__name__])
+    name = type(tower).__name__
     if name not in classifiers:
         raise ValueError(
             f"{name} has no classification class here (num_classes {num_classes}): finetuning "

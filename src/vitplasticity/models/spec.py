@@ -263,23 +263,40 @@ how an entry tells a text model from a vision one without torch. Each architectu
 its own (``Architecture.model_types``); this is their torch-free copy for the Snakefile, and
 tests/models/test_registry.py checks the two agree."""
 
+_DECODER_TASKS = (
+    "ForCausalLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+)
+"""The task classes transformers puts around each of Llama, Mistral, Qwen2 and Qwen3."""
+
 TRANSFORMERS_MODEL_CLASSES = frozenset(
     {
         "GPT2Model",
-        *("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model"),
-        *("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"),
-        *("Gemma2Model", "Gemma3TextModel", "Gemma2ForCausalLM", "Gemma3ForCausalLM"),
-        *("ViTModel", "ViTForImageClassification", "DINOv3ViTModel"),
+        *("GPT2LMHeadModel", "GPT2DoubleHeadsModel", "GPT2ForSequenceClassification"),
+        *("GPT2ForTokenClassification", "GPT2ForQuestionAnswering"),
+        *(
+            f"{bare}{task}"
+            for bare in ("Llama", "Mistral", "Qwen2", "Qwen3")
+            for task in ("Model", *_DECODER_TASKS)
+        ),
+        *("Gemma2Model", "Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
+        "Gemma2ForTokenClassification",
+        *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
+        *("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
+        "DINOv3ViTModel",
         *("Dinov2Model", "Dinov2ForImageClassification"),
         *("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification"),
         *("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPForImageClassification"),
         *("SiglipVisionModel", "SiglipForImageClassification"),
     }
 )
-"""The transformers classes a ``model_class:`` can name: those the registered architectures
-measure (their bare models, causal LMs, vision towers and towers' classification classes).
-A torch-free copy for the Snakefile; tests/models/test_bad_weights.py checks it against the
-architectures."""
+"""The transformers classes a ``model_class:`` (or a checkpoint's config.json
+``architectures``) can name: those the registered architectures measure (their bare models
+and vision towers, and the task classes around them: causal LMs, classifiers, ...). A
+torch-free copy for the Snakefile; tests/models/test_bad_weights.py checks it against the
+architectures, tests/models/test_wrapped_models.py measures every task class."""
 
 
 @dataclass(frozen=True)

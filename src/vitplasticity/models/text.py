@@ -54,20 +54,25 @@ def check_stated_positions(model_name: str, entry: Any, sequence_length: int) ->
         )
 
 
+LM_HEAD_CLASSES: tuple[str, ...] = ("ForCausalLM", "LMHeadModel", "DoubleHeadsModel")
+"""How the names of the text classes with an LM head end (a bare ``<Type>Model`` and a task
+class such as ``<Type>ForSequenceClassification`` have none)."""
+
+
 def untied_bare_model(entry: Any) -> str | None:
-    """The class of a bare text model (no LM head) whose entry's config unties the head
-    (``tie_word_embeddings: false``), which :func:`causal_lm` refuses: known from the entry
-    alone, torch-free. The bare class is the default (no ``model_class``) or a
-    ``<Type>Model`` one (a causal LM is ``<Type>ForCausalLM`` or ``<Type>LMHeadModel``).
-    None otherwise (also when the config leaves the tie to the model type's default)."""
+    """The class of a text model without an LM head (a bare model, or a classifier) whose
+    entry's config unties the head (``tie_word_embeddings: false``), which :func:`causal_lm`
+    refuses: known from the entry alone, torch-free. That is the default class (no
+    ``model_class``) or any class but a causal LM's (:data:`LM_HEAD_CLASSES`). None otherwise
+    (also when the config leaves the tie to the model type's default)."""
     config = entry.get("config") if isinstance(entry, Mapping) else None
     if not isinstance(config, Mapping) or config.get("tie_word_embeddings") is not False:
         return None
     model_class = entry.get("model_class")
     if model_class is None:
         return f"the bare model of model_type {config.get('model_type', '?')}"
-    if isinstance(model_class, str) and model_class.endswith("Model"):
-        return None if model_class.endswith("LMHeadModel") else model_class
+    if isinstance(model_class, str) and not model_class.endswith(LM_HEAD_CLASSES):
+        return model_class
     return None
 
 
@@ -115,25 +120,29 @@ def text_model_entry(model_name: str, entry: Any) -> ModelSpec:
 
 
 def causal_lm(model: nn.Module) -> nn.Module:
-    """``model`` when it is a causal LM (it has an LM head), else its causal-LM counterpart
-    (transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING`` for its config) built around the same
-    modules, the head tied to the token embedding. The counterpart is built on the meta device
-    and takes ``model`` whole: no weight is copied or drawn.
+    """``model`` when it is a causal LM (it has an LM head), else the causal-LM counterpart
+    (transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING`` for its config) of its base model (a
+    classifier's, ``LlamaForSequenceClassification.model``; a bare model is its own) built
+    around the same modules, the head tied to the token embedding. The counterpart is built
+    on the meta device and takes the base model whole: no weight is copied or drawn; its
+    names are those the classifier gives the base model (both hold it under the family's
+    ``base_model_prefix``), and the classifier's own head is not in it.
 
     Raises:
-        UnsupportedModel: naming the class, for a bare model whose config unties the head
-            (``tie_word_embeddings`` false: its weights are not in the bare model), one without
-            a causal-LM class, or a counterpart that holds more than the base model and a tied
-            head.
+        UnsupportedModel: naming the class, for a model without an LM head whose config
+            unties it (``tie_word_embeddings`` false: its weights are not in the model), one
+            without a causal-LM class, or a counterpart that holds more than the base model
+            and a tied head.
     """
     import torch
 
-    from vitplasticity.models.architectures.base import UnsupportedModel
+    from vitplasticity.models.architectures.base import UnsupportedModel, base_model_of
     from vitplasticity.utils.optional import require_transformers
 
     if model.get_output_embeddings() is not None:
         return model
     name = type(model).__name__
+    model = base_model_of(model) or model
     config = model.config
 
     require_transformers()
@@ -148,7 +157,7 @@ def causal_lm(model: nn.Module) -> nn.Module:
     if not getattr(config, "tie_word_embeddings", False):
         raise UnsupportedModel(
             f"{name} has no LM head and its config unties it (tie_word_embeddings false): the "
-            "head's weights are not in a bare model, and the next-token loss needs them; name "
+            "head's weights are not in the model, and the next-token loss needs them; name "
             f"the causal-LM class in the model entry (model_class: {lm_class.__name__})"
         )
     with torch.device("meta"):

@@ -20,10 +20,11 @@ The next-token loss needs the LM head. A causal LM (``LlamaForCausalLM``, ``GPT2
 is used as it is; a bare model (``LlamaModel``, ``GPT2Model``) is wrapped in its causal-LM class
 (transformers' own mapping) around the *same* modules, its head tied to the token embedding, which
 only a model with ``tie_word_embeddings`` can have: a bare model with an untied head does not hold
-its head's weights and is refused (name the causal-LM class instead). Components are ranked on
-the module the architecture registry knows: the causal LM itself (the hf_llama and hf_gemma
-families), or its base model (``GPT2Model``, the hf_gpt2 family); the export names that
-module's parameters and says where they sit in the causal LM.
+its head's weights and is refused (name the causal-LM class instead); a classifier
+(``LlamaForSequenceClassification``) is its base model in the causal-LM class, without its own
+head. Components are ranked on the causal LM, every text family's task class: the export names
+its parameters (``transformer.h.0...`` of ``GPT2LMHeadModel``, ``model.layers.0...`` of
+``LlamaForCausalLM``).
 
 This module builds the causal LM and runs the stage (:func:`recommend_text`); the criteria on
 token ids are :mod:`.text_criteria`'s, the inputs and result :mod:`.text_inputs`', the export,

@@ -2,9 +2,8 @@
 of :func:`vitplasticity.recommend.criteria.measure_criteria`, which
 :mod:`vitplasticity.recommend.text` (the ``recommend-text`` stage) measures.
 
-Components are ranked on the module the architecture registry knows: the causal LM itself (the
-hf_llama and hf_gemma families), or its base model (``GPT2Model``, the hf_gpt2 family,
-:func:`ranked_module`). The gradients are of the *next-token* cross-entropy
+Components are ranked on the causal LM itself (:func:`ranked_module`: every text family takes
+its task classes, ``GPT2LMHeadModel`` and ``XForCausalLM``), so the names are the causal LM's. The gradients are of the *next-token* cross-entropy
 (:func:`next_token_loss`); the user's sequences come from every file in turn
 (:func:`user_sequences`).
 """
@@ -22,7 +21,6 @@ from torch import nn
 
 from vitplasticity.models.architectures import (
     Architecture,
-    UnsupportedModel,
     architecture_for,
     parameter_map,
 )
@@ -33,20 +31,13 @@ from vitplasticity.recommend.nfn import feature_norm_statistics
 
 
 def ranked_module(lm: nn.Module) -> nn.Module:
-    """The module whose components are ranked: ``lm`` when an architecture knows it (hf_llama
-    and hf_gemma take ``XForCausalLM``), else its base model (``GPT2LMHeadModel.transformer``).
+    """The module whose components are ranked: ``lm`` itself, once an architecture knows it
+    (every text family takes the causal LM around its base model).
 
     Raises:
-        UnsupportedModel: naming the class, when no architecture knows either.
+        UnsupportedModel: naming the class, when no architecture knows it.
     """
-    try:
-        architecture_for(lm)
-    except UnsupportedModel:
-        base = getattr(lm, "base_model", None)
-        if base is None or base is lm:
-            raise
-        architecture_for(base)
-        return base
+    architecture_for(lm)
     return lm
 
 

@@ -132,6 +132,34 @@ def has_submodule(module: nn.Module, path: str) -> bool:
     return True
 
 
+def base_model_of(model: nn.Module) -> nn.Module | None:
+    """The base model a transformers task class holds (``GPT2LMHeadModel.transformer``,
+    ``LlamaForSequenceClassification.model``, ``ViTForImageClassification.vit``): the child
+    its class's ``base_model_prefix`` names, as transformers' own ``base_model`` finds it.
+    None for a model that holds none (a bare model is its own base model)."""
+    prefix = getattr(model, "base_model_prefix", None)
+    inner = getattr(model, prefix, None) if isinstance(prefix, str) and prefix else None
+    return inner if isinstance(inner, nn.Module) and inner is not model else None
+
+
+def wrapper_head(model: nn.Module, base: nn.Module) -> tuple[nn.Module, ...]:
+    """What a class wrapping ``base`` adds to it: its children beside ``base`` that hold a
+    parameter of their own (``lm_head``, ``score``, ``classifier``, ``qa_outputs``,
+    ``visual_projection``). They belong to the head, which every configuration trains, as a
+    vision tower's classifier does; a child whose parameters all are ``base``'s (an
+    ``lm_head`` tied to the token embedding, trained by ``emb``) adds nothing. A parameter
+    the wrapper holds outside its children is claimed by no one: the parameter map refuses
+    the model, naming it."""
+    if model is base:
+        return ()
+    inside = {id(p) for p in base.parameters()}
+    return tuple(
+        child
+        for child in model.children()
+        if child is not base and any(id(p) not in inside for p in child.parameters())
+    )
+
+
 class Architecture:
     """One model family: its blocks and components, its parameters, how it runs.
 

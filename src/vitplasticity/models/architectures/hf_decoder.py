@@ -15,9 +15,12 @@ builds it: rotary cos/sin from the model's own ``rotary_emb`` at positions 0..L-
 per layer type, local and global), and an explicit additive mask per layer, causal, and
 sliding-window on the layers the model runs with one. An explicit mask makes eager and SDPA
 attention compute the same thing (the model's forward may hand SDPA no mask and let it be
-causal by itself). The bare ``XModel`` classes are the families; ``XForCausalLM`` (the bare model
-as ``.model`` plus ``lm_head``) is accepted too, its LM head with the final norm. Matched by class
-name: transformers is optional and not imported to answer "no".
+causal by itself). The bare ``XModel`` classes are the families; a task class around one
+(``XForCausalLM``, ``XForSequenceClassification``, ``XForTokenClassification``,
+``XForQuestionAnswering``: the bare model under its ``base_model_prefix``) is accepted too, what
+it adds (an untied ``lm_head``, ``score``, ``qa_outputs``) head with the final norm
+(:func:`~vitplasticity.models.architectures.base.wrapper_head`); its parameter names keep the
+prefix. Matched by class name: transformers is optional and not imported to answer "no".
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from vitplasticity.models.architectures.base import (
     Owned,
     UndefinedStage,
     UnsupportedModel,
+    base_model_of,
     check_fc1_mode,
+    wrapper_head,
 )
 
 ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa")
@@ -111,31 +116,25 @@ def additive_mask(length: int, window: int | None, tokens: torch.Tensor) -> torc
 
 class HFDecoder(Architecture):
     """A transformers decoder-only language model with RMSNorm, rotary positions and a gated
-    MLP. Subclasses set :attr:`variants`, :attr:`causal_lm`, :attr:`ln2_name`, and write
-    :meth:`compose_block`."""
+    MLP. Subclasses set :attr:`variants` and :attr:`ln2_name`, and write :meth:`compose_block`."""
 
     inputs = "tokens"
     variants: ClassVar[dict[str, Variant]] = {}
     """The bare model classes of the family, by class name."""
-    causal_lm: ClassVar[dict[str, str]] = {}
-    """``XForCausalLM`` class name -> the bare class it wraps as ``.model``."""
     ln2_name: str = ""
     """The layer's norm before the MLP."""
 
     # --- what it is ---------------------------------------------------------------------------
 
     def _bare(self, model: nn.Module) -> tuple[nn.Module, Variant] | None:
-        """The bare decoder model inside ``model`` (itself, or a causal LM's ``.model``) and its
+        """The bare decoder model that ``model`` is or wraps (a task class's base model) and its
         variant; None when ``model`` is not of the family."""
-        names = _class_names(model)
-        for name in names:
-            if name in self.variants:
-                return model, self.variants[name]
-        for name in names:
-            if name in self.causal_lm:
-                inner = getattr(model, "model", None)
-                if isinstance(inner, nn.Module) and self.causal_lm[name] in _class_names(inner):
-                    return inner, self.variants[self.causal_lm[name]]
+        for candidate in (model, base_model_of(model)):
+            if candidate is None:
+                continue
+            for name in _class_names(candidate):
+                if name in self.variants:
+                    return candidate, self.variants[name]
         return None
 
     def decoder(self, model: nn.Module) -> tuple[nn.Module, Variant]:
@@ -236,12 +235,11 @@ class HFDecoder(Architecture):
         return Owned((decoder.embed_tokens,))
 
     def head(self, model: nn.Module) -> Owned:
-        """The final norm, and a causal LM's ``lm_head`` unless it is tied to the token
-        embedding (its weight is then the embedding's, trained by ``emb``)."""
+        """The final norm, and what a task class adds: a causal LM's ``lm_head`` unless it is
+        tied to the token embedding (its weight is then the embedding's, trained by ``emb``),
+        a classifier's ``score``."""
         decoder, _ = self.decoder(model)
-        lm_head = getattr(model, "lm_head", None) if model is not decoder else None
-        tied = lm_head is not None and lm_head.weight is decoder.embed_tokens.weight
-        return Owned((decoder.norm,) if lm_head is None or tied else (decoder.norm, lm_head))
+        return Owned((decoder.norm, *wrapper_head(model, decoder)))
 
     # --- how it runs --------------------------------------------------------------------------
 

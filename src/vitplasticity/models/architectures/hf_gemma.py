@@ -1,5 +1,6 @@
-"""transformers ``Gemma2Model`` and ``Gemma3TextModel`` (and ``Gemma2ForCausalLM``,
-``Gemma3ForCausalLM``): decoder layers with sandwich norms (docs/protocol.md, section 3.1).
+"""transformers ``Gemma2Model`` and ``Gemma3TextModel`` (and their task classes,
+``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``Gemma3TextForSequenceClassification``...):
+decoder layers with sandwich norms (docs/protocol.md, section 3.1).
 
 A layer is ``x + post_attention_layernorm(self_attn(input_layernorm(x)))`` then
 ``x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))``. LN1 is
@@ -48,10 +49,6 @@ class HFGemma(HFDecoder):
     variants: ClassVar[dict[str, Variant]] = {
         "Gemma2Model": Variant(windows="layer_types"),
         "Gemma3TextModel": Variant(windows="layer_types", rotary_by_layer_type=True),
-    }
-    causal_lm: ClassVar[dict[str, str]] = {
-        "Gemma2ForCausalLM": "Gemma2Model",
-        "Gemma3ForCausalLM": "Gemma3TextModel",
     }
     ln2_name = "pre_feedforward_layernorm"
 

@@ -9,8 +9,12 @@ protocol's FC2 ``c_proj([x, 0, ..., 0])`` meets the first d *rows* of the stored
 
 Inputs are token ids (N, L); the embedding output is ``drop(wte(ids) + wpe(positions))``, and
 every block attends through an explicit additive causal mask (the embedding's context). The
-embedding configuration is ``wte`` + ``wpe``; the head is the final norm ``ln_f`` (GPT2Model
-has no classifier). Matched by class name: transformers is optional and not imported to
+embedding configuration is ``wte`` + ``wpe``; the head is the final norm ``ln_f``. A task
+class around the GPT2Model (``GPT2LMHeadModel``, ``GPT2ForSequenceClassification``... : the
+GPT2Model as ``transformer``, its ``base_model_prefix``) is of the family too; what it adds
+beside it (``score``, an untied ``lm_head``) is head
+(:func:`~vitplasticity.models.architectures.base.wrapper_head`), and its names keep the
+``transformer.`` prefix. Matched by class name: transformers is optional and not imported to
 answer "no".
 """
 
@@ -28,8 +32,10 @@ from vitplasticity.models.architectures.base import (
     Embedded,
     Owned,
     UnsupportedModel,
+    base_model_of,
     check_fc1_mode,
     linear_weight,
+    wrapper_head,
 )
 
 MODEL_PARTS: tuple[str, ...] = ("wte", "wpe", "drop", "h", "ln_f")
@@ -61,7 +67,8 @@ def _causal_mask(length: int, tokens: torch.Tensor) -> torch.Tensor:
 
 
 class HFGPT2(Architecture):
-    """transformers ``GPT2Model``: token + position embedding, causal attention, Conv1D MLP."""
+    """transformers ``GPT2Model`` (and the task classes around one): token + position
+    embedding, causal attention, Conv1D MLP."""
 
     name = "hf_gpt2"
     title = "transformers GPT2Model"
@@ -70,11 +77,31 @@ class HFGPT2(Architecture):
 
     # --- what it is ---------------------------------------------------------------------------
 
+    def _gpt2(self, model: nn.Module) -> nn.Module | None:
+        """The GPT2Model that ``model`` is or wraps (None: neither)."""
+        for candidate in (model, base_model_of(model)):
+            if candidate is not None and any(
+                cls.__name__ == "GPT2Model" for cls in type(candidate).__mro__
+            ):
+                return candidate
+        return None
+
+    def transformer(self, model: nn.Module) -> nn.Module:
+        """The GPT2Model: ``model`` itself, or the one its task class holds.
+
+        Raises:
+            UnsupportedModel: when ``model`` is neither.
+        """
+        found = self._gpt2(model)
+        if found is None:
+            raise UnsupportedModel(f"{type(model).__name__} is not a GPT2Model")
+        return found
+
     def matches(self, model: nn.Module) -> bool:
-        return any(cls.__name__ == "GPT2Model" for cls in type(model).__mro__)
+        return self._gpt2(model) is not None
 
     def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
-        return list(getattr(model, "h", []))
+        return list(getattr(self.transformer(model), "h", []))
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         """The model's blocks, after checking the model and each block.
@@ -82,7 +109,8 @@ class HFGPT2(Architecture):
         Raises:
             UnsupportedModel: naming what the model or a block lacks or has unlike GPT2.
         """
-        missing = [name for name in MODEL_PARTS if not hasattr(model, name)]
+        gpt2 = self.transformer(model)
+        missing = [name for name in MODEL_PARTS if not hasattr(gpt2, name)]
         if missing:
             raise UnsupportedModel(f"{type(model).__name__} is not a GPT2Model: it lacks {missing}")
         return super().blocks(model)
@@ -96,7 +124,7 @@ class HFGPT2(Architecture):
             )
         super().check_block(block, index, model)
         weight, _ = linear_weight(block.mlp.c_proj)
-        width = model.wte.embedding_dim
+        width = self.transformer(model).wte.embedding_dim
         if weight.shape[1] < width:
             raise UnsupportedModel(
                 f"block {index}: {type(block.mlp.c_proj).__name__} fc2 takes {weight.shape[1]} "
@@ -118,10 +146,13 @@ class HFGPT2(Architecture):
         }
 
     def embedding(self, model: nn.Module) -> Owned:
-        return Owned((model.wte, model.wpe))
+        gpt2 = self.transformer(model)
+        return Owned((gpt2.wte, gpt2.wpe))
 
     def head(self, model: nn.Module) -> Owned:
-        return Owned((model.ln_f,))
+        """The final norm, and what a task class adds (``score``, an untied ``lm_head``)."""
+        gpt2 = self.transformer(model)
+        return Owned((gpt2.ln_f, *wrapper_head(model, gpt2)))
 
     # --- how it runs --------------------------------------------------------------------------
 
@@ -131,14 +162,14 @@ class HFGPT2(Architecture):
         Raises:
             ValueError: for sequences longer than the model's positions.
         """
-        length = inputs.shape[1]
-        if length > model.wpe.num_embeddings:
+        gpt2, length = self.transformer(model), inputs.shape[1]
+        if length > gpt2.wpe.num_embeddings:
             raise ValueError(
-                f"sequences of {length} tokens exceed the model's {model.wpe.num_embeddings} "
+                f"sequences of {length} tokens exceed the model's {gpt2.wpe.num_embeddings} "
                 "positions"
             )
         positions = torch.arange(length, device=inputs.device)[None]  # (1, L)
-        tokens = model.drop(model.wte(inputs) + model.wpe(positions))  # (B, L, d)
+        tokens = gpt2.drop(gpt2.wte(inputs) + gpt2.wpe(positions))  # (B, L, d)
         return Embedded(tokens, _causal_mask(length, tokens))
 
     def attend(

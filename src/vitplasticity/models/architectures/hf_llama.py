@@ -1,12 +1,13 @@
 """transformers ``LlamaModel``, ``MistralModel``, ``Qwen2Model`` and ``Qwen3Model`` (and their
-``XForCausalLM``): one family, the layers share their structure (docs/protocol.md, section 3.1).
+task classes, ``XForCausalLM``, ``XForSequenceClassification``...): one family, the layers share their structure (docs/protocol.md, section 3.1).
 
 A layer is ``x + self_attn(input_layernorm(x))`` then ``x + down_proj(act(gate_proj(v)) *
 up_proj(v))`` with ``v = post_attention_layernorm(x)``: LN1 is ``input_layernorm``, MHA
 ``self_attn`` (``q/k/v/o_proj`` with their biases where the config has them, Qwen2's q/k/v
 biases, Qwen3's per-head ``q_norm``/``k_norm``; grouped-query attention inside), LN2
 ``post_attention_layernorm`` (both RMSNorm), FC1 ``gate_proj`` + ``up_proj``, FC2 ``down_proj``.
-The embedding is ``embed_tokens``; the head the final ``norm`` (and an untied ``lm_head``).
+The embedding is ``embed_tokens``; the head the final ``norm`` (and a task class's untied
+``lm_head`` or ``score``).
 How the context (causal and sliding-window masks, rotary cos/sin) is built:
 :mod:`~vitplasticity.models.architectures.hf_decoder`. Mistral slides its window on every layer when
 ``sliding_window`` is set; Qwen2 and Qwen3 on the layers ``layer_types`` marks
@@ -31,11 +32,5 @@ class HFLlama(HFDecoder):
         "MistralModel": Variant(windows="config"),
         "Qwen2Model": Variant(windows="layer_types"),
         "Qwen3Model": Variant(windows="layer_types"),
-    }
-    causal_lm: ClassVar[dict[str, str]] = {
-        "LlamaForCausalLM": "LlamaModel",
-        "MistralForCausalLM": "MistralModel",
-        "Qwen2ForCausalLM": "Qwen2Model",
-        "Qwen3ForCausalLM": "Qwen3Model",
     }
     ln2_name = "post_attention_layernorm"

@@ -21,7 +21,11 @@ DINOv2's and DINOv3's layer scale (``layer_scale1`` trained with MHA, ``layer_sc
 FC2, as timm's LayerScale) and drop path, nothing for CLIP and SigLIP. The embedding is the
 ``embeddings`` module (patch embedding, cls/register/mask tokens, position embedding) and
 CLIP's ``pre_layrnorm``; the head is the final norm, ViT's pooler, SigLIP's attention pooling
-head and what a wrapper class adds (``classifier``, ``visual_projection``). DINOv3's positions
+head and what a wrapper class adds (``classifier``, ``visual_projection``:
+:func:`~vitplasticity.models.architectures.base.wrapper_head`). A wrapper class holds the tower
+under its ``base_model_prefix`` (``ViTForImageClassification.vit``), or where the family
+names it (CLIP's and SigLIP's classification classes hold ``vision_model``, their prefix names
+the dual encoder); parameter names keep that prefix. DINOv3's positions
 are rotary: its embedding hands every block the (cos, sin) of the patch grid.
 
 Finetuning and recommend take a tower in its classification class, whose forward pass pools
@@ -51,8 +55,10 @@ from vitplasticity.models.architectures.base import (
     Owned,
     UndefinedStage,
     UnsupportedModel,
+    base_model_of,
     check_fc1_mode,
     has_submodule,
+    wrapper_head,
 )
 
 MLP_LAYOUTS: tuple[tuple[str, ...], ...] = (
@@ -62,9 +68,6 @@ MLP_LAYOUTS: tuple[tuple[str, ...], ...] = (
 )
 """The MLPs' linears, in order: FC1's (the first linear stage) then FC2. Gated first: it also
 has ``up_proj`` and ``down_proj``."""
-
-WRAPPER_HEADS: tuple[str, ...] = ("classifier", "visual_projection")
-"""What a class wrapping a tower adds on top of it: trained by every configuration."""
 
 NO_CLASSIFIER = (
     "{model} has no classification head: finetuning and recommend take a vision tower in its "
@@ -117,7 +120,8 @@ class HFVisionTower(Architecture):
     """What the transformers vision families share; each subclass names its modules."""
 
     towers: tuple[tuple[str, str], ...] = ()
-    """(model class name, where the tower is in it: "" the model itself)."""
+    """(model class name, where the tower is in it: "" the model itself). A class that holds a
+    tower under its ``base_model_prefix`` needs no entry."""
     layer_classes: tuple[str, ...] = ()
     """The block classes (a subclass of one is not the same block)."""
     blocks_at: str = ""
@@ -135,10 +139,14 @@ class HFVisionTower(Architecture):
     # --- what it is ---------------------------------------------------------------------------
 
     def _tower_at(self, model: nn.Module) -> str | None:
+        """Where the tower is in ``model`` ("" itself; None: not of the family)."""
         towers = dict(self.towers)
         for cls in type(model).__mro__:
             if cls.__name__ in towers:
                 return towers[cls.__name__]
+        base = base_model_of(model)
+        if base is not None and self._tower_at(base) == "":
+            return model.base_model_prefix
         return None
 
     def matches(self, model: nn.Module) -> bool:
@@ -209,8 +217,7 @@ class HFVisionTower(Architecture):
 
     def head(self, model: nn.Module) -> Owned:
         tower = self.tower(model)
-        wrapper = () if tower is model else _present(model, WRAPPER_HEADS)
-        return Owned(_present(tower, self.head_parts) + wrapper)
+        return Owned(_present(tower, self.head_parts) + wrapper_head(model, tower))
 
     # --- how it runs --------------------------------------------------------------------------
 
@@ -326,7 +333,7 @@ class HFViT(HFVisionTower):
 
     name = "hf_vit"
     title = "transformers ViTModel"
-    towers = (("ViTModel", ""), ("ViTForImageClassification", "vit"))
+    towers = (("ViTModel", ""),)
     layer_classes = ("ViTLayer",)
     blocks_at = "layers"
     norm1, attention, norm2 = "layernorm_before", "attention", "layernorm_after"
@@ -361,12 +368,7 @@ class HFDinov2(LayerScaled):
 
     name = "hf_dinov2"
     title = "transformers Dinov2Model"
-    towers = (
-        ("Dinov2Model", ""),
-        ("Dinov2ForImageClassification", "dinov2"),
-        ("Dinov2WithRegistersModel", ""),
-        ("Dinov2WithRegistersForImageClassification", "dinov2_with_registers"),
-    )
+    towers = (("Dinov2Model", ""), ("Dinov2WithRegistersModel", ""))
     layer_classes = ("Dinov2Layer", "Dinov2WithRegistersLayer")
     blocks_at = "encoder.layer"
     head_parts = ("layernorm",)
@@ -394,11 +396,7 @@ class HFClipVision(HFVisionTower):
 
     name = "hf_clip_vision"
     title = "transformers CLIPVisionModel"
-    towers = (
-        ("CLIPVisionModel", ""),
-        ("CLIPVisionModelWithProjection", "vision_model"),
-        ("CLIPForImageClassification", "vision_model"),
-    )
+    towers = (("CLIPVisionModel", ""), ("CLIPForImageClassification", "vision_model"))
     layer_classes = ("CLIPEncoderLayer",)
     blocks_at = "encoder.layers"
     norm1, attention, norm2 = "layer_norm1", "self_attn", "layer_norm2"
