@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from benchmarks import job_startup
 from benchmarks import run as bench
 from benchmarks.memory import state_accounting
 from benchmarks.naive import explicit_attention_copy
@@ -136,3 +138,21 @@ def test_frozen_parameters_get_no_gradient_and_no_state(
     assert accounting["optimizer_state_bytes"] <= states * trained_bytes + 8 * len(trained)
     assert accounting["frozen_with_gradient"] == accounting["frozen_with_optimizer_state"] == 0
     assert accounting["trainable_parameters"] < sum(p.numel() for p in run_model.model.parameters())
+
+
+def test_job_startup_refuses_bad_arguments_naming_them(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        job_startup.parse(["--runs", "9"])
+    with pytest.raises(SystemExit):
+        job_startup.parse(["--checkout", str(tmp_path)])
+    assert job_startup.parse(["--checkout", str(REPO), "--runs", "2"]).runs == 2
+
+
+def test_job_startup_packs_every_run_into_one_group_job(tmp_path: Path) -> None:
+    unpacked = job_startup.Contender(REPO, packed=False)
+    assert job_startup.profile_folder(unpacked, 4, tmp_path) == REPO / "slurm"
+    packed = job_startup.profile_folder(job_startup.Contender(REPO, packed=True), 4, tmp_path)
+    profile = yaml.safe_load((packed / "profile.yaml").read_text())
+    assert profile["groups"] == ["finetune=finetune_pack"]
+    assert profile["group-components"] == ["finetune_pack=4"]
+    assert profile["executor"] == "slurm"
