@@ -2,8 +2,10 @@
 cap (the test cluster's `capped` partition, MaxTime 20) and with CPU-only rules routed to its
 `cpu` partition (scheduler.cpu_partition): every job COMPLETED, none asked for more than 20
 minutes (the packing block's groups of 3 runs of 15 minutes are cut), CPU-only jobs ran on
-`cpu` and GPU jobs on `capped`, the first results were submitted before the first finetuning
-job, and the finetuning jobs asked SLURM for a lower priority (--nice). The per-job start-up
+`cpu` and GPU jobs on `capped`, the reference and plasticity jobs were submitted before the
+first finetuning job (the datasets are prepared first, locally, so that the reference job and
+the finetuning jobs are ready at once; one job at a time, so that Snakemake chooses), and the
+finetuning jobs asked SLURM for a lower priority (--nice). The per-job start-up
 (sacct elapsed against each run's own compute) is printed."""
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from vitplasticity.workflow.scheduling import FIRST_RESULT_RULES, is_gpu_rule
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 CAP = 20
+DATASETS = ["demo-stripes", "demo-reference"]  # the small demo's finetuning and reference sets
 CAPPED_PARTITION, CPU_PARTITION = "capped", "cpu"
 FIELDS = [
     "JobID",
@@ -86,7 +89,14 @@ def test_capped_packed_run_routes_cpu_rules_and_submits_first_results_first(
         yaml.safe_dump({**shipped, **block, "default-resources": defaults})
     )
     scheduler = {"scheduler": {"max_runtime_minutes": CAP, "cpu_partition": CPU_PARTITION}}
-    args = [*workflow_args(tmp_path, scheduler), *shipped_profile_args(jobs=2, profile=profile)]
+    # The datasets first, on this machine: then the reference job and the finetuning jobs are
+    # ready at the same moment, and the order of their submission is the workflow's choice,
+    # not which dataset's preparation happened to end first.
+    datasets = [str(tmp_path / "resources/datasets" / d) for d in DATASETS]
+    run_snakemake([*workflow_args(tmp_path, scheduler), "--cores", "2", *datasets], REPO)
+    # One job at a time: each time a slot frees, Snakemake picks among the ready jobs, and
+    # picks by priority (the jobs of one round go to sbatch in no set order).
+    args = [*workflow_args(tmp_path, scheduler), *shipped_profile_args(jobs=1, profile=profile)]
     proc = run_snakemake([*args, "finetune_all", "plasticity_all"], REPO, timeout=1200)
     assert "finetune_pack=3 lowered to finetune_pack=1" in proc.stdout, proc.stdout[-3000:]
     (uuid,) = run_uuids(proc.stdout)
@@ -95,7 +105,7 @@ def test_capped_packed_run_routes_cpu_rules_and_submits_first_results_first(
     assert len(rows) == n_jobs and {r["State"] for r in rows} == {"COMPLETED"}, rows
 
     rules = {rule_of(r) for r in rows}
-    assert {"prepare", "reference", "plasticity"} <= rules, rows
+    assert {"reference", "plasticity"} <= rules and "prepare" not in rules, rows
     assert any(rule.startswith("finetune_pack") for rule in rules), rows
     for row in rows:
         assert timelimit_minutes(row["Timelimit"]) <= CAP, row
@@ -104,12 +114,12 @@ def test_capped_packed_run_routes_cpu_rules_and_submits_first_results_first(
         # The grid yields to every other job in SLURM's queue.
         assert ("--nice=100" in row["SubmitLine"]) == is_finetune(row), row
 
-    # Submission order: JobIDs grow with submission. The first results' jobs that were ready
-    # before any finetuning run (prepare, reference) came before the first finetune job.
+    # Submission order: JobIDs grow with submission. The reference job, ready with the
+    # finetuning runs, went first, then the plasticity job it made ready, then the runs.
     first_finetune = min(int(r["JobID"]) for r in rows if is_finetune(r))
-    for row in rows:
-        if rule_of(row) in FIRST_RESULT_RULES - {"plasticity", "bounds"}:
-            assert int(row["JobID"]) < first_finetune, rows
+    first_results = [r for r in rows if rule_of(r) in FIRST_RESULT_RULES]
+    assert {"reference", "plasticity"} <= {rule_of(r) for r in first_results}, rows
+    assert all(int(r["JobID"]) < first_finetune for r in first_results), rows
 
     # Start-up per finetuning job: SLURM's elapsed against the run's own compute.
     compute = {
