@@ -237,8 +237,11 @@ def test_stages_refused_by_name(case_id: str) -> None:
     model = tiny(case_id)
     architecture = architecture_for(model)
     name = type(model).__name__
-    for stage in ("plasticity", "recommend", "lora"):
+    for stage in ("plasticity", "lora"):
         assert architecture.refusal(stage, model) is None
+    assert "encoder attends to the tokens after each one" in architecture.refusal(
+        "recommend", model
+    )
     assert architecture.refusal("finetune", model) == (
         f"{name} is a text model: finetuning classifies images; text models are not finetuned here"
     )
@@ -254,6 +257,13 @@ def test_decoders_and_chunked_mlps_are_refused() -> None:
     chunked = transformers.RobertaModel(config)
     with pytest.raises(UnsupportedModel, match="chunk_size_feed_forward=4"):
         architecture_for(chunked).blocks(chunked)
+
+
+def test_deberta_v2_is_refused_naming_its_attention() -> None:
+    config = transformers.DebertaV2Config(**ENCODER_TINY_CONFIG)
+    for model in (transformers.DebertaV2Model(config), transformers.DebertaV2ForMaskedLM(config)):
+        with pytest.raises(UnsupportedModel, match=r"is refused: DeBERTa-v2 adds disentangled"):
+            architecture_for(model)
 
 
 def test_sdpa_measures_what_eager_does() -> None:

@@ -50,6 +50,11 @@ ARCHITECTURES: dict[str, Architecture] = {
 _NO_LN1_LN2 = "no LN1 and LN2 in the paper's sense"
 
 REFUSED: dict[str, str] = {
+    "DebertaV2PreTrainedModel": (
+        "DeBERTa-v2 adds disentangled relative-position terms (content-to-position and "
+        "position-to-content, from relative embeddings held outside its layers) to every "
+        "attention's logits: no family maps that attention to MHA"
+    ),
     "GPTJPreTrainedModel": (
         "GPT-J blocks run attention and MLP in parallel on one normed input (x + attn(ln(x)) "
         f"+ mlp(ln(x))): a single norm, {_NO_LN1_LN2}"
