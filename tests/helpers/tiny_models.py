@@ -269,6 +269,45 @@ def _hf_text(case_id: str) -> TinyModel:
     return TinyModel(case_id, family, build, inputs)
 
 
+ENCODER_TINY_CONFIG = {
+    "hidden_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 3,
+    "intermediate_size": 96,
+    "vocab_size": 64,
+    "max_position_embeddings": 16,
+    "attn_implementation": "eager",
+}
+"""A tiny BERT / RoBERTa config: 2 post-norm layers of width 48, 3 heads, 64 token ids, 16
+positions (RoBERTa's first 2 are its padding's: 14 usable)."""
+
+HF_ENCODER_TINY_MODELS: dict[str, tuple[str, str]] = {
+    # id: (config class, model class)
+    "bert_tiny": ("BertConfig", "BertModel"),  # with its pooler
+    "roberta_tiny": ("RobertaConfig", "RobertaModel"),  # pad id 1: positions skip pad tokens
+    "bert_masked_lm_tiny": ("BertConfig", "BertForMaskedLM"),  # decoder tied to the embedding
+}
+"""The transformers post-norm encoders of the hf_bert family."""
+
+
+def _hf_encoder(case_id: str) -> TinyModel:
+    config_class, model_class = HF_ENCODER_TINY_MODELS[case_id]
+
+    def build() -> nn.Module:
+        from vitplasticity.utils.optional import require_transformers
+
+        transformers = require_transformers()
+        torch.manual_seed(0)
+        config = getattr(transformers, config_class)(**ENCODER_TINY_CONFIG)
+        return getattr(transformers, model_class)(config)
+
+    def inputs(n: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(n)
+        return torch.randint(0, ENCODER_TINY_CONFIG["vocab_size"], (n, 12), generator=generator)
+
+    return TinyModel(case_id, "hf_bert", build, inputs)
+
+
 TINY_MODELS: list[TinyModel] = [
     _timm("vit_tiny_patch16_224", "timm_vit", patch_size=8),
     _timm("deit3_small_patch16_224", "timm_vit", patch_size=8),
@@ -286,6 +325,7 @@ TINY_MODELS: list[TinyModel] = [
     _gpt2(),
     *HF_VISION_TINY_MODELS,
     *(_hf_text(case_id) for case_id in HF_TEXT_TINY_MODELS),
+    *(_hf_encoder(case_id) for case_id in HF_ENCODER_TINY_MODELS),
 ]
 """Every family's tiny models; each family has at least one (tests/models/test_architectures.py)."""
 

@@ -458,9 +458,6 @@ def test_flash_or_flex_attention_and_bidirectional_gemma_are_refused() -> None:
 TINY = {"hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 3, "vocab_size": 64}
 
 REFUSED_MODELS = {
-    "BertModel": ("BertConfig", {"intermediate_size": 96}, "post-norm encoder"),
-    "BertForSequenceClassification": ("BertConfig", {"intermediate_size": 96}, "post-norm"),
-    "RobertaModel": ("RobertaConfig", {"intermediate_size": 96}, "post-norm encoder"),
     "GPTJModel": ("GPTJConfig", {"rotary_dim": 8}, "in parallel on one normed input"),
     "FalconModel": ("FalconConfig", {}, "in parallel on the normed input"),
     "PhiModel": ("PhiConfig", {"intermediate_size": 96}, "in parallel on one normed input"),

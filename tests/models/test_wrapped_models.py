@@ -27,6 +27,7 @@ from torch import nn
 import vitplasticity
 from tests.helpers.contract import check_contract
 from tests.helpers.tiny_models import (
+    ENCODER_TINY_CONFIG,
     GPT2_TINY_CONFIG,
     HF_TEXT_TINY_CONFIG,
     HF_VISION_TINY_CONFIG,
@@ -56,6 +57,8 @@ TEXT_CONFIGS = {
     "Qwen3": ("Qwen3Config", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0}),
     "Gemma2": ("Gemma2Config", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0, "sliding_window": 4}),
     "Gemma3": ("Gemma3TextConfig", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0}),
+    "Bert": ("BertConfig", ENCODER_TINY_CONFIG),
+    "Roberta": ("RobertaConfig", ENCODER_TINY_CONFIG),
 }
 
 
@@ -104,6 +107,12 @@ def _tower(config_class: str, **settings: object) -> Callable[[], object]:
 
 
 TASKS = ("ForCausalLM", "ForSequenceClassification", "ForTokenClassification")
+ENCODER_TASKS = (
+    "ForMaskedLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+)
 WRAPPED: list[Wrapped] = [
     *(
         _text(f"GPT2{task}", "GPT2", "GPT2Model")
@@ -123,6 +132,11 @@ WRAPPED: list[Wrapped] = [
     *(_text(f"Gemma2{task}", "Gemma2", "Gemma2Model") for task in TASKS),
     _text("Gemma3ForCausalLM", "Gemma3", "Gemma3TextModel"),
     _text("Gemma3TextForSequenceClassification", "Gemma3", "Gemma3TextModel"),
+    *(
+        _text(f"{family}{task}", family, f"{family}Model")
+        for family in ("Bert", "Roberta")
+        for task in ENCODER_TASKS
+    ),
     _vision("ViTForImageClassification", "ViTModel", _tower("ViTConfig", intermediate_size=96)),
     _vision("ViTForMaskedImageModeling", "ViTModel", _tower("ViTConfig", intermediate_size=96)),
     _vision("Dinov2ForImageClassification", "Dinov2Model", _tower("Dinov2Config", mlp_ratio=2)),
@@ -202,7 +216,7 @@ def test_select_trains_the_bare_models_parameters_under_the_prefix(name: str) ->
     with_head = set(vitplasticity.select(model, "mha"))
     assert with_head == head | set(vitplasticity.select(model, "mha", train_head=False))
     lm_head = getattr(model, "lm_head", None)
-    if lm_head is not None and lm_head.weight is model.get_input_embeddings().weight:
+    if isinstance(lm_head, nn.Linear) and lm_head.weight is model.get_input_embeddings().weight:
         assert not any(n.startswith("lm_head.") for n in head)  # tied: the embedding's
     else:
         assert set(_added(model, where)) <= head and _added(model, where)
@@ -223,6 +237,21 @@ def _strip(name: str) -> str:
 def _quiet() -> None:
     # peft warns about every norm LNTuning copies and every Conv1D it flips.
     warnings.filterwarnings("ignore", category=UserWarning, module="peft")
+
+
+def _saved_head(name: str, export: dict, head: set[str]) -> set[str]:
+    """What peft's modules_to_save copies and trains: the head; but an MLM head holds its
+    output bias outside a module, beside a decoder whose weight is the word embedding's
+    (``emb``): copying that decoder would train a copy of the embedding, so the export gives
+    the head no form and says why, and nothing is copied."""
+    if not name.endswith("ForMaskedLM"):
+        return head
+    held = "cls.predictions.bias" if name.startswith("Bert") else "lm_head.bias"
+    assert export["peft"]["forms"]["head"] == {
+        "form": None,
+        "reason": f"parameters held outside a module ({held})",
+    }
+    return set()
 
 
 @pytest.mark.usefixtures("_quiet")
@@ -255,7 +284,7 @@ def test_the_export_applied_by_peft_trains_exactly_the_configuration(name: str) 
     adapters = {n for n in trainable if ".lora_" in n}
     assert adapters == {f"{m}.lora_{ab}.default.weight" for m in linears for ab in "AB"}
     copies = {n.replace(".modules_to_save.default", "") for n in trainable - adapters}
-    assert copies == head
+    assert copies == _saved_head(name, export, head)
     inputs = _inputs(case, 2)
     check_adapters_used(lora, inputs)
     _output_loss(lora(inputs)).backward()
@@ -272,7 +301,7 @@ def test_the_export_applied_by_peft_trains_exactly_the_configuration(name: str) 
     layers = {n for n in trainable if ".ln_tuning_layers.default." in n}
     assert {n.replace(".ln_tuning_layers.default", "") for n in layers} == norms
     copies = {n.replace(".modules_to_save.default", "") for n in trainable - layers}
-    assert copies == head
+    assert copies == _saved_head(name, export, head)
 
 
 @pytest.mark.parametrize(
@@ -283,6 +312,8 @@ def test_the_export_applied_by_peft_trains_exactly_the_configuration(name: str) 
         "LlamaForCausalLM",
         "Qwen3ForSequenceClassification",
         "Gemma3ForCausalLM",
+        "BertForMaskedLM",
+        "RobertaForSequenceClassification",
         "ViTForImageClassification",
         "CLIPForImageClassification",
     ],
@@ -336,15 +367,15 @@ def _set_architectures(folder: Path, names: list[str]) -> None:
 
 def test_a_class_no_family_measures_is_refused_naming_the_folder(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    bert = transformers.BertForMaskedLM(
-        transformers.BertConfig(
+    deberta = transformers.DebertaV2ForMaskedLM(
+        transformers.DebertaV2Config(
             hidden_size=48, num_hidden_layers=1, num_attention_heads=3, intermediate_size=96
         )
     )
-    bert.save_pretrained(tmp_path / "bert")
-    folder = str(tmp_path / "bert")
-    with pytest.raises(ValueError, match=rf"{folder}.*the class 'BertForMaskedLM'"):
-        build_model(_entry(tmp_path / "bert"))
+    deberta.save_pretrained(tmp_path / "deberta")
+    folder = str(tmp_path / "deberta")
+    with pytest.raises(ValueError, match=rf"{folder}.*the class 'DebertaV2ForMaskedLM'"):
+        build_model(_entry(tmp_path / "deberta"))
     CASES["LlamaForCausalLM"].build().save_pretrained(tmp_path / "llama")
     _set_architectures(tmp_path / "llama", ["LlamaForCausalLM", "LlamaModel"])
     with pytest.raises(ValueError, match=r"names the classes .*: name the one to build"):

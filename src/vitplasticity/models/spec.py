@@ -244,7 +244,9 @@ HF_MODEL_KEYS = frozenset(
 
 
 TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
-    "tokens": frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"}),
+    "tokens": frozenset(
+        {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "bert", "roberta"}
+    ),
     "images": frozenset(
         {
             "vit",
@@ -271,6 +273,15 @@ _DECODER_TASKS = (
 )
 """The task classes transformers puts around each of Llama, Mistral, Qwen2 and Qwen3."""
 
+_ENCODER_TASKS = (
+    "ForMaskedLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+)
+"""The task classes around BERT and RoBERTa measured (a multiple-choice class takes (N, C, L)
+ids; a causal LM or pretraining class is a decoder or has two heads)."""
+
 TRANSFORMERS_MODEL_CLASSES = frozenset(
     {
         "GPT2Model",
@@ -284,6 +295,7 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
         *("Gemma2Model", "Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
         "Gemma2ForTokenClassification",
         *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
+        *(f"{bare}{task}" for bare in ("Bert", "Roberta") for task in ("Model", *_ENCODER_TASKS)),
         *("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
         "DINOv3ViTModel",
         *("Dinov2Model", "Dinov2ForImageClassification"),

@@ -87,7 +87,9 @@ class _InSituRecorder:
     Hooks (rather than re-implementing Block.forward) see exactly what the real forward pass
     feeds each module, whatever the block does around it (layer scale, drop path, the MLP's
     activation and optional norm). A component whose input is the previous component's very
-    output tensor (attn gets norm1's output, fc1 gets norm2's) reuses that norm.
+    output tensor (attn gets norm1's output, fc1 gets norm2's) reuses that norm. A part that
+    runs through several modules (:meth:`Architecture.in_situ_parts`) is read at its first
+    module's input and its last module's output.
     """
 
     def __init__(
@@ -103,22 +105,47 @@ class _InSituRecorder:
         self._parts: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._last_output: torch.Tensor | None = None
         self._last_norm: torch.Tensor | None = None
-        self._handles = [
-            module.register_forward_hook(self._hook(b, c, len(modules)), with_kwargs=True)
-            for b, block in enumerate(blocks)
-            for c, modules in enumerate(architecture.components(block, fc1).values())
-            for module in modules
-        ]
+        # Per (block, component): the input pair norms of a part entered but not yet left.
+        self._entered: dict[tuple[int, int], torch.Tensor] = {}
+        self._handles = []
+        for b, block in enumerate(blocks):
+            for c, parts in enumerate(architecture.in_situ_parts(block, fc1).values()):
+                for first, last in parts:
+                    if first is not last:
+                        self._handles.append(
+                            first.register_forward_hook(self._enter(b, c), with_kwargs=True)
+                        )
+                    self._handles.append(
+                        last.register_forward_hook(
+                            self._hook(b, c, len(parts), entered=first is not last),
+                            with_kwargs=True,
+                        )
+                    )
 
-    def _hook(self, block: int, component: int, n_parts: int) -> Callable[..., None]:
+    def _input_norms(self, inputs: torch.Tensor) -> torch.Tensor:
+        if inputs is self._last_output:
+            return self._last_norm  # type: ignore[return-value]
+        return pair_norms(inputs, self.batch_pairs)
+
+    def _enter(self, block: int, component: int) -> Callable[..., None]:
         def record(
             module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: object
         ) -> None:
-            inputs, output = self._input_of(args, kwargs), self._output_of(output)
-            if inputs is self._last_output:
-                denominator = self._last_norm
+            self._entered[(block, component)] = self._input_norms(self._input_of(args, kwargs))
+
+        return record
+
+    def _hook(
+        self, block: int, component: int, n_parts: int, entered: bool = False
+    ) -> Callable[..., None]:
+        def record(
+            module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: object
+        ) -> None:
+            output = self._output_of(output)
+            if entered:
+                denominator = self._entered.pop((block, component))
             else:
-                denominator = pair_norms(inputs, self.batch_pairs)
+                denominator = self._input_norms(self._input_of(args, kwargs))
             numerator = pair_norms(output, self.batch_pairs)
             self._last_output, self._last_norm = output, numerator
             if n_parts > 1:
@@ -139,6 +166,7 @@ class _InSituRecorder:
         for handle in self._handles:
             handle.remove()
         self._last_output = self._last_norm = None
+        self._entered.clear()
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Numerators and denominators (n_blocks, 5, B) of the pass just run."""

@@ -260,7 +260,7 @@ def undefined_bounds(model: nn.Module, architecture: Architecture | None = None)
                 reasons.setdefault(component, refusal)
         if "mha" not in reasons:
             try:
-                check_heads(architecture.attention_weights(parts["mha"][0]))
+                check_heads(architecture.mha_weights(parts["mha"]))
             except UndefinedStage as error:
                 reasons["mha"] = str(error)
     return {c: reasons[c] for c in COMPONENTS if c in reasons}

@@ -287,7 +287,7 @@ def _weight_factor(
     if component in ("fc1", "fc2"):
         return spectral_norm(stacked_weight(modules)), None
     try:
-        heads = attention_head_norms(architecture.attention_weights(modules[0]))
+        heads = attention_head_norms(architecture.mha_weights(tuple(modules)))
     except UndefinedStage as error:
         return math.nan, str(error)
     return sum(o * v for o, v, _ in heads), None

@@ -238,6 +238,20 @@ class Architecture:
         """
         raise NotImplementedError
 
+    def in_situ_parts(
+        self, block: nn.Module, fc1: str = "stage"
+    ) -> dict[str, tuple[tuple[nn.Module, nn.Module], ...]]:
+        """Per component (in :data:`COMPONENTS` order), where the in-situ protocol reads each
+        of its parts: the module whose input is the part's input and the module whose output
+        is the part's output. The default: each module of :meth:`components` is one part, read
+        at its own input and output. A component made of modules run one after the other (a
+        post-norm encoder's attention: the self-attention, then its output projection) is one
+        part read from the first module's input to the last one's output."""
+        return {
+            component: tuple((module, module) for module in modules)
+            for component, modules in self.components(block, fc1).items()
+        }
+
     def embedding(self, model: nn.Module) -> Owned:
         """What the ``emb`` configuration trains: patch/token embedding, tokens, positions."""
         raise NotImplementedError
@@ -386,6 +400,12 @@ class Architecture:
             UndefinedStage: naming why the bound does not apply to this family.
         """
         raise UndefinedStage(f"{self.title}: the MHA bound is not implemented")
+
+    def mha_weights(self, modules: tuple[nn.Module, ...]) -> AttentionWeights:
+        """Per-head Q, K, V, O of one block's MHA component (its modules, as
+        :meth:`components` maps them); the default: :meth:`attention_weights` of its one
+        attention module."""
+        return self.attention_weights(modules[0])
 
     def mha_bound_refusal(self, model: nn.Module) -> str | None:
         """Why the paper's MHA bound does not hold for ``model`` (None: it does)."""

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from vitplasticity.models.architectures.base import Architecture, UnsupportedModel
+from vitplasticity.models.architectures.hf_bert import HFBert
 from vitplasticity.models.architectures.hf_dinov3 import HFDinov3
 from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
@@ -36,6 +37,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFGPT2(),
         HFLlama(),
         HFGemma(),
+        HFBert(),
         HFViT(),
         HFDinov2(),
         HFDinov3(),
@@ -48,11 +50,10 @@ ARCHITECTURES: dict[str, Architecture] = {
 _NO_LN1_LN2 = "no LN1 and LN2 in the paper's sense"
 
 REFUSED: dict[str, str] = {
-    "BertPreTrainedModel": (
-        f"BERT is a post-norm encoder (LayerNorm after each residual sum): {_NO_LN1_LN2}"
-    ),
-    "RobertaPreTrainedModel": (
-        f"RoBERTa is a post-norm encoder (LayerNorm after each residual sum): {_NO_LN1_LN2}"
+    "DebertaV2PreTrainedModel": (
+        "DeBERTa-v2 adds disentangled relative-position terms (content-to-position and "
+        "position-to-content, from relative embeddings held outside its layers) to every "
+        "attention's logits: no family maps that attention to MHA"
     ),
     "GPTJPreTrainedModel": (
         "GPT-J blocks run attention and MLP in parallel on one normed input (x + attn(ln(x)) "

@@ -1,0 +1,277 @@
+"""The hf_bert family (BERT, RoBERTa: post-norm encoders) beyond the shared contract: plasticity
+in both protocols against an independent float64 computation from the state dict, under the
+convention of docs/architectures.md (LN1 the norm after the attention residual, LN2 the norm
+after the MLP residual; in situ, each component takes what it receives in the layer), the
+parameter groups (an MLM decoder tied to the embedding is the embedding's), LoRA, and the
+models and stages refused by name."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.numpy_reference import (
+    check_against,
+    embedding_protocol,
+    layer_norm,
+    norm_ratio,
+    softmax_rows,
+)
+from tests.helpers.tiny_models import ENCODER_TINY_CONFIG, TINY_MODELS, perturbed
+from vitplasticity.models.architectures import ParameterMap, UnsupportedModel, architecture_for
+from vitplasticity.plasticity.measure import measure
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = ENCODER_TINY_CONFIG["vocab_size"]
+CASES = {case.id: case for case in TINY_MODELS if case.family == "hf_bert"}
+RTOL = 1e-9  # float64 end to end: no float32 step inside BERT
+
+
+def tiny(case_id: str) -> torch.nn.Module:
+    return perturbed(CASES[case_id].build())
+
+
+def ids(n: int, length: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (n, length), generator=generator)
+
+
+_erf = np.vectorize(math.erf)
+
+
+class Direct:
+    """One BERT / RoBERTa encoder written in numpy from its state dict and config."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.config = model.config
+        prefix = f"{model.base_model_prefix}." if hasattr(model, model.base_model_prefix) else ""
+        self.w = {
+            k.removeprefix(prefix): v.detach().double().numpy()
+            for k, v in model.state_dict().items()
+        }
+        self.eps = self.config.layer_norm_eps
+        self.heads = self.config.num_attention_heads
+        self.roberta = self.config.model_type == "roberta"
+
+    def norm(self, name: str, t: np.ndarray) -> np.ndarray:
+        return layer_norm(t, self.w[f"{name}.weight"], self.w[f"{name}.bias"], self.eps)
+
+    def linear(self, name: str, t: np.ndarray) -> np.ndarray:
+        return t @ self.w[f"{name}.weight"].T + self.w[f"{name}.bias"]
+
+    def embed(self, token_ids: np.ndarray) -> np.ndarray:
+        if self.roberta:  # positions from pad + 1; a pad token sits at the pad position
+            pad = self.config.pad_token_id
+            kept = token_ids != pad
+            positions = np.cumsum(kept) * kept + pad
+        else:
+            positions = np.arange(len(token_ids))
+        summed = (
+            self.w["embeddings.word_embeddings.weight"][token_ids]
+            + self.w["embeddings.position_embeddings.weight"][positions]
+            + self.w["embeddings.token_type_embeddings.weight"][0]
+        )
+        return self.norm("embeddings.LayerNorm", summed)
+
+    def attention(self, b: str, x: np.ndarray) -> np.ndarray:
+        """q/k/v, bidirectional softmax per head, then the output projection."""
+        q, k, v = (self.linear(f"{b}.attention.self.{p}", x) for p in ("query", "key", "value"))
+        d_h = q.shape[1] // self.heads
+        outputs = []
+        for h in range(self.heads):
+            part = slice(h * d_h, (h + 1) * d_h)
+            weights = softmax_rows(q[:, part] @ k[:, part].T / math.sqrt(d_h))
+            outputs.append(weights @ v[:, part])
+        return self.linear(f"{b}.attention.output.dense", np.hstack(outputs))
+
+    def ratios(self, x: np.ndarray, y: np.ndarray, protocol: str) -> dict:
+        found = {}
+        for block in range(self.config.num_hidden_layers):
+            b = f"encoder.layer.{block}"
+
+            def ln1(t, b=b):
+                return self.norm(f"{b}.attention.output.LayerNorm", t)
+
+            def ln2(t, b=b):
+                return self.norm(f"{b}.output.LayerNorm", t)
+
+            def mha(t, b=b):
+                return self.attention(b, t)
+
+            def fc1(t, b=b):
+                return self.linear(f"{b}.intermediate.dense", t)
+
+            def fc2(t, b=b):
+                return self.linear(f"{b}.output.dense", t)
+
+            def gelu(u):  # BERT's "gelu": the exact one
+                return 0.5 * u * (1 + _erf(u / math.sqrt(2)))
+
+            if protocol == "embedding":
+                parts = embedding_protocol(
+                    x, y, ln1=ln1, mha=mha, ln2=ln2, fc1=fc1, fc2=fc2,
+                    fc2_width=self.w[f"{b}.output.dense.weight"].shape[1],
+                )  # fmt: skip
+            else:
+                parts = {"mha": norm_ratio(mha, x, y)}
+                sx, sy = x + mha(x), y + mha(y)  # LN1 takes the attention residual's sum
+                parts["ln1"] = norm_ratio(ln1, sx, sy)
+                x1, y1 = ln1(sx), ln1(sy)
+                parts["fc1"] = norm_ratio(fc1, x1, y1)
+                hx, hy = gelu(fc1(x1)), gelu(fc1(y1))
+                parts["fc2"] = norm_ratio(fc2, hx, hy)
+                tx, ty = x1 + fc2(hx), y1 + fc2(hy)  # LN2 takes the MLP residual's sum
+                parts["ln2"] = norm_ratio(ln2, tx, ty)
+                x, y = ln2(tx), ln2(ty)
+            for component, value in parts.items():
+                found[(block, component)] = value
+        return found
+
+
+def direct(model, reference, downstream, protocol: str) -> dict:
+    computation = Direct(model)
+    found = {}
+    for pair in range(len(reference)):
+        x = computation.embed(reference[pair].numpy())
+        y = computation.embed(downstream[pair % len(downstream)].numpy())
+        for (block, component), value in computation.ratios(x, y, protocol).items():
+            found[(block, component, pair)] = value
+    return found
+
+
+@pytest.mark.parametrize("protocol", ["embedding", "in_situ"])
+@pytest.mark.parametrize("case_id", sorted(CASES))
+def test_plasticity_matches_a_direct_float64_computation(case_id: str, protocol: str) -> None:
+    model = tiny(case_id)
+    reference, downstream = ids(3, 10, seed=1), ids(2, 10, seed=2)  # downstream cycles
+    frame = measure(model, reference, downstream, protocol=protocol, batch_size=2)
+    check_against(frame, direct(model, reference, downstream, protocol), RTOL)
+
+
+def test_roberta_pads_take_the_padding_position() -> None:
+    """The reference has pad tokens (id 1), which RoBERTa's positions skip: the embedding is
+    the model's own, not positions 0..L-1."""
+    model = tiny("roberta_tiny")
+    inputs = ids(3, 10, seed=1)
+    assert (inputs == model.config.pad_token_id).any()
+    with torch.no_grad():
+        embedded = architecture_for(model).embed(model, inputs).tokens
+    expected = np.stack([Direct(model).embed(row.numpy()) for row in inputs])
+    np.testing.assert_allclose(embedded.numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_sequences_beyond_the_positions_are_refused() -> None:
+    for case_id, limit in (("bert_tiny", 16), ("roberta_tiny", 14)):
+        model = tiny(case_id)
+        architecture_for(model).embed(model, ids(1, limit, seed=0))
+        with pytest.raises(ValueError, match=rf"{limit + 1} tokens exceed the model's {limit}"):
+            architecture_for(model).embed(model, ids(1, limit + 1, seed=0))
+
+
+def _groups(model) -> dict[str, set[str]]:
+    groups: dict[str, set[str]] = {}
+    for name, owner in ParameterMap(architecture_for(model), model).owners.items():
+        groups.setdefault(owner.group, set()).add(name)
+    return groups
+
+
+def _layer(names: list[str], prefix: str = "") -> set[str]:
+    return {
+        f"{prefix}encoder.layer.{i}.{name}.{p}"
+        for i in range(2)
+        for name in names
+        for p in ("weight", "bias")
+    }
+
+
+def test_parameter_groups() -> None:
+    groups = _groups(tiny("bert_tiny"))
+    assert groups["ln1"] == _layer(["attention.output.LayerNorm"])
+    assert groups["mha"] == _layer(
+        [f"attention.self.{p}" for p in ("query", "key", "value")] + ["attention.output.dense"]
+    )
+    assert groups["ln2"] == _layer(["output.LayerNorm"])
+    assert groups["fc1"] == _layer(["intermediate.dense"])
+    assert groups["fc2"] == _layer(["output.dense"])
+    embeddings = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+    assert groups["emb"] == {f"embeddings.{e}.weight" for e in embeddings} | {
+        "embeddings.LayerNorm.weight",
+        "embeddings.LayerNorm.bias",
+    }
+    assert groups["head"] == {"pooler.dense.weight", "pooler.dense.bias"}
+
+
+def test_a_masked_lm_head_leaves_its_tied_decoder_to_the_embedding() -> None:
+    model = tiny("bert_masked_lm_tiny")
+    decoder = model.cls.predictions.decoder
+    assert decoder.weight is model.bert.embeddings.word_embeddings.weight
+    groups = _groups(model)
+    assert groups["head"] == {
+        "cls.predictions.bias",
+        *(f"cls.predictions.transform.{m}.{p}" for m in ("dense", "LayerNorm") for p in ("weight", "bias")),
+    }  # fmt: skip
+    assert "bert.embeddings.word_embeddings.weight" in groups["emb"]
+    assert decoder.bias is model.cls.predictions.bias
+
+
+def test_lora_adapts_query_key_value_and_the_output_projection() -> None:
+    from vitplasticity.models.lora import apply_lora, check_adapters_used
+
+    model = tiny("bert_masked_lm_tiny")
+    architecture = architecture_for(model)
+    assert architecture.lora_targets(model) == [
+        f"bert.encoder.layer.{i}.attention.{p}"
+        for i in range(2)
+        for p in ("self.query", "self.key", "self.value", "output.dense")
+    ]
+    model = apply_lora(model, rank=2, alpha=4.0)
+    check_adapters_used(model, ids(2, 6, seed=0))
+
+
+@pytest.mark.parametrize("case_id", ["bert_tiny", "roberta_tiny"])
+def test_stages_refused_by_name(case_id: str) -> None:
+    model = tiny(case_id)
+    architecture = architecture_for(model)
+    name = type(model).__name__
+    for stage in ("plasticity", "lora"):
+        assert architecture.refusal(stage, model) is None
+    assert "encoder attends to the tokens after each one" in architecture.refusal(
+        "recommend", model
+    )
+    assert architecture.refusal("finetune", model) == (
+        f"{name} is a text model: finetuning classifies images; text models are not finetuned here"
+    )
+    assert "feeds the reference images" in architecture.refusal("bounds", model)
+
+
+def test_decoders_and_chunked_mlps_are_refused() -> None:
+    config = transformers.BertConfig(**ENCODER_TINY_CONFIG, is_decoder=True)
+    decoder = transformers.BertLMHeadModel(config)
+    with pytest.raises(UnsupportedModel, match="is_decoder: causal attention"):
+        architecture_for(decoder).blocks(decoder)
+    config = transformers.RobertaConfig(**ENCODER_TINY_CONFIG, chunk_size_feed_forward=4)
+    chunked = transformers.RobertaModel(config)
+    with pytest.raises(UnsupportedModel, match="chunk_size_feed_forward=4"):
+        architecture_for(chunked).blocks(chunked)
+
+
+def test_deberta_v2_is_refused_naming_its_attention() -> None:
+    config = transformers.DebertaV2Config(**ENCODER_TINY_CONFIG)
+    for model in (transformers.DebertaV2Model(config), transformers.DebertaV2ForMaskedLM(config)):
+        with pytest.raises(UnsupportedModel, match=r"is refused: DeBERTa-v2 adds disentangled"):
+            architecture_for(model)
+
+
+def test_sdpa_measures_what_eager_does() -> None:
+    eager = tiny("bert_tiny")
+    sdpa = tiny("bert_tiny")
+    sdpa.config._attn_implementation = "sdpa"
+    reference, downstream = ids(2, 8, seed=1), ids(2, 8, seed=2)
+    for protocol in ("embedding", "in_situ"):
+        got = measure(sdpa, reference, downstream, protocol=protocol)
+        expected = measure(eager, reference, downstream, protocol=protocol)
+        np.testing.assert_allclose(got["ratio"].to_numpy(), expected["ratio"].to_numpy(), rtol=1e-9)
