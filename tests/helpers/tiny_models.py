@@ -123,6 +123,7 @@ HF_VISION_TINY_MODELS: list[TinyModel] = [
         intermediate_size=96,
         num_labels=5,
     ),
+    _hf_vision("hf_deit", "hf_deit", "DeiTModel", "DeiTConfig", intermediate_size=96),
     _hf_vision("hf_dinov2", "hf_dinov2", "Dinov2Model", "Dinov2Config", mlp_ratio=2),
     _hf_vision(
         "hf_dinov2_swiglu",
@@ -182,6 +183,7 @@ HF_VISION_TINY_MODELS: list[TinyModel] = [
         "SiglipVisionConfig",
         intermediate_size=96,
     ),
+    _hf_classifier("hf_deit_classifier", "hf_deit", "deit", intermediate_size=96),
     _hf_classifier("hf_dinov2_classifier", "hf_dinov2", "dinov2", mlp_ratio=2),
     _hf_classifier(
         "hf_dinov3_classifier",

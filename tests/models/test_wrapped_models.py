@@ -125,6 +125,14 @@ WRAPPED: list[Wrapped] = [
     _text("Gemma3TextForSequenceClassification", "Gemma3", "Gemma3TextModel"),
     _vision("ViTForImageClassification", "ViTModel", _tower("ViTConfig", intermediate_size=96)),
     _vision("ViTForMaskedImageModeling", "ViTModel", _tower("ViTConfig", intermediate_size=96)),
+    *(
+        _vision(f"DeiT{task}", "DeiTModel", _tower("DeiTConfig", intermediate_size=96))
+        for task in (
+            "ForImageClassification",
+            "ForImageClassificationWithTeacher",
+            "ForMaskedImageModeling",
+        )
+    ),
     _vision("Dinov2ForImageClassification", "Dinov2Model", _tower("Dinov2Config", mlp_ratio=2)),
     _vision(
         "Dinov2WithRegistersForImageClassification",
@@ -284,6 +292,7 @@ def test_the_export_applied_by_peft_trains_exactly_the_configuration(name: str) 
         "Qwen3ForSequenceClassification",
         "Gemma3ForCausalLM",
         "ViTForImageClassification",
+        "DeiTForImageClassificationWithTeacher",
         "CLIPForImageClassification",
     ],
 )
@@ -312,6 +321,7 @@ def _entry(folder: Path) -> dict:
         "Qwen2ForSequenceClassification",
         "Gemma2ForTokenClassification",
         "ViTForImageClassification",
+        "DeiTForImageClassificationWithTeacher",
     ],
 )
 def test_a_saved_task_class_loads_as_its_config_says(tmp_path: Path, name: str) -> None:

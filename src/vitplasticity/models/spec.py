@@ -248,6 +248,7 @@ TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
     "images": frozenset(
         {
             "vit",
+            "deit",
             "dinov2",
             "dinov2_with_registers",
             "dinov3_vit",
@@ -285,6 +286,8 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
         "Gemma2ForTokenClassification",
         *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
         *("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
+        *("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
+        "DeiTForMaskedImageModeling",
         "DINOv3ViTModel",
         *("Dinov2Model", "Dinov2ForImageClassification"),
         *("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification"),

@@ -19,6 +19,7 @@ from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.models.architectures.hf_llama import HFLlama
 from vitplasticity.models.architectures.hf_vision import (
     HFClipVision,
+    HFDeiT,
     HFDinov2,
     HFSiglipVision,
     HFViT,
@@ -37,6 +38,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFLlama(),
         HFGemma(),
         HFViT(),
+        HFDeiT(),
         HFDinov2(),
         HFDinov3(),
         HFClipVision(),

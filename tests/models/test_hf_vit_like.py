@@ -1,0 +1,185 @@
+"""The transformers ViT-like towers beyond ViT itself (DeiT, BEiT) against a float64
+computation written here from the state dict: patches by hand, the cls (and distillation)
+token, positions where the model has them, per-head softmax attention, exact GELU, BEiT's
+layer scales (lambda_1, lambda_2); both protocols. And what only these families have: the
+parameters of the distillation token and the layer scales, and DeiT's teacher class."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import erf
+
+from tests.helpers.numpy_reference import (
+    check_against,
+    embedding_protocol,
+    layer_norm,
+    norm_ratio,
+    softmax_rows,
+)
+from tests.helpers.tiny_models import TINY_MODELS, TinyModel, perturbed
+from vitplasticity.models.architectures import ParameterMap, architecture_for
+from vitplasticity.plasticity.measure import measure
+
+transformers = pytest.importorskip("transformers")
+
+RTOL = 1e-6  # float64 model against float64 numpy
+
+
+def _case(case_id: str) -> TinyModel:
+    return next(case for case in TINY_MODELS if case.id == case_id)
+
+
+def _images(n: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn((n, 3, 32, 32), generator=generator, dtype=torch.float64)
+
+
+def embedding(w: dict, image: np.ndarray, patch: int, tokens: tuple[str, ...]) -> np.ndarray:
+    """Patches by hand (row-major), the ``tokens`` (cls, distillation) before them, the
+    position embedding added where there is one."""
+    kernel = w["embeddings.patch_embeddings.projection.weight"]
+    d = kernel.shape[0]
+    _, height, width = image.shape
+    rows = [
+        kernel.reshape(d, -1) @ image[:, i : i + patch, j : j + patch].ravel()
+        + w["embeddings.patch_embeddings.projection.bias"]
+        for i in range(0, height, patch)
+        for j in range(0, width, patch)
+    ]
+    x = np.vstack([*(w[f"embeddings.{token}"][0] for token in tokens), np.array(rows)])
+    return x + w.get("embeddings.position_embeddings", np.zeros((1, 1, d)))[0]
+
+
+def vit_like_direct(
+    model: torch.nn.Module, reference, downstream, protocol: str, tokens: tuple[str, ...]
+) -> dict:
+    """Numerators and denominators per (block, component, pair), from the state dict of a
+    bare tower whose blocks are ``layers.{i}`` with ViT's module names."""
+    w = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    config = model.config
+    heads, eps, patch = config.num_attention_heads, config.layer_norm_eps, config.patch_size
+    found = {}
+    for pair in range(len(reference)):
+        x = embedding(w, reference[pair].numpy(), patch, tokens)
+        y = embedding(w, downstream[pair % len(downstream)].numpy(), patch, tokens)
+        for block in range(config.num_hidden_layers):
+            b = f"layers.{block}"
+
+            def ln(name, t, b=b):
+                return layer_norm(t, w[f"{b}.{name}.weight"], w[f"{b}.{name}.bias"], eps)
+
+            def lin(name, t, b=b):
+                bias = w.get(f"{b}.{name}.bias", 0.0)  # BEiT's k_proj has none
+                return t @ w[f"{b}.{name}.weight"].T + bias
+
+            def attn(t):
+                d_h = t.shape[1] // heads
+                q, k, v = (lin(f"attention.{p}_proj", t) for p in "qkv")
+                outputs = []
+                for h in range(heads):
+                    cols = slice(h * d_h, (h + 1) * d_h)
+                    logits = q[:, cols] @ k[:, cols].T / np.sqrt(d_h)
+                    outputs.append(softmax_rows(logits) @ v[:, cols])
+                return lin("attention.o_proj", np.hstack(outputs))
+
+            def hidden(t):  # what reaches FC2
+                u = lin("mlp.fc1", t)
+                return 0.5 * u * (1.0 + erf(u / np.sqrt(2.0)))  # exact GELU
+
+            if protocol == "embedding":
+                parts = embedding_protocol(
+                    x,
+                    y,
+                    ln1=lambda t: ln("layernorm_before", t),
+                    mha=attn,
+                    ln2=lambda t: ln("layernorm_after", t),
+                    fc1=lambda t: lin("mlp.fc1", t),
+                    fc2=lambda t: lin("mlp.fc2", t),
+                    fc2_width=w[f"{b}.mlp.fc2.weight"].shape[1],
+                )
+            else:
+                scale1, scale2 = w.get(f"{b}.lambda_1", 1.0), w.get(f"{b}.lambda_2", 1.0)
+                parts = {"ln1": norm_ratio(lambda t: ln("layernorm_before", t), x, y)}
+                ux, uy = ln("layernorm_before", x), ln("layernorm_before", y)
+                parts["mha"] = norm_ratio(attn, ux, uy)
+                rx, ry = x + scale1 * attn(ux), y + scale1 * attn(uy)
+                parts["ln2"] = norm_ratio(lambda t: ln("layernorm_after", t), rx, ry)
+                vx, vy = ln("layernorm_after", rx), ln("layernorm_after", ry)
+                parts["fc1"] = norm_ratio(lambda t: lin("mlp.fc1", t), vx, vy)
+                hx, hy = hidden(vx), hidden(vy)
+                parts["fc2"] = norm_ratio(lambda t: lin("mlp.fc2", t), hx, hy)
+                x = rx + scale2 * lin("mlp.fc2", hx)
+                y = ry + scale2 * lin("mlp.fc2", hy)
+            for component, value in parts.items():
+                found[(block, component, pair)] = value
+    return found
+
+
+REFERENCE_CASES = {
+    # tiny model id: (family, the tokens before the patches)
+    "hf_deit": ("hf_deit", ("cls_token", "distillation_token")),
+}
+
+
+@pytest.mark.parametrize("protocol", ["embedding", "in_situ"])
+@pytest.mark.parametrize("case_id", sorted(REFERENCE_CASES))
+def test_plasticity_matches_direct_float64(case_id: str, protocol: str) -> None:
+    family, tokens = REFERENCE_CASES[case_id]
+    model = perturbed(_case(case_id).build())
+    assert architecture_for(model).name == family
+    reference, downstream = _images(3, seed=1), _images(2, seed=2)  # downstream cycles
+    frame = measure(model, reference, downstream, protocol=protocol, batch_size=2)
+    check_against(frame, vit_like_direct(model, reference, downstream, protocol, tokens), RTOL)
+
+
+# --- parameters --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("case_id", "expected"),
+    [
+        (
+            "hf_deit_classifier",
+            {
+                "deit.embeddings.cls_token": "emb",
+                "deit.embeddings.distillation_token": "emb",
+                "deit.embeddings.position_embeddings": "emb",
+                "deit.layers.1.attention.o_proj.weight": "mha",
+                "deit.layers.1.layernorm_after.bias": "ln2",
+                "deit.layers.0.mlp.fc1.weight": "fc1",
+                "deit.layernorm.weight": "head",
+                "classifier.weight": "head",
+            },
+        ),
+    ],
+)
+def test_parameters_are_trained_by_their_configuration(case_id: str, expected: dict) -> None:
+    model = _case(case_id).build()
+    owners = ParameterMap(architecture_for(model), model).owners
+    assert {name: owners[name].trained_by for name in expected} == expected
+
+
+def test_deit_with_teacher_is_measured_but_not_finetuned() -> None:
+    """Its logits average a cls-token and a distillation-token head: both are the head; the
+    stages that train one classifier refuse it by name."""
+    torch.manual_seed(0)
+    config = transformers.DeiTConfig(
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=96,
+        image_size=32,
+        patch_size=8,
+        num_labels=5,
+    )
+    model = transformers.DeiTForImageClassificationWithTeacher(config)
+    architecture = architecture_for(model)
+    owners = ParameterMap(architecture, model).owners
+    assert owners["cls_classifier.weight"].group == "head"
+    assert owners["distillation_classifier.bias"].group == "head"
+    for stage in ("finetune", "recommend"):
+        assert "averages two heads" in architecture.refusal(stage, model)
+    for stage in ("plasticity", "bounds", "lora"):
+        assert architecture.refusal(stage, model) is None
