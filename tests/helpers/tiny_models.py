@@ -124,6 +124,23 @@ HF_VISION_TINY_MODELS: list[TinyModel] = [
         num_labels=5,
     ),
     _hf_vision("hf_deit", "hf_deit", "DeiTModel", "DeiTConfig", intermediate_size=96),
+    _hf_vision(
+        "hf_beit",
+        "hf_beit",
+        "BeitModel",
+        "BeitConfig",
+        intermediate_size=96,
+        use_absolute_position_embeddings=True,
+    ),
+    _hf_vision(
+        "hf_beit_relative",
+        "hf_beit",
+        "BeitModel",
+        "BeitConfig",
+        intermediate_size=96,
+        use_relative_position_bias=True,
+        use_shared_relative_position_bias=True,
+    ),
     _hf_vision("hf_dinov2", "hf_dinov2", "Dinov2Model", "Dinov2Config", mlp_ratio=2),
     _hf_vision(
         "hf_dinov2_swiglu",
@@ -184,6 +201,7 @@ HF_VISION_TINY_MODELS: list[TinyModel] = [
         intermediate_size=96,
     ),
     _hf_classifier("hf_deit_classifier", "hf_deit", "deit", intermediate_size=96),
+    _hf_classifier("hf_beit_classifier", "hf_beit", "beit", intermediate_size=96),
     _hf_classifier("hf_dinov2_classifier", "hf_dinov2", "dinov2", mlp_ratio=2),
     _hf_classifier(
         "hf_dinov3_classifier",

@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy.special import erf
 
+from tests.helpers.contract import check_contract
 from tests.helpers.numpy_reference import (
     check_against,
     embedding_protocol,
@@ -52,6 +53,21 @@ def embedding(w: dict, image: np.ndarray, patch: int, tokens: tuple[str, ...]) -
     return x + w.get("embeddings.position_embeddings", np.zeros((1, 1, d)))[0]
 
 
+def relative_bias(table: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """BEiT's relative position bias (heads, 1 + n, 1 + n) of a ``grid`` of n patches, from its
+    table: patch a to patch b reads row (dy + g0 - 1) (2 g1 - 1) + (dx + g1 - 1) of the
+    offset (dy, dx) = a - b; the last three rows are cls to patch, patch to cls, cls to cls."""
+    rows, cols = grid
+    cells = [(i, j) for i in range(rows) for j in range(cols)]
+    last = len(table) - 1
+    index = np.empty((len(cells) + 1, len(cells) + 1), dtype=int)
+    index[0, :], index[:, 0], index[0, 0] = last - 2, last - 1, last
+    for a, (ia, ja) in enumerate(cells):
+        for b, (ib, jb) in enumerate(cells):
+            index[1 + a, 1 + b] = (ia - ib + rows - 1) * (2 * cols - 1) + (ja - jb + cols - 1)
+    return table[index].transpose(2, 0, 1)
+
+
 def vit_like_direct(
     model: torch.nn.Module, reference, downstream, protocol: str, tokens: tuple[str, ...]
 ) -> dict:
@@ -60,6 +76,9 @@ def vit_like_direct(
     w = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
     config = model.config
     heads, eps, patch = config.num_attention_heads, config.layer_norm_eps, config.patch_size
+    grid = (config.image_size // patch, config.image_size // patch)
+    table = "relative_position_bias.relative_position_bias_table"  # in a block
+    shared = w.get("shared_position_bias.relative_position_bias_table")
     found = {}
     for pair in range(len(reference)):
         x = embedding(w, reference[pair].numpy(), patch, tokens)
@@ -74,14 +93,20 @@ def vit_like_direct(
                 bias = w.get(f"{b}.{name}.bias", 0.0)  # BEiT's k_proj has none
                 return t @ w[f"{b}.{name}.weight"].T + bias
 
-            def attn(t):
+            bias = sum(
+                relative_bias(t, grid) for t in (shared, w.get(f"{b}.{table}")) if t is not None
+            )  # 0 without relative position bias
+
+            def attn(t, bias=bias):
                 d_h = t.shape[1] // heads
                 q, k, v = (lin(f"attention.{p}_proj", t) for p in "qkv")
                 outputs = []
                 for h in range(heads):
                     cols = slice(h * d_h, (h + 1) * d_h)
                     logits = q[:, cols] @ k[:, cols].T / np.sqrt(d_h)
-                    outputs.append(softmax_rows(logits) @ v[:, cols])
+                    outputs.append(
+                        softmax_rows(logits + bias[h] if np.ndim(bias) else logits) @ v[:, cols]
+                    )
                 return lin("attention.o_proj", np.hstack(outputs))
 
             def hidden(t):  # what reaches FC2
@@ -120,6 +145,8 @@ def vit_like_direct(
 REFERENCE_CASES = {
     # tiny model id: (family, the tokens before the patches)
     "hf_deit": ("hf_deit", ("cls_token", "distillation_token")),
+    "hf_beit": ("hf_beit", ("cls_token",)),  # absolute positions, layer scale
+    "hf_beit_relative": ("hf_beit", ("cls_token",)),  # block and model-wide relative biases
 }
 
 
@@ -153,6 +180,28 @@ def test_plasticity_matches_direct_float64(case_id: str, protocol: str) -> None:
                 "classifier.weight": "head",
             },
         ),
+        (
+            "hf_beit_relative",
+            {
+                "embeddings.cls_token": "emb",
+                "layers.0.lambda_1": "mha",
+                "layers.0.lambda_2": "fc2",
+                "layers.1.relative_position_bias.relative_position_bias_table": "mha",
+                "shared_position_bias.relative_position_bias_table": "mha",
+                "layers.1.attention.k_proj.weight": "mha",
+                "layers.1.mlp.fc2.bias": "fc2",
+                "pooler.layernorm.weight": "head",
+            },
+        ),
+        (
+            "hf_beit_classifier",
+            {
+                "beit.layers.1.lambda_1": "mha",
+                "beit.layers.1.layernorm_before.weight": "ln1",
+                "beit.pooler.layernorm.bias": "head",
+                "classifier.weight": "head",
+            },
+        ),
     ],
 )
 def test_parameters_are_trained_by_their_configuration(case_id: str, expected: dict) -> None:
@@ -183,3 +232,34 @@ def test_deit_with_teacher_is_measured_but_not_finetuned() -> None:
         assert "averages two heads" in architecture.refusal(stage, model)
     for stage in ("plasticity", "bounds", "lora"):
         assert architecture.refusal(stage, model) is None
+
+
+@pytest.mark.parametrize(("case_id", "relative"), [("hf_beit", False), ("hf_beit_relative", True)])
+def test_beit_mha_bound_is_refused_with_a_relative_position_bias(
+    case_id: str, relative: bool
+) -> None:
+    model = _case(case_id).build()
+    refusal = architecture_for(model).mha_bound_refusal(model)
+    if relative:
+        assert "adds a learned relative position bias to the attention logits" in refusal
+    else:
+        assert refusal is None
+
+
+def test_beit_without_layer_scale_has_nothing_to_declare_for_it() -> None:
+    torch.manual_seed(0)
+    config = transformers.BeitConfig(
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=96,
+        image_size=32,
+        patch_size=8,
+        layer_scale_init_value=0.0,
+        attn_implementation="eager",
+    )
+    model = perturbed(transformers.BeitModel(config))
+    architecture = architecture_for(model)
+    check_contract(architecture, model, _images(3, seed=4))
+    owners = ParameterMap(architecture, model).owners
+    assert not any(owner.group.startswith("layer_scale") for owner in owners.values())

@@ -133,6 +133,14 @@ WRAPPED: list[Wrapped] = [
             "ForMaskedImageModeling",
         )
     ),
+    *(
+        _vision(
+            f"Beit{task}",
+            "BeitModel",
+            _tower("BeitConfig", intermediate_size=96, use_relative_position_bias=True),
+        )
+        for task in ("ForImageClassification", "ForMaskedImageModeling")
+    ),
     _vision("Dinov2ForImageClassification", "Dinov2Model", _tower("Dinov2Config", mlp_ratio=2)),
     _vision(
         "Dinov2WithRegistersForImageClassification",
@@ -210,7 +218,9 @@ def test_select_trains_the_bare_models_parameters_under_the_prefix(name: str) ->
     with_head = set(vitplasticity.select(model, "mha"))
     assert with_head == head | set(vitplasticity.select(model, "mha", train_head=False))
     lm_head = getattr(model, "lm_head", None)
-    if lm_head is not None and lm_head.weight is model.get_input_embeddings().weight:
+    # BEiT's masked-image lm_head predicts visual tokens: its input embedding is the patches'.
+    tied = getattr(model.get_input_embeddings(), "weight", None)
+    if lm_head is not None and lm_head.weight is tied:
         assert not any(n.startswith("lm_head.") for n in head)  # tied: the embedding's
     else:
         assert set(_added(model, where)) <= head and _added(model, where)

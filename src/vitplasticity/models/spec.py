@@ -249,6 +249,7 @@ TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
         {
             "vit",
             "deit",
+            "beit",
             "dinov2",
             "dinov2_with_registers",
             "dinov3_vit",
@@ -288,6 +289,7 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
         *("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
         *("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
         "DeiTForMaskedImageModeling",
+        *("BeitModel", "BeitForImageClassification", "BeitForMaskedImageModeling"),
         "DINOv3ViTModel",
         *("Dinov2Model", "Dinov2ForImageClassification"),
         *("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification"),

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from vitplasticity.models.architectures.base import Architecture, UnsupportedModel
+from vitplasticity.models.architectures.hf_beit import HFBeit
 from vitplasticity.models.architectures.hf_dinov3 import HFDinov3
 from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
@@ -39,6 +40,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFGemma(),
         HFViT(),
         HFDeiT(),
+        HFBeit(),
         HFDinov2(),
         HFDinov3(),
         HFClipVision(),
