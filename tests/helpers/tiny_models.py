@@ -141,6 +141,16 @@ HF_VISION_TINY_MODELS: list[TinyModel] = [
         use_relative_position_bias=True,
         use_shared_relative_position_bias=True,
     ),
+    _hf_vision(
+        "hf_data2vec_vision",
+        "hf_data2vec_vision",
+        "Data2VecVisionModel",
+        "Data2VecVisionConfig",
+        intermediate_size=96,
+        use_relative_position_bias=True,
+        use_shared_relative_position_bias=True,
+        use_absolute_position_embeddings=True,
+    ),
     _hf_vision("hf_dinov2", "hf_dinov2", "Dinov2Model", "Dinov2Config", mlp_ratio=2),
     _hf_vision(
         "hf_dinov2_swiglu",
@@ -202,6 +212,12 @@ HF_VISION_TINY_MODELS: list[TinyModel] = [
     ),
     _hf_classifier("hf_deit_classifier", "hf_deit", "deit", intermediate_size=96),
     _hf_classifier("hf_beit_classifier", "hf_beit", "beit", intermediate_size=96),
+    _hf_classifier(
+        "hf_data2vec_vision_classifier",
+        "hf_data2vec_vision",
+        "data2vec-vision",
+        intermediate_size=96,
+    ),
     _hf_classifier("hf_dinov2_classifier", "hf_dinov2", "dinov2", mlp_ratio=2),
     _hf_classifier(
         "hf_dinov3_classifier",

@@ -6,6 +6,8 @@ parameters of the distillation token and the layer scales, and DeiT's teacher cl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import torch
@@ -68,23 +70,64 @@ def relative_bias(table: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
     return table[index].transpose(2, 0, 1)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where a bare tower's state dict holds each block's weights."""
+
+    blocks: str
+    q: str
+    k: str
+    v: str
+    o: str
+    fc1: str
+    fc2: str
+    relative: str  # a block's relative position bias table
+    shared: str  # the model-wide one
+    tokens: tuple[str, ...]  # before the patches
+
+
+VIT_NAMES = {
+    "q": "attention.q_proj",
+    "k": "attention.k_proj",
+    "v": "attention.v_proj",
+    "o": "attention.o_proj",
+    "fc1": "mlp.fc1",
+    "fc2": "mlp.fc2",
+    "relative": "relative_position_bias.relative_position_bias_table",
+    "shared": "shared_position_bias.relative_position_bias_table",
+}
+DEIT = Layout("layers", **VIT_NAMES, tokens=("cls_token", "distillation_token"))
+BEIT = Layout("layers", **VIT_NAMES, tokens=("cls_token",))
+DATA2VEC = Layout(
+    "encoder.layer",
+    q="attention.attention.query",
+    k="attention.attention.key",
+    v="attention.attention.value",
+    o="attention.output.dense",
+    fc1="intermediate.dense",
+    fc2="output.dense",
+    relative="attention.attention.relative_position_bias.relative_position_bias_table",
+    shared="encoder.relative_position_bias.relative_position_bias_table",
+    tokens=("cls_token",),
+)
+
+
 def vit_like_direct(
-    model: torch.nn.Module, reference, downstream, protocol: str, tokens: tuple[str, ...]
+    model: torch.nn.Module, reference, downstream, protocol: str, layout: Layout
 ) -> dict:
     """Numerators and denominators per (block, component, pair), from the state dict of a
-    bare tower whose blocks are ``layers.{i}`` with ViT's module names."""
+    bare tower whose blocks hold their weights where ``layout`` says."""
     w = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
     config = model.config
     heads, eps, patch = config.num_attention_heads, config.layer_norm_eps, config.patch_size
     grid = (config.image_size // patch, config.image_size // patch)
-    table = "relative_position_bias.relative_position_bias_table"  # in a block
-    shared = w.get("shared_position_bias.relative_position_bias_table")
+    shared = w.get(layout.shared)
     found = {}
     for pair in range(len(reference)):
-        x = embedding(w, reference[pair].numpy(), patch, tokens)
-        y = embedding(w, downstream[pair % len(downstream)].numpy(), patch, tokens)
+        x = embedding(w, reference[pair].numpy(), patch, layout.tokens)
+        y = embedding(w, downstream[pair % len(downstream)].numpy(), patch, layout.tokens)
         for block in range(config.num_hidden_layers):
-            b = f"layers.{block}"
+            b = f"{layout.blocks}.{block}"
 
             def ln(name, t, b=b):
                 return layer_norm(t, w[f"{b}.{name}.weight"], w[f"{b}.{name}.bias"], eps)
@@ -94,12 +137,14 @@ def vit_like_direct(
                 return t @ w[f"{b}.{name}.weight"].T + bias
 
             bias = sum(
-                relative_bias(t, grid) for t in (shared, w.get(f"{b}.{table}")) if t is not None
+                relative_bias(t, grid)
+                for t in (shared, w.get(f"{b}.{layout.relative}"))
+                if t is not None
             )  # 0 without relative position bias
 
             def attn(t, bias=bias):
                 d_h = t.shape[1] // heads
-                q, k, v = (lin(f"attention.{p}_proj", t) for p in "qkv")
+                q, k, v = (lin(name, t) for name in (layout.q, layout.k, layout.v))
                 outputs = []
                 for h in range(heads):
                     cols = slice(h * d_h, (h + 1) * d_h)
@@ -107,10 +152,10 @@ def vit_like_direct(
                     outputs.append(
                         softmax_rows(logits + bias[h] if np.ndim(bias) else logits) @ v[:, cols]
                     )
-                return lin("attention.o_proj", np.hstack(outputs))
+                return lin(layout.o, np.hstack(outputs))
 
             def hidden(t):  # what reaches FC2
-                u = lin("mlp.fc1", t)
+                u = lin(layout.fc1, t)
                 return 0.5 * u * (1.0 + erf(u / np.sqrt(2.0)))  # exact GELU
 
             if protocol == "embedding":
@@ -120,9 +165,9 @@ def vit_like_direct(
                     ln1=lambda t: ln("layernorm_before", t),
                     mha=attn,
                     ln2=lambda t: ln("layernorm_after", t),
-                    fc1=lambda t: lin("mlp.fc1", t),
-                    fc2=lambda t: lin("mlp.fc2", t),
-                    fc2_width=w[f"{b}.mlp.fc2.weight"].shape[1],
+                    fc1=lambda t: lin(layout.fc1, t),
+                    fc2=lambda t: lin(layout.fc2, t),
+                    fc2_width=w[f"{b}.{layout.fc2}.weight"].shape[1],
                 )
             else:
                 scale1, scale2 = w.get(f"{b}.lambda_1", 1.0), w.get(f"{b}.lambda_2", 1.0)
@@ -132,33 +177,34 @@ def vit_like_direct(
                 rx, ry = x + scale1 * attn(ux), y + scale1 * attn(uy)
                 parts["ln2"] = norm_ratio(lambda t: ln("layernorm_after", t), rx, ry)
                 vx, vy = ln("layernorm_after", rx), ln("layernorm_after", ry)
-                parts["fc1"] = norm_ratio(lambda t: lin("mlp.fc1", t), vx, vy)
+                parts["fc1"] = norm_ratio(lambda t: lin(layout.fc1, t), vx, vy)
                 hx, hy = hidden(vx), hidden(vy)
-                parts["fc2"] = norm_ratio(lambda t: lin("mlp.fc2", t), hx, hy)
-                x = rx + scale2 * lin("mlp.fc2", hx)
-                y = ry + scale2 * lin("mlp.fc2", hy)
+                parts["fc2"] = norm_ratio(lambda t: lin(layout.fc2, t), hx, hy)
+                x = rx + scale2 * lin(layout.fc2, hx)
+                y = ry + scale2 * lin(layout.fc2, hy)
             for component, value in parts.items():
                 found[(block, component, pair)] = value
     return found
 
 
 REFERENCE_CASES = {
-    # tiny model id: (family, the tokens before the patches)
-    "hf_deit": ("hf_deit", ("cls_token", "distillation_token")),
-    "hf_beit": ("hf_beit", ("cls_token",)),  # absolute positions, layer scale
-    "hf_beit_relative": ("hf_beit", ("cls_token",)),  # block and model-wide relative biases
+    # tiny model id: (family, its layout)
+    "hf_deit": ("hf_deit", DEIT),
+    "hf_beit": ("hf_beit", BEIT),  # absolute positions, layer scale
+    "hf_beit_relative": ("hf_beit", BEIT),  # block and model-wide relative biases
+    "hf_data2vec_vision": ("hf_data2vec_vision", DATA2VEC),  # all of them
 }
 
 
 @pytest.mark.parametrize("protocol", ["embedding", "in_situ"])
 @pytest.mark.parametrize("case_id", sorted(REFERENCE_CASES))
 def test_plasticity_matches_direct_float64(case_id: str, protocol: str) -> None:
-    family, tokens = REFERENCE_CASES[case_id]
+    family, layout = REFERENCE_CASES[case_id]
     model = perturbed(_case(case_id).build())
     assert architecture_for(model).name == family
     reference, downstream = _images(3, seed=1), _images(2, seed=2)  # downstream cycles
     frame = measure(model, reference, downstream, protocol=protocol, batch_size=2)
-    check_against(frame, vit_like_direct(model, reference, downstream, protocol, tokens), RTOL)
+    check_against(frame, vit_like_direct(model, reference, downstream, protocol, layout), RTOL)
 
 
 # --- parameters --------------------------------------------------------------------------------
@@ -202,6 +248,30 @@ def test_plasticity_matches_direct_float64(case_id: str, protocol: str) -> None:
                 "classifier.weight": "head",
             },
         ),
+        (
+            "hf_data2vec_vision",
+            {
+                "embeddings.position_embeddings": "emb",
+                "encoder.layer.0.lambda_1": "mha",
+                "encoder.layer.0.lambda_2": "fc2",
+                "encoder.layer.0.attention.attention.key.weight": "mha",
+                "encoder.layer.0.attention.attention.relative_position_bias"
+                ".relative_position_bias_table": "mha",
+                "encoder.relative_position_bias.relative_position_bias_table": "mha",
+                "encoder.layer.0.attention.output.dense.bias": "mha",
+                "encoder.layer.1.layernorm_after.weight": "ln2",
+                "encoder.layer.1.intermediate.dense.weight": "fc1",
+                "encoder.layer.1.output.dense.weight": "fc2",
+            },
+        ),
+        (
+            "hf_data2vec_vision_classifier",
+            {
+                "data2vec_vision.pooler.layernorm.weight": "head",
+                "data2vec_vision.encoder.layer.1.layernorm_before.bias": "ln1",
+                "classifier.bias": "head",
+            },
+        ),
     ],
 )
 def test_parameters_are_trained_by_their_configuration(case_id: str, expected: dict) -> None:
@@ -234,10 +304,16 @@ def test_deit_with_teacher_is_measured_but_not_finetuned() -> None:
         assert architecture.refusal(stage, model) is None
 
 
-@pytest.mark.parametrize(("case_id", "relative"), [("hf_beit", False), ("hf_beit_relative", True)])
-def test_beit_mha_bound_is_refused_with_a_relative_position_bias(
-    case_id: str, relative: bool
-) -> None:
+@pytest.mark.parametrize(
+    ("case_id", "relative"),
+    [
+        ("hf_beit", False),
+        ("hf_beit_relative", True),
+        ("hf_data2vec_vision_classifier", False),
+        ("hf_data2vec_vision", True),
+    ],
+)
+def test_mha_bound_is_refused_with_a_relative_position_bias(case_id: str, relative: bool) -> None:
     model = _case(case_id).build()
     refusal = architecture_for(model).mha_bound_refusal(model)
     if relative:

@@ -141,6 +141,11 @@ WRAPPED: list[Wrapped] = [
         )
         for task in ("ForImageClassification", "ForMaskedImageModeling")
     ),
+    _vision(
+        "Data2VecVisionForImageClassification",
+        "Data2VecVisionModel",
+        _tower("Data2VecVisionConfig", intermediate_size=96, use_relative_position_bias=True),
+    ),
     _vision("Dinov2ForImageClassification", "Dinov2Model", _tower("Dinov2Config", mlp_ratio=2)),
     _vision(
         "Dinov2WithRegistersForImageClassification",

@@ -10,7 +10,7 @@ classes (``classifiers``):
 |---|---|---|
 | ViTModel | ViTForImageClassification | cls token, after the final layernorm |
 | DeiTModel | DeiTForImageClassification | cls token, after the final layernorm (the distillation token unused) |
-| BeitModel | BeitForImageClassification | mean of the patch tokens, after the pooler's layernorm (with mean pooling, the default; else the cls token after the final layernorm) |
+| BeitModel, Data2VecVisionModel | their ...ForImageClassification | mean of the patch tokens, after the pooler's layernorm (with mean pooling, the default; else the cls token after the final layernorm) |
 | Dinov2Model, Dinov2WithRegistersModel | their ...ForImageClassification | [cls, mean of the patch tokens] (registers left out), after the final layernorm |
 | DINOv3ViTModel | :class:`~vitplasticity.models.architectures.hf_dinov3.DINOv3ViTClassifier` (ours: transformers has none) | as DINOv2's |
 | CLIPVisionModel | CLIPForImageClassification | mean of the patch tokens of the encoder output (``post_layernorm`` unused: it gets no gradient) |

@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from vitplasticity.models.architectures.base import Architecture, UnsupportedModel
-from vitplasticity.models.architectures.hf_beit import HFBeit
+from vitplasticity.models.architectures.hf_beit import HFBeit, HFData2VecVision
 from vitplasticity.models.architectures.hf_dinov3 import HFDinov3
 from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
@@ -41,6 +41,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFViT(),
         HFDeiT(),
         HFBeit(),
+        HFData2VecVision(),
         HFDinov2(),
         HFDinov3(),
         HFClipVision(),
