@@ -218,6 +218,8 @@ HF_VISION_TINY_MODELS: list[TinyModel] = [
         "data2vec-vision",
         intermediate_size=96,
     ),
+    # mask_ratio as MAE pre-trains (0.75): every stage takes every patch all the same
+    _hf_classifier("hf_vit_mae_classifier", "hf_vit_mae", "vit_mae", intermediate_size=96),
     _hf_classifier("hf_dinov2_classifier", "hf_dinov2", "dinov2", mlp_ratio=2),
     _hf_classifier(
         "hf_dinov3_classifier",

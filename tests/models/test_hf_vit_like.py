@@ -13,7 +13,13 @@ import pytest
 import torch
 from scipy.special import erf
 
-from tests.helpers.contract import check_contract
+from tests.helpers.contract import (
+    TOLERANCE,
+    check_composition,
+    check_contract,
+    check_hooks,
+    check_partition,
+)
 from tests.helpers.numpy_reference import (
     check_against,
     embedding_protocol,
@@ -21,7 +27,7 @@ from tests.helpers.numpy_reference import (
     norm_ratio,
     softmax_rows,
 )
-from tests.helpers.tiny_models import TINY_MODELS, TinyModel, perturbed
+from tests.helpers.tiny_models import HF_VISION_TINY_CONFIG, TINY_MODELS, TinyModel, perturbed
 from vitplasticity.models.architectures import ParameterMap, architecture_for
 from vitplasticity.plasticity.measure import measure
 
@@ -187,20 +193,33 @@ def vit_like_direct(
     return found
 
 
+MAE = Layout("layers", **VIT_NAMES, tokens=("cls_token",))  # every patch, none masked
+
 REFERENCE_CASES = {
     # tiny model id: (family, its layout)
     "hf_deit": ("hf_deit", DEIT),
     "hf_beit": ("hf_beit", BEIT),  # absolute positions, layer scale
     "hf_beit_relative": ("hf_beit", BEIT),  # block and model-wide relative biases
     "hf_data2vec_vision": ("hf_data2vec_vision", DATA2VEC),  # all of them
+    "vit_mae": ("hf_vit_mae", MAE),  # mask_ratio 0.75: ignored
 }
+
+
+def _vit_mae(model_class: str = "ViTMAEModel", **config) -> torch.nn.Module:
+    torch.manual_seed(0)
+    settings = {**HF_VISION_TINY_CONFIG, "intermediate_size": 96, **config}
+    return getattr(transformers, model_class)(transformers.ViTMAEConfig(**settings))
+
+
+def _reference_model(case_id: str) -> torch.nn.Module:
+    return _vit_mae() if case_id == "vit_mae" else _case(case_id).build()
 
 
 @pytest.mark.parametrize("protocol", ["embedding", "in_situ"])
 @pytest.mark.parametrize("case_id", sorted(REFERENCE_CASES))
 def test_plasticity_matches_direct_float64(case_id: str, protocol: str) -> None:
     family, layout = REFERENCE_CASES[case_id]
-    model = perturbed(_case(case_id).build())
+    model = perturbed(_reference_model(case_id))
     assert architecture_for(model).name == family
     reference, downstream = _images(3, seed=1), _images(2, seed=2)  # downstream cycles
     frame = measure(model, reference, downstream, protocol=protocol, batch_size=2)
@@ -339,3 +358,74 @@ def test_beit_without_layer_scale_has_nothing_to_declare_for_it() -> None:
     check_contract(architecture, model, _images(3, seed=4))
     owners = ParameterMap(architecture, model).owners
     assert not any(owner.group.startswith("layer_scale") for owner in owners.values())
+
+
+# --- ViTMAE: every patch, in order -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_class", ["ViTMAEModel", "ViTMAEForPreTraining"])
+def test_vit_mae_contract_is_its_forward_with_no_patch_masked_or_moved(model_class: str) -> None:
+    """The stages' tokens are what the model's own forward feeds its blocks with mask_ratio 0
+    and noise that keeps the patches' order (its default forward masks and shuffles at random:
+    the shared contract's forward check cannot run it)."""
+    model = perturbed(_vit_mae(model_class, mask_ratio=0.0))
+    architecture = architecture_for(model)
+    assert architecture.name == "hf_vit_mae"
+    inputs = _images(3, seed=4)
+    check_partition(architecture, model)
+    check_hooks(architecture, model, inputs)
+    check_composition(architecture, model, inputs)
+    blocks = architecture.blocks(model)
+    seen = {}
+    first = blocks[0].register_forward_hook(lambda m, args, out: seen.update(input=args[0]))
+    last = blocks[-1].register_forward_hook(lambda m, args, out: seen.update(output=out))
+    ordered = torch.arange(16, dtype=torch.float64).expand(3, -1)  # argsort: the identity
+    try:
+        with torch.no_grad():
+            model(inputs, noise=ordered)
+    finally:
+        first.remove()
+        last.remove()
+    with torch.no_grad():
+        embedded = architecture.embed(model, inputs)
+        tokens = embedded.tokens
+        for index, block in enumerate(blocks):
+            tokens = architecture.run_block(block, index, tokens, embedded)
+    assert embedded.tokens.shape == (3, 17, 48)
+    torch.testing.assert_close(embedded.tokens, seen["input"], rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(tokens, seen["output"], rtol=0, atol=TOLERANCE)
+
+
+def test_vit_mae_stages_take_every_patch_whatever_the_mask_ratio() -> None:
+    masked = _vit_mae(mask_ratio=0.75)
+    whole = _vit_mae(mask_ratio=0.0)
+    architecture = architecture_for(masked)
+    inputs = _images(2, seed=3).float()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            architecture.embed(masked, inputs).tokens,
+            architecture.embed(whole, inputs).tokens,
+            rtol=0,
+            atol=0,
+        )
+        assert masked(inputs).last_hidden_state.shape[1] == 1 + 4  # its own forward keeps 4
+
+
+def test_vit_mae_classifier_pools_the_patches_mean_after_the_final_norm() -> None:
+    model = perturbed(_case("hf_vit_mae_classifier").build())
+    architecture = architecture_for(model)
+    assert type(model).__name__ == "ViTMAEClassifier"
+    assert model.vit.config.mask_ratio == 0.75  # ignored: every patch is classified
+    inputs = _images(3, seed=5)
+    with torch.no_grad():
+        logits = architecture.logits(model, inputs)
+        embedded = architecture.embed(model, inputs)
+        tokens = embedded.tokens
+        for index, block in enumerate(architecture.blocks(model)):
+            tokens = architecture.run_block(block, index, tokens, embedded)
+        pooled = model.vit.layernorm(tokens)[:, 1:].mean(dim=1)
+    expected = pooled @ model.classifier.weight.T + model.classifier.bias
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-12)
+    assert architecture.refusal("finetune", model) is None
+    pretraining = _vit_mae("ViTMAEForPreTraining")
+    assert "has no classification head" in architecture.refusal("finetune", pretraining)

@@ -25,6 +25,7 @@ from vitplasticity.models.architectures.hf_vision import (
     HFSiglipVision,
     HFViT,
 )
+from vitplasticity.models.architectures.hf_vitmae import HFViTMAE
 from vitplasticity.models.architectures.timm_beit import TimmBeit
 from vitplasticity.models.architectures.timm_eva import TimmEva
 from vitplasticity.models.architectures.timm_vit import TimmVisionTransformer
@@ -42,6 +43,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFDeiT(),
         HFBeit(),
         HFData2VecVision(),
+        HFViTMAE(),
         HFDinov2(),
         HFDinov3(),
         HFClipVision(),
