@@ -227,8 +227,9 @@ def test_select_trains_the_bare_models_parameters_under_the_prefix(name: str) ->
     assert with_head == head | set(vitplasticity.select(model, "mha", train_head=False))
     lm_head = getattr(model, "lm_head", None)
     # BEiT's masked-image lm_head predicts visual tokens: its input embedding is the patches'.
-    tied = getattr(model.get_input_embeddings(), "weight", None)
-    if lm_head is not None and lm_head.weight is tied:
+    if lm_head is not None and lm_head.weight is getattr(
+        model.get_input_embeddings(), "weight", None
+    ):
         assert not any(n.startswith("lm_head.") for n in head)  # tied: the embedding's
     else:
         assert set(_added(model, where)) <= head and _added(model, where)
