@@ -55,6 +55,7 @@ TINY = {
 
 TOWERS: dict[str, tuple[str, dict[str, Any]]] = {
     "vit": ("ViTModel", {"intermediate_size": 96}),
+    "deit": ("DeiTModel", {"intermediate_size": 96}),
     "dinov2": ("Dinov2Model", {"mlp_ratio": 2}),
     "dinov2_with_registers": ("Dinov2WithRegistersModel", {"mlp_ratio": 2, "num_register_tokens": 2}),
     "dinov3_vit": (
@@ -193,7 +194,7 @@ def test_a_random_model_depends_on_init_seed_alone(model_type: str) -> None:
     cls = tower_class(model_type)
     settings = {k: v for k, v in tiny_config(model_type).items() if k != "model_type"}
     torch.manual_seed(3)
-    kwargs = {"add_pooling_layer": False} if model_type == "vit" else {}
+    kwargs = {"add_pooling_layer": False} if model_type in ("vit", "deit") else {}
     by_hand = cls(cls.config_class(**settings), **kwargs)
     assert_same_tensors(bare.state_dict(), by_hand.state_dict())
     other = build_hf_model(random_spec(model_type, init_seed=4))
@@ -339,7 +340,7 @@ def test_a_classification_class_gets_a_new_head() -> None:
 def pooled(model_type: str, tokens: np.ndarray, registers: int) -> np.ndarray:
     """The classifier's input from the tower's last_hidden_state, written from
     transformers' classification classes (and the DINOv3 wrapper's docstring)."""
-    if model_type == "vit":
+    if model_type in ("vit", "deit"):  # DeiT: its distillation token unused
         return tokens[:, 0]
     if model_type == "clip_vision_model":
         return tokens[:, 1:].mean(axis=1)

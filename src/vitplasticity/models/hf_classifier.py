@@ -9,7 +9,10 @@ classes (``classifiers``):
 | tower | classification class | pooled features |
 |---|---|---|
 | ViTModel | ViTForImageClassification | cls token, after the final layernorm |
+| DeiTModel | DeiTForImageClassification | cls token, after the final layernorm (the distillation token unused) |
+| BeitModel, Data2VecVisionModel | their ...ForImageClassification | mean of the patch tokens, after the pooler's layernorm (with mean pooling, the default; else the cls token after the final layernorm) |
 | Dinov2Model, Dinov2WithRegistersModel | their ...ForImageClassification | [cls, mean of the patch tokens] (registers left out), after the final layernorm |
+| ViTMAEModel | :class:`~vitplasticity.models.architectures.hf_vitmae.ViTMAEClassifier` (ours: transformers has none) | mean of the patch tokens after the final layernorm, every patch (none masked) |
 | DINOv3ViTModel | :class:`~vitplasticity.models.architectures.hf_dinov3.DINOv3ViTClassifier` (ours: transformers has none) | as DINOv2's |
 | CLIPVisionModel | CLIPForImageClassification | mean of the patch tokens of the encoder output (``post_layernorm`` unused: it gets no gradient) |
 | SiglipVisionModel | SiglipForImageClassification | mean of all tokens after ``post_layernorm`` (the attention-pooling ``head`` unused: no gradient) |

@@ -250,6 +250,10 @@ TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
     "images": frozenset(
         {
             "vit",
+            "deit",
+            "beit",
+            "data2vec-vision",
+            "vit_mae",
             "dinov2",
             "dinov2_with_registers",
             "dinov3_vit",
@@ -297,6 +301,11 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
         *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
         *(f"{bare}{task}" for bare in ("Bert", "Roberta") for task in ("Model", *_ENCODER_TASKS)),
         *("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
+        *("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
+        "DeiTForMaskedImageModeling",
+        *("BeitModel", "BeitForImageClassification", "BeitForMaskedImageModeling"),
+        *("Data2VecVisionModel", "Data2VecVisionForImageClassification"),
+        *("ViTMAEModel", "ViTMAEForPreTraining"),
         "DINOv3ViTModel",
         *("Dinov2Model", "Dinov2ForImageClassification"),
         *("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification"),

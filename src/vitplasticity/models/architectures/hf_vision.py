@@ -1,4 +1,4 @@
-"""transformers vision towers: ViT, DINOv2 (with or without registers), DINOv3, and the CLIP and
+"""transformers vision towers: ViT, DeiT, DINOv2 (with or without registers), DINOv3, and the CLIP and
 SigLIP vision towers (docs/protocol.md, section 3.1), with the classes that put a projection or
 a classifier on top of them.
 
@@ -6,8 +6,8 @@ Every block is pre-norm, ``x + branch(attention(ln1(x)))`` then ``x + branch(mlp
 the module names are transformers 5's (older releases named ViT's and DINOv2's differently),
 per family: blocks; LN1, MHA, LN2; FC1 (the first linear stage); FC2.
 
-- ViT: ``layers``; ``layernorm_before``, ``attention``, ``layernorm_after``; ``mlp.fc1``;
-  ``mlp.fc2``.
+- ViT, DeiT: ``layers``; ``layernorm_before``, ``attention``, ``layernorm_after``;
+  ``mlp.fc1``; ``mlp.fc2``.
 - DINOv2: ``encoder.layer``; ``norm1``, ``attention``, ``norm2``; ``mlp.fc1`` (SwiGLU:
   ``mlp.gate_proj`` + ``mlp.up_proj``); ``mlp.fc2`` (SwiGLU: ``mlp.down_proj``).
 - DINOv3: ``model.layer``; ``norm1``, ``attention``, ``norm2``; ``mlp.up_proj`` (gated:
@@ -19,9 +19,9 @@ MHA is the whole attention module (q/k/v/o projections). A gated MLP's FC1 is ga
 mode ``up``: the up projection alone). The branch around MHA and the MLP is ViT's dropout,
 DINOv2's and DINOv3's layer scale (``layer_scale1`` trained with MHA, ``layer_scale2`` with
 FC2, as timm's LayerScale) and drop path, nothing for CLIP and SigLIP. The embedding is the
-``embeddings`` module (patch embedding, cls/register/mask tokens, position embedding) and
-CLIP's ``pre_layrnorm``; the head is the final norm, ViT's pooler, SigLIP's attention pooling
-head and what a wrapper class adds (``classifier``, ``visual_projection``:
+``embeddings`` module (patch embedding, cls/distillation/register/mask tokens, position
+embedding) and CLIP's ``pre_layrnorm``; the head is the final norm, ViT's pooler, SigLIP's
+attention pooling head and what a wrapper class adds (``classifier``, ``visual_projection``:
 :func:`~vitplasticity.models.architectures.base.wrapper_head`). A wrapper class holds the tower
 under its ``base_model_prefix`` (``ViTForImageClassification.vit``), or where the family
 names it (CLIP's and SigLIP's classification classes hold ``vision_model``, their prefix names
@@ -361,6 +361,41 @@ class HFViT(HFVisionTower):
 
     def mlp_branch(self, block: nn.Module, out: torch.Tensor) -> torch.Tensor:
         return block.dropout(out)
+
+
+class HFDeiT(HFViT):
+    """transformers ``DeiTModel`` (and ``DeiTForImageClassification``,
+    ``DeiTForImageClassificationWithTeacher``, ``DeiTForMaskedImageModeling``): ViT's blocks and
+    module names; its embedding adds the distillation token after the cls token.
+
+    ``DeiTForImageClassificationWithTeacher`` averages the logits of two heads, one on the cls
+    token and one on the distillation token: it is measured and selected (both heads are the
+    head), but finetuning and recommend, which train one classifier, take
+    ``DeiTForImageClassification`` (what finetuning builds around a DeiT tower)."""
+
+    name = "hf_deit"
+    title = "transformers DeiTModel"
+    towers = (("DeiTModel", ""),)
+    layer_classes = ("DeiTLayer",)
+    model_types = ("deit",)
+    classifiers: ClassVar[dict[str, tuple[type | str, str]]] = {
+        "DeiTModel": ("DeiTForImageClassification", "deit")
+    }
+    checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {
+        "DeiTModel": ("classifier.", "cls_classifier.", "distillation_classifier.", "pooler.")
+    }
+    tower_kwargs: ClassVar[dict[str, dict[str, Any]]] = {"DeiTModel": {"add_pooling_layer": False}}
+
+    def refusal(self, stage: str, model: nn.Module) -> str | None:
+        if stage in ("finetune", "recommend") and type(model).__name__ == (
+            "DeiTForImageClassificationWithTeacher"
+        ):
+            return (
+                "DeiTForImageClassificationWithTeacher averages two heads (cls and distillation "
+                "tokens): finetuning and recommend train one classifier, on "
+                "DeiTForImageClassification"
+            )
+        return super().refusal(stage, model)
 
 
 class HFDinov2(LayerScaled):

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from vitplasticity.models.architectures.base import Architecture, UnsupportedModel
+from vitplasticity.models.architectures.hf_beit import HFBeit, HFData2VecVision
 from vitplasticity.models.architectures.hf_bert import HFBert
 from vitplasticity.models.architectures.hf_dinov3 import HFDinov3
 from vitplasticity.models.architectures.hf_gemma import HFGemma
@@ -20,10 +21,12 @@ from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.models.architectures.hf_llama import HFLlama
 from vitplasticity.models.architectures.hf_vision import (
     HFClipVision,
+    HFDeiT,
     HFDinov2,
     HFSiglipVision,
     HFViT,
 )
+from vitplasticity.models.architectures.hf_vitmae import HFViTMAE
 from vitplasticity.models.architectures.timm_beit import TimmBeit
 from vitplasticity.models.architectures.timm_eva import TimmEva
 from vitplasticity.models.architectures.timm_vit import TimmVisionTransformer
@@ -39,6 +42,10 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFGemma(),
         HFBert(),
         HFViT(),
+        HFDeiT(),
+        HFBeit(),
+        HFData2VecVision(),
+        HFViTMAE(),
         HFDinov2(),
         HFDinov3(),
         HFClipVision(),
