@@ -19,12 +19,12 @@ from vitplasticity.models.build import build_model
 from vitplasticity.models.spec import TimmSpec
 from vitplasticity.recommend.export import build_export
 from vitplasticity.recommend.trainer_exports import axolotl_pattern
-from vitplasticity.recommend.verification import VerifyPlan
 from vitplasticity.recommend.verification_record import (
     VERIFIED_BY,
     verified_record,
     write_verified_export,
 )
+from vitplasticity.recommend.verify_plan import VerifyPlan
 
 peft = pytest.importorskip("peft")
 

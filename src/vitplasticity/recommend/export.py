@@ -95,7 +95,6 @@ def build_export(
     from vitplasticity.recommend.criteria import configuration_components
     from vitplasticity.recommend.matrix_criteria import matrix_statistics
     from vitplasticity.recommend.trainer_exports import trainer_exports
-    from vitplasticity.recommend.verification_record import heuristic_record
 
     probe = configuration in (None, LINEAR_PROBE)
     components = () if probe else configuration_components(configuration)
@@ -469,3 +468,15 @@ def _usage(
         "trainers.spectrum (its usage)."
     )
     return sentences
+
+
+def heuristic_record(recommendation: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The record of recommend's pick: unverified, and the criterion that ranked it first."""
+    return {
+        "verified": False,
+        "criterion": None if recommendation is None else recommendation.get("criterion"),
+        "note": (
+            "ranked by a criterion, not measured by finetuning: `vitplasticity "
+            "recommend-verify` checks it (docs/recommend.md)"
+        ),
+    }

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from vitplasticity.finetune.train import train
 from vitplasticity.models.architectures import parse_configuration
 from vitplasticity.recommend.verification_record import verified_record, write_verified_export
 from vitplasticity.recommend.verified_report import measured_table, write_report
+from vitplasticity.recommend.verify_plan import VerifyPlan
 from vitplasticity.utils.io import write_json
 from vitplasticity.workflow.config import Run, lr_label
 from vitplasticity.workflow.verify import (
@@ -44,22 +44,6 @@ from vitplasticity.workflow.verify import (
 log = logging.getLogger(__name__)
 
 RANK_COLUMNS = ("configuration", "criterion", "rank")
-
-
-@dataclass(frozen=True)
-class VerifyPlan:
-    """What to verify and how: the run identity's names, the learning rates and seeds, and
-    the candidates' choice (recommend.verify's keys)."""
-
-    experiment: str
-    model: str
-    dataset: str
-    lrs: tuple[float, ...]
-    seeds: tuple[int, ...]
-    criterion: str = "plasticity"
-    top_k: int = 2
-    eta: int = 2
-    baselines: tuple[str, ...] = ("head", "full", "lora")
 
 
 def read_ranks(path: str | Path) -> pl.DataFrame:

@@ -1,8 +1,8 @@
 """The ``verification`` record of an export (``PREFIX.json``, ``PREFIX_verified.json``): how
 its configuration was chosen, so that a file found later says whether it was measured.
 
-- recommend's export (:func:`heuristic_record`): ``verified: false`` and the criterion whose
-  ranking picked it; a heuristic, not a finetuning result.
+- recommend's export (:func:`.export.heuristic_record`): ``verified: false`` and the
+  criterion whose ranking picked it; a heuristic, not a finetuning result.
 - recommend-verify's (:func:`verified_record`, written by :func:`write_verified_export` as
   ``PREFIX_verified.json``): ``verified: true``, the measured accuracy of the chosen
   configuration (mean and spread over its seeds, at its selected learning rate), the
@@ -24,22 +24,10 @@ from vitplasticity.utils.io import write_json
 
 if TYPE_CHECKING:
     from vitplasticity.finetune.settings import TrainingSettings
-    from vitplasticity.recommend.verification import VerifyPlan
+    from vitplasticity.recommend.verify_plan import VerifyPlan
 
 VERIFIED_BY = "vitplasticity recommend-verify"
 """What verifies a recommendation: the budgeted finetuning of docs/recommend.md."""
-
-
-def heuristic_record(recommendation: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The record of recommend's pick: unverified, and the criterion that ranked it first."""
-    return {
-        "verified": False,
-        "criterion": None if recommendation is None else recommendation.get("criterion"),
-        "note": (
-            "ranked by a criterion, not measured by finetuning: `vitplasticity "
-            "recommend-verify` checks it (docs/recommend.md)"
-        ),
-    }
 
 
 def verified_record(
