@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -218,7 +219,22 @@ class PreparedDatasetWriter:
 
     def __enter__(self) -> PreparedDatasetWriter:
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", dir=self.out_dir.parent))
+        # SIGTERM held while the folder is made and named: the SystemExit a SIGTERM handler
+        # raises (commands.data) between mkdtemp and ``return`` would skip __exit__ and leave
+        # the folder behind. Delivered on unblocking, inside the try that removes it.
+        held = {signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            self._tmp = Path(
+                tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", dir=self.out_dir.parent)
+            )
+        finally:
+            try:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+            except BaseException:
+                if self._tmp is not None:
+                    shutil.rmtree(self._tmp, ignore_errors=True)
+                raise
         return self
 
     def add_split(
