@@ -3,6 +3,8 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(abspath $(VENV))/bin
 CORES ?= 2
+# pytest-xdist workers for make test (tests/helpers/xdist_scopes.py says how files are shared out)
+TEST_WORKERS ?= 2
 export PATH := $(BIN):$(PATH)
 
 .PHONY: demo test lint dryrun bench gpu-check clean-demo venv
@@ -22,7 +24,7 @@ demo: venv
 
 ## test: lint, then the test suite
 test: venv lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks

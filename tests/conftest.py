@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.helpers.tiny_vit import TINY_SPEC
+from tests.helpers.xdist_scopes import SlurmApartScheduling, order_for_workers
 from vitplasticity.models.build import build_model
 from vitplasticity.models.spec import TimmSpec
 
@@ -24,13 +25,23 @@ def one_torch_thread() -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` are skipped, saying why, where torch sees no CUDA device."""
+    """The order the xdist workers take the files in (tests/helpers/xdist_scopes.py); tests
+    marked ``gpu`` are skipped, saying why, where torch sees no CUDA device."""
+    order_for_workers(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="gpu: needs a CUDA device, none is visible to torch")
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called where it runs the suite
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> SlurmApartScheduling | None:
+    """``--dist loadfile`` keeps the local SLURM's files in one unit (xdist's own otherwise)."""
+    if config.getvalue("dist") == "loadfile":
+        return SlurmApartScheduling(config, log)
+    return None
 
 
 @pytest.fixture
