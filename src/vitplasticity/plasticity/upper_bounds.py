@@ -192,7 +192,11 @@ def attention_head_norms(weights: AttentionWeights) -> list[tuple[float, float, 
     norms = []
     for h in range(heads):
         rows = slice(h * d_h, (h + 1) * d_h)
-        logits_form = query[rows].T @ key[rows] / math.sqrt(d_h)  # (d, d): x_i^T A x_j
+        logits_form = query[rows].T @ key[rows]  # (d, d): x_i^T A x_j, once scaled
+        if weights.logit_scale is None:
+            logits_form = logits_form / math.sqrt(d_h)
+        else:
+            logits_form = logits_form * weights.logit_scale
         norms.append(
             (spectral_norm(proj[:, rows]), spectral_norm(value[rows]), spectral_norm(logits_form))
         )
@@ -327,8 +331,9 @@ def bound_rows(
                 norm = spectral_norm(stacked_weight(modules))
                 rows.append(_row(index, component, norm, spectral_norm=norm))
             else:
-                (attention,) = modules
-                heads = attention_head_norms(architecture.attention_weights(attention))
+                # One module (a ViT's attn) or several run in turn (BERT's self-attention,
+                # then its output projection): the architecture gives the heads either way.
+                heads = attention_head_norms(architecture.mha_weights(modules))
                 rows.append(_mha_row(index, heads, stats))
     return pl.DataFrame(rows, schema=BOUND_SCHEMA)
 
