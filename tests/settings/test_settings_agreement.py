@@ -26,6 +26,7 @@ from vitplasticity.finetune.settings import WORKFLOW_ONLY_KEYS, TrainingSettings
 from vitplasticity.plasticity.settings import (
     BoundsSettings,
     PlasticitySettings,
+    TextBoundsSettings,
     TextPlasticitySettings,
 )
 from vitplasticity.recommend.settings import RecommendImageSettings, RecommendTextSettings
@@ -354,6 +355,17 @@ STAGES = [
         frozenset(
             f"plasticity.{k}"
             for k in ("models", "datasets", "protocols", "downstream_split", "dtype", "fc1")
+        ),
+    ),
+    Stage(
+        TextBoundsSettings,
+        "text-bounds",
+        ("text_plasticity",),
+        frozenset({"model", "model_spec", "reference", "out", "plasticity", "figure_prefix"}),
+        # The text plasticity stage declares the rest of the block.
+        frozenset(
+            {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
+            | {f"text_plasticity.{k}" for k in ("protocols", "dtype")}
         ),
     ),
     Stage(
