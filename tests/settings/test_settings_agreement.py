@@ -344,6 +344,7 @@ STAGES = [
         frozenset({"model", "model_spec", "reference", "text", "dataset", "out", "summary"}),
         frozenset(
             {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
+            | {"text_plasticity.bounds_models"}
         ),
     ),
     Stage(
@@ -365,6 +366,7 @@ STAGES = [
         # The text plasticity stage declares the rest of the block.
         frozenset(
             {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
+            | {"text_plasticity.bounds_models"}
             | {f"text_plasticity.{k}" for k in ("protocols", "dtype")}
         ),
     ),
@@ -390,6 +392,7 @@ STAGES = [
         # Its sequences are text_plasticity's; recommend-text declares those it takes.
         frozenset(
             {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
+            | {"text_plasticity.bounds_models"}
             | {f"text_plasticity.{k}" for k in ("n_pairs", "batch_size", "protocols")}
             | {f"text_plasticity.{k}" for k in ("device", "dtype")}
             | {"recommend.enabled", "recommend.models", "recommend.datasets"}
