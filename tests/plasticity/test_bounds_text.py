@@ -340,7 +340,8 @@ DOWNSTREAM_TEXT = "Caf\u00e9 cr\u00e8me\nna\u00efve text, short.\nAnother line, 
 
 
 def gpt2_entry(model_type: str = "gpt2", **config: object) -> dict:
-    """The models: entry of a random-init tiny GPT2 (or, by model_type, another text model)."""
+    """The models: entry of a random-init tiny GPT2 (or, of ``model_type`` with ``config``,
+    another text model)."""
     return {
         "family": "transformers",
         "hf_id": "tiny",
@@ -358,7 +359,19 @@ def _text_argv(command: str, tmp_path: Path, entry: dict, *extra: str) -> list[s
     return [command, *common, *extra]
 
 
-def test_cli_equals_the_library_beside_the_measured_plasticity(tmp_path: Path) -> None:
+TINY_BERT = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "vocab_size": 256,
+    "max_position_embeddings": 64,
+}
+CLI_ENTRIES = {"gpt2": gpt2_entry(), "bert": gpt2_entry("bert", **TINY_BERT)}
+
+
+@pytest.mark.parametrize("family", sorted(CLI_ENTRIES))
+def test_cli_equals_the_library_beside_the_measured_plasticity(tmp_path: Path, family: str) -> None:
     from vitplasticity.models.build import build_model
     from vitplasticity.models.text import text_model_spec
     from vitplasticity.utils.io import read_parquet_metadata
@@ -366,11 +379,12 @@ def test_cli_equals_the_library_beside_the_measured_plasticity(tmp_path: Path) -
     text = tmp_path / "downstream.txt"
     text.write_text(DOWNSTREAM_TEXT, encoding="utf-8")
     pairs, summary = tmp_path / "pairs.parquet", tmp_path / "summary.parquet"
-    measure_argv = _text_argv("text-plasticity", tmp_path, gpt2_entry(), "--text", str(text))
+    entry = CLI_ENTRIES[family]
+    measure_argv = _text_argv("text-plasticity", tmp_path, entry, "--text", str(text))
     measure_argv += ["--n-pairs", "6", "--out", str(pairs), "--summary", str(summary)]
     assert main(measure_argv) == 0
     out, prefix = tmp_path / "bounds" / "tiny.parquet", tmp_path / "figures" / "bounds_tiny"
-    argv = _text_argv("text-bounds", tmp_path, gpt2_entry(), "--n-sequences", "5")
+    argv = _text_argv("text-bounds", tmp_path, entry, "--n-sequences", "5")
     argv += ["--out", str(out), "--plasticity", str(pairs), "--figure-prefix", str(prefix)]
     assert main(argv) == 0
 
@@ -386,7 +400,7 @@ def test_cli_equals_the_library_beside_the_measured_plasticity(tmp_path: Path) -
 
     # The bounds equal upper_bounds() on the same weights and the first 5 reference sequences
     # (bytes of the non-empty lines, each with its newline, cut every 16).
-    model = build_model(text_model_spec("tiny", gpt2_entry())).eval().double()
+    model = build_model(text_model_spec("tiny", entry)).eval().double()
     stream = "".join(line + "\n" for line in REFERENCE_TEXT.split("\n") if line.strip())
     ids = torch.tensor(list(stream.encode("utf-8")[: 5 * 16])).reshape(5, 16)
     expected = upper_bounds(model, _embedded(model, ids))
