@@ -55,6 +55,7 @@ rule all:
         TARGETS.bounds(),
         TARGETS.report(),
         TARGETS.text_plasticity(),
+        TARGETS.text_bounds(),
         TARGETS.criteria(),
         TARGETS.recommend(),
         VERIFY.report_files(),
@@ -69,6 +70,7 @@ rule plasticity_all:
 rule text_plasticity_all:
     input:
         TARGETS.text_plasticity(),
+        TARGETS.text_bounds(),
 
 
 rule finetune_all:

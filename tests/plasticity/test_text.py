@@ -1,6 +1,6 @@
 """Text plasticity: tokenizing and cutting text files, the text-plasticity CLI on a GPT2
 ``models:`` entry against plasticity.measure called directly, the entries it refuses, and the
-workflow's text_plasticity jobs (dry run)."""
+workflow's text_plasticity and text_bounds jobs (dry run)."""
 
 from __future__ import annotations
 
@@ -357,6 +357,7 @@ def test_dry_run_lists_the_text_jobs_when_enabled(tmp_path: Path) -> None:
         "text_plasticity": {
             "enabled": True,
             "run_models": ["tiny_gpt2"],
+            "bounds_models": ["tiny_gpt2"],
             "reference": str(reference),
             "datasets": {
                 "news": str(write(tmp_path / "news.txt", DOWNSTREAM_TEXT)),
@@ -374,6 +375,13 @@ def test_dry_run_lists_the_text_jobs_when_enabled(tmp_path: Path) -> None:
     assert counts["text_plasticity"] == 2
     for dataset in ("news", "code"):
         assert f"plasticity_text/tiny_gpt2/{dataset}_summary.parquet" in output
+    # The text bounds of bounds_models, beside both datasets' pairs, on the same sequences.
+    assert counts["text_bounds"] == 1
+    bounds = next(line for line in output.splitlines() if "vitplasticity text-bounds" in line)
+    assert "--tokenizer auto --sequence-length 16 --n-sequences 4 --batch-size 64" in bounds
+    assert "bounds_text/tiny_gpt2.parquet" in bounds
+    for dataset in ("news", "code"):
+        assert f"plasticity_text/tiny_gpt2/{dataset}.parquet" in bounds
     # Each config value reaches the command line (-p prints the shell commands), the model's
     # entry as its spec; the job runs offline.
     assert "--tokenizer auto --sequence-length 16 --n-pairs 4 --batch-size 64" in output

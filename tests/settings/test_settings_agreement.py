@@ -26,6 +26,7 @@ from vitplasticity.finetune.settings import WORKFLOW_ONLY_KEYS, TrainingSettings
 from vitplasticity.plasticity.settings import (
     BoundsSettings,
     PlasticitySettings,
+    TextBoundsSettings,
     TextPlasticitySettings,
 )
 from vitplasticity.recommend.settings import RecommendImageSettings, RecommendTextSettings
@@ -343,6 +344,7 @@ STAGES = [
         frozenset({"model", "model_spec", "reference", "text", "dataset", "out", "summary"}),
         frozenset(
             {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
+            | {"text_plasticity.bounds_models"}
         ),
     ),
     Stage(
@@ -354,6 +356,18 @@ STAGES = [
         frozenset(
             f"plasticity.{k}"
             for k in ("models", "datasets", "protocols", "downstream_split", "dtype", "fc1")
+        ),
+    ),
+    Stage(
+        TextBoundsSettings,
+        "text-bounds",
+        ("text_plasticity",),
+        frozenset({"model", "model_spec", "reference", "out", "plasticity", "figure_prefix"}),
+        # The text plasticity stage declares the rest of the block.
+        frozenset(
+            {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
+            | {"text_plasticity.bounds_models"}
+            | {f"text_plasticity.{k}" for k in ("protocols", "dtype")}
         ),
     ),
     Stage(
@@ -378,6 +392,7 @@ STAGES = [
         # Its sequences are text_plasticity's; recommend-text declares those it takes.
         frozenset(
             {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
+            | {"text_plasticity.bounds_models"}
             | {f"text_plasticity.{k}" for k in ("n_pairs", "batch_size", "protocols")}
             | {f"text_plasticity.{k}" for k in ("device", "dtype")}
             | {"recommend.enabled", "recommend.models", "recommend.datasets"}

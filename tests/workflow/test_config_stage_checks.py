@@ -63,6 +63,14 @@ def test_enabled_text_plasticity_needs_a_reference_models_and_datasets(tmp_path:
     )
     config["models"]["tiny"] = TINY_TEXT_MODEL
     check_config(config)
+    # The text bounds sit beside the model's text plasticity: bounds_models within run_models.
+    config["text_plasticity"]["bounds_models"] = ["tiny"]
+    check_config(config)
+    config["text_plasticity"]["bounds_models"] = ["tiny", "gpt2_large"]
+    assert [line.strip() for line in problems_of(config)] == [
+        "text_plasticity.bounds_models: 'gpt2_large' is not in text_plasticity.run_models "
+        "(tiny): its bounds sit beside its text plasticity"
+    ]
 
 
 def test_recommend_names_only_defined_models_and_datasets() -> None:

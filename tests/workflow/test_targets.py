@@ -71,6 +71,19 @@ def test_text_plasticity_and_text_recommend_need_their_blocks_enabled(demo_with:
     assert Targets(demo_with({})).text_plasticity() == []
 
 
+def test_text_bounds_of_the_bounds_models_when_text_plasticity_is_on(
+    demo_with: Configure,
+) -> None:
+    config = demo_with({"models": {"gpt2": GPT2}, "text_plasticity": TEXT})
+    assert Targets(config).text_bounds() == []  # bounds_models defaults to none
+    config = demo_with(
+        {"models": {"gpt2": GPT2}, "text_plasticity": {**TEXT, "bounds_models": ["gpt2"]}}
+    )
+    assert Targets(config).text_bounds() == ["results/demo/bounds_text/gpt2.parquet"]
+    config["text_plasticity"]["enabled"] = False
+    assert Targets(config).text_bounds() == []
+
+
 def test_recommend_falls_back_on_the_plasticity_grid(demo_with: Configure) -> None:
     images = Targets(demo_with({})).recommend()
     assert len(images) == 3 * 5  # demo_vit x 3 datasets x (md, json, parquet, png, pdf)

@@ -29,3 +29,31 @@ rule text_plasticity:
         " --reference {input.reference:q} --text {input.text:q} --dataset {wildcards.dataset}"
         + command_flags(TextPlasticitySettings, TEXT_PLASTICITY_PARAMS)
         + " --out {output.pairs:q} --summary {output.summary:q} > {log:q} 2>&1"
+
+
+# The paper's bounds of a text model (text_plasticity.bounds_models: GPT2, BERT, RoBERTa), from
+# its weights and the reference sequences' embedding outputs, beside its text plasticity.
+rule text_bounds:
+    input:
+        reference=DATA.text_reference,
+        plasticity=FILES.text_plasticity_pairs,
+        weights=MODELS.weights,
+    output:
+        table=f"{RESULTS}/bounds_text/{{model}}.parquet",
+    log:
+        f"{RESULTS}/logs/bounds_text/{{model}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/bounds_text/{{model}}.tsv"
+    params:
+        model_spec=MODELS.spec,
+        **TEXT_BOUNDS_PARAMS,
+    wildcard_constraints:
+        model=MODELS.of_family("transformers"),
+    conda:
+        ENV
+    shell:
+        f"{OFFLINE} vitplasticity text-bounds"
+        " --model {wildcards.model} --model-spec {params.model_spec:q}"
+        " --reference {input.reference:q}"
+        + command_flags(TextBoundsSettings, TEXT_BOUNDS_PARAMS)
+        + " --out {output.table:q} --plasticity {input.plasticity:q} > {log:q} 2>&1"

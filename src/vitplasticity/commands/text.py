@@ -1,23 +1,34 @@
 """``text-plasticity``: every component's plasticity of a transformers text model on pairs of
 token sequences (:mod:`vitplasticity.plasticity.text`); the tables have the image plasticity's
-schema.
+schema. ``text-bounds``: the paper's bounds of such a model on the same reference sequences
+(:mod:`vitplasticity.plasticity.text_bounds`); the table has the image bounds' schema.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 
 from vitplasticity.commands import add_measurement_outputs, write_measurement
-from vitplasticity.plasticity.settings import TextPlasticitySettings
+from vitplasticity.plasticity.settings import TextBoundsSettings, TextPlasticitySettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
     json_argument,
     settings_from_args,
 )
 
+log = logging.getLogger(__name__)
+
+
+MODEL_SPEC_HELP = (
+    'its models: entry, as JSON: {"family": "transformers", "hf_id": ..., "weights": '
+    'hub|random|<saved model folder>, "config": {overrides; with random the whole config, '
+    'model_type included}, "model_class": ..., "init_seed": seed of a random init}'
+)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``text-plasticity`` subcommand."""
+    """Add the ``text-plasticity`` and ``text-bounds`` subcommands."""
     parser = subparsers.add_parser(
         "text-plasticity",
         help="plasticity of every component of a transformers text model, per pair of token "
@@ -32,9 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model-spec",
         required=True,
         type=json_argument,
-        help='its models: entry, as JSON: {"family": "transformers", "hf_id": ..., "weights": '
-        'hub|random|<saved model folder>, "config": {overrides; with random the whole config, '
-        'model_type included}, "model_class": ..., "init_seed": seed of a random init}',
+        help=MODEL_SPEC_HELP,
     )
     parser.add_argument("--reference", required=True, help="reference text file")
     parser.add_argument("--text", required=True, help="downstream text file")
@@ -44,6 +53,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings_arguments(parser, TextPlasticitySettings)
     add_measurement_outputs(parser)
     parser.set_defaults(handler=run_text_plasticity)
+    register_bounds(subparsers)
+
+
+def register_bounds(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``text-bounds`` subcommand."""
+    parser = subparsers.add_parser(
+        "text-bounds",
+        help="theoretical plasticity bounds per block and component of a transformers text model",
+        description="Compute the paper's upper bounds (LayerNorm, linear, MHA and the "
+        "energy-based MHA bound) of a text model (GPT2, BERT, RoBERTa) from its weights and "
+        "the embedding outputs of the first --n-sequences reference sequences (cut as "
+        "text-plasticity cuts them), beside its measured plasticity (embedding protocol). A "
+        "family whose bounds the paper does not state (Llama, Gemma: RMSNorm, rotary "
+        "positions) is refused with the reason.",
+    )
+    parser.add_argument("--model", required=True, help="model name (config key)")
+    parser.add_argument("--model-spec", required=True, type=json_argument, help=MODEL_SPEC_HELP)
+    parser.add_argument("--reference", required=True, help="reference text file")
+    # --tokenizer, --sequence-length, --n-sequences, --batch-size, --device and --demo from
+    # TextBoundsSettings (the config key each mirrors in its help).
+    add_settings_arguments(parser, TextBoundsSettings)
+    parser.add_argument("--out", required=True, help="bounds Parquet file")
+    parser.add_argument(
+        "--plasticity",
+        nargs="*",
+        default=[],
+        metavar="FILE",
+        help="per-pair text plasticity Parquets (text-plasticity --out)",
+    )
+    parser.add_argument(
+        "--figure-prefix", help="also draw the figure at this path without suffix (.pdf and .png)"
+    )
+    parser.set_defaults(handler=run_text_bounds)
 
 
 def run_text_plasticity(args: argparse.Namespace) -> int:
@@ -57,4 +99,36 @@ def run_text_plasticity(args: argparse.Namespace) -> int:
         args.model, args.model_spec, args.reference, args.text, settings, dataset=args.dataset
     )
     write_measurement(result, args.out, args.summary)
+    return 0
+
+
+def run_text_bounds(args: argparse.Namespace) -> int:
+    """Compute (:func:`vitplasticity.plasticity.text_bounds.text_model_bounds`) and write the
+    table (and figure)."""
+    from vitplasticity.models.text import check_stated_positions
+    from vitplasticity.plasticity.text_bounds import text_model_bounds
+    from vitplasticity.utils.io import write_parquet
+
+    settings = settings_from_args(TextBoundsSettings, args)
+    check_stated_positions(args.model, args.model_spec, settings.sequence_length)
+    result = text_model_bounds(
+        args.model, args.model_spec, args.reference, settings, args.plasticity
+    )
+    write_parquet(args.out, result.table, result.metadata)
+    if args.figure_prefix:
+        from vitplasticity.report.figures import bounds_figure
+
+        outputs = [f"{args.figure_prefix}.{suffix}" for suffix in ("pdf", "png")]
+        bounds_figure(
+            result.table, outputs, demo=args.demo, title=args.model, undefined=result.undefined
+        )
+    stats = result.stats
+    log.info(
+        "wrote %s (min token std %.3g, r=%.3g, E=%.3g over %d sequences)",
+        args.out,
+        stats.min_variance**0.5,
+        stats.radius,
+        stats.energy,
+        stats.n_sequences,
+    )
     return 0

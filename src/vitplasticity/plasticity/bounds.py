@@ -167,8 +167,8 @@ def model_bounds(
     batches = decoded_batches(images, pre, settings.batch_size)
     embedded = _embedded_tokens(architecture, model, batches, target)
     with ProgressReporter(settings.n_images, f"bounds {model_name}: embedding") as progress:
-        stats = TokenStatistics.from_tokens(_counted(embedded, progress))
-    table = _beside_measured(bound_rows(architecture, model.cpu(), stats, undefined), measured)
+        stats = TokenStatistics.from_tokens(counted(embedded, progress))
+    table = beside_measured(bound_rows(architecture, model.cpu(), stats, undefined), measured)
     recorded: dict[str, Any] = {
         "model_spec": model_spec,
         "reference": str(reference),
@@ -177,12 +177,12 @@ def model_bounds(
         "token_statistics": asdict(stats),
         "preprocessing": asdict(pre),
     }
-    metadata = _metadata(model_name, provenance(recorded, target), settings.demo, undefined)
+    metadata = bounds_metadata(model_name, provenance(recorded, target), settings.demo, undefined)
     table = table.select(pl.lit(model_name).alias("model"), pl.all())
     return BoundsResult(table, metadata, stats)
 
 
-def _metadata(
+def bounds_metadata(
     model_name: str, record: dict[str, Any], demo: bool, undefined: dict[str, str]
 ) -> dict[str, Any]:
     """The bounds table's footer: the provenance ``record``, the model, the demo label, and the
@@ -193,7 +193,7 @@ def _metadata(
     return metadata
 
 
-def _beside_measured(bounds: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame:
+def beside_measured(bounds: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame:
     """The ``bounds`` joined with the ``measured`` plasticity of each (block, component),
     logging where a measurement exceeds its bound."""
     table = bounds.join(measured, on=["block", "component"], how="left")
@@ -228,7 +228,7 @@ def _embedded_tokens(
             yield architecture.embed(model, batch.to(device=device, dtype=torch.float64)).tokens
 
 
-def _counted(batches: Iterator[torch.Tensor], progress: ProgressReporter) -> Iterator[torch.Tensor]:
+def counted(batches: Iterator[torch.Tensor], progress: ProgressReporter) -> Iterator[torch.Tensor]:
     """``batches`` as they are, telling ``progress`` how many sequences are done after each."""
     done = 0
     for batch in batches:

@@ -6,7 +6,9 @@ flags, their checks, the workflow rule's params and its command line
 
 - :class:`PlasticitySettings`: ``vitplasticity plasticity`` (config ``plasticity``);
 - :class:`TextPlasticitySettings`: ``vitplasticity text-plasticity`` (``text_plasticity``);
-- :class:`BoundsSettings`: ``vitplasticity bounds`` (``plasticity``'s pairs as its images).
+- :class:`BoundsSettings`: ``vitplasticity bounds`` (``plasticity``'s pairs as its images);
+- :class:`TextBoundsSettings`: ``vitplasticity text-bounds`` (``text_plasticity``'s reference
+  sequences).
 
 A setting several stages share (the pairs, the pass size, the protocols, the device, the
 dtype, the text's tokenizer and sequence length, the demo label) is written once, as a
@@ -29,6 +31,7 @@ __all__ = [
     "PROTOCOLS",
     "BoundsSettings",
     "PlasticitySettings",
+    "TextBoundsSettings",
     "TextPlasticitySettings",
     "batch_size_setting",
     "demo_setting",
@@ -153,4 +156,23 @@ class BoundsSettings:
     n_images: int = _n_pairs("plasticity", "reference images whose tokens set sigma, r, E")
     batch_size: int = batch_size_setting("plasticity", help="images per forward pass")
     device: str = device_setting("plasticity")
+    demo: bool = demo_setting()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextBoundsSettings:
+    """How ``vitplasticity text-bounds`` computes one text model's bounds: over the reference
+    sequences of the text plasticity stage's pairs, cut as that stage cuts them (config
+    ``text_plasticity``)."""
+
+    tokenizer: str = tokenizer_setting(
+        "auto (bytes for a random-init model, else the model's own: its weights folder), "
+        "bytes, or a tokenizer folder"
+    )
+    sequence_length: int = sequence_length_setting()
+    n_sequences: int = _n_pairs(
+        "text_plasticity", "reference sequences whose tokens set sigma, r, E"
+    )
+    batch_size: int = batch_size_setting("text_plasticity", help="sequences per forward pass")
+    device: str = device_setting("text_plasticity")
     demo: bool = demo_setting()

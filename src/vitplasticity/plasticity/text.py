@@ -69,7 +69,7 @@ def max_positions(config: Any) -> int | None:
     return None
 
 
-def _checked_spec(
+def checked_text_spec(
     model_name: str, model_spec: dict[str, Any], files: dict[str, str | Path]
 ) -> HFModelSpec:
     """The model's spec, after checking it and that each of ``files`` (flag -> path) is a
@@ -88,7 +88,7 @@ def _checked_spec(
     return spec
 
 
-def _text_model(model_name: str, spec: HFModelSpec, sequence_length: int) -> Any:
+def text_model(model_name: str, spec: HFModelSpec, sequence_length: int) -> Any:
     """The model of ``spec`` (on the CPU, in float32), checked to take token ids and
     sequences of ``sequence_length`` tokens.
 
@@ -165,9 +165,11 @@ def measure_text(
 
     # Every setting and file is checked before the model runs.
     settings = check_settings(settings)
-    spec = _checked_spec(model_name, model_spec, files={"--reference": reference, "--text": text})
+    spec = checked_text_spec(
+        model_name, model_spec, files={"--reference": reference, "--text": text}
+    )
     target = pick_device(settings.device)
-    model = _text_model(model_name, spec, settings.sequence_length)
+    model = text_model(model_name, spec, settings.sequence_length)
     tokenizer = tokenizer_name(settings.tokenizer, spec)
     sequences = _read_pair_sequences(reference, text, tokenizer, model.config, settings)
     dataset = dataset or Path(text).stem

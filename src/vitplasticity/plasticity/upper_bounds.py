@@ -12,29 +12,37 @@ For inputs x, y drawn from a set of token sequences (n tokens x d features):
   In torch's (out, in) layout head h's query, key and value maps are the ROWS
   h*d_h:(h+1)*d_h of the stacked qkv weight (q, k, v along rows), so the paper's Q^h is the
   transpose of that row block and A^h = W_q^hT W_k^h / sqrt(d_h) (d x d: the bilinear form of
-  the attention logits x_i^T A^h x_j); O^h is columns h*d_h:(h+1)*d_h of proj.weight.
+  the attention logits x_i^T A^h x_j; a model that scales its logits otherwise, GPT2 with
+  its scale options, states its scale: ``AttentionWeights.logit_scale``); O^h is columns
+  h*d_h:(h+1)*d_h of proj.weight. A causal mask (GPT2) keeps each row of attention weights
+  on a face of the simplex, so the bound still holds (docs/architectures.md, "Bounds on
+  text").
 - MHA under bounded total energy E = sum_i ||x_i||^2 of a sequence:
   sum_h ||O^h||_2 ||V^h||_2 (sqrt(n) + alpha^2 E ||A^h||_2). The paper leaves alpha open to
   us; we take alpha = 1, which makes it a valid bound: the softmax Jacobian has norm <= 1/2,
   the logit change is <= 2 ||A|| ||X||_2 ||H||_F, and a row-stochastic P has ||P||_2 <= sqrt(n),
   so one head changes by at most ||V|| (sqrt(n) + ||X||_F^2 ||A||) ||H||_F.
 
-The set is given by sample sequences (the embedding outputs of the reference images): sigma,
-r and E are their extreme values. The attention bounds ignore biases, as the paper does; the
-key and value biases cancel in every difference, the query bias does not (zero in random-init
-timm models, small in the paper's checkpoints). Everything is computed in float64.
+The set is given by sample sequences (the embedding outputs of the reference images, or of a
+text model's reference sequences): sigma, r and E are their extreme values. The attention
+bounds ignore biases, as the paper does; the key and value biases cancel in every
+difference, the query bias does not (zero in random-init models, small in the paper's
+checkpoints, nonzero in pretrained GPT2 and BERT). Everything is computed in float64.
 
 Which modules a component is comes from the model's architecture
 (:func:`vitplasticity.models.architectures.architecture_for`). A component whose bound the paper does
 not state for the model gets no rows, and the reason is given instead (:func:`undefined_bounds`):
 a norm that is not a LayerNorm (RMSNorm divides by the root mean square, not the std about the
 mean), and MHA where the architecture refuses it (rotary positions, normalised queries and
-keys, a normalised or gated output). A gated MLP's FC1 is its gate and up projections together,
-as plasticity measures it: the map x -> [W_gate x; W_up x], whose bound is the spectral norm of
-the stacked (out, in) weights [W_gate; W_up].
+keys, a normalised or gated output). A family whose bounds the paper does not state at all
+(Llama, Gemma: RMSNorm and rotary positions) is refused whole (:func:`bounds_architecture`).
+A gated MLP's FC1 is its gate and up projections together, as plasticity measures it: the
+map x -> [W_gate x; W_up x], whose bound is the spectral norm of the stacked (out, in)
+weights [W_gate; W_up].
 
 :func:`upper_bounds` computes them; :mod:`vitplasticity.plasticity.bounds` is the ``bounds``
-stage, which sets them beside the measured plasticity.
+stage, which sets them beside the measured plasticity, and
+:mod:`vitplasticity.plasticity.text_bounds` its text counterpart.
 """
 
 from __future__ import annotations
@@ -192,7 +200,11 @@ def attention_head_norms(weights: AttentionWeights) -> list[tuple[float, float, 
     norms = []
     for h in range(heads):
         rows = slice(h * d_h, (h + 1) * d_h)
-        logits_form = query[rows].T @ key[rows] / math.sqrt(d_h)  # (d, d): x_i^T A x_j
+        logits_form = query[rows].T @ key[rows]  # (d, d): x_i^T A x_j, once scaled
+        if weights.logit_scale is None:
+            logits_form = logits_form / math.sqrt(d_h)
+        else:
+            logits_form = logits_form * weights.logit_scale
         norms.append(
             (spectral_norm(proj[:, rows]), spectral_norm(value[rows]), spectral_norm(logits_form))
         )
@@ -215,7 +227,7 @@ def bounds_architecture(model: nn.Module) -> Architecture:
     Raises:
         UnsupportedModel: naming the model's class, for a model no architecture knows.
         UndefinedStage: naming the model and its family, when the family refuses the stage
-            (a text model).
+            (Llama, Gemma: RMSNorm, rotary positions).
     """
     try:
         architecture = architecture_for(model)
@@ -327,8 +339,9 @@ def bound_rows(
                 norm = spectral_norm(stacked_weight(modules))
                 rows.append(_row(index, component, norm, spectral_norm=norm))
             else:
-                (attention,) = modules
-                heads = attention_head_norms(architecture.attention_weights(attention))
+                # One module (a ViT's attn) or several run in turn (BERT's self-attention,
+                # then its output projection): the architecture gives the heads either way.
+                heads = attention_head_norms(architecture.mha_weights(modules))
                 rows.append(_mha_row(index, heads, stats))
     return pl.DataFrame(rows, schema=BOUND_SCHEMA)
 
@@ -340,7 +353,7 @@ def bounds_from_statistics(model: nn.Module, stats: TokenStatistics) -> pl.DataF
 
     Raises:
         UnsupportedModel: for a model no architecture knows or cannot account for.
-        UndefinedStage: for a family without bounds (a text model).
+        UndefinedStage: for a family without bounds (Llama, Gemma).
         ValueError: when the tokens' width is not the model's.
     """
     architecture = bounds_architecture(model)
@@ -353,8 +366,10 @@ def upper_bounds(model: nn.Module, tokens: torch.Tensor | Iterable[torch.Tensor]
     """Upper bounds on the plasticity of every component of every block.
 
     Args:
-        model: a model of a registered architecture (a timm ViT, Eva, ...).
-        tokens: embedding-output sequences (N, n, d), or an iterable of such batches: the set
+        model: a model of a registered architecture (a timm ViT, Eva, ..., a transformers
+            GPT2, BERT or RoBERTa).
+        tokens: embedding-output sequences (N, n, d), or an iterable of such batches (of a
+            text model: its embedding of token ids, not the ids): the set
             whose extreme values (smallest token std, largest token norm, largest sequence
             energy) the bounds assume of both inputs of every pair.
 

@@ -371,11 +371,12 @@ def imagenet_path(config: dict[str, Any]) -> str | None:
 
 def text_plasticity_problems(config: Mapping[str, Any]) -> list[str]:
     """With text_plasticity.enabled true, one message per missing reference file, model list
-    or dataset list (:func:`model_problems` checks the models themselves)."""
+    or dataset list, and per bounds_models entry that run_models does not name
+    (:func:`model_problems` checks the models themselves)."""
     text = config.get("text_plasticity") or {}
     if not text.get("enabled"):
         return []
-    return [
+    problems = [
         f"text_plasticity.{key}: {what} (text_plasticity.enabled is true)"
         for key, what in (
             ("reference", "no reference text file"),
@@ -384,6 +385,16 @@ def text_plasticity_problems(config: Mapping[str, Any]) -> list[str]:
         )
         if not text.get(key)
     ]
+    # The bounds sit beside the model's text plasticity: a model the stage does not measure
+    # would have none to compare with.
+    measured = text.get("run_models") or []
+    problems += [
+        f"text_plasticity.bounds_models: {name!r} is not in text_plasticity.run_models "
+        f"({', '.join(measured) or 'none'}): its bounds sit beside its text plasticity"
+        for name in text.get("bounds_models") or []
+        if name not in measured
+    ]
+    return problems
 
 
 def recommend_problems(config: Mapping[str, Any]) -> list[str]:

@@ -50,6 +50,11 @@ class ResultFiles:
         datasets = self.config["plasticity"]["datasets"]
         return [f"{self.results}/plasticity/{wildcards.model}/{d}.parquet" for d in datasets]
 
+    def text_plasticity_pairs(self, wildcards: Wildcards) -> list[str]:
+        """The per-pair text plasticity files of the job's model, one per text dataset."""
+        datasets = self.config["text_plasticity"]["datasets"]
+        return [f"{self.results}/plasticity_text/{wildcards.model}/{d}.parquet" for d in datasets]
+
     def plasticity_summaries(self, model: str, datasets: list[str] | None = None) -> list[str]:
         """The plasticity summaries of ``model`` on ``datasets`` (default plasticity.datasets)."""
         names = datasets or self.config["plasticity"]["datasets"]

@@ -66,6 +66,14 @@ class Targets:
             for suffix in ("", "_summary")
         ]
 
+    def text_bounds(self) -> list[str]:
+        """The bounds table of every text_plasticity.bounds_models; none unless text plasticity
+        is enabled (the tables sit beside its measurements)."""
+        text = self.config["text_plasticity"]
+        if not text["enabled"]:
+            return []
+        return [f"{self.results}/bounds_text/{model}.parquet" for model in text["bounds_models"]]
+
     def finetune(self, experiment: str | None = None) -> list[str]:
         """The summary of every run of ``experiment`` (default: every enabled experiment)."""
         names = [experiment] if experiment else enabled_experiments(self.config)

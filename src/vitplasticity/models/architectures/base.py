@@ -74,6 +74,10 @@ class AttentionWeights:
     value: torch.Tensor  # (h d_h, d)
     output: torch.Tensor  # (d, h d_h)
     num_heads: int
+    logit_scale: float | None = None
+    """What the attention multiplies q.k by; None: the paper's 1 / sqrt(d_h). A model that
+    scales otherwise (GPT2 with ``scale_attn_weights`` off, or ``scale_attn_by_inverse_layer_idx``)
+    says so here: the MHA bound's A^h is the bilinear form of the logits the model computes."""
 
 
 @dataclass

@@ -66,17 +66,13 @@ LAYER_NORMS: tuple[str, ...] = ("attention.output.LayerNorm", "output.LayerNorm"
 
 _REFUSALS: dict[str, str] = {
     "finetune": "finetuning classifies images; text models are not finetuned here",
-    "bounds": (
-        "the bounds stage feeds the reference images through the model, and a text model "
-        "takes token ids"
-    ),
     "recommend": (
         "recommend-text ranks a causal LM by its next-token loss, and an encoder attends to the "
         "tokens after each one: it has no next-token loss (a masked-LM loss is not implemented)"
     ),
 }
-"""The stages a BERT-family model is refused by, and why (plasticity and lora are
-supported)."""
+"""The stages a BERT-family model is refused by, and why (plasticity, lora and the bounds on
+text, ``vitplasticity text-bounds``, are supported)."""
 
 
 def _tied_to(module: nn.Module, base: nn.Module) -> bool:

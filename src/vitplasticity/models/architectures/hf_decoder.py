@@ -56,9 +56,7 @@ MLP_LINEARS: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
 
 _BOUNDS_REASON = (
     "the paper's bounds are stated for LayerNorm (RMSNorm does not centre) and for attention "
-    "without rotary positions (these models rotate queries and keys by position), and the "
-    "bounds stage feeds the reference images through the model, while a text model takes "
-    "token ids"
+    "without rotary positions (these models rotate queries and keys by position)"
 )
 
 _REFUSALS: dict[str, str] = {

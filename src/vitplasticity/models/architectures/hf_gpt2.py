@@ -42,17 +42,12 @@ MODEL_PARTS: tuple[str, ...] = ("wte", "wpe", "drop", "h", "ln_f")
 """What ``GPT2Model`` holds beside its blocks: token and position embeddings, the embedding
 dropout, the blocks and the final norm."""
 
-_BOUNDS_REASON = (
-    "the bounds stage feeds the reference images through the model, and a text model takes "
-    "token ids"
-)
-
 _REFUSALS: dict[str, str] = {
     "finetune": "finetuning classifies images",
-    "bounds": _BOUNDS_REASON,
 }
-"""The stages a GPT2 model is refused by, and why (plasticity, lora and recommend on text,
-``vitplasticity recommend-text``, are supported)."""
+"""The stages a GPT2 model is refused by, and why (plasticity, lora, recommend on text,
+``vitplasticity recommend-text``, and the bounds on text, ``vitplasticity text-bounds``, are
+supported)."""
 
 
 def _causal_mask(length: int, tokens: torch.Tensor) -> torch.Tensor:
@@ -200,12 +195,17 @@ class HFGPT2(Architecture):
 
     def attention_weights(self, attention: nn.Module) -> AttentionWeights:
         """Q, K, V are the row blocks of ``c_attn`` (a Conv1D: its (in, out) weight taken in
-        torch's (out, in) layout), O is ``c_proj``. The bounds stage still refuses GPT2 (it
-        feeds images); recommend's weight statistic uses these."""
+        torch's (out, in) layout, rows [query; key; value] as its forward splits its output),
+        each head's the rows ``h*d_h:(h+1)*d_h`` of its block; O is ``c_proj``. The logits'
+        scale is the module's own (``scaling``: 1/sqrt(d_h) by default, 1 without
+        ``scale_attn_weights``, divided by the layer's number with
+        ``scale_attn_by_inverse_layer_idx``), so that A^h is the form the model computes."""
         stacked, _ = linear_weight(attention.c_attn)  # (3 d, d)
         query, key, value = stacked.split(stacked.shape[0] // 3)
         output, _ = linear_weight(attention.c_proj)  # (d, d)
-        return AttentionWeights(query, key, value, output, attention.num_heads)
+        return AttentionWeights(
+            query, key, value, output, attention.num_heads, float(attention.scaling)
+        )
 
     def lora_targets(self, model: nn.Module) -> list[str]:
         """``attn.c_attn`` and ``attn.c_proj`` of every block (fully qualified names)."""
