@@ -6,7 +6,11 @@ from snakemake.exceptions import WorkflowError
 
 from vitplasticity.workflow.config import check_config, check_keys, config_errors_end_the_run
 from vitplasticity.workflow.config_files import check_config_file
-from vitplasticity.workflow.scheduling import route_and_prioritize
+from vitplasticity.workflow.scheduling import (
+    PackResourcesError,
+    give_packs_the_finetune_resources,
+    route_and_prioritize,
+)
 from vitplasticity.workflow.time_cap import cap_fixed_runtimes
 
 min_version("9.27")
@@ -93,5 +97,8 @@ rule weights_all:
 # (plasticity, bounds, the reference set, their figures) submitted before the finetuning grid
 # (vitplasticity.workflow.scheduling; docs/slurm.md).
 route_and_prioritize(workflow.rules, config["scheduler"]["cpu_partition"])
+# finetune.pack_runs' rules ask for what the profiles' set-resources give the one-run rule.
+with config_errors_end_the_run(PackResourcesError):
+    give_packs_the_finetune_resources(workflow.rules, workflow.resource_settings.overwrite_resources)
 # The profiles' fixed wall times (prepare 240 minutes...) within scheduler.max_runtime_minutes too.
 cap_fixed_runtimes(workflow.rules, config["scheduler"]["max_runtime_minutes"])

@@ -1,5 +1,5 @@
 """Per-job start-up on the local SLURM: each finetuning job's sacct elapsed time against the
-compute of the runs it holds, for one or more checkouts side by side, packed or not.
+compute of the runs it holds, for one or more checkouts side by side, packed each way or not.
 
 Every job pays what its runs do not: SLURM's job start, a Snakemake process re-parsing the
 Snakefile on the node, Python importing torch and timm, then the run's own set-up. Start-up
@@ -11,10 +11,12 @@ so that an elapsed time is the job's own, not a share of the node.
 
     .ci/start_local_slurm.sh "$PWD/.slurm-local"
     python -m benchmarks.job_startup --checkout ../before --checkout . --runs 4
-    python -m benchmarks.job_startup --checkout . --pack --steps 400   # packing's effect
+    python -m benchmarks.job_startup --packing none groups pack_runs --steps 400   # packing
 
-Packed means slurm/profile.yaml's packing block (Snakemake job groups), uncommented, with all
-the runs in one group job: the way to pack on a cluster (finetune.pack_runs is local only).
+Packing (``--packing``): ``none``, one SLURM job per run; ``groups``, slurm/profile.yaml's
+packing block (Snakemake job groups) uncommented, with all the runs in one group job, each run
+still its own process; ``pack_runs``, ``finetune.pack_runs: true``, the runs in one job and
+one process.
 """
 
 from __future__ import annotations
@@ -45,13 +47,15 @@ CONFIGURATIONS = ["mha", "ln1", "ln2", "fc1", "fc2", "head", "emb", "full"]
 DATASET = "demo-stripes"
 
 
+PACKINGS = ("none", "groups", "pack_runs")
+
+
 @dataclass(frozen=True)
 class Contender:
-    """One way to run the same runs: a checkout, its runs one SLURM job each or packed into one
-    group job."""
+    """One way to run the same runs: a checkout and its packing (:data:`PACKINGS`)."""
 
     checkout: Path
-    packed: bool
+    packing: str = "none"
 
     @property
     def name(self) -> str:
@@ -64,15 +68,16 @@ class Contender:
         dirty = subprocess.run(
             ["git", "-C", str(self.checkout), "diff", "--quiet", "HEAD"], check=False
         ).returncode
-        return f"{commit or self.checkout}{'+' if dirty else ''}{' packed' if self.packed else ''}"
+        packing = "" if self.packing == "none" else f" {self.packing}"
+        return f"{commit or self.checkout}{'+' if dirty else ''}{packing}"
 
 
-def grid(runs: int, steps: int) -> dict:
+def grid(runs: int, steps: int, pack_runs: bool = False) -> dict:
     """The demo cut to ``runs`` SGD runs on one dataset (one learning rate, one seed)."""
     return {
         "plasticity": {"datasets": [DATASET]},
         "datasets": {DATASET: {"steps": steps, "val_every": steps}},
-        "finetune": {"pack_runs": False},
+        "finetune": {"pack_runs": pack_runs},
         "experiments": {
             "sgd": {
                 "datasets": [DATASET],
@@ -85,10 +90,10 @@ def grid(runs: int, steps: int) -> dict:
 
 
 def profile_folder(contender: Contender, runs: int, workdir: Path) -> Path:
-    """The checkout's slurm/ profile; packed, with its packing block uncommented and every run
-    in one group job."""
+    """The checkout's slurm/ profile; packed by groups, with its packing block uncommented and
+    every run in one group job."""
     shipped = contender.checkout / "slurm"
-    if not contender.packed:
+    if contender.packing != "groups":
         return shipped
     text = (shipped / "profile.yaml").read_text()
     block = packing_block(text) | {"group-components": [f"finetune_pack={runs}"]}
@@ -140,7 +145,8 @@ def measure(contender: Contender, runs: int, steps: int) -> dict[str, float]:
     """The contender's finetuning jobs through SLURM: jobs, their elapsed and compute sums."""
     with tempfile.TemporaryDirectory(prefix="job_startup_") as folder:
         workdir = Path(folder)
-        (workdir / "grid.yaml").write_text(yaml.safe_dump(grid(runs, steps)))
+        packed = contender.packing == "pack_runs"
+        (workdir / "grid.yaml").write_text(yaml.safe_dump(grid(runs, steps, packed)))
         dataset = str(workdir / "resources/datasets" / DATASET)
         snakemake(contender, workdir, ["--cores", "2", dataset])  # the data, locally
         profile = ["--profile", str(profile_folder(contender, runs, workdir)), "--jobs", "1"]
@@ -161,6 +167,7 @@ def measure(contender: Contender, runs: int, steps: int) -> dict[str, float]:
         "elapsed_s": sum(elapsed),
         "compute_s": sum(compute),
         "startup_per_job_s": (sum(elapsed) - sum(compute)) / len(elapsed),
+        "startup_per_run_s": (sum(elapsed) - sum(compute)) / runs,
     }
 
 
@@ -176,7 +183,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=48, help="training steps per run")
     parser.add_argument("--rounds", type=int, default=1, help="turns per contender")
     parser.add_argument(
-        "--pack", action="store_true", help="also each checkout with its runs in one group job"
+        "--packing",
+        nargs="+",
+        choices=PACKINGS,
+        default=["none"],
+        help="ways to run the runs, each measured per checkout: one job per run (none), one"
+        " group job (groups), one job and process (pack_runs)",
     )
     args = parser.parse_args(argv)
     if not 1 <= args.runs <= len(CONFIGURATIONS):
@@ -192,8 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     first contender."""
     args = parse(argv)
     checkouts = [c.resolve() for c in args.checkout or [Path(__file__).resolve().parents[1]]]
-    packings = [False, True] if args.pack else [False]
-    contenders = [Contender(c, p) for c in checkouts for p in packings]
+    contenders = [Contender(c, p) for c in checkouts for p in dict.fromkeys(args.packing)]
     rounds: dict[str, list[dict[str, float]]] = {c.name: [] for c in contenders}
     for _ in range(args.rounds):
         for contender in contenders:
@@ -204,12 +215,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     }
     first = next(iter(medians.values()))
     print(f"{args.runs} runs of {args.steps} steps, {args.rounds} round(s), jobs one at a time")
-    print(f"{'contender':<22}{'jobs':>5}{'elapsed s':>11}{'compute s':>11}{'start-up/job s':>16}")
+    print(
+        f"{'contender':<22}{'jobs':>5}{'elapsed s':>11}{'compute s':>11}{'start-up/job s':>16}"
+        f"{'start-up/run s':>16}"
+    )
     for name, m in medians.items():
         print(
             f"{name:<22}{m['jobs']:>5.0f}{m['elapsed_s']:>11.1f}{m['compute_s']:>11.1f}"
-            f"{m['startup_per_job_s']:>16.1f}   elapsed x{m['elapsed_s'] / first['elapsed_s']:.2f},"
-            f" start-up/job x{m['startup_per_job_s'] / first['startup_per_job_s']:.2f}"
+            f"{m['startup_per_job_s']:>16.1f}{m['startup_per_run_s']:>16.1f}"
+            f"   elapsed x{m['elapsed_s'] / first['elapsed_s']:.2f},"
+            f" start-up/run x{m['startup_per_run_s'] / first['startup_per_run_s']:.2f}"
         )
     return medians
 

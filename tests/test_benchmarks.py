@@ -145,13 +145,17 @@ def test_job_startup_refuses_bad_arguments_naming_them(tmp_path: Path) -> None:
         job_startup.parse(["--runs", "9"])
     with pytest.raises(SystemExit):
         job_startup.parse(["--checkout", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        job_startup.parse(["--packing", "one_job"])
     assert job_startup.parse(["--checkout", str(REPO), "--runs", "2"]).runs == 2
 
 
 def test_job_startup_packs_every_run_into_one_group_job(tmp_path: Path) -> None:
-    unpacked = job_startup.Contender(REPO, packed=False)
-    assert job_startup.profile_folder(unpacked, 4, tmp_path) == REPO / "slurm"
-    packed = job_startup.profile_folder(job_startup.Contender(REPO, packed=True), 4, tmp_path)
+    for packing in ("none", "pack_runs"):  # the shipped profile; pack_runs is the config's
+        shipped = job_startup.profile_folder(job_startup.Contender(REPO, packing), 4, tmp_path)
+        assert shipped == REPO / "slurm"
+    assert job_startup.grid(4, 48, pack_runs=True)["finetune"]["pack_runs"] is True
+    packed = job_startup.profile_folder(job_startup.Contender(REPO, "groups"), 4, tmp_path)
     profile = yaml.safe_load((packed / "profile.yaml").read_text())
     assert profile["groups"] == ["finetune=finetune_pack"]
     assert profile["group-components"] == ["finetune_pack=4"]

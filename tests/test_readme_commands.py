@@ -5,6 +5,10 @@ drift from what a user reads."""
 from __future__ import annotations
 
 import re
+import shlex
+from pathlib import Path
+
+from snakemake.cli import get_argument_parser
 
 from tests.helpers.repo import REPO
 
@@ -27,3 +31,16 @@ def test_the_ci_check_runs_the_readmes_commands() -> None:
 
 def test_ci_runs_the_readme_check() -> None:
     assert ".ci/readme_commands.sh" in (REPO / ".ci/run").read_text()
+
+
+def test_the_readmes_slurm_demo_is_what_snakemake_reads() -> None:
+    """--configfile takes every name up to the next option: the README's SLURM demo names the
+    demo preset, then the profile, then the target (the preset that unpacks the runs is named
+    in words, after demo.yaml)."""
+    readme = " ".join((REPO / "README.md").read_text().split())
+    (command,) = re.findall(r"`(snakemake [^`]*--profile slurm[^`]*)`", readme)
+    parsed = get_argument_parser().parse_args(shlex.split(command)[1:])
+    assert parsed.configfile == [Path("workflow/presets/demo.yaml")], command
+    assert parsed.profile == ["slurm"] and parsed.targets == ["all"], command
+    assert "`workflow/presets/demo_slurm.yaml` after `demo.yaml`" in readme
+    assert (REPO / "workflow/presets/demo_slurm.yaml").is_file()

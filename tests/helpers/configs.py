@@ -7,7 +7,7 @@ import copy
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,13 @@ def load_config(*files: Path) -> dict[str, Any]:
 
 
 def dry_run(
-    workdir: Path, *configfiles: Path, edit: dict[str, Any] | None = None
+    workdir: Path,
+    *configfiles: Path,
+    edit: dict[str, Any] | None = None,
+    options: Sequence[str] = (),
 ) -> subprocess.CompletedProcess:
     """`snakemake -n all` in ``workdir`` on ``configfiles`` with ``edit`` (YAML) merged over
-    them, the package of this checkout first on PYTHONPATH."""
+    them and Snakemake's ``options`` after, the package of this checkout first on PYTHONPATH."""
     files = [str(f) for f in configfiles]
     if edit is not None:
         (workdir / "edit.yaml").write_text(yaml.safe_dump(edit))
@@ -63,5 +66,5 @@ def dry_run(
     }
     env.pop("VITPLASTICITY_IMAGENET", None)
     command = [str(bindir / "snakemake"), "-n", "all", "--snakefile", str(REPO / "Snakefile")]
-    command += ["--directory", str(workdir), "--configfile", *files]
+    command += ["--directory", str(workdir), *options, "--configfile", *files]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

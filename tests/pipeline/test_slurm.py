@@ -1,11 +1,11 @@
 """The workflow through a real local SLURM and snakemake-executor-plugin-slurm.
 
 - A small demo through the shipped profiles (slurm/profile.yaml and
-  workflow/profiles/default/profile.yaml, unmodified) and workflow/presets/demo_slurm.yaml,
-  which switches off the demo's finetune.pack_runs (refused under a cluster executor, with a
-  message naming that preset): every job COMPLETED in sacct with the profile's requests
-  (finetune and plasticity one GPU each and 8 CPUs per GPU, CPU-only rules no GPU; memory;
-  wall time from the rules' runtime formulas), and the results identical to a local run.
+  workflow/profiles/default/profile.yaml, unmodified), its runs packed as the demo preset packs
+  them (finetune.pack_runs: one job and one process per cell): every job COMPLETED in sacct
+  with the profile's requests (each pack those of one finetune run, plasticity one GPU each
+  and 8 CPUs per GPU, CPU-only rules no GPU; memory; wall time from the rules' runtime
+  formulas, a pack's its runs' together), and the results identical to a local unpacked run.
 - A finetuning job cancelled mid-run (scancel) is resumed by a rerun from its checkpoint, and
   nothing else reruns; its numbers equal an uninterrupted run's. The profile's squeue status
   command is what lets the first run see the cancellation (plugin 2.4.0-2.8.0, slurm/profile.yaml).
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import subprocess
 import time
 from datetime import datetime
@@ -34,7 +33,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from snakemake.cli import get_argument_parser
 
 from tests.compare_results import compare_trees
 from tests.helpers.demo_workflow import merged_config, outputs, summaries, tables, workflow_args
@@ -60,7 +58,7 @@ from vitplasticity.workflow.resolved import FILENAME as RESOLVED_CONFIG
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TARGETS = ("finetune_all", "plasticity_all")
-DEMO_SLURM = REPO / "workflow/presets/demo_slurm.yaml"
+PACK_PREFIX = "finetune_pack_"
 
 
 def slurm_workflow_args(workdir: Path, *extra_configs: dict) -> list[str]:
@@ -92,35 +90,56 @@ def job_rule(row: dict[str, str]) -> str:
     return row["Comment"].removeprefix("rule_").split("_wildcards_")[0]
 
 
-def expected_minutes(row: dict[str, str], config: dict, profile: dict, attempt: int) -> int:
+def profile_rule(rule: str) -> str:
+    """The workflow profile's entry for `rule`: a pack (finetune.pack_runs) asks for finetune's."""
+    return "finetune" if rule.startswith(PACK_PREFIX) else rule
+
+
+def expected_minutes(
+    row: dict[str, str], config: dict, profile: dict, attempt: int, results: Path | None
+) -> int:
     """The wall time the job of `row` should have asked for on its `attempt`.
 
     The plugin's comment joins the wildcard values with "_" (names may contain "_" too), so a
-    job's (model, dataset) is the one pair whose names appear there, in order.
+    job's (model, dataset) is the one pair whose names appear there, in order. A pack's is its
+    runs' together: every run of its cell (in `results`) when no time cap cuts it.
     """
     rule, comment = job_rule(row), row["Comment"]
+    if rule.startswith(PACK_PREFIX):
+        assert config["scheduler"]["max_runtime_minutes"] is None and results is not None
+        experiment = rule.removeprefix(PACK_PREFIX).rsplit("_", 1)[0]
+        model, dataset = cell_of(comment, config)
+        runs = len(list((results / "finetune" / experiment / model / dataset).glob("*/*/")))
+        return runs * finetune_minutes(config, model, dataset, attempt)
     if rule in ("finetune", "plasticity"):
-        pairs = [
-            (model, dataset)
-            for model in config["models"]
-            for dataset in config["datasets"]
-            if f"_{model}_{dataset}" in comment
-        ]
-        assert len(pairs) == 1, (comment, pairs)
-        model, dataset = pairs[0]
+        model, dataset = cell_of(comment, config)
         if rule == "finetune":
             return finetune_minutes(config, model, dataset, attempt)
         return plasticity_minutes(config, model)
     return profile["set-resources"][rule]["runtime"]
 
 
-def check_requests(rows: list[dict[str, str]], config: dict, attempt: int = 1) -> None:
+def cell_of(comment: str, config: dict) -> tuple[str, str]:
+    """The one (model, dataset) whose names appear, in order, in a job's comment."""
+    pairs = [
+        (model, dataset)
+        for model in config["models"]
+        for dataset in config["datasets"]
+        if f"_{model}_{dataset}" in comment
+    ]
+    assert len(pairs) == 1, (comment, pairs)
+    return pairs[0]
+
+
+def check_requests(
+    rows: list[dict[str, str]], config: dict, attempt: int = 1, results: Path | None = None
+) -> None:
     """Every job got what the shipped workflow profile and the rules ask for on `attempt`
-    (sacct rows), and no more memory than the node has."""
+    (sacct rows), and no more memory than the node has (`results`: a packed run's results)."""
     profile = yaml.safe_load(WORKFLOW_PROFILE.read_text())
     node_mb = node_memory_mb()
     for row in rows:
-        rule, tres = job_rule(row), alloc_tres(row)
+        rule, tres = profile_rule(job_rule(row)), alloc_tres(row)
         wanted = profile["set-resources"][rule]
         # mem_mb is a number or a Snakemake resource expression of `attempt`.
         env = {"__builtins__": {}, "min": min}
@@ -133,7 +152,7 @@ def check_requests(rows: list[dict[str, str]], config: dict, attempt: int = 1) -
             assert tres["cpu"] == wanted["gpu"] * wanted["cpus_per_gpu"], row
         else:
             assert "gres/gpu" not in tres and tres["cpu"] == 1, row
-        expected = expected_minutes(row, config, profile, attempt)
+        expected = expected_minutes(row, config, profile, attempt, results)
         assert timelimit_minutes(row["Timelimit"]) == expected, row
 
 
@@ -148,29 +167,9 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_demo_through_slurm_completes_and_matches_a_local_run(
     local_slurm: LocalSlurm, local_run: Path, tmp_path: Path
 ) -> None:
-    # The demo preset packs its runs (finetune.pack_runs), which a cluster executor refuses,
-    # naming the preset that switches it off: the README's command adds it last.
+    # The demo preset packs its runs (finetune.pack_runs): one job and one process per cell.
     packed = {"finetune": {"pack_runs": True}}
-    refused = run_snakemake(
-        [*workflow_args(tmp_path, packed), *shipped_profile_args(jobs=2), *TARGETS],
-        REPO,
-        check=False,
-    )
-    assert refused.returncode != 0
-    one_line = " ".join(refused.stdout.split())
-    readme_command = re.search(r"the demo: (snakemake [^)]*)\)", one_line)
-    assert readme_command, refused.stdout[-3000:]
-    # What Snakemake makes of it: --configfile takes every name up to the next option.
-    parsed = get_argument_parser().parse_args(shlex.split(readme_command[1])[1:])
-    assert parsed.configfile == [Path("workflow/presets/demo.yaml"), DEMO_SLURM.relative_to(REPO)]
-    assert parsed.profile == ["slurm"] and parsed.targets == ["all"], readme_command[1]
-    assert "has been submitted" not in refused.stdout
-    assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
-
-    args = [
-        *workflow_args(tmp_path, packed, last_configfiles=[DEMO_SLURM]),
-        *shipped_profile_args(jobs=2),
-    ]
+    args = [*workflow_args(tmp_path, packed), *shipped_profile_args(jobs=2)]
     t0 = time.monotonic()
     proc = run_snakemake([*args, *TARGETS], REPO, timeout=900)
     wall = time.monotonic() - t0
@@ -181,14 +180,17 @@ def test_demo_through_slurm_completes_and_matches_a_local_run(
     stats = proc.stdout[proc.stdout.index("Job stats:") :].split("\n\n")[0]
     planned = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M)}
     assert len(rows) == n_jobs == planned["total"] - len(TARGETS), proc.stdout[-3000:]
-    assert {job_rule(r) for r in rows} == {"prepare", "reference", "finetune", "plasticity"}, rows
+    rules = {profile_rule(job_rule(r)) for r in rows}
+    assert rules == {"prepare", "reference", "finetune", "plasticity"}, rows
+    finetune_jobs = [job_rule(r) for r in rows if profile_rule(job_rule(r)) == "finetune"]
+    assert all(rule.startswith(PACK_PREFIX) for rule in finetune_jobs), finetune_jobs
     assert {r["State"] for r in rows} == {"COMPLETED"}, rows
-    check_requests(rows, merged_config())
+    check_requests(rows, merged_config(packed), results=tmp_path / "results")
 
     assert summaries(tmp_path / "results") == summaries(local_run / "results")
     ours, theirs = tables(tmp_path / "results"), tables(local_run / "results")
     assert sorted(ours) == sorted(theirs) and ours
-    print(f"\nSLURM demo: {n_jobs} jobs, all COMPLETED, {wall:.0f} s wall")
+    print(f"\nSLURM demo, packed: {n_jobs} jobs, all COMPLETED, {wall:.0f} s wall")
     differ = [name for name, frame in ours.items() if not frame.equals(theirs[name])]
     assert not differ
 

@@ -6,22 +6,8 @@ import logging
 from types import SimpleNamespace
 
 import pytest
-from snakemake.exceptions import WorkflowError
 
-from vitplasticity.workflow.onstart import (
-    PACKS_ON_A_CLUSTER,
-    advise_gpu_resources,
-    refuse_packs_on_a_cluster,
-)
-
-
-def test_packs_are_refused_under_a_cluster_executor_only() -> None:
-    refuse_packs_on_a_cluster(SimpleNamespace(local_exec=True))
-    with pytest.raises(
-        WorkflowError, match=r"finetune\.pack_runs: true packs runs for one machine"
-    ):
-        refuse_packs_on_a_cluster(SimpleNamespace(local_exec=False))
-    assert "slurm/profile.yaml" in PACKS_ON_A_CLUSTER and "pack_runs: false" in PACKS_ON_A_CLUSTER
+from vitplasticity.workflow.onstart import advise_gpu_resources
 
 
 def test_a_local_run_on_two_gpus_is_told_how_to_use_both(

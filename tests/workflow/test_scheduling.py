@@ -4,10 +4,12 @@ the default partition, the first results' rules at a higher Snakemake priority."
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import yaml
 
+from tests.helpers.configs import DEMO, PAPER, dry_run
 from tests.helpers.repo import REPO
 from vitplasticity.workflow.scheduling import (
     FIRST_RESULT_RULES,
@@ -77,3 +79,41 @@ def test_first_results_get_the_higher_priority_and_the_grid_none() -> None:
         "aggregate_all": 0,
     }
     assert FIRST_RESULTS_PRIORITY > 0
+
+
+def dry_run_resources(printed: str) -> dict[str, list[dict[str, str]]]:
+    """Each rule's jobs' resources, as a Snakemake dry run prints them."""
+    jobs: dict[str, list[dict[str, str]]] = {}
+    for block in re.split(r"\n(?=\[[^\n]*\]\n(?:local)?rule )", printed):
+        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        resources = re.search(r"^\s+resources: (.*)$", block, re.M)
+        if rule and resources:
+            pairs = (item.split("=", 1) for item in resources.group(1).split(", "))
+            jobs.setdefault(rule.group(1), []).append(dict(pairs))
+    return jobs
+
+
+def test_a_pack_asks_for_what_the_workflow_profile_gives_the_one_run_rule(
+    tmp_path: Path,
+) -> None:
+    """The demo packs its runs (finetune.pack_runs): on a cluster each pack is a finetuning job
+    with the GPU, CPUs, memory and --nice of set-resources: finetune, and its own wall time."""
+    result = dry_run(tmp_path, PAPER, DEMO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    jobs = dry_run_resources(result.stdout + result.stderr)
+    packs = {rule: asked for rule, asked in jobs.items() if rule.startswith("finetune_pack_")}
+    assert packs and "finetune" not in jobs, sorted(jobs)
+    wanted = yaml.safe_load(WORKFLOW_PROFILE.read_text())["set-resources"]["finetune"]
+    for rule, asked in packs.items():
+        for resources in asked:
+            assert {key: resources.get(key) for key in wanted} == {
+                key: str(value) for key, value in wanted.items()
+            }, rule
+            assert int(resources["runtime"]) > 0
+
+
+def test_a_one_run_wall_time_in_the_profile_is_refused_with_packs(tmp_path: Path) -> None:
+    result = dry_run(tmp_path, PAPER, DEMO, options=["--set-resources", "finetune:runtime=30"])
+    assert result.returncode != 0
+    assert "set-resources: finetune: runtime is one run's wall time" in result.stderr
+    assert "Traceback" not in result.stderr and "File " not in result.stderr, result.stderr

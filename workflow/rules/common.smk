@@ -14,7 +14,7 @@ from vitplasticity.workflow.datasets import DatasetJobs
 from vitplasticity.workflow.finetune_jobs import FinetuneJobs
 from vitplasticity.workflow.jobs import ModelJobs
 from vitplasticity.workflow.packs import finetune_packs
-from vitplasticity.workflow.onstart import advise_gpu_resources, refuse_packs_on_a_cluster
+from vitplasticity.workflow.onstart import advise_gpu_resources
 from vitplasticity.workflow.failed_jobs import report_failed_jobs
 from vitplasticity.workflow.params import demo_flag, output_folder, output_prefix, stage_params
 from vitplasticity.workflow.report import FIGURE_FLAGS, ReportFiles

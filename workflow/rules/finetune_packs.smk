@@ -1,11 +1,9 @@
 # finetune.pack_runs: one finetuning job per (experiment, model, dataset), running its runs in
 # one process, one rule per vitplasticity.workflow.packs.FinetunePack.
 
-# A pack's rule is named by its content, so the workflow profile's per-rule GPU, CPU and
-# memory requests (set-resources: finetune) cannot reach it: on a cluster it would be
-# submitted without a GPU. Refused before the first submission (the executor is known
-# only once the workflow runs, not while this file is parsed).
-ONSTART_CHECKS.append(partial(refuse_packs_on_a_cluster, workflow))
+# A pack's rule is named by its content, so the workflow profile's set-resources cannot name
+# it: the Snakefile gives every pack what they give the one-run rule finetune (GPU, CPUs,
+# memory, --nice; vitplasticity.workflow.scheduling), and its wall time is its runs' together.
 
 # One rule per experiment and list of (configuration, lr, seed): datasets with their own
 # LR grid get their own rule, so that every output pattern is fixed. Its name comes from

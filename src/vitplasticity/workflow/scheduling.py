@@ -7,6 +7,10 @@ bounds, the reference set and their figures and tables) before the finetuning gr
   rule gets ``slurm_partition: <scheduler.cpu_partition>`` when that key is set, so no
   CPU-only job lands on the GPU partition without a GPU (local rules, download and weights,
   run on the Snakemake host and ignore it).
+- Packs: each rule of ``finetune.pack_runs`` (named by its runs, so that the workflow
+  profile's ``set-resources`` cannot name it) asks for what the profile gives the one-run rule
+  ``finetune`` (GPU, CPUs per GPU, memory, ``--nice``): on a cluster a pack is a finetuning job
+  like the others, whose wall time is its runs' together.
 - Order: the rules of :data:`FIRST_RESULT_RULES` get Snakemake priority
   :data:`FIRST_RESULTS_PRIORITY` (0 for every other rule): among the jobs ready at once,
   Snakemake submits them first. SLURM then orders its queue by its own priority; the
@@ -18,7 +22,7 @@ Plain Python, no torch import: the Snakefile calls it on every node.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 # The rules whose jobs ask for a GPU (workflow/profiles/default/profile.yaml's `gpu: 1`;
@@ -44,6 +48,42 @@ FIRST_RESULT_RULES = frozenset(
 FIRST_RESULTS_PRIORITY = 50
 
 SLURM_PARTITION = "slurm_partition"
+ONE_RUN_RULE = "finetune"
+
+
+class PackResourcesError(ValueError):
+    """The workflow profile sets what a pack cannot take from the one-run rule."""
+
+
+def give_packs_the_finetune_resources(
+    rules: Iterable[Any], set_resources: Mapping[str, Mapping[str, Any]]
+) -> list[str]:
+    """Give each packed finetune rule the profiles' ``set-resources`` of ``finetune``.
+
+    Args:
+        rules: Snakemake's rules (``workflow.rules``: ``name``, ``resources``).
+        set_resources: the profiles' and command line's ``set-resources``, by rule
+            (``workflow.resource_settings.overwrite_resources``).
+
+    Returns:
+        The names of the packed rules given them, sorted.
+
+    Raises:
+        PackResourcesError: when ``finetune``'s entry sets ``runtime``: that is one run's wall
+            time, and a pack asks for its runs' together (the workflow's estimate).
+    """
+    wanted = set_resources.get(ONE_RUN_RULE, {})
+    packs = [rule for rule in rules if rule.name.startswith(GPU_RULE_PREFIX)]
+    if packs and "runtime" in wanted:
+        raise PackResourcesError(
+            f"set-resources: {ONE_RUN_RULE}: runtime is one run's wall time; with"
+            " finetune.pack_runs a pack asks for its runs' together, from the workflow's"
+            ' estimate (docs/slurm.md, "Wall time"). Remove runtime from set-resources:'
+            f" {ONE_RUN_RULE}: or set finetune.pack_runs: false."
+        )
+    for rule in packs:
+        rule.resources.update(wanted)
+    return sorted(rule.name for rule in packs)
 
 
 def is_gpu_rule(name: str) -> bool:
