@@ -65,7 +65,6 @@ LAYER_LINEARS: tuple[str, ...] = (
 LAYER_NORMS: tuple[str, ...] = ("attention.output.LayerNorm", "output.LayerNorm")
 
 _REFUSALS: dict[str, str] = {
-    "finetune": "finetuning classifies images; text models are not finetuned here",
     "bounds": (
         "the bounds stage feeds the reference images through the model, and a text model "
         "takes token ids"
@@ -75,8 +74,8 @@ _REFUSALS: dict[str, str] = {
         "tokens after each one: it has no next-token loss (a masked-LM loss is not implemented)"
     ),
 }
-"""The stages a BERT-family model is refused by, and why (plasticity and lora are
-supported)."""
+"""The stages a BERT-family model is refused by, and why (plasticity, lora and finetune on
+text with the masked-LM loss, ``vitplasticity finetune-text``, are supported)."""
 
 
 def _tied_to(module: nn.Module, base: nn.Module) -> bool:

@@ -48,11 +48,10 @@ _BOUNDS_REASON = (
 )
 
 _REFUSALS: dict[str, str] = {
-    "finetune": "finetuning classifies images",
     "bounds": _BOUNDS_REASON,
 }
-"""The stages a GPT2 model is refused by, and why (plasticity, lora and recommend on text,
-``vitplasticity recommend-text``, are supported)."""
+"""The stages a GPT2 model is refused by, and why (plasticity, lora, finetune and recommend
+on text, ``vitplasticity finetune-text`` and ``recommend-text``, are supported)."""
 
 
 def _causal_mask(length: int, tokens: torch.Tensor) -> torch.Tensor:
