@@ -42,6 +42,7 @@ include: "workflow/rules/weights.smk"
 include: "workflow/rules/plasticity.smk"
 include: "workflow/rules/text.smk"
 include: "workflow/rules/finetune.smk"
+include: "workflow/rules/text_finetune.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/criteria.smk"
 include: "workflow/rules/recommend.smk"
@@ -55,6 +56,7 @@ rule all:
         TARGETS.bounds(),
         TARGETS.report(),
         TARGETS.text_plasticity(),
+        TEXT_FINETUNE.targets(),
         TARGETS.criteria(),
         TARGETS.recommend(),
         VERIFY.report_files(),
@@ -74,6 +76,11 @@ rule text_plasticity_all:
 rule finetune_all:
     input:
         TARGETS.finetune(),
+
+
+rule text_finetune_all:
+    input:
+        TEXT_FINETUNE.targets(),
 
 
 rule recommend_all:

@@ -76,8 +76,7 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
 
     Raises:
         UnsupportedModel: before any step, for a model no architecture knows (naming its
-            class and the known families), a text model, one its architecture refuses to
-            finetune (or to
+            class and the known families), one its architecture refuses to finetune (or to
             adapt with LoRA, or whose forward pass bypasses a LoRA adapter), or one with a
             parameter its architecture cannot account for.
     """
@@ -85,12 +84,6 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
     torch.manual_seed(settings.run.seed)
     model = build_model(spec, num_classes=num_classes)
     architecture = architecture_for(model)
-    if architecture.inputs != "images":
-        raise UnsupportedModel(
-            f"finetune of {type(model).__name__}: a text model ({architecture.name}); this "
-            "finetuning classifies images: finetune it on text (config text_finetune, "
-            "`vitplasticity finetune-text`)"
-        )
     lora = "lora" in parse_configuration(settings.run.configuration)
     for stage in ("finetune", "lora") if lora else ("finetune",):
         refusal = architecture.refusal(stage, model)

@@ -226,8 +226,7 @@ def setup_text_run(
         ValueError: for a sequence longer than the model's positions, or a text too short.
     """
     from vitplasticity.data.text import load_tokenizer, read_sequences, split_sequences
-    from vitplasticity.plasticity.text import max_positions
-    from vitplasticity.recommend.text import resolve_tokenizer
+    from vitplasticity.models.text import max_positions, text_model_spec, tokenizer_name
 
     started = time.perf_counter()
     run, training = settings.run, settings.training
@@ -241,7 +240,7 @@ def setup_text_run(
             f"--sequence-length {text.sequence_length} exceeds the {limit} positions of model "
             f"{run.model!r}"
         )
-    tokenizer = resolve_tokenizer(text.tokenizer, run.model, training.model_spec)
+    tokenizer = tokenizer_name(text.tokenizer, text_model_spec(run.model, training.model_spec))
     vocab_size = lm.config.vocab_size
     sequences = read_sequences(
         text_path, load_tokenizer(tokenizer, vocab_size), text.sequence_length
