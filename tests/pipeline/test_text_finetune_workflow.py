@@ -52,7 +52,7 @@ def _override(tmp_path: Path, enabled: bool = True) -> Path:
             "sequence_length": 12,
         },
     }
-    path = tmp_path / "text_finetune.yaml"
+    path = tmp_path / f"text_finetune_{'on' if enabled else 'off'}.yaml"
     path.write_text(yaml.safe_dump(override))
     return path
 
