@@ -208,12 +208,17 @@ def test_an_encoder_without_its_masked_lm_head_is_refused_naming_the_class(tmp_p
         )  # fmt: skip
 
 
-def test_lora_and_a_sequence_beyond_the_positions_are_refused(tmp_path: Path) -> None:
+def test_lora_compile_and_a_sequence_beyond_the_positions_are_refused(tmp_path: Path) -> None:
     text = _pattern(tmp_path)
     with pytest.raises(UnsupportedModel, match="LoRA is not offered for text"):
         train_text_run(
             _run("lora"), _training(GPT2), TextFinetuneSettings(sequence_length=LENGTH), text,
             tmp_path / "lora",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"^--compile \(finetune.compile\): not implemented"):
+        train_text_run(
+            _run(), _training(GPT2, compile=True), TextFinetuneSettings(sequence_length=LENGTH),
+            text, tmp_path / "compiled",
         )  # fmt: skip
     with pytest.raises(ValueError, match=r"--sequence-length 20 exceeds the 16 positions"):
         train_text_run(

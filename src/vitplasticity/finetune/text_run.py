@@ -27,11 +27,14 @@ kept copy of a finished run. What differs:
   split: the text has none.
 
 Every step reads its loss back (no deferred steps as images have): a text run here is small.
+The image loader's settings (``augment``, ``num_workers``) do not apply, and ``compile`` is
+refused (not implemented for text).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -163,8 +166,16 @@ def batch_indices(step_index: int, batch_size: int, n_train: int, seed: int) -> 
     permutation e drawn from ``(seed, e)``."""
     positions = np.arange(step_index * batch_size, (step_index + 1) * batch_size)
     epochs, offsets = positions // n_train, positions % n_train
-    order = {e: np.random.default_rng([seed, int(e)]).permutation(n_train) for e in set(epochs)}
-    return np.array([order[e][o] for e, o in zip(epochs, offsets, strict=True)])
+    return np.array(
+        [_permutation(seed, int(e), n_train)[o] for e, o in zip(epochs, offsets, strict=True)]
+    )
+
+
+@functools.lru_cache(maxsize=2)
+def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    """Permutation ``epoch`` of ``range(n)`` (kept: the steps of an epoch share it; two, for
+    the batch that spans two epochs)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
 
 
 def train_mask(shape: torch.Size, probability: float, seed: int, step_index: int) -> torch.Tensor:
@@ -324,15 +335,17 @@ def training_step(context: TextRunContext, step_index: int) -> tuple[float, floa
     if context.kind == MASKED:
         mask = train_mask(ids.shape, context.text.mask_probability, run.seed, step_index)
     context.optimizer.zero_grad(set_to_none=True)
-    total = 0.0
+    total = torch.zeros((), device=context.device)
     share = training.micro_batch_size / training.batch_size
     for start in range(0, training.batch_size, training.micro_batch_size):
         chunk = slice(start, start + training.micro_batch_size)
         loss = lm_loss(context, ids[chunk], None if mask is None else mask[chunk]) * share
         loss.backward()
-        total += float(loss.detach())
+        total += loss.detach()  # on the device: no synchronisation per micro-batch
     parameters = [p for _, p in context.trainable]
-    norm = float(torch.nn.utils.clip_grad_norm_(parameters, training.clip_grad_norm))
+    norm = torch.nn.utils.clip_grad_norm_(parameters, training.clip_grad_norm)
+    # One device-to-host copy for both numbers.
+    total, norm = torch.stack([total, norm.to(total.dtype)]).tolist()
     lr = scheduled_lr(step_index, context.settings)
     if np.isfinite(total) and np.isfinite(norm):
         for group in context.optimizer.param_groups:
@@ -497,10 +510,12 @@ def train_text_run(
         Preempted: when SIGTERM arrived; the checkpoint is written.
         FolderBusy: when another process holds ``out_dir``.
     """
-    from vitplasticity.settings.declaration import check_settings
+    from vitplasticity.settings.declaration import bad_setting, check_settings
 
     check_runs([run], training)
     check_settings(text)
+    if training.compile:
+        raise bad_setting("--compile", "finetune.compile", "not implemented for text runs")
     if not Path(text_path).is_file():
         raise FileNotFoundError(f"--text: text file not found: {text_path}")
     device = pick_device(training.device)
