@@ -208,6 +208,15 @@ def test_an_encoder_without_its_masked_lm_head_is_refused_naming_the_class(tmp_p
         )  # fmt: skip
 
 
+def test_an_image_model_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    vit = {"family": "timm", "timm_id": "vit_tiny_patch16_224", "weights": "random"}
+    with pytest.raises(UnsupportedModel, match=r"'tiny' takes images: .*vitplasticity finetune"):
+        train_text_run(
+            _run(), _training(vit), TextFinetuneSettings(sequence_length=LENGTH),
+            _pattern(tmp_path), tmp_path / "run",
+        )  # fmt: skip
+
+
 def test_lora_compile_and_a_sequence_beyond_the_positions_are_refused(tmp_path: Path) -> None:
     text = _pattern(tmp_path)
     with pytest.raises(UnsupportedModel, match="LoRA is not offered for text"):

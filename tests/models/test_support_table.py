@@ -125,7 +125,7 @@ def _text_lm(model: nn.Module) -> tuple[nn.Module, Callable[[nn.Module, torch.Te
     )
     from vitplasticity.models.text import causal_lm
 
-    if architecture_for(model).name == "hf_bert":
+    if architecture_for(model).text_task == "masked":
         lm = MODEL_FOR_MASKED_LM_MAPPING[type(model.config)](model.config)
 
         def masked(lm: nn.Module, ids: torch.Tensor) -> torch.Tensor:

@@ -116,21 +116,25 @@ def build_text_lm(model_name: str, model_spec: dict[str, Any]) -> tuple[nn.Modul
         ValueError: for an entry its family refuses.
     """
     from vitplasticity.models.build import build_model
-    from vitplasticity.models.text import causal_lm, text_model_entry
+    from vitplasticity.models.registry import family_inputs
+    from vitplasticity.models.text import causal_lm, text_model_spec
 
-    model = build_model(text_model_entry(model_name, model_spec))
+    image_model = UnsupportedModel(
+        f"model {model_name!r} takes images: finetune it with `vitplasticity finetune` "
+        "(config experiments:)"
+    )
+    if isinstance(model_spec, dict) and family_inputs(model_spec) == {"images"}:
+        raise image_model  # a timm entry: refused before it is built
+    model = build_model(text_model_spec(model_name, model_spec))
     architecture = architecture_for(model)
     if architecture.inputs != "tokens":
-        raise UnsupportedModel(
-            f"model {model_name!r} ({type(model).__name__}) takes images: finetune it with "
-            "`vitplasticity finetune` (config experiments:)"
-        )
-    if architecture.name == "hf_bert":
+        raise image_model
+    if architecture.text_task == MASKED:
         if not type(model).__name__.endswith("ForMaskedLM"):
             raise UnsupportedModel(
                 f"model {model_name!r} is a {type(model).__name__}, an encoder without its "
-                "masked-LM head: the masked-LM loss needs it; name the class in the model entry "
-                "(model_class: BertForMaskedLM or RobertaForMaskedLM)"
+                "masked-LM head: the masked-LM loss needs it; name its ...ForMaskedLM class in "
+                "the model entry (model_class: BertForMaskedLM, RobertaForMaskedLM)"
             )
         return model.train(), MASKED
     return causal_lm(model).train(), CAUSAL

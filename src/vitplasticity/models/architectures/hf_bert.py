@@ -107,6 +107,7 @@ class HFBert(Architecture):
     title = "transformers BertModel / RobertaModel"
     model_types = ("bert", "roberta")
     inputs = "tokens"
+    text_task = "masked"  # an encoder attends both ways: it has no next-token loss
 
     # --- what it is ---------------------------------------------------------------------------
 
