@@ -46,6 +46,7 @@ include: "workflow/rules/weights.smk"
 include: "workflow/rules/plasticity.smk"
 include: "workflow/rules/text.smk"
 include: "workflow/rules/finetune.smk"
+include: "workflow/rules/text_finetune.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/criteria.smk"
 include: "workflow/rules/recommend.smk"
@@ -60,6 +61,7 @@ rule all:
         TARGETS.report(),
         TARGETS.text_plasticity(),
         TARGETS.text_bounds(),
+        TEXT_FINETUNE.targets(),
         TARGETS.criteria(),
         TARGETS.recommend(),
         VERIFY.report_files(),
@@ -80,6 +82,11 @@ rule text_plasticity_all:
 rule finetune_all:
     input:
         TARGETS.finetune(),
+
+
+rule text_finetune_all:
+    input:
+        TEXT_FINETUNE.targets(),
 
 
 rule recommend_all:

@@ -18,7 +18,15 @@ from vitplasticity.version import __version__
 # The stages that compute on a GPU: on a workstation each takes a GPU of its own before it
 # imports torch (vitplasticity.utils.gpu_slots; nothing changes under SLURM or without a GPU).
 GPU_COMMANDS: frozenset[str] = frozenset(
-    {"finetune", "plasticity", "text-plasticity", "recommend", "recommend-text", "recommend-verify"}
+    {
+        "finetune",
+        "finetune-text",
+        "plasticity",
+        "text-plasticity",
+        "recommend",
+        "recommend-text",
+        "recommend-verify",
+    }
 )
 
 # Modules that register subcommands, in the order --help lists them.
@@ -30,6 +38,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "text",
     "bounds",
     "finetune",
+    "finetune_text",
     "report",
     "recommend",
     "verify",

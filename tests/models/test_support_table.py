@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -106,20 +108,63 @@ def run_bounds(model: nn.Module, inputs: torch.Tensor) -> dict[str, str]:
     return undefined
 
 
+def _text_lm(model: nn.Module) -> tuple[nn.Module, Callable[[nn.Module, torch.Tensor], Any]]:
+    """A text family's model as text finetuning trains it, with its loss on token ids: an
+    encoder in its masked-LM class (the masked-LM loss), a decoder as its causal LM (the
+    next-token loss)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_MASKED_LM_MAPPING,
+    )
+
+    from vitplasticity.finetune.text_loss import (
+        masked_inputs,
+        masked_lm_loss,
+        masked_positions,
+        next_token_loss,
+    )
+    from vitplasticity.models.text import causal_lm
+
+    if architecture_for(model).text_task == "masked":
+        lm = MODEL_FOR_MASKED_LM_MAPPING[type(model.config)](model.config)
+
+        def masked(lm: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+            mask = masked_positions(ids.shape, 0.25, torch.Generator().manual_seed(0))
+            logits = lm(input_ids=masked_inputs(ids, mask, 0)).logits
+            return masked_lm_loss(logits, ids, mask)
+
+        return lm, masked
+    if model.get_output_embeddings() is None and not model.config.tie_word_embeddings:
+        model = MODEL_FOR_CAUSAL_LM_MAPPING[type(model.config)](model.config)
+    return causal_lm(model), lambda lm, ids: next_token_loss(lm(input_ids=ids).logits, ids)
+
+
 def run_finetune(model: nn.Module, inputs: torch.Tensor) -> None:
     """Every component configuration trains parameters of that component in every block, and
-    each of them gets a gradient from the classification loss."""
+    each of them gets a gradient from the finetuning loss: classification for images, the
+    LM's loss for text (vitplasticity finetune-text)."""
     architecture = architecture_for(model)
     _refuse(architecture, "finetune", model)
+    if architecture.inputs == "tokens":
+        model, text_loss = _text_lm(model)
+        architecture = architecture_for(model)
+
+        def loss() -> torch.Tensor:
+            return text_loss(model, inputs)
+    else:
+        labels = torch.arange(len(inputs)) % 2
+
+        def loss() -> torch.Tensor:
+            return F.cross_entropy(_classify(architecture, model, inputs), labels)
+
     parameters = ParameterMap(architecture, model)
     named = dict(model.named_parameters())
-    labels = torch.arange(len(inputs)) % 2
     for component in COMPONENTS:
         trained = parameters.trained_names(component)
         for name, parameter in named.items():
             parameter.requires_grad_(name in trained)
             parameter.grad = None
-        F.cross_entropy(_classify(architecture, model, inputs), labels).backward()
+        loss().backward()
         owned = [n for n, o in parameters.owners.items() if o.trained_by == component]
         blocks = {parameters.owners[n].block for n in owned}
         assert blocks == set(range(len(architecture.blocks(model)))), component

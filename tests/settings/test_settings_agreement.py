@@ -23,6 +23,7 @@ from snakemake.utils import validate
 from tests.helpers.repo import REPO
 from vitplasticity.cli import build_parser
 from vitplasticity.finetune.settings import WORKFLOW_ONLY_KEYS, TrainingSettings
+from vitplasticity.finetune.text_settings import TEXT_FINETUNE_RUN_KEYS, TextFinetuneSettings
 from vitplasticity.plasticity.settings import (
     BoundsSettings,
     PlasticitySettings,
@@ -401,6 +402,17 @@ STAGES = [
         ),
     ),
     Stage(
+        TextFinetuneSettings,
+        "finetune-text",
+        ("text_finetune",),
+        # The run's identity and inputs, and the training flags: TrainingSettings' (finetune).
+        frozenset(
+            {"experiment", "model", "dataset", "text", "configuration", "lr", "seed", "out_dir"}
+            | {field.name for field in dataclasses.fields(TrainingSettings)}
+        ),
+        frozenset(f"text_finetune.{key}" for key in TEXT_FINETUNE_RUN_KEYS),
+    ),
+    Stage(
         CriteriaSettings,
         "criteria",
         ("report.criteria",),
@@ -542,6 +554,8 @@ def stage_params(stage: Stage, config: dict) -> dict[str, Any]:
         for part in block.split("."):
             values = values[part]
         params.update(rule_params(stage.settings, values, block))
+    if "demo" not in {field.name for field in dataclasses.fields(stage.settings)}:
+        return params  # finetune-text: its --demo is TrainingSettings'
     return {**params, "demo_flag": "--demo" if config["demo"] else ""}
 
 
@@ -566,7 +580,8 @@ def test_the_stage_command_line_carries_every_setting_and_parses_back(
         )
     )
     required = [
-        (action.option_strings[0], "{}" if action.dest == "model_spec" else "x")
+        # "1": a value every type of required flag takes (a name, a path, --lr, --seed).
+        (action.option_strings[0], "{}" if action.dest == "model_spec" else "1")
         for action in command_actions(stage.command).values()
         if action.required
     ]

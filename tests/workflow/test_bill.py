@@ -143,3 +143,16 @@ def test_the_notice_prints_and_writes_once(demo_with: Configure, tmp_path: Path)
     assert notice(None) == [] and notice(None) == []
     assert len(said) == 1 and str(target) in said[0]
     assert target.read_text().startswith("# The bill of rule all")
+
+
+def test_the_text_finetuning_runs_are_billed_one_job_each(demo_with: Configure) -> None:
+    grid = {"configurations": ["mha", "fc1"], "lrs": [1e-3, 1e-4], "seeds": [0, 1, 2]}
+    text = {"enabled": True, "run_models": ["gpt2"], "datasets": {"a": "a.txt", "b": "b.txt"}}
+    config = demo_with({"text_finetune": {**text, **grid}})
+    bill = compute_bill(config, JobRuntimes(config))
+    (line,) = [line for line in bill.lines if line.rule == "finetune_text"]
+    assert (line.model, line.runs) == ("gpt2", 2 * 2 * 2 * 3)  # datasets x grid
+    off = demo_with({"text_finetune": {**text, **grid, "enabled": False}})
+    assert not [
+        line for line in compute_bill(off, JobRuntimes(off)).lines if line.rule == "finetune_text"
+    ]

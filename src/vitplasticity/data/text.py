@@ -124,3 +124,31 @@ def cycled(sequences: np.ndarray, n: int) -> np.ndarray:
     if n < 1:
         raise ValueError(f"number of sequences must be >= 1, got {n}")
     return sequences[np.arange(n) % len(sequences)]
+
+
+def split_sequences(sequences: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) sequences of a text file for finetuning, split deterministically.
+
+    The rule: sequence i (in file order) is a validation sequence when
+    ``floor((i + 1) * val_fraction) > floor(i * val_fraction)``, so ``floor(n * val_fraction)``
+    of the ``n`` sequences go to validation, spread evenly over the file (every
+    ``1 / val_fraction``-th one): a file whose topic drifts has its validation sequences drawn
+    from all of it, not from its end alone. No seed: every run of every configuration is
+    validated on the same sequences, so their losses compare.
+
+    Raises:
+        ValueError: when ``val_fraction`` is not in (0, 1), or the split leaves no training or
+            no validation sequence (naming the count).
+    """
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    index = np.arange(len(sequences))
+    is_val = np.floor((index + 1) * val_fraction) > np.floor(index * val_fraction)
+    n_val = int(is_val.sum())
+    if n_val == 0 or n_val == len(sequences):
+        raise ValueError(
+            f"{len(sequences)} sequences: a val_fraction of {val_fraction} leaves "
+            f"{n_val} for validation and {len(sequences) - n_val} for training; both need one "
+            "(a longer text, shorter sequences or another val_fraction)"
+        )
+    return sequences[~is_val], sequences[is_val]

@@ -46,7 +46,7 @@ class Preempted(Exception):
 
 
 @contextmanager
-def _sigterm_flag() -> Iterator[threading.Event]:
+def sigterm_flag() -> Iterator[threading.Event]:
     """An event set by SIGTERM while the block runs (main thread only; else never set)."""
     event = threading.Event()
     if threading.current_thread() is not threading.main_thread():
@@ -163,7 +163,7 @@ def train_steps(
     diverged, step, train_seconds = False, state.start_step, 0.0
     pending: list[tuple[int, PendingStep]] = []
     end = training.steps if stop_at is None else min(stop_at, training.steps)
-    with _sigterm_flag() as sigterm:
+    with sigterm_flag() as sigterm:
         stream = loader.train_batches(
             context.batches,
             state.start_step,

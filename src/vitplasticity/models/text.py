@@ -17,11 +17,11 @@ from vitplasticity.models.spec import spec_class
 if TYPE_CHECKING:
     from torch import nn
 
-    from vitplasticity.models.spec import ModelSpec
+    from vitplasticity.models.spec import HFModelSpec, ModelSpec
 
 POSITION_KEYS: tuple[str, ...] = ("n_positions", "max_position_embeddings")
 """The config keys that bound a sequence's length, in the order they are read (GPT2's first),
-as :func:`vitplasticity.plasticity.text.max_positions` reads a built model's config."""
+as :func:`max_positions` reads a built model's config."""
 
 
 def stated_positions(entry: Mapping[str, Any]) -> int | None:
@@ -172,3 +172,30 @@ def causal_lm(model: nn.Module) -> nn.Module:
             f"(model_class: {lm_class.__name__})"
         )
     return lm.train(model.training)
+
+
+AUTO_TOKENIZER = "auto"
+"""Tokenizer setting: ``bytes`` for a random-init model, else the model's own tokenizer (its
+weights folder, or its hub id)."""
+
+
+def tokenizer_name(requested: str, spec: HFModelSpec) -> str:
+    """The tokenizer to load: ``auto`` resolves to ``bytes`` for random-init weights, else
+    to the model's own (its weights folder; for ``weights: hub``, its hub id)."""
+    from vitplasticity.data.text import BYTE_TOKENIZER
+
+    if requested != AUTO_TOKENIZER:
+        return requested
+    if spec.weights == "random":
+        return BYTE_TOKENIZER
+    return spec.hf_id if spec.weights == "hub" else spec.weights
+
+
+def max_positions(config: Any) -> int | None:
+    """The longest sequence the model's config allows (GPT2's n_positions, else
+    max_position_embeddings); None when it states none."""
+    for key in POSITION_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None

@@ -22,23 +22,9 @@ if TYPE_CHECKING:
     from vitplasticity.plasticity.settings import TextPlasticitySettings
     from vitplasticity.plasticity.summary import Measurement
 
+from vitplasticity.models.text import max_positions, tokenizer_name
+
 log = logging.getLogger(__name__)
-
-AUTO_TOKENIZER = "auto"
-"""Tokenizer setting: ``bytes`` for a random-init model, else the model's own tokenizer (its
-weights folder, or its hub id)."""
-
-
-def tokenizer_name(requested: str, spec: HFModelSpec) -> str:
-    """The tokenizer to load: ``auto`` resolves to ``bytes`` for random-init weights, else
-    to the model's own (its weights folder; for ``weights: hub``, its hub id)."""
-    from vitplasticity.data.text import BYTE_TOKENIZER
-
-    if requested != AUTO_TOKENIZER:
-        return requested
-    if spec.weights == "random":
-        return BYTE_TOKENIZER
-    return spec.hf_id if spec.weights == "hub" else spec.weights
 
 
 def check_text_model(model_name: str, model: Any) -> None:
@@ -57,16 +43,6 @@ def check_text_model(model_name: str, model: Any) -> None:
             f"{architecture.inputs}, not token ids: measure it with plasticity.models, not "
             "text_plasticity.run_models"
         )
-
-
-def max_positions(config: Any) -> int | None:
-    """The longest sequence the model's config allows (GPT2's n_positions, else
-    max_position_embeddings); None when it states none."""
-    for key in ("n_positions", "max_position_embeddings"):
-        value = getattr(config, key, None)
-        if isinstance(value, int):
-            return value
-    return None
 
 
 def checked_text_spec(

@@ -107,7 +107,8 @@ def text_model_bounds(
         counted,
         measured_plasticity,
     )
-    from vitplasticity.plasticity.text import checked_text_spec, text_model, tokenizer_name
+    from vitplasticity.models.text import tokenizer_name
+    from vitplasticity.plasticity.text import checked_text_spec, text_model
     from vitplasticity.plasticity.upper_bounds import (
         TokenStatistics,
         bound_rows,

@@ -54,10 +54,10 @@ from vitplasticity.models.build import build_model
 from vitplasticity.models.text import (
     causal_lm,
     check_stated_positions,
+    max_positions,
     text_model_entry,
     untied_bare_model,
 )
-from vitplasticity.plasticity.text import max_positions
 from vitplasticity.recommend.criteria import Measurements
 from vitplasticity.recommend.pipeline import footer_record, rank
 from vitplasticity.recommend.ranking import check_ranking
@@ -98,14 +98,13 @@ def check_text_model(model: nn.Module) -> None:
 
 def resolve_tokenizer(requested: str, model_name: str, model_spec: dict[str, Any]) -> str:
     """``auto``: ``bytes`` for a random-init model, else its own tokenizer, as the
-    text-plasticity stage resolves it (:func:`vitplasticity.plasticity.text.tokenizer_name`);
+    text-plasticity stage resolves it (:func:`vitplasticity.models.text.tokenizer_name`);
     anything else as given.
 
     Raises:
         ValueError: with ``auto``, for an entry that is not a transformers text model's.
     """
-    from vitplasticity.models.text import text_model_spec
-    from vitplasticity.plasticity.text import tokenizer_name
+    from vitplasticity.models.text import text_model_spec, tokenizer_name
 
     if requested != "auto":
         return requested

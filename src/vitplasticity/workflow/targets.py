@@ -85,7 +85,7 @@ class Targets:
 
     def weights(self) -> list[str]:
         """The weights stage's outputs of every `weights: hub` model that a plasticity job, an
-        enabled experiment, enabled recommend or enabled text plasticity uses."""
+        enabled experiment, enabled recommend, enabled text plasticity or text finetuning uses."""
         config = self.config
         used = list(config["plasticity"]["models"])
         for name in enabled_experiments(config):
@@ -94,6 +94,8 @@ class Targets:
             used += config["recommend"]["models"] or []
         if config["text_plasticity"]["enabled"]:
             used += config["text_plasticity"]["run_models"]
+        if config["text_finetune"]["enabled"]:
+            used += config["text_finetune"]["run_models"]
         return [path for model in dict.fromkeys(used) for path in self.models.weights_files(model)]
 
     def report(self) -> list[str]:

@@ -177,6 +177,10 @@ class Architecture:
     """What it covers, for messages and docs."""
     inputs: str = "images"
     """What a batch is: images (N, 3, H, W) or token ids (N, L)."""
+    text_task: str = "causal"
+    """How a text family finetunes on text (``vitplasticity finetune-text``): ``causal`` (a
+    decoder: the next-token loss of its causal LM) or ``masked`` (an encoder: the masked-LM
+    loss of its ``...ForMaskedLM`` class)."""
 
     # Build facts (transformers families): what vitplasticity.models.hf_build builds and
     # drops for the family's classes, read through ``declared``.

@@ -65,14 +65,14 @@ LAYER_LINEARS: tuple[str, ...] = (
 LAYER_NORMS: tuple[str, ...] = ("attention.output.LayerNorm", "output.LayerNorm")
 
 _REFUSALS: dict[str, str] = {
-    "finetune": "finetuning classifies images; text models are not finetuned here",
     "recommend": (
         "recommend-text ranks a causal LM by its next-token loss, and an encoder attends to the "
         "tokens after each one: it has no next-token loss (a masked-LM loss is not implemented)"
     ),
 }
-"""The stages a BERT-family model is refused by, and why (plasticity, lora and the bounds on
-text, ``vitplasticity text-bounds``, are supported)."""
+"""The stages a BERT-family model is refused by, and why (plasticity, lora, the bounds on
+text, ``vitplasticity text-bounds``, and finetune on text with the masked-LM loss,
+``vitplasticity finetune-text``, are supported)."""
 
 
 def _tied_to(module: nn.Module, base: nn.Module) -> bool:
@@ -104,6 +104,7 @@ class HFBert(Architecture):
     title = "transformers BertModel / RobertaModel"
     model_types = ("bert", "roberta")
     inputs = "tokens"
+    text_task = "masked"  # an encoder attends both ways: it has no next-token loss
 
     # --- what it is ---------------------------------------------------------------------------
 

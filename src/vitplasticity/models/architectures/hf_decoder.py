@@ -60,11 +60,10 @@ _BOUNDS_REASON = (
 )
 
 _REFUSALS: dict[str, str] = {
-    "finetune": "finetuning classifies images; text models are not finetuned here",
     "bounds": _BOUNDS_REASON,
 }
-"""The stages a decoder language model is refused by, and why (plasticity, lora and recommend
-on text, ``vitplasticity recommend-text``, are supported)."""
+"""The stages a decoder language model is refused by, and why (plasticity, lora, finetune and
+recommend on text, ``vitplasticity finetune-text`` and ``recommend-text``, are supported)."""
 
 
 @dataclass(frozen=True)

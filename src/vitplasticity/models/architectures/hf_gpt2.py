@@ -42,12 +42,10 @@ MODEL_PARTS: tuple[str, ...] = ("wte", "wpe", "drop", "h", "ln_f")
 """What ``GPT2Model`` holds beside its blocks: token and position embeddings, the embedding
 dropout, the blocks and the final norm."""
 
-_REFUSALS: dict[str, str] = {
-    "finetune": "finetuning classifies images",
-}
-"""The stages a GPT2 model is refused by, and why (plasticity, lora, recommend on text,
-``vitplasticity recommend-text``, and the bounds on text, ``vitplasticity text-bounds``, are
-supported)."""
+_REFUSALS: dict[str, str] = {}
+"""The stages a GPT2 model is refused by, and why (plasticity, lora, finetune and recommend
+on text, ``vitplasticity finetune-text`` and ``recommend-text``, and the bounds on text,
+``vitplasticity text-bounds``, are supported)."""
 
 
 def _causal_mask(length: int, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,180 @@
+"""The text finetuning grid (config ``text_finetune``): its checks, its targets and its rule's
+params. Torch-free: the Snakefile imports it.
+
+One job per (model, text dataset, configuration, lr, seed), writing
+``<results>/finetune_text/<model>/<dataset>/<configuration>/lr<lr>_seed<seed>/``: a folder of
+its own, beside the image grid's ``finetune/``, so the image report's aggregation (which
+selects by the highest validation accuracy) never reads a text run (selected by the lowest
+validation loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vitplasticity.models.registry import family_inputs
+from vitplasticity.models.text import stated_positions
+from vitplasticity.settings.declaration import command_flags, rule_params
+from vitplasticity.workflow.config import ConfigError, lr_label
+from vitplasticity.workflow.model_entries import model_inputs
+from vitplasticity.workflow.params import Wildcards, demo_flag
+
+TEXT_EXPERIMENT = "text_finetune"
+"""The experiment name a text run's summary records."""
+
+TRAINING_KEYS: tuple[str, ...] = (
+    "batch_size",
+    "micro_batch_size",
+    "warmup_steps",
+    "clip_grad_norm",
+    "momentum",
+    "adam_betas",
+    "val_fraction",
+    "precision",
+    "device",
+    "log_every",
+    "checkpoint_every",
+)
+"""The keys of the finetune block a text run takes (the image loader's augment, num_workers,
+compile and LoRA's are not passed: a text run does not use them)."""
+
+
+def text_finetune_problems(config: Mapping[str, Any]) -> list[str]:
+    """With text_finetune.enabled true, one message per missing list, unknown or image model,
+    missing text file, pair of LRs sharing a path label, warm-up as long as the run, or
+    sequence longer than a random-init model's stated positions."""
+    block = config.get("text_finetune") or {}
+    if not block.get("enabled"):
+        return []
+    problems = [
+        f"text_finetune.{key}: empty (text_finetune.enabled is true)"
+        for key in ("run_models", "datasets", "configurations", "lrs", "seeds")
+        if not block.get(key)
+    ]
+    models = config.get("models") or {}
+    for name in block.get("run_models") or []:
+        if name not in models:
+            problems.append(
+                f"text_finetune.run_models: unknown model {name!r} (defined: {', '.join(sorted(models))})"
+            )
+        elif "tokens" not in family_inputs(models[name]) or model_inputs(models[name]) == "images":
+            problems.append(
+                f"text_finetune.run_models: {name!r} is an image model; finetune it in "
+                "experiments:, text finetuning takes transformers text models"
+            )
+        else:
+            limit = stated_positions(models[name])
+            length = block.get("sequence_length", 0)
+            if limit is not None and length > limit:
+                problems.append(
+                    f"text_finetune.sequence_length: {length} exceeds the {limit} positions that "
+                    f"models.{name}.config states"
+                )
+    for name, path in (block.get("datasets") or {}).items():
+        if not Path(path).is_file():
+            problems.append(
+                f"text_finetune.datasets.{name}: {path!r} is not a file (a text file, one "
+                "document per line)"
+            )
+    labels: dict[str, float] = {}
+    for lr in block.get("lrs") or []:
+        other = labels.setdefault(lr_label(lr), lr)
+        if other != lr:
+            problems.append(
+                f"text_finetune.lrs: {other!r} and {lr!r} share the path label lr{lr_label(lr)}"
+            )
+    warmup = (config.get("finetune") or {}).get("warmup_steps", 0)
+    if warmup >= block.get("steps", 1):
+        problems.append(
+            f"finetune.warmup_steps: {warmup}, not fewer than text_finetune.steps "
+            f"{block.get('steps')}: the text runs would never reach their learning rate"
+        )
+    return problems
+
+
+def check_text_finetune(config: Mapping[str, Any]) -> None:
+    """Raise with every :func:`text_finetune_problems` message (the text_finetune rule file
+    calls it when the workflow is parsed, before any job).
+
+    Raises:
+        ConfigError: listing the problems.
+    """
+    problems = text_finetune_problems(config)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+class TextFinetuneJobs:
+    """The text finetuning rule's targets and params from the config.
+
+    Args:
+        config: the validated config (every default filled in by the schema).
+        training: the finetune stage's settings class (TrainingSettings).
+        text: the text settings class (TextFinetuneSettings).
+    """
+
+    def __init__(self, config: dict[str, Any], training: type, text: type) -> None:
+        self.config = config
+        self.block = config["text_finetune"]
+        self.training = training
+        self.text = text
+        self.results = config["paths"]["results"]
+
+    def targets(self) -> list[str]:
+        """The summary of every run of the grid; none unless enabled."""
+        if not self.block["enabled"]:
+            return []
+        return [
+            f"{self.results}/finetune_text/{model}/{dataset}/{configuration}/"
+            f"lr{lr_label(lr)}_seed{seed}/summary.json"
+            for model in self.block["run_models"]
+            for dataset in self.block["datasets"]
+            for configuration in self.block["configurations"]
+            for lr in self.block["lrs"]
+            for seed in self.block["seeds"]
+        ]
+
+    def params(self) -> dict[str, Any]:
+        """The params of every run, in the order of the command's flags: the grid's optimizer,
+        steps and validation period, the finetune keys a text run takes, the text settings,
+        the demo switch. Each its own entry: editing one key reruns only what it changes."""
+        return {**self._training_params(), **self._text_params()}
+
+    def _training_params(self) -> dict[str, Any]:
+        finetune = rule_params(self.training, self.config["finetune"], "finetune")
+        return {
+            "optimizer": self.block["optimizer"],
+            "steps": self.block["steps"],
+            "val_every": self.block["val_every"],
+            **{key: finetune[key] for key in TRAINING_KEYS},
+            "demo_flag": demo_flag(self.config),
+        }
+
+    def _text_params(self) -> dict[str, Any]:
+        return rule_params(self.text, self.block, "text_finetune")
+
+    def command_flags(self) -> str:
+        """The command's flags of :meth:`params`, each ``--flag {params.<name>}``."""
+        return command_flags(self.training, list(self._training_params())) + command_flags(
+            self.text, list(self._text_params())
+        )
+
+    def text_file(self, wildcards: Wildcards) -> str:
+        """Input function: the job's text file (``text_finetune.datasets.<name>``)."""
+        return self.block["datasets"][wildcards.dataset]
+
+    def lr(self, wildcards: Wildcards) -> float:
+        """The grid's exact LR of the job (the {lr} wildcard is its 6-digit path label).
+
+        Raises:
+            ConfigError: when no LR of text_finetune.lrs has that label.
+        """
+        for lr in self.block["lrs"]:
+            if lr_label(lr) == wildcards.lr:
+                return lr
+        raise ConfigError(
+            f"text_finetune.lrs: no learning rate has the path label lr{wildcards.lr} "
+            f"(grid: {self.block['lrs']})"
+        )

@@ -1,0 +1,242 @@
+"""Text finetuning (vitplasticity.finetune.text_run): the train/val split, the losses against
+computations written out here, the data order, resume, and the refusals before compute."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from tests.helpers.tiny_models import ENCODER_TINY_CONFIG, GPT2_TINY_CONFIG
+from vitplasticity.data.text import split_sequences
+from vitplasticity.finetune import text_run
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.loop import Preempted
+from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.text_loss import (
+    masked_inputs,
+    masked_lm_loss,
+    masked_positions,
+    next_token_loss,
+    perplexity,
+)
+from vitplasticity.finetune.text_run import batch_indices, train_text_run
+from vitplasticity.finetune.text_settings import TextFinetuneSettings
+from vitplasticity.models.architectures import UnsupportedModel
+from vitplasticity.workflow.config import Run
+
+GPT2 = {
+    "family": "transformers",
+    "hf_id": "tiny-gpt2",
+    "weights": "random",
+    "config": {"model_type": "gpt2", **GPT2_TINY_CONFIG},
+}
+BERT_MLM = {
+    "family": "transformers",
+    "hf_id": "tiny-bert",
+    "weights": "random",
+    "model_class": "BertForMaskedLM",
+    "config": {"model_type": "bert", **ENCODER_TINY_CONFIG},
+}
+LENGTH = 12  # tokens per sequence (the tiny configs have 16 positions)
+
+
+def _pattern(tmp_path: Path, lines: int = 40) -> Path:
+    """A learnable text: one repeated line (byte tokens, each the next one's cue)."""
+    path = tmp_path / "pattern.txt"
+    path.write_text(("abcdefgh" * 3 + "\n") * lines)
+    return path
+
+
+def _training(spec: dict, **overrides) -> TrainingSettings:
+    values = {
+        "model_spec": spec,
+        "optimizer": "adamw",
+        "steps": 12,
+        "val_every": 4,
+        "batch_size": 4,
+        "micro_batch_size": 2,
+        "warmup_steps": 2,
+        "log_every": 1,
+        "checkpoint_every": 5,
+        "device": "cpu",
+        "val_fraction": 0.25,
+    }
+    return TrainingSettings(**{**values, **overrides})
+
+
+def _run(configuration: str = "mha", model: str = "tiny") -> Run:
+    return Run("text_finetune", model, "pattern", configuration, 1e-2, 0)
+
+
+# --- split ----------------------------------------------------------------------------------
+
+
+def test_the_split_takes_every_sequence_whose_share_crosses_an_integer() -> None:
+    sequences = np.arange(10)[:, None] * np.ones((1, 3), dtype=np.int64)  # row i is i
+    train, val = split_sequences(sequences, 0.3)
+    # floor((i + 1) 0.3) > floor(i 0.3) at i = 3 (1 > 0), 6 (2 > 1), 9 (3 > 2).
+    assert val[:, 0].tolist() == [3, 6, 9]
+    assert train[:, 0].tolist() == [0, 1, 2, 4, 5, 7, 8]
+    # The same for a fraction of one half: every second sequence.
+    assert split_sequences(sequences, 0.5)[1][:, 0].tolist() == [1, 3, 5, 7, 9]
+
+
+def test_a_split_without_a_validation_or_training_sequence_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"2 sequences: a val_fraction of 0.3 leaves 0"):
+        split_sequences(np.zeros((2, 4), dtype=np.int64), 0.3)
+    with pytest.raises(ValueError, match=r"must be in \(0, 1\)"):
+        split_sequences(np.zeros((8, 4), dtype=np.int64), 1.0)
+
+
+# --- losses ---------------------------------------------------------------------------------
+
+
+def _cross_entropy(logits: torch.Tensor, target: int) -> float:
+    """-log softmax(logits)[target], in float64, written out."""
+    values = logits.double()
+    return float(torch.log(torch.exp(values - values.max()).sum()) + values.max() - values[target])
+
+
+def test_the_next_token_loss_predicts_each_token_from_the_previous_position() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 7, generator=generator)
+    ids = torch.randint(0, 7, (2, 5), generator=generator)
+    expected = np.mean(
+        [_cross_entropy(logits[b, t], int(ids[b, t + 1])) for b in range(2) for t in range(4)]
+    )
+    assert float(next_token_loss(logits, ids)) == pytest.approx(expected, rel=1e-6)
+    assert perplexity(float(next_token_loss(logits, ids))) == pytest.approx(math.exp(expected))
+
+
+def test_the_masked_lm_loss_scores_the_original_tokens_at_the_masked_positions() -> None:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 9, (3, 8), generator=generator)
+    mask = masked_positions(ids.shape, 0.25, torch.Generator().manual_seed(2))
+    assert mask.sum(dim=1).tolist() == [2, 2, 2]  # round(0.25 * 8) per sequence
+    inputs = masked_inputs(ids, mask, 9)
+    assert torch.equal(inputs[~mask], ids[~mask]) and bool((inputs[mask] == 9).all())
+    logits = torch.randn(3, 8, 10, generator=generator)
+    positions = mask.nonzero().tolist()
+    expected = np.mean([_cross_entropy(logits[b, t], int(ids[b, t])) for b, t in positions])
+    assert float(masked_lm_loss(logits, ids, mask)) == pytest.approx(expected, rel=1e-6)
+    # At least one position even where the share rounds to none: the loss stays defined.
+    tiny = masked_positions(torch.Size((2, 3)), 0.01, torch.Generator().manual_seed(0))
+    assert tiny.sum(dim=1).tolist() == [1, 1]
+
+
+def test_the_batches_of_an_epoch_are_a_permutation_known_from_the_step() -> None:
+    n, batch = 10, 4
+    stream = np.concatenate([batch_indices(step, batch, n, seed=3) for step in range(5)])
+    assert sorted(stream[:10].tolist()) == list(range(10))  # epoch 0
+    assert sorted(stream[10:20].tolist()) == list(range(10))  # epoch 1
+    assert stream[:10].tolist() != stream[10:20].tolist()
+    assert batch_indices(3, batch, n, seed=3).tolist() == stream[12:16].tolist()
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "task"), [(GPT2, "causal"), (BERT_MLM, "masked")])
+def test_a_run_trains_its_configuration_and_selects_the_lowest_validation_loss(
+    tmp_path: Path, spec: dict, task: str
+) -> None:
+    text = _pattern(tmp_path)
+    summary = train_text_run(
+        _run(),
+        _training(spec),
+        TextFinetuneSettings(sequence_length=LENGTH),
+        text,
+        tmp_path / "run",
+    )
+    metrics = pl.read_parquet(tmp_path / "run/metrics.parquet")
+    val = metrics.filter(pl.col("kind") == "val")
+    assert val["step"].to_list() == [4, 8, 12]
+    best = val.sort(["val_loss", "step"]).row(0, named=True)
+    assert summary["task"] == task and summary["status"] == "completed"
+    assert summary["best_step"] == best["step"]
+    assert summary["best_val_loss"] == best["val_loss"]
+    assert summary["best_val_perplexity"] == pytest.approx(math.exp(best["val_loss"]))
+    assert val["val_perplexity"].to_list() == pytest.approx([math.exp(v) for v in val["val_loss"]])
+    n = 40 * 25 // LENGTH  # 40 lines of 25 bytes, in sequences of LENGTH
+    assert summary["settings"]["resolved"]["split_sizes"] == {"train": n - n // 4, "val": n // 4}
+    assert not (tmp_path / "run/checkpoint.pt").exists()
+
+
+def test_a_run_stopped_by_sigterm_resumes_to_the_same_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM after step 7 (between checkpoints): the run writes its checkpoint and stops;
+    the next process resumes it and ends with the uninterrupted run's rows."""
+    text = _pattern(tmp_path)
+    settings = (_run(), _training(BERT_MLM), TextFinetuneSettings(sequence_length=LENGTH), text)
+    whole = train_text_run(*settings, tmp_path / "whole")
+    step = text_run.training_step
+
+    def stopped_after_seven(context, step_index):  # the real step, then the signal
+        result = step(context, step_index)
+        if step_index == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(text_run, "training_step", stopped_after_seven)
+    with pytest.raises(Preempted, match="after step 7"):
+        train_text_run(*settings, tmp_path / "split")
+    assert (tmp_path / "split/checkpoint.pt").is_file()
+    monkeypatch.setattr(text_run, "training_step", step)
+    resumed = train_text_run(*settings, tmp_path / "split")
+    assert resumed["resumed"] is True
+    assert pl.read_parquet(tmp_path / "split/metrics.parquet").equals(
+        pl.read_parquet(tmp_path / "whole/metrics.parquet")
+    )
+    assert resumed["best_val_loss"] == whole["best_val_loss"]
+
+
+def test_an_encoder_without_its_masked_lm_head_is_refused_naming_the_class(tmp_path: Path) -> None:
+    bare = {key: value for key, value in BERT_MLM.items() if key != "model_class"}
+    with pytest.raises(UnsupportedModel, match=r"BertModel.*model_class: BertForMaskedLM"):
+        train_text_run(
+            _run(), _training(bare), TextFinetuneSettings(sequence_length=LENGTH),
+            _pattern(tmp_path), tmp_path / "run",
+        )  # fmt: skip
+
+
+def test_an_image_model_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    vit = {"family": "timm", "timm_id": "vit_tiny_patch16_224", "weights": "random"}
+    with pytest.raises(UnsupportedModel, match=r"'tiny' takes images: .*vitplasticity finetune"):
+        train_text_run(
+            _run(), _training(vit), TextFinetuneSettings(sequence_length=LENGTH),
+            _pattern(tmp_path), tmp_path / "run",
+        )  # fmt: skip
+
+
+def test_lora_compile_and_a_sequence_beyond_the_positions_are_refused(tmp_path: Path) -> None:
+    text = _pattern(tmp_path)
+    with pytest.raises(UnsupportedModel, match="LoRA is not offered for text"):
+        train_text_run(
+            _run("lora"), _training(GPT2), TextFinetuneSettings(sequence_length=LENGTH), text,
+            tmp_path / "lora",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"^--compile \(finetune.compile\): not implemented"):
+        train_text_run(
+            _run(), _training(GPT2, compile=True), TextFinetuneSettings(sequence_length=LENGTH),
+            text, tmp_path / "compiled",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"--sequence-length 20 exceeds the 16 positions"):
+        train_text_run(
+            _run(), _training(GPT2), TextFinetuneSettings(sequence_length=20), text,
+            tmp_path / "long",
+        )  # fmt: skip
+
+
+def test_the_image_finetuning_refuses_a_text_model_naming_the_text_stage() -> None:
+    settings = FinetuneSettings(_run(), _training(GPT2))
+    with pytest.raises(ValueError, match=r"GPT2Model has no classification class.*text_finetune"):
+        build_run_model(settings, num_classes=3, device=torch.device("cpu"))

@@ -1,0 +1,94 @@
+"""Text finetuning through Snakemake (config text_finetune): a tiny random-init GPT2 (the
+next-token loss) and a tiny BERT in its masked-LM class (the masked-LM loss), every single
+component configuration, on a learnable synthetic text: the validation loss decreases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from tests.helpers.tiny_models import ENCODER_TINY_CONFIG, GPT2_TINY_CONFIG
+from tests.helpers.workflow import planned_jobs, snakemake
+
+MODELS = {
+    "tiny_gpt2": {
+        "family": "transformers",
+        "hf_id": "tiny-gpt2",
+        "weights": "random",
+        "config": {"model_type": "gpt2", **GPT2_TINY_CONFIG},
+    },
+    "tiny_bert": {
+        "family": "transformers",
+        "hf_id": "tiny-bert",
+        "weights": "random",
+        "model_class": "BertForMaskedLM",
+        "config": {"model_type": "bert", **ENCODER_TINY_CONFIG},
+    },
+}
+CONFIGURATIONS = ["ln1", "mha", "ln2", "fc1", "fc2"]
+TASKS = {"tiny_gpt2": "causal", "tiny_bert": "masked"}
+
+
+def _override(tmp_path: Path, enabled: bool = True) -> Path:
+    """The text_finetune block over the mini preset (whose finetune keys the runs take)."""
+    text = tmp_path / "pattern.txt"
+    # One repeated line of byte tokens: each token is its successor's cue, learnable.
+    text.write_text(("abcdefgh" * 3 + "\n") * 40)
+    override = {
+        "models": MODELS,
+        "text_finetune": {
+            "enabled": enabled,
+            "run_models": list(MODELS),
+            "datasets": {"pattern": str(text)},
+            "configurations": CONFIGURATIONS,
+            "lrs": [0.01],
+            "seeds": [0],
+            "steps": 20,
+            "val_every": 5,
+            "sequence_length": 12,
+        },
+    }
+    path = tmp_path / f"text_finetune_{'on' if enabled else 'off'}.yaml"
+    path.write_text(yaml.safe_dump(override))
+    return path
+
+
+@pytest.mark.slow
+def test_the_workflow_finetunes_each_component_of_a_causal_lm_and_an_encoder(
+    tmp_path: Path,
+) -> None:
+    override = _override(tmp_path)
+    dry = snakemake(tmp_path, "-n", "-p", "all", extra_configfiles=(override,))
+    assert planned_jobs(dry)["finetune_text"] == len(MODELS) * len(CONFIGURATIONS)
+    output = dry.stdout + dry.stderr
+    # The grid's keys, the finetune block's training keys and the text keys reach the command.
+    assert "vitplasticity finetune-text --experiment text_finetune --model tiny_bert" in output
+    assert (
+        "--optimizer adamw --steps 20 --val-every 5 --batch-size 16 --micro-batch-size 8" in output
+    )
+    assert "--tokenizer auto --sequence-length 12 --mask-probability 0.15" in output
+    disabled = snakemake(tmp_path, "-n", "all", extra_configfiles=(_override(tmp_path, False),))
+    assert "finetune_text" not in planned_jobs(disabled)
+
+    result = snakemake(tmp_path, "text_finetune_all", extra_configfiles=(override,))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    runs = tmp_path / "results/demo/finetune_text"
+    for model, task in TASKS.items():
+        for configuration in CONFIGURATIONS:
+            run = runs / model / "pattern" / configuration / "lr0.01_seed0"
+            summary = json.loads((run / "summary.json").read_text())
+            assert (summary["task"], summary["status"], summary["demo"]) == (
+                task,
+                "completed",
+                True,
+            )
+            val = pl.read_parquet(run / "metrics.parquet").filter(pl.col("kind") == "val")
+            losses = val["val_loss"].to_list()
+            assert val["step"].to_list() == [5, 10, 15, 20]
+            # Lower at the end than at the first validation point, and the best is the lowest.
+            assert losses[-1] < losses[0], (run, losses)
+            assert summary["best_val_loss"] == min(losses) < losses[0]
