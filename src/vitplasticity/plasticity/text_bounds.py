@@ -100,6 +100,7 @@ def text_model_bounds(
     import torch
 
     from vitplasticity.models.build import pick_device
+    from vitplasticity.models.text import tokenizer_name
     from vitplasticity.plasticity.bounds import (
         BoundsResult,
         beside_measured,
@@ -107,7 +108,6 @@ def text_model_bounds(
         counted,
         measured_plasticity,
     )
-    from vitplasticity.models.text import tokenizer_name
     from vitplasticity.plasticity.text import checked_text_spec, text_model
     from vitplasticity.plasticity.upper_bounds import (
         TokenStatistics,
