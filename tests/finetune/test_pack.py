@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests.helpers.tiny_finetune import cli_args
+from tests.helpers.tiny_vit import TINY_SPEC
 from tests.helpers.workflow import PRESETS, merged, planned_jobs, snakemake
 from vitplasticity import cli
 from vitplasticity.finetune import finished
@@ -236,12 +237,22 @@ def trained(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted_pack(demo_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """The pack of the interruption tests run once, never interrupted (what each signal's
+    rerun must equal); read only."""
+    reference = pack(tmp_path_factory.mktemp("uninterrupted"))
+    assert cli.main(argv(TINY_SPEC, demo_dataset, reference)) == 0
+    return reference
+
+
 @pytest.mark.parametrize(
     "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name
 )
 def test_a_rerun_trains_only_the_runs_an_interrupted_pack_did_not_finish(
     tiny_spec: TimmSpec,
     demo_dataset: Path,
+    uninterrupted_pack: list[dict],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     sig: signal.Signals,
@@ -270,9 +281,7 @@ def test_a_rerun_trains_only_the_runs_an_interrupted_pack_did_not_finish(
     resumed = [json.loads((f / "summary.json").read_text())["resumed"] for f in folders]
     assert resumed == [False, False, True, False]  # the third from its checkpoint
 
-    reference = pack(tmp_path / "uninterrupted")
-    assert cli.main(argv(tiny_spec, demo_dataset, reference)) == 0
-    for folder, entry in zip(folders, reference, strict=True):
+    for folder, entry in zip(folders, uninterrupted_pack, strict=True):
         ours, theirs = comparable(folder), comparable(Path(entry["out_dir"]))
         for key in ("resumed", "git_commit"):  # a kept run's commit is its first attempt's
             ours[0].pop(key), theirs[0].pop(key)
