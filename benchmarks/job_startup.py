@@ -205,10 +205,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     args = parse(argv)
     checkouts = [c.resolve() for c in args.checkout or [Path(__file__).resolve().parents[1]]]
     contenders = [Contender(c, p) for c in checkouts for p in dict.fromkeys(args.packing)]
-    rounds: dict[str, list[dict[str, float]]] = {c.name: [] for c in contenders}
+    # Named once: a commit made while it runs must not rename a contender.
+    names = {contender: contender.name for contender in contenders}
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in names.values()}
     for _ in range(args.rounds):
         for contender in contenders:
-            rounds[contender.name].append(measure(contender, args.runs, args.steps))
+            rounds[names[contender]].append(measure(contender, args.runs, args.steps))
     medians = {
         name: {key: statistics.median(r[key] for r in results) for key in results[0]}
         for name, results in rounds.items()
