@@ -250,7 +250,7 @@ HF_TEXT_TINY_CONFIG = {
     "max_position_embeddings": 16,
     "attn_implementation": "eager",
 }
-"""A tiny decoder LM config (Llama, Mistral, Qwen, Gemma): 2 layers of width 48, 3 query heads
+"""A tiny decoder LM config (Llama, Mistral, Qwen, Gemma 1/2/3): 2 layers of width 48, 3 query heads
 and 1 key/value head of 16, 64 token ids, 16 positions. The sliding windows below (4) are
 shorter than the test sequences (12 tokens), so that a wrong per-layer mask shows."""
 
@@ -276,6 +276,7 @@ HF_TEXT_TINY_MODELS: dict[str, tuple[str, str, str, dict]] = {
         "LlamaForCausalLM",
         {"attention_bias": True, "mlp_bias": True},  # untied lm_head, biases everywhere
     ),
+    "gemma_tiny": ("hf_llama", "GemmaConfig", "GemmaModel", {}),  # Llama's layer, Gemma's norms
     "gemma2_tiny": ("hf_gemma", "Gemma2Config", "Gemma2Model", {"sliding_window": 4}),
     "gemma3_tiny": (
         "hf_gemma",

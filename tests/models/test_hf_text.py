@@ -1,4 +1,4 @@
-"""The hf_llama (Llama, Mistral, Qwen2, Qwen3) and hf_gemma (Gemma 2, Gemma 3 text) families
+"""The hf_llama (Llama, Mistral, Qwen2, Qwen3, Gemma v1) and hf_gemma (Gemma 2, Gemma 3 text) families
 beyond the shared contract: plasticity in both protocols against an independent float64
 computation from the state dict (RMSNorm, rotary, grouped-query attention, causal and sliding
 softmax, SwiGLU / GeGLU), the per-layer context the model's own forward gives (sliding windows,
@@ -58,7 +58,8 @@ class Direct:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.config = model.config
-        self.gemma = "gemma" in self.config.model_type
+        self.gemma = "gemma" in self.config.model_type  # (1 + w) RMSNorm, scaled embedding
+        self.sandwich = self.config.model_type in ("gemma2", "gemma3_text")  # post-norms
         prefix = "model." if hasattr(model, "lm_head") else ""
         self.w = {
             k.removeprefix(prefix): v.detach().double().numpy()
@@ -71,7 +72,7 @@ class Direct:
             c.head_dim,
         )
         self.eps = c.rms_norm_eps
-        self.scaling = (c.query_pre_attn_scalar if self.gemma else self.d_h) ** -0.5
+        self.scaling = (c.query_pre_attn_scalar if self.sandwich else self.d_h) ** -0.5
         self.softcap = getattr(c, "attn_logit_softcapping", None)
         theta = c.rope_parameters["rope_theta"]
         self.inv_freq = 1.0 / theta ** (np.arange(0, self.d_h, 2) / self.d_h)
@@ -132,7 +133,7 @@ class Direct:
         return u / (1 + np.exp(-u))  # silu
 
     def ln2_name(self) -> str:
-        return "pre_feedforward_layernorm" if self.gemma else "post_attention_layernorm"
+        return "pre_feedforward_layernorm" if self.sandwich else "post_attention_layernorm"
 
     def ratios(self, x: np.ndarray, y: np.ndarray, protocol: str, fc1_mode: str) -> dict:
         """Per (block, component): numerator and denominator of one pair of sequences."""
@@ -152,8 +153,8 @@ class Direct:
                     b, "mlp.up_proj", t
                 )
 
-            def post(name, t, b=b):  # Gemma's sandwich post-norms
-                return self.norm(b, name, t) if self.gemma else t
+            def post(name, t, b=b):  # Gemma 2/3's sandwich post-norms
+                return self.norm(b, name, t) if self.sandwich else t
 
             if protocol == "embedding":
                 parts = embedding_protocol(
@@ -200,6 +201,7 @@ DIRECT_CASES = [
     "mistral_tiny",  # a sliding window of 4 on every layer
     "qwen2_tiny",  # q/k/v biases, a sliding window on layer 1 only
     "qwen3_tiny",  # per-head q_norm / k_norm
+    "gemma_tiny",  # (1 + w) RMSNorm, scaled embedding, GeGLU, Llama's layer (no post-norms)
     "gemma2_tiny",  # (1 + w) RMSNorm, scaled embedding, softcapped logits, sandwich norms
 ]
 
@@ -252,12 +254,20 @@ def test_sdpa_measures_what_eager_does() -> None:
 def test_each_layer_gets_the_window_its_config_gives() -> None:
     windows = {
         case_id: architecture_for(model := tiny(case_id)).windows(model)
-        for case_id in ("llama_tiny", "mistral_tiny", "qwen2_tiny", "gemma2_tiny", "gemma3_tiny")
+        for case_id in (
+            "llama_tiny",
+            "mistral_tiny",
+            "qwen2_tiny",
+            "gemma_tiny",
+            "gemma2_tiny",
+            "gemma3_tiny",
+        )
     }
     assert windows == {
         "llama_tiny": [None, None],
         "mistral_tiny": [4, 4],
         "qwen2_tiny": [None, 4],  # max_window_layers=1: layers from 1 on slide
+        "gemma_tiny": [None, None],  # Gemma v1 never slides
         "gemma2_tiny": [4, None],  # Gemma2 alternates sliding and global layers
         "gemma3_tiny": [4, None],
     }
@@ -281,7 +291,7 @@ def test_gemma3_layers_get_their_local_or_global_rotary_table() -> None:
 
 
 def test_gemma_embedding_output_is_scaled_by_the_root_of_the_width() -> None:
-    for case_id in ("gemma2_tiny", "gemma3_tiny"):
+    for case_id in ("gemma_tiny", "gemma2_tiny", "gemma3_tiny"):
         model = tiny(case_id)
         batch = ids(2, 5, seed=0)
         tokens = architecture_for(model).embed(model, batch).tokens
@@ -375,6 +385,18 @@ def test_llama_parameter_groups() -> None:
     assert "layers.0.self_attn.k_norm.weight" in qwen3["mha"]
 
 
+def test_gemma_v1_has_llamas_groups_and_no_post_norms() -> None:
+    """Gemma v1's post_attention_layernorm is its LN2 (the norm before the MLP), not a
+    post-branch norm as Gemma 2's is."""
+    model = tiny("gemma_tiny")
+    assert architecture_for(model).name == "hf_llama"
+    groups = _groups(model)
+    assert groups["ln2"] == {f"layers.{i}.post_attention_layernorm.weight" for i in range(2)}
+    assert groups["emb"] == {"embed_tokens.weight"}
+    assert groups["head"] == {"norm.weight"}
+    assert architecture_for(model).declared(model) == []
+
+
 def test_gemma_post_norms_are_declared_with_the_component_they_normalise() -> None:
     model = tiny("gemma3_tiny")
     parameters = ParameterMap(architecture_for(model), model)
@@ -424,7 +446,7 @@ def test_lora_adapts_every_attention_projection() -> None:
     }
 
 
-@pytest.mark.parametrize("case_id", ["llama_tiny", "gemma2_tiny"])
+@pytest.mark.parametrize("case_id", ["llama_tiny", "gemma_tiny", "gemma2_tiny"])
 def test_stages_refused_by_name(case_id: str) -> None:
     model = tiny(case_id)
     architecture = architecture_for(model)

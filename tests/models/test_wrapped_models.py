@@ -55,6 +55,7 @@ TEXT_CONFIGS = {
     "Mistral": ("MistralConfig", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0, "sliding_window": 4}),
     "Qwen2": ("Qwen2Config", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0}),
     "Qwen3": ("Qwen3Config", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0}),
+    "Gemma": ("GemmaConfig", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0}),
     "Gemma2": ("Gemma2Config", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0, "sliding_window": 4}),
     "Gemma3": ("Gemma3TextConfig", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0}),
     "Bert": ("BertConfig", ENCODER_TINY_CONFIG),
@@ -129,6 +130,7 @@ WRAPPED: list[Wrapped] = [
         for family in ("Llama", "Mistral", "Qwen2", "Qwen3")
         for task in (*TASKS, "ForQuestionAnswering")
     ),
+    *(_text(f"Gemma{task}", "Gemma", "GemmaModel") for task in TASKS),
     *(_text(f"Gemma2{task}", "Gemma2", "Gemma2Model") for task in TASKS),
     _text("Gemma3ForCausalLM", "Gemma3", "Gemma3TextModel"),
     _text("Gemma3TextForSequenceClassification", "Gemma3", "Gemma3TextModel"),
@@ -338,6 +340,7 @@ def test_the_export_applied_by_peft_trains_exactly_the_configuration(name: str) 
         "GPT2ForSequenceClassification",
         "LlamaForCausalLM",
         "Qwen3ForSequenceClassification",
+        "GemmaForCausalLM",
         "Gemma3ForCausalLM",
         "BertForMaskedLM",
         "RobertaForSequenceClassification",

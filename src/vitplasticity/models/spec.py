@@ -245,7 +245,10 @@ HF_MODEL_KEYS = frozenset(
 
 TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
     "tokens": frozenset(
-        {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "bert", "roberta"}
+        {
+            *("gpt2", "llama", "mistral", "qwen2", "qwen3"),
+            *("gemma", "gemma2", "gemma3_text", "bert", "roberta"),
+        }
     ),
     "images": frozenset(
         {
@@ -296,6 +299,8 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
             for bare in ("Llama", "Mistral", "Qwen2", "Qwen3")
             for task in ("Model", *_DECODER_TASKS)
         ),
+        *("GemmaModel", "GemmaForCausalLM", "GemmaForSequenceClassification"),
+        "GemmaForTokenClassification",
         *("Gemma2Model", "Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
         "Gemma2ForTokenClassification",
         *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),

@@ -1,5 +1,5 @@
-"""What transformers' decoder-only language models share (Llama, Mistral, Qwen2, Qwen3, Gemma 2
-and 3): token-id inputs, a causal (per layer possibly sliding-window) mask and rotary positions
+"""What transformers' decoder-only language models share (Llama, Mistral, Qwen2, Qwen3, Gemma 1,
+2 and 3): token-id inputs, a causal (per layer possibly sliding-window) mask and rotary positions
 handed to every layer, RMSNorm pre-norms and a gated MLP (docs/protocol.md, section 3.1).
 
 A layer is ``input_layernorm`` -> ``self_attn`` -> residual, then a norm -> ``mlp`` (``down_proj(
