@@ -32,7 +32,9 @@ from vitplasticity.plasticity.measure import measure
 transformers = pytest.importorskip("transformers")
 
 VOCAB = HF_TEXT_TINY_CONFIG["vocab_size"]
-HF_TEXT_CASES = {case.id: case for case in TINY_MODELS if case.family in ("hf_llama", "hf_gemma")}
+HF_TEXT_CASES = {
+    case.id: case for case in TINY_MODELS if case.family in ("hf_llama", "hf_gemma", "hf_phi3")
+}
 
 # transformers computes RMSNorm (Llama: x.to(float32); Gemma: x.float()) and the rotary angles in
 # float32 even in a float64 model: the model agrees with float64 numpy at float32 precision
@@ -71,18 +73,34 @@ class Direct:
             c.num_key_value_heads,
             c.head_dim,
         )
+        if c.model_type == "phi3":  # fused projections: row blocks of one weight
+            q_rows, kv_rows = self.heads * self.d_h, self.kv_heads * self.d_h
+            self.split("self_attn.qkv", {"q": q_rows, "k": kv_rows, "v": kv_rows})
+            self.split("mlp.gate_up", {"gate": c.intermediate_size, "up": c.intermediate_size})
         self.eps = c.rms_norm_eps
         self.scaling = (c.query_pre_attn_scalar if self.sandwich else self.d_h) ** -0.5
         self.softcap = getattr(c, "attn_logit_softcapping", None)
         theta = c.rope_parameters["rope_theta"]
         self.inv_freq = 1.0 / theta ** (np.arange(0, self.d_h, 2) / self.d_h)
-        if c.model_type == "mistral":
+        if c.model_type in ("mistral", "phi3"):
             self.windows = [c.sliding_window] * c.num_hidden_layers
         else:
             self.windows = [
                 c.sliding_window if t == "sliding_attention" else None
                 for t in getattr(c, "layer_types", ["full_attention"] * c.num_hidden_layers)
             ]
+
+    def split(self, fused: str, rows: dict[str, int]) -> None:
+        """Each layer's fused ``{fused}_proj`` weight as its row blocks, in order, named as
+        the separate projections (``{part}_proj``)."""
+        module, _, parts = fused.rpartition(".")
+        for block in range(self.config.num_hidden_layers):
+            prefix = f"layers.{block}.{module}"
+            weight = self.w.pop(f"{prefix}.{parts}_proj.weight")
+            assert len(weight) == sum(rows.values())
+            bounds = np.cumsum([0, *rows.values()])
+            for part, start, stop in zip(rows, bounds[:-1], bounds[1:], strict=True):
+                self.w[f"{prefix}.{part}_proj.weight"] = weight[start:stop]
 
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
         table = self.w["embed_tokens.weight"][token_ids]
@@ -203,6 +221,7 @@ DIRECT_CASES = [
     "qwen3_tiny",  # per-head q_norm / k_norm
     "gemma_tiny",  # (1 + w) RMSNorm, scaled embedding, GeGLU, Llama's layer (no post-norms)
     "gemma2_tiny",  # (1 + w) RMSNorm, scaled embedding, softcapped logits, sandwich norms
+    "phi3_tiny",  # fused qkv_proj and gate_up_proj, a sliding window of 4 on every layer
 ]
 
 
@@ -261,6 +280,7 @@ def test_each_layer_gets_the_window_its_config_gives() -> None:
             "gemma_tiny",
             "gemma2_tiny",
             "gemma3_tiny",
+            "phi3_tiny",
         )
     }
     assert windows == {
@@ -270,6 +290,7 @@ def test_each_layer_gets_the_window_its_config_gives() -> None:
         "gemma_tiny": [None, None],  # Gemma v1 never slides
         "gemma2_tiny": [4, None],  # Gemma2 alternates sliding and global layers
         "gemma3_tiny": [4, None],
+        "phi3_tiny": [4, 4],  # Phi3 slides on every layer when sliding_window is set
     }
     mask = additive_mask(6, 4, torch.zeros(1, dtype=torch.float64))[0, 0] == 0
     assert mask[5].tolist() == [False, False, True, True, True, True]  # 4 keys: itself + 3 back
@@ -307,7 +328,9 @@ def _broken(case_id: str, **methods):
     return type("Broken", (base,), methods)(), model, HF_TEXT_CASES[case_id].inputs(3)
 
 
-@pytest.mark.parametrize("case_id", ["mistral_tiny", "qwen2_tiny", "gemma2_tiny", "gemma3_tiny"])
+@pytest.mark.parametrize(
+    "case_id", ["mistral_tiny", "qwen2_tiny", "gemma2_tiny", "gemma3_tiny", "phi3_tiny"]
+)
 def test_the_contract_sees_a_missing_sliding_window(case_id: str) -> None:
     architecture, model, inputs = _broken(
         case_id, windows=lambda self, model: [None] * model.config.num_hidden_layers
@@ -397,6 +420,27 @@ def test_gemma_v1_has_llamas_groups_and_no_post_norms() -> None:
     assert architecture_for(model).declared(model) == []
 
 
+def test_phi3_fused_projections_are_trained_and_adapted_whole() -> None:
+    """q/k/v and gate/up are row blocks of one weight each: MHA owns ``qkv_proj`` and
+    ``o_proj``, FC1 ``gate_up_proj``; LoRA adapts the fused weight; ``fc1: up`` is refused."""
+    model = tiny("phi3_tiny")
+    architecture = architecture_for(model)
+    groups = _groups(model)
+    assert groups["mha"] == {
+        f"layers.{i}.self_attn.{p}_proj.weight" for i in range(2) for p in ("qkv", "o")
+    }
+    assert groups["ln1"] == {f"layers.{i}.input_layernorm.weight" for i in range(2)}
+    assert groups["ln2"] == {f"layers.{i}.post_attention_layernorm.weight" for i in range(2)}
+    assert groups["fc1"] == {f"layers.{i}.mlp.gate_up_proj.weight" for i in range(2)}
+    assert groups["fc2"] == {f"layers.{i}.mlp.down_proj.weight" for i in range(2)}
+    assert groups["emb"] == {"embed_tokens.weight"} and groups["head"] == {"norm.weight"}
+    assert architecture.lora_targets(model) == [
+        f"layers.{i}.self_attn.{p}_proj" for i in range(2) for p in ("o", "qkv")
+    ]
+    with pytest.raises(UnsupportedModel, match="fc1 mode 'up' needs separate gate and up"):
+        measure(model, ids(2, 8, seed=1), ids(2, 8, seed=2), fc1="up")
+
+
 def test_gemma_post_norms_are_declared_with_the_component_they_normalise() -> None:
     model = tiny("gemma3_tiny")
     parameters = ParameterMap(architecture_for(model), model)
@@ -446,7 +490,7 @@ def test_lora_adapts_every_attention_projection() -> None:
     }
 
 
-@pytest.mark.parametrize("case_id", ["llama_tiny", "gemma_tiny", "gemma2_tiny"])
+@pytest.mark.parametrize("case_id", ["llama_tiny", "gemma_tiny", "gemma2_tiny", "phi3_tiny"])
 def test_stages_refused_by_name(case_id: str) -> None:
     model = tiny(case_id)
     architecture = architecture_for(model)
