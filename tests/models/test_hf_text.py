@@ -516,7 +516,8 @@ def test_flash_or_flex_attention_and_bidirectional_gemma_are_refused() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Classes refused by name: no LN1 / LN2 in the paper's sense
+# Classes refused by name: no LN1 / LN2 in the paper's sense (parallel blocks; OLMo2's norms
+# after each branch and none before)
 
 TINY = {"hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 3, "vocab_size": 64}
 
@@ -525,6 +526,8 @@ REFUSED_MODELS = {
     "FalconModel": ("FalconConfig", {}, "in parallel on the normed input"),
     "PhiModel": ("PhiConfig", {"intermediate_size": 96}, "in parallel on one normed input"),
     "GPTNeoXModel": ("GPTNeoXConfig", {"intermediate_size": 96}, "use_parallel_residual"),
+    "Olmo2Model": ("Olmo2Config", {"intermediate_size": 96}, "no norm before attention"),
+    "Olmo2ForCausalLM": ("Olmo2Config", {"intermediate_size": 96}, "each branch's output"),
 }
 
 

@@ -76,6 +76,11 @@ REFUSED: dict[str, str] = {
         "Phi blocks run attention and MLP in parallel on one normed input (x + attn(ln(x)) + "
         f"mlp(ln(x))): a single norm, {_NO_LN1_LN2}"
     ),
+    "Olmo2PreTrainedModel": (
+        "OLMo2 blocks have no norm before attention or the MLP: they normalise each branch's "
+        "output (x + post_attention_layernorm(attn(x)), x + post_feedforward_layernorm(mlp(x))), "
+        f"{_NO_LN1_LN2}"
+    ),
     "GPTNeoXPreTrainedModel": (
         "GPT-NeoX blocks with use_parallel_residual (the default) add attention and MLP of the "
         f"same input in parallel: {_NO_LN1_LN2}; no family maps its sequential variant"
