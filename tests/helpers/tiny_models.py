@@ -250,7 +250,7 @@ HF_TEXT_TINY_CONFIG = {
     "max_position_embeddings": 16,
     "attn_implementation": "eager",
 }
-"""A tiny decoder LM config (Llama, Mistral, Qwen, Gemma): 2 layers of width 48, 3 query heads
+"""A tiny decoder LM config (Llama, Mistral, Qwen, Gemma 1/2/3): 2 layers of width 48, 3 query heads
 and 1 key/value head of 16, 64 token ids, 16 positions. The sliding windows below (4) are
 shorter than the test sequences (12 tokens), so that a wrong per-layer mask shows."""
 
@@ -276,6 +276,7 @@ HF_TEXT_TINY_MODELS: dict[str, tuple[str, str, str, dict]] = {
         "LlamaForCausalLM",
         {"attention_bias": True, "mlp_bias": True},  # untied lm_head, biases everywhere
     ),
+    "gemma_tiny": ("hf_llama", "GemmaConfig", "GemmaModel", {}),  # Llama's layer, Gemma's norms
     "gemma2_tiny": ("hf_gemma", "Gemma2Config", "Gemma2Model", {"sliding_window": 4}),
     "gemma3_tiny": (
         "hf_gemma",
@@ -284,8 +285,16 @@ HF_TEXT_TINY_MODELS: dict[str, tuple[str, str, str, dict]] = {
         # local (sliding, rope theta 1e4) then global (full, rope theta 1e6) layer
         {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
     ),
+    "phi3_tiny": (
+        "hf_phi3",
+        "Phi3Config",
+        "Phi3Model",
+        # fused qkv_proj and gate_up_proj, a sliding window of 4 on every layer; special token
+        # ids within the 64 (Phi3's defaults are 32000, past the tiny vocabulary)
+        {"sliding_window": 4, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
 }
-"""The transformers decoder LMs of the hf_llama and hf_gemma families, built from their config
+"""The transformers decoder LMs of the hf_llama, hf_gemma and hf_phi3 families, built from their config
 class with :data:`HF_TEXT_TINY_CONFIG` (no hub)."""
 
 

@@ -1,4 +1,4 @@
-"""The hf_llama (Llama, Mistral, Qwen2, Qwen3) and hf_gemma (Gemma 2, Gemma 3 text) families
+"""The hf_llama (Llama, Mistral, Qwen2, Qwen3, Gemma v1) and hf_gemma (Gemma 2, Gemma 3 text) families
 beyond the shared contract: plasticity in both protocols against an independent float64
 computation from the state dict (RMSNorm, rotary, grouped-query attention, causal and sliding
 softmax, SwiGLU / GeGLU), the per-layer context the model's own forward gives (sliding windows,
@@ -32,7 +32,9 @@ from vitplasticity.plasticity.measure import measure
 transformers = pytest.importorskip("transformers")
 
 VOCAB = HF_TEXT_TINY_CONFIG["vocab_size"]
-HF_TEXT_CASES = {case.id: case for case in TINY_MODELS if case.family in ("hf_llama", "hf_gemma")}
+HF_TEXT_CASES = {
+    case.id: case for case in TINY_MODELS if case.family in ("hf_llama", "hf_gemma", "hf_phi3")
+}
 
 # transformers computes RMSNorm (Llama: x.to(float32); Gemma: x.float()) and the rotary angles in
 # float32 even in a float64 model: the model agrees with float64 numpy at float32 precision
@@ -58,7 +60,8 @@ class Direct:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.config = model.config
-        self.gemma = "gemma" in self.config.model_type
+        self.gemma = "gemma" in self.config.model_type  # (1 + w) RMSNorm, scaled embedding
+        self.sandwich = self.config.model_type in ("gemma2", "gemma3_text")  # post-norms
         prefix = "model." if hasattr(model, "lm_head") else ""
         self.w = {
             k.removeprefix(prefix): v.detach().double().numpy()
@@ -70,18 +73,34 @@ class Direct:
             c.num_key_value_heads,
             c.head_dim,
         )
+        if c.model_type == "phi3":  # fused projections: row blocks of one weight
+            q_rows, kv_rows = self.heads * self.d_h, self.kv_heads * self.d_h
+            self.split("self_attn.qkv", {"q": q_rows, "k": kv_rows, "v": kv_rows})
+            self.split("mlp.gate_up", {"gate": c.intermediate_size, "up": c.intermediate_size})
         self.eps = c.rms_norm_eps
-        self.scaling = (c.query_pre_attn_scalar if self.gemma else self.d_h) ** -0.5
+        self.scaling = (c.query_pre_attn_scalar if self.sandwich else self.d_h) ** -0.5
         self.softcap = getattr(c, "attn_logit_softcapping", None)
         theta = c.rope_parameters["rope_theta"]
         self.inv_freq = 1.0 / theta ** (np.arange(0, self.d_h, 2) / self.d_h)
-        if c.model_type == "mistral":
+        if c.model_type in ("mistral", "phi3"):
             self.windows = [c.sliding_window] * c.num_hidden_layers
         else:
             self.windows = [
                 c.sliding_window if t == "sliding_attention" else None
                 for t in getattr(c, "layer_types", ["full_attention"] * c.num_hidden_layers)
             ]
+
+    def split(self, fused: str, rows: dict[str, int]) -> None:
+        """Each layer's fused ``{fused}_proj`` weight as its row blocks, in order, named as
+        the separate projections (``{part}_proj``)."""
+        module, _, parts = fused.rpartition(".")
+        for block in range(self.config.num_hidden_layers):
+            prefix = f"layers.{block}.{module}"
+            weight = self.w.pop(f"{prefix}.{parts}_proj.weight")
+            assert len(weight) == sum(rows.values())
+            bounds = np.cumsum([0, *rows.values()])
+            for part, start, stop in zip(rows, bounds[:-1], bounds[1:], strict=True):
+                self.w[f"{prefix}.{part}_proj.weight"] = weight[start:stop]
 
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
         table = self.w["embed_tokens.weight"][token_ids]
@@ -132,7 +151,7 @@ class Direct:
         return u / (1 + np.exp(-u))  # silu
 
     def ln2_name(self) -> str:
-        return "pre_feedforward_layernorm" if self.gemma else "post_attention_layernorm"
+        return "pre_feedforward_layernorm" if self.sandwich else "post_attention_layernorm"
 
     def ratios(self, x: np.ndarray, y: np.ndarray, protocol: str, fc1_mode: str) -> dict:
         """Per (block, component): numerator and denominator of one pair of sequences."""
@@ -152,8 +171,8 @@ class Direct:
                     b, "mlp.up_proj", t
                 )
 
-            def post(name, t, b=b):  # Gemma's sandwich post-norms
-                return self.norm(b, name, t) if self.gemma else t
+            def post(name, t, b=b):  # Gemma 2/3's sandwich post-norms
+                return self.norm(b, name, t) if self.sandwich else t
 
             if protocol == "embedding":
                 parts = embedding_protocol(
@@ -200,7 +219,9 @@ DIRECT_CASES = [
     "mistral_tiny",  # a sliding window of 4 on every layer
     "qwen2_tiny",  # q/k/v biases, a sliding window on layer 1 only
     "qwen3_tiny",  # per-head q_norm / k_norm
+    "gemma_tiny",  # (1 + w) RMSNorm, scaled embedding, GeGLU, Llama's layer (no post-norms)
     "gemma2_tiny",  # (1 + w) RMSNorm, scaled embedding, softcapped logits, sandwich norms
+    "phi3_tiny",  # fused qkv_proj and gate_up_proj, a sliding window of 4 on every layer
 ]
 
 
@@ -252,14 +273,24 @@ def test_sdpa_measures_what_eager_does() -> None:
 def test_each_layer_gets_the_window_its_config_gives() -> None:
     windows = {
         case_id: architecture_for(model := tiny(case_id)).windows(model)
-        for case_id in ("llama_tiny", "mistral_tiny", "qwen2_tiny", "gemma2_tiny", "gemma3_tiny")
+        for case_id in (
+            "llama_tiny",
+            "mistral_tiny",
+            "qwen2_tiny",
+            "gemma_tiny",
+            "gemma2_tiny",
+            "gemma3_tiny",
+            "phi3_tiny",
+        )
     }
     assert windows == {
         "llama_tiny": [None, None],
         "mistral_tiny": [4, 4],
         "qwen2_tiny": [None, 4],  # max_window_layers=1: layers from 1 on slide
+        "gemma_tiny": [None, None],  # Gemma v1 never slides
         "gemma2_tiny": [4, None],  # Gemma2 alternates sliding and global layers
         "gemma3_tiny": [4, None],
+        "phi3_tiny": [4, 4],  # Phi3 slides on every layer when sliding_window is set
     }
     mask = additive_mask(6, 4, torch.zeros(1, dtype=torch.float64))[0, 0] == 0
     assert mask[5].tolist() == [False, False, True, True, True, True]  # 4 keys: itself + 3 back
@@ -281,7 +312,7 @@ def test_gemma3_layers_get_their_local_or_global_rotary_table() -> None:
 
 
 def test_gemma_embedding_output_is_scaled_by_the_root_of_the_width() -> None:
-    for case_id in ("gemma2_tiny", "gemma3_tiny"):
+    for case_id in ("gemma_tiny", "gemma2_tiny", "gemma3_tiny"):
         model = tiny(case_id)
         batch = ids(2, 5, seed=0)
         tokens = architecture_for(model).embed(model, batch).tokens
@@ -297,7 +328,9 @@ def _broken(case_id: str, **methods):
     return type("Broken", (base,), methods)(), model, HF_TEXT_CASES[case_id].inputs(3)
 
 
-@pytest.mark.parametrize("case_id", ["mistral_tiny", "qwen2_tiny", "gemma2_tiny", "gemma3_tiny"])
+@pytest.mark.parametrize(
+    "case_id", ["mistral_tiny", "qwen2_tiny", "gemma2_tiny", "gemma3_tiny", "phi3_tiny"]
+)
 def test_the_contract_sees_a_missing_sliding_window(case_id: str) -> None:
     architecture, model, inputs = _broken(
         case_id, windows=lambda self, model: [None] * model.config.num_hidden_layers
@@ -375,6 +408,39 @@ def test_llama_parameter_groups() -> None:
     assert "layers.0.self_attn.k_norm.weight" in qwen3["mha"]
 
 
+def test_gemma_v1_has_llamas_groups_and_no_post_norms() -> None:
+    """Gemma v1's post_attention_layernorm is its LN2 (the norm before the MLP), not a
+    post-branch norm as Gemma 2's is."""
+    model = tiny("gemma_tiny")
+    assert architecture_for(model).name == "hf_llama"
+    groups = _groups(model)
+    assert groups["ln2"] == {f"layers.{i}.post_attention_layernorm.weight" for i in range(2)}
+    assert groups["emb"] == {"embed_tokens.weight"}
+    assert groups["head"] == {"norm.weight"}
+    assert architecture_for(model).declared(model) == []
+
+
+def test_phi3_fused_projections_are_trained_and_adapted_whole() -> None:
+    """q/k/v and gate/up are row blocks of one weight each: MHA owns ``qkv_proj`` and
+    ``o_proj``, FC1 ``gate_up_proj``; LoRA adapts the fused weight; ``fc1: up`` is refused."""
+    model = tiny("phi3_tiny")
+    architecture = architecture_for(model)
+    groups = _groups(model)
+    assert groups["mha"] == {
+        f"layers.{i}.self_attn.{p}_proj.weight" for i in range(2) for p in ("qkv", "o")
+    }
+    assert groups["ln1"] == {f"layers.{i}.input_layernorm.weight" for i in range(2)}
+    assert groups["ln2"] == {f"layers.{i}.post_attention_layernorm.weight" for i in range(2)}
+    assert groups["fc1"] == {f"layers.{i}.mlp.gate_up_proj.weight" for i in range(2)}
+    assert groups["fc2"] == {f"layers.{i}.mlp.down_proj.weight" for i in range(2)}
+    assert groups["emb"] == {"embed_tokens.weight"} and groups["head"] == {"norm.weight"}
+    assert architecture.lora_targets(model) == [
+        f"layers.{i}.self_attn.{p}_proj" for i in range(2) for p in ("o", "qkv")
+    ]
+    with pytest.raises(UnsupportedModel, match="fc1 mode 'up' needs separate gate and up"):
+        measure(model, ids(2, 8, seed=1), ids(2, 8, seed=2), fc1="up")
+
+
 def test_gemma_post_norms_are_declared_with_the_component_they_normalise() -> None:
     model = tiny("gemma3_tiny")
     parameters = ParameterMap(architecture_for(model), model)
@@ -424,7 +490,7 @@ def test_lora_adapts_every_attention_projection() -> None:
     }
 
 
-@pytest.mark.parametrize("case_id", ["llama_tiny", "gemma2_tiny"])
+@pytest.mark.parametrize("case_id", ["llama_tiny", "gemma_tiny", "gemma2_tiny", "phi3_tiny"])
 def test_stages_refused_by_name(case_id: str) -> None:
     model = tiny(case_id)
     architecture = architecture_for(model)
@@ -450,7 +516,8 @@ def test_flash_or_flex_attention_and_bidirectional_gemma_are_refused() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Classes refused by name: no LN1 / LN2 in the paper's sense
+# Classes refused by name: no LN1 / LN2 in the paper's sense (parallel blocks; OLMo2's norms
+# after each branch and none before)
 
 TINY = {"hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 3, "vocab_size": 64}
 
@@ -459,6 +526,8 @@ REFUSED_MODELS = {
     "FalconModel": ("FalconConfig", {}, "in parallel on the normed input"),
     "PhiModel": ("PhiConfig", {"intermediate_size": 96}, "in parallel on one normed input"),
     "GPTNeoXModel": ("GPTNeoXConfig", {"intermediate_size": 96}, "use_parallel_residual"),
+    "Olmo2Model": ("Olmo2Config", {"intermediate_size": 96}, "no norm before attention"),
+    "Olmo2ForCausalLM": ("Olmo2Config", {"intermediate_size": 96}, "each branch's output"),
 }
 
 

@@ -55,8 +55,13 @@ TEXT_CONFIGS = {
     "Mistral": ("MistralConfig", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0, "sliding_window": 4}),
     "Qwen2": ("Qwen2Config", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0}),
     "Qwen3": ("Qwen3Config", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0}),
+    "Gemma": ("GemmaConfig", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0}),
     "Gemma2": ("Gemma2Config", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0, "sliding_window": 4}),
     "Gemma3": ("Gemma3TextConfig", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0}),
+    "Phi3": (
+        "Phi3Config",
+        {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
     "Bert": ("BertConfig", ENCODER_TINY_CONFIG),
     "Roberta": ("RobertaConfig", ENCODER_TINY_CONFIG),
 }
@@ -129,9 +134,11 @@ WRAPPED: list[Wrapped] = [
         for family in ("Llama", "Mistral", "Qwen2", "Qwen3")
         for task in (*TASKS, "ForQuestionAnswering")
     ),
+    *(_text(f"Gemma{task}", "Gemma", "GemmaModel") for task in TASKS),
     *(_text(f"Gemma2{task}", "Gemma2", "Gemma2Model") for task in TASKS),
     _text("Gemma3ForCausalLM", "Gemma3", "Gemma3TextModel"),
     _text("Gemma3TextForSequenceClassification", "Gemma3", "Gemma3TextModel"),
+    *(_text(f"Phi3{task}", "Phi3", "Phi3Model") for task in TASKS),
     *(
         _text(f"{family}{task}", family, f"{family}Model")
         for family in ("Bert", "Roberta")
@@ -338,7 +345,9 @@ def test_the_export_applied_by_peft_trains_exactly_the_configuration(name: str) 
         "GPT2ForSequenceClassification",
         "LlamaForCausalLM",
         "Qwen3ForSequenceClassification",
+        "GemmaForCausalLM",
         "Gemma3ForCausalLM",
+        "Phi3ForCausalLM",
         "BertForMaskedLM",
         "RobertaForSequenceClassification",
         "ViTForImageClassification",
@@ -371,6 +380,7 @@ def _entry(folder: Path) -> dict:
         "GPT2LMHeadModel",
         "Qwen2ForSequenceClassification",
         "Gemma2ForTokenClassification",
+        "Phi3ForCausalLM",
         "ViTForImageClassification",
         "DeiTForImageClassificationWithTeacher",
     ],

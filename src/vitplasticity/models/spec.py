@@ -245,7 +245,10 @@ HF_MODEL_KEYS = frozenset(
 
 TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
     "tokens": frozenset(
-        {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "bert", "roberta"}
+        {
+            *("gpt2", "llama", "mistral", "qwen2", "qwen3"),
+            *("gemma", "gemma2", "gemma3_text", "phi3", "bert", "roberta"),
+        }
     ),
     "images": frozenset(
         {
@@ -296,8 +299,12 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
             for bare in ("Llama", "Mistral", "Qwen2", "Qwen3")
             for task in ("Model", *_DECODER_TASKS)
         ),
+        *("GemmaModel", "GemmaForCausalLM", "GemmaForSequenceClassification"),
+        "GemmaForTokenClassification",
         *("Gemma2Model", "Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
         "Gemma2ForTokenClassification",
+        *("Phi3Model", "Phi3ForCausalLM", "Phi3ForSequenceClassification"),
+        "Phi3ForTokenClassification",
         *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
         *(f"{bare}{task}" for bare in ("Bert", "Roberta") for task in ("Model", *_ENCODER_TASKS)),
         *("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),

@@ -1,5 +1,5 @@
-"""What transformers' decoder-only language models share (Llama, Mistral, Qwen2, Qwen3, Gemma 2
-and 3): token-id inputs, a causal (per layer possibly sliding-window) mask and rotary positions
+"""What transformers' decoder-only language models share (Llama, Mistral, Qwen2, Qwen3, Gemma 1,
+2 and 3): token-id inputs, a causal (per layer possibly sliding-window) mask and rotary positions
 handed to every layer, RMSNorm pre-norms and a gated MLP (docs/protocol.md, section 3.1).
 
 A layer is ``input_layernorm`` -> ``self_attn`` -> residual, then a norm -> ``mlp`` (``down_proj(
@@ -52,7 +52,6 @@ MODEL_PARTS: tuple[str, ...] = ("embed_tokens", "layers", "norm", "rotary_emb")
 """What a bare decoder model holds: token embedding, layers, final norm, rotary embedding."""
 
 ATTENTION_LINEARS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_LINEARS: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
 
 _BOUNDS_REASON = (
     "the paper's bounds are stated for LayerNorm (RMSNorm does not centre) and for attention "
@@ -120,6 +119,12 @@ class HFDecoder(Architecture):
     """The bare model classes of the family, by class name."""
     ln2_name: str = ""
     """The layer's norm before the MLP."""
+    attention_linears: tuple[str, ...] = ATTENTION_LINEARS
+    """The attention's linear layers (in ``self_attn``), which LoRA adapts."""
+    fc1_linears: tuple[str, ...] = ("gate_proj", "up_proj")
+    """The MLP's first linear stage (in ``mlp``): its output is [gate | up]."""
+    activation: str = "act_fn"
+    """The MLP's activation (in ``mlp``)."""
 
     # --- what it is ---------------------------------------------------------------------------
 
@@ -186,24 +191,21 @@ class HFDecoder(Architecture):
 
     def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
         layer = f"layer {index} ({type(block).__name__}) of {type(model).__name__}"
-        wanted = [
-            "input_layernorm",
-            self.ln2_name,
-            *(f"self_attn.{name}" for name in ATTENTION_LINEARS),
-            *(f"mlp.{name}" for name in MLP_LINEARS),
+        linears = [
+            *(f"self_attn.{n}" for n in self.attention_linears),
+            *(f"mlp.{n}" for n in (*self.fc1_linears, "down_proj")),
         ]
         modules = dict(block.named_modules())
-        missing = [name for name in wanted if name not in modules]
+        missing = [
+            name for name in ["input_layernorm", self.ln2_name, *linears] if name not in modules
+        ]
         if missing:
             raise UnsupportedModel(f"{layer} is not a {self.title} layer: it lacks {missing}")
-        linears = [
-            *(f"self_attn.{n}" for n in ATTENTION_LINEARS),
-            *(f"mlp.{n}" for n in MLP_LINEARS),
-        ]
         not_linear = [name for name in linears if not _is_linear(modules[name])]
-        if not_linear or not hasattr(block.mlp, "act_fn"):
+        if not_linear or not hasattr(block.mlp, self.activation):
             raise UnsupportedModel(
-                f"{layer}: expected Linear {not_linear or linears} and an MLP activation act_fn"
+                f"{layer}: expected Linear {not_linear or linears} and an MLP activation "
+                f"{self.activation}"
             )
         width = block.input_layernorm.weight.shape[0]
         if block.mlp.down_proj.in_features < width:
@@ -217,12 +219,17 @@ class HFDecoder(Architecture):
 
     def components(self, block: nn.Module, fc1: str = "stage") -> dict[str, tuple[nn.Module, ...]]:
         mlp = block.mlp
+        if check_fc1_mode(fc1) == "up" and "up_proj" not in self.fc1_linears:
+            raise UnsupportedModel(
+                f"fc1 mode 'up' needs separate gate and up projections; {self.title} packs both "
+                f"in {'/'.join(self.fc1_linears)}"
+            )
         return {
             "ln1": (block.input_layernorm,),
             "mha": (block.self_attn,),
             "ln2": (getattr(block, self.ln2_name),),
-            "fc1": (mlp.gate_proj, mlp.up_proj)
-            if check_fc1_mode(fc1) == "stage"
+            "fc1": tuple(getattr(mlp, name) for name in self.fc1_linears)
+            if fc1 == "stage"
             else (mlp.up_proj,),
             "fc2": (mlp.down_proj,),
         }
@@ -325,7 +332,7 @@ class HFDecoder(Architecture):
         """The MLP from its mapped stages: FC1's output is the concatenation [gate(v), up(v)]
         (docs/protocol.md, section 3.1), split in halves for ``act(gate) * up``."""
         gate, up = torch.cat([linear(v) for linear in fc1], dim=-1).chunk(2, dim=-1)
-        hidden = block.mlp.act_fn(gate) * up
+        hidden = getattr(block.mlp, self.activation)(gate) * up
         return torch.cat([linear(hidden) for linear in fc2], dim=-1)
 
     # --- other stages -------------------------------------------------------------------------
@@ -341,11 +348,12 @@ class HFDecoder(Architecture):
         )
 
     def lora_targets(self, model: nn.Module) -> list[str]:
-        """``self_attn.{q,k,v,o}_proj`` of every layer (fully qualified names)."""
+        """The attention's linear layers in every layer (``self_attn.{q,k,v,o}_proj``; fully
+        qualified names)."""
         targets = {
             id(getattr(block.self_attn, name))
             for block in self.block_list(model)
-            for name in ATTENTION_LINEARS
+            for name in self.attention_linears
         }
         return [name for name, module in model.named_modules() if id(module) in targets]
 

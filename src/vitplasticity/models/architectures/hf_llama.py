@@ -1,5 +1,6 @@
-"""transformers ``LlamaModel``, ``MistralModel``, ``Qwen2Model`` and ``Qwen3Model`` (and their
-task classes, ``XForCausalLM``, ``XForSequenceClassification``...): one family, the layers share their structure (docs/protocol.md, section 3.1).
+"""transformers ``LlamaModel``, ``MistralModel``, ``Qwen2Model``, ``Qwen3Model`` and ``GemmaModel``
+(Gemma v1; and their task classes, ``XForCausalLM``, ``XForSequenceClassification``...): one
+family, the layers share their structure (docs/protocol.md, section 3.1).
 
 A layer is ``x + self_attn(input_layernorm(x))`` then ``x + down_proj(act(gate_proj(v)) *
 up_proj(v))`` with ``v = post_attention_layernorm(x)``: LN1 is ``input_layernorm``, MHA
@@ -11,7 +12,12 @@ The embedding is ``embed_tokens``; the head the final ``norm`` (and a task class
 How the context (causal and sliding-window masks, rotary cos/sin) is built:
 :mod:`~vitplasticity.models.architectures.hf_decoder`. Mistral slides its window on every layer when
 ``sliding_window`` is set; Qwen2 and Qwen3 on the layers ``layer_types`` marks
-``sliding_attention`` (``use_sliding_window`` with ``max_window_layers``); Llama never.
+``sliding_attention`` (``use_sliding_window`` with ``max_window_layers``); Llama and Gemma never.
+
+Gemma v1 is Llama's layer (pre-norms only, no post-branch norms: Gemma 2 and 3 add those,
+:mod:`~vitplasticity.models.architectures.hf_gemma`) with what Gemma changes inside modules:
+its RMSNorms multiply by ``1 + weight``, its ``embed_tokens`` scales by sqrt(hidden_size) (the
+embedding output is the scaled one), its MLP is GeGLU (``act_fn`` is gelu).
 """
 
 from __future__ import annotations
@@ -22,15 +28,17 @@ from vitplasticity.models.architectures.hf_decoder import HFDecoder, Variant
 
 
 class HFLlama(HFDecoder):
-    """transformers Llama, Mistral, Qwen2, Qwen3: RMSNorm pre-norms, rotary, SwiGLU MLP."""
+    """transformers Llama, Mistral, Qwen2, Qwen3, Gemma (v1): RMSNorm pre-norms, rotary, gated
+    MLP (SwiGLU; Gemma's GeGLU)."""
 
     name = "hf_llama"
-    title = "transformers LlamaModel / MistralModel / Qwen2Model / Qwen3Model"
-    model_types = ("llama", "mistral", "qwen2", "qwen3")
+    title = "transformers LlamaModel / MistralModel / Qwen2Model / Qwen3Model / GemmaModel"
+    model_types = ("llama", "mistral", "qwen2", "qwen3", "gemma")
     variants: ClassVar[dict[str, Variant]] = {
         "LlamaModel": Variant(windows="none"),
         "MistralModel": Variant(windows="config"),
         "Qwen2Model": Variant(windows="layer_types"),
         "Qwen3Model": Variant(windows="layer_types"),
+        "GemmaModel": Variant(windows="none"),
     }
     ln2_name = "post_attention_layernorm"
