@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+from typing import TYPE_CHECKING
 
 from vitplasticity.commands import add_image_model_arguments
 from vitplasticity.plasticity.settings import BoundsSettings
@@ -12,6 +13,9 @@ from vitplasticity.settings.declaration import (
     add_settings_arguments,
     settings_from_args,
 )
+
+if TYPE_CHECKING:
+    from vitplasticity.plasticity.bounds import BoundsResult
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +51,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_bounds(args: argparse.Namespace) -> int:
     """Compute (:func:`vitplasticity.plasticity.bounds.model_bounds`) and write the table (and figure)."""
     from vitplasticity.plasticity.bounds import model_bounds
-    from vitplasticity.utils.io import write_parquet
 
     settings = settings_from_args(BoundsSettings, args)
     result = model_bounds(args.model, args.model_spec, args.reference, settings, args.plasticity)
+    write_bounds(args, result)
+    return 0
+
+
+def write_bounds(args: argparse.Namespace, result: BoundsResult) -> None:
+    """Write a bounds result to ``--out`` (and its figure at ``--figure-prefix``), and log what
+    its bounds assumed: the tokens' extreme values and every undefined component's reason.
+    Both bounds commands (images: ``bounds``; text: ``text-bounds``) end here."""
+    from vitplasticity.utils.io import write_parquet
+
     write_parquet(args.out, result.table, result.metadata)
     if args.figure_prefix:
         from vitplasticity.report.figures import bounds_figure
@@ -69,4 +82,3 @@ def run_bounds(args: argparse.Namespace) -> int:
         stats.n_sequences,
         "".join(f"; no bound for {c}: {reason}" for c, reason in result.undefined.items()),
     )
-    return 0

@@ -105,30 +105,14 @@ def run_text_plasticity(args: argparse.Namespace) -> int:
 def run_text_bounds(args: argparse.Namespace) -> int:
     """Compute (:func:`vitplasticity.plasticity.text_bounds.text_model_bounds`) and write the
     table (and figure)."""
+    from vitplasticity.commands.bounds import write_bounds
     from vitplasticity.models.text import check_stated_positions
     from vitplasticity.plasticity.text_bounds import text_model_bounds
-    from vitplasticity.utils.io import write_parquet
 
     settings = settings_from_args(TextBoundsSettings, args)
     check_stated_positions(args.model, args.model_spec, settings.sequence_length)
     result = text_model_bounds(
         args.model, args.model_spec, args.reference, settings, args.plasticity
     )
-    write_parquet(args.out, result.table, result.metadata)
-    if args.figure_prefix:
-        from vitplasticity.report.figures import bounds_figure
-
-        outputs = [f"{args.figure_prefix}.{suffix}" for suffix in ("pdf", "png")]
-        bounds_figure(
-            result.table, outputs, demo=args.demo, title=args.model, undefined=result.undefined
-        )
-    stats = result.stats
-    log.info(
-        "wrote %s (min token std %.3g, r=%.3g, E=%.3g over %d sequences)",
-        args.out,
-        stats.min_variance**0.5,
-        stats.radius,
-        stats.energy,
-        stats.n_sequences,
-    )
+    write_bounds(args, result)
     return 0

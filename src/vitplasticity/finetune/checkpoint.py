@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,27 @@ def load_checkpoint(
         log.warning("%s was written by other settings; starting afresh", path)
         return None
     return state
+
+
+def restore_run(
+    state: Any,
+    saved: dict[str, Any],
+    trainable: Iterable[tuple[str, torch.nn.Parameter]],
+    optimizer: torch.optim.Optimizer,
+    path: str | os.PathLike[str],
+) -> None:
+    """Restore the checkpoint ``saved`` (read from ``path``) into a run: its trained
+    parameters into ``trainable``, its optimizer and RNG states, and into ``state`` (an image
+    or text run's progress) its rows, best point, step and earlier wall time."""
+    with torch.no_grad():
+        for name, parameter in trainable:
+            parameter.copy_(saved["trainable"][name])
+    optimizer.load_state_dict(saved["optimizer"])
+    restore_rng_states(saved["rng"])
+    state.rows, state.best = saved["rows"], saved["best"]
+    state.start_step, state.wall_before = saved["step"], saved["wall_seconds"]
+    state.resumed = True
+    log.info("resuming %s from step %d", path, state.start_step)
 
 
 def remove_checkpoint(path: str | os.PathLike[str]) -> None:

@@ -10,13 +10,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from vitplasticity.data import loader
 from vitplasticity.finetune.checkpoint import (
     fingerprint,
     load_checkpoint,
-    restore_rng_states,
+    restore_run,
     rng_states,
     save_checkpoint,
 )
@@ -49,15 +47,9 @@ class ResumableState:
         saved = load_checkpoint(context.checkpoint_path, state.key)
         if saved is None:
             return state
-        with torch.no_grad():
-            for name, parameter in context.run_model.trainable:
-                parameter.copy_(saved["trainable"][name])
-        context.optimizer.load_state_dict(saved["optimizer"])
-        restore_rng_states(saved["rng"])
-        state.rows, state.best = saved["rows"], saved["best"]
-        state.start_step, state.wall_before = saved["step"], saved["wall_seconds"]
-        state.resumed = True
-        log.info("resuming %s from step %d", context.checkpoint_path, state.start_step)
+        restore_run(
+            state, saved, context.run_model.trainable, context.optimizer, context.checkpoint_path
+        )
         return state
 
     def record(self, row: dict[str, Any]) -> None:

@@ -53,7 +53,7 @@ from vitplasticity.finetune.checkpoint import (
     fingerprint,
     load_checkpoint,
     remove_checkpoint,
-    restore_rng_states,
+    restore_run,
     rng_states,
     save_checkpoint,
 )
@@ -401,15 +401,7 @@ class TextRunState:
         saved = load_checkpoint(context.checkpoint_path, context.key())
         if saved is None:
             return state
-        with torch.no_grad():
-            for name, parameter in context.trainable:
-                parameter.copy_(saved["trainable"][name])
-        context.optimizer.load_state_dict(saved["optimizer"])
-        restore_rng_states(saved["rng"])
-        state.rows, state.best = saved["rows"], saved["best"]
-        state.start_step, state.wall_before = saved["step"], saved["wall_seconds"]
-        state.resumed = True
-        log.info("resuming %s from step %d", context.checkpoint_path, state.start_step)
+        restore_run(state, saved, context.trainable, context.optimizer, context.checkpoint_path)
         return state
 
 
