@@ -173,23 +173,6 @@ def test_packed_rules_run_every_run_once_under_names_that_stay(tmp_path: Path) -
     assert planned_jobs(again) == {}
 
 
-@pytest.mark.slow
-def test_packs_are_refused_on_a_cluster_executor_before_any_job(tmp_path: Path) -> None:
-    """A pack's content-derived rule name gets none of the profile's GPU requests: on a
-    cluster executor the workflow stops before its first submission, saying what to do."""
-    packed = tmp_path / "packed.yaml"
-    packed.write_text(yaml.safe_dump({"finetune": {"pack_runs": True}}))
-    result = snakemake(
-        tmp_path, "--executor", "slurm", "--jobs", "1", "all", extra_configfiles=(packed,)
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output[-3000:]
-    assert "finetune.pack_runs: true packs runs for one machine" in output
-    assert "slurm/profile.yaml" in output
-    assert 'File "' not in output, output[-3000:]  # the message alone, as a config error
-    assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
-
-
 RUN_CONFIGURATIONS = ("mha", "ln1", "fc1", "head")
 # Long enough to be caught mid-run (a checkpoint every 2 steps), a second or two each.
 STEPS = {"steps": "40", "val-every": "20"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,11 +14,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import polars as pl
 
+    from vitplasticity.plasticity.bounds import BoundsResult
     from vitplasticity.plasticity.summary import Measurement
     from vitplasticity.report.figures import FigureSettings
     from vitplasticity.utils.io import TableKind
 
 log = logging.getLogger(__name__)
+
+# Exit status of a finetuning run (image or text) stopped by SIGTERM after writing its
+# checkpoint (128 + SIGTERM): the scheduler sees a failed job and reruns it, which resumes.
+PREEMPTED_EXIT = 143
 
 
 def add_image_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,3 +133,29 @@ def figure_settings(args: argparse.Namespace) -> FigureSettings:
     from vitplasticity.report.figures import FigureSettings
 
     return FigureSettings(args.width_in, args.dpi, args.context)
+
+
+def write_bounds(args: argparse.Namespace, result: BoundsResult) -> None:
+    """Write a bounds result to ``--out`` (and its figure at ``--figure-prefix``), and log what
+    its bounds assumed: the tokens' extreme values and every undefined component's reason.
+    Both bounds commands (images: ``bounds``; text: ``text-bounds``) end here."""
+    from vitplasticity.utils.io import write_parquet
+
+    write_parquet(args.out, result.table, result.metadata)
+    if args.figure_prefix:
+        from vitplasticity.report.figures import bounds_figure
+
+        outputs = [f"{args.figure_prefix}.{suffix}" for suffix in ("pdf", "png")]
+        bounds_figure(
+            result.table, outputs, demo=args.demo, title=args.model, undefined=result.undefined
+        )
+    stats = result.stats
+    log.info(
+        "wrote %s (min token std %.3g, r=%.3g, E=%.3g over %d sequences)%s",
+        args.out,
+        math.sqrt(stats.min_variance),
+        stats.radius,
+        stats.energy,
+        stats.n_sequences,
+        "".join(f"; no bound for {c}: {reason}" for c, reason in result.undefined.items()),
+    )

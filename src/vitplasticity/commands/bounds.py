@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
-from typing import TYPE_CHECKING
 
-from vitplasticity.commands import add_image_model_arguments
+from vitplasticity.commands import add_image_model_arguments, write_bounds
 from vitplasticity.plasticity.settings import BoundsSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
     settings_from_args,
 )
-
-if TYPE_CHECKING:
-    from vitplasticity.plasticity.bounds import BoundsResult
 
 log = logging.getLogger(__name__)
 
@@ -56,29 +51,3 @@ def run_bounds(args: argparse.Namespace) -> int:
     result = model_bounds(args.model, args.model_spec, args.reference, settings, args.plasticity)
     write_bounds(args, result)
     return 0
-
-
-def write_bounds(args: argparse.Namespace, result: BoundsResult) -> None:
-    """Write a bounds result to ``--out`` (and its figure at ``--figure-prefix``), and log what
-    its bounds assumed: the tokens' extreme values and every undefined component's reason.
-    Both bounds commands (images: ``bounds``; text: ``text-bounds``) end here."""
-    from vitplasticity.utils.io import write_parquet
-
-    write_parquet(args.out, result.table, result.metadata)
-    if args.figure_prefix:
-        from vitplasticity.report.figures import bounds_figure
-
-        outputs = [f"{args.figure_prefix}.{suffix}" for suffix in ("pdf", "png")]
-        bounds_figure(
-            result.table, outputs, demo=args.demo, title=args.model, undefined=result.undefined
-        )
-    stats = result.stats
-    log.info(
-        "wrote %s (min token std %.3g, r=%.3g, E=%.3g over %d sequences)%s",
-        args.out,
-        math.sqrt(stats.min_variance),
-        stats.radius,
-        stats.energy,
-        stats.n_sequences,
-        "".join(f"; no bound for {c}: {reason}" for c, reason in result.undefined.items()),
-    )

@@ -6,6 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from vitplasticity.commands import PREEMPTED_EXIT
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
@@ -15,10 +16,6 @@ from vitplasticity.settings.declaration import (
 from vitplasticity.utils.io import check_writable
 
 log = logging.getLogger(__name__)
-
-# Exit status of a run stopped by SIGTERM after writing its checkpoint (128 + SIGTERM):
-# the scheduler sees a failed job and reruns it, which resumes.
-PREEMPTED_EXIT = 143
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

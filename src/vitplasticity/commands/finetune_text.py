@@ -7,7 +7,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from vitplasticity.commands.finetune import PREEMPTED_EXIT
+from vitplasticity.commands import PREEMPTED_EXIT
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.settings.declaration import add_settings_arguments, settings_from_args

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from vitplasticity.commands import add_measurement_outputs, write_measurement
+from vitplasticity.commands import add_measurement_outputs, write_bounds, write_measurement
 from vitplasticity.plasticity.settings import TextBoundsSettings, TextPlasticitySettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
@@ -105,7 +105,6 @@ def run_text_plasticity(args: argparse.Namespace) -> int:
 def run_text_bounds(args: argparse.Namespace) -> int:
     """Compute (:func:`vitplasticity.plasticity.text_bounds.text_model_bounds`) and write the
     table (and figure)."""
-    from vitplasticity.commands.bounds import write_bounds
     from vitplasticity.models.text import check_stated_positions
     from vitplasticity.plasticity.text_bounds import text_model_bounds
 
