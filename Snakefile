@@ -62,6 +62,7 @@ rule all:
         TARGETS.text_plasticity(),
         TARGETS.text_bounds(),
         TEXT_FINETUNE.targets(),
+        TEXT_FINETUNE.criteria_targets(),
         TARGETS.criteria(),
         TARGETS.recommend(),
         VERIFY.report_files(),
@@ -87,6 +88,7 @@ rule finetune_all:
 rule text_finetune_all:
     input:
         TEXT_FINETUNE.targets(),
+        TEXT_FINETUNE.criteria_targets(),
 
 
 rule recommend_all:

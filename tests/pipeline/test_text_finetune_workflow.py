@@ -92,3 +92,63 @@ def test_the_workflow_finetunes_each_component_of_a_causal_lm_and_an_encoder(
             # Lower at the end than at the first validation point, and the best is the lowest.
             assert losses[-1] < losses[0], (run, losses)
             assert summary["best_val_loss"] == min(losses) < losses[0]
+    # The criteria check ran on the grid: every configuration of each model selected, and the
+    # trainable-parameter baseline scored (no text plasticity or recommend-text here).
+    stats = tmp_path / "results/demo/stats/text_finetune"
+    selected = pl.read_parquet(stats / "selected.parquet")
+    assert selected.group_by("model").len().sort("model").rows() == [
+        ("tiny_bert", len(CONFIGURATIONS)),
+        ("tiny_gpt2", len(CONFIGURATIONS)),
+    ]
+    scores = pl.read_parquet(stats / "criteria.parquet").filter(pl.col("level") == "dataset")
+    assert set(scores["criterion"]) == {"trainable_parameters"}
+    assert "## tiny_gpt2 on pattern" in (stats / "criteria.md").read_text()
+
+
+def _criteria_override(tmp_path: Path, plasticity_file: Path) -> Path:
+    """The text grid's model and dataset measured by text_plasticity and recommend-text too."""
+    reference = tmp_path / "reference.txt"
+    reference.write_text("the quick brown fox\n" * 20)
+    override = yaml.safe_load(_override(tmp_path).read_text())
+    override["text_plasticity"] = {
+        "enabled": True,
+        "run_models": ["tiny_gpt2"],
+        "reference": str(reference),
+        "datasets": {"pattern": str(plasticity_file)},
+        "sequence_length": 12,
+        "n_pairs": 4,
+    }
+    override["recommend"] = {"enabled": True}
+    path = tmp_path / "text_criteria.yaml"
+    path.write_text(yaml.safe_dump(override))
+    return path
+
+
+def test_the_criteria_check_scores_recommend_text_and_text_plasticity_of_the_same_cells(
+    tmp_path: Path,
+) -> None:
+    """Where text_plasticity measures a model and dataset of the grid (same entry, same name
+    and file), text_criteria reads their plasticity summary and recommend-text table; a name
+    that means two files is refused before any job."""
+    override = _criteria_override(tmp_path, tmp_path / "pattern.txt")
+    dry = snakemake(tmp_path, "-n", "-p", "text_finetune_all", extra_configfiles=(override,))
+    output = dry.stdout + dry.stderr
+    assert dry.returncode == 0, output[-4000:]
+    assert planned_jobs(dry)["text_criteria"] == 1
+    command = output[output.index("vitplasticity text-criteria") :].split("\n")[0]
+    assert "recommend_text/tiny_gpt2/pattern.parquet" in command
+    assert "plasticity_text/tiny_gpt2/pattern_summary.parquet" in command
+    assert "recommend_text/tiny_bert" not in command  # text_plasticity does not measure it
+
+    other = tmp_path / "other.txt"
+    other.write_text("another text\n" * 10)
+    clash = snakemake(
+        tmp_path,
+        "-n",
+        "text_finetune_all",
+        extra_configfiles=(_criteria_override(tmp_path, other),),
+    )
+    assert clash.returncode != 0
+    assert (
+        "text_finetune.datasets.pattern" in clash.stderr and "one name, two files" in clash.stderr
+    )

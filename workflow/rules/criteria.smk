@@ -60,3 +60,28 @@ rule criteria_figure:
 rule criteria_all:
     input:
         TARGETS.criteria(),
+
+
+# recommend-text's ranking checked against the grid (vitplasticity.report.text_criteria): per
+# configuration the learning rate of lowest mean validation loss, then every criterion
+# (recommend-text's tables and text plasticity where they measure the grid's model and dataset,
+# the trainable-parameter baseline) scored against it as the image criteria are.
+rule text_criteria:
+    input:
+        runs=TEXT_FINETUNE.targets(),
+        recommend=TEXT_FINETUNE.criteria_recommend(),
+        plasticity=TEXT_FINETUNE.criteria_plasticity(),
+    output:
+        **TEXT_FINETUNE.criteria_files(),
+    log:
+        f"{RESULTS}/logs/stats/{TEXT_EXPERIMENT}_criteria.log",
+    params:
+        **CRITERIA_PARAMS,
+    conda:
+        ENV
+    shell:
+        "vitplasticity text-criteria --runs {input.runs:q}"
+        " --recommend {input.recommend:q} --plasticity {input.plasticity:q}"
+        + command_flags(CriteriaSettings, CRITERIA_PARAMS)
+        + " --selected {output.selected:q} --out {output.scores:q}"
+        " --markdown {output.markdown:q} > {log:q} 2>&1"

@@ -48,3 +48,4 @@ rule finetune_text:
         " --seed {wildcards.seed} --out-dir {params.out_dir:q}"
         + TEXT_FINETUNE.command_flags()
         + " > {log:q} 2>&1"
+

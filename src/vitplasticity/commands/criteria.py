@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from vitplasticity.commands import (
@@ -66,6 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     table.add_argument("--csv", help="also write the table's rows as CSV to this file")
     table.set_defaults(handler=run_criteria_table)
 
+    register_text(subparsers)
+
     figure = subparsers.add_parser(
         "criteria-figure",
         help="per criterion, each dataset's rho and their mean",
@@ -74,6 +77,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     figure.add_argument("--input", required=True, help="result of `vitplasticity criteria`")
     add_figure_arguments(figure)
     figure.set_defaults(handler=run_criteria_figure)
+
+
+def register_text(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``text-criteria``: recommend-text's ranking checked against the text grid."""
+    text = subparsers.add_parser(
+        "text-criteria",
+        help="rank correlation of each criterion with the text grid's validation loss",
+        description="Select each text configuration's learning rate (lowest mean validation "
+        "loss over seeds; a rate with a diverged seed is not selected), then score every "
+        "criterion (recommend-text tables, text plasticity summaries, trainable parameters) "
+        "against it as `criteria` scores the image grid: Spearman and Kendall per dataset, "
+        "top-1 hit, one-sided Wilcoxon tests across datasets.",
+    )
+    text.add_argument("--runs", nargs="+", required=True, help="the text runs' summary.json files")
+    text.add_argument(
+        "--recommend", nargs="*", default=[], help="recommend-text tables (Parquet), any number"
+    )
+    text.add_argument(
+        "--plasticity",
+        nargs="*",
+        default=[],
+        help="text plasticity summaries (<dataset>_summary.parquet), any number",
+    )
+    add_settings_arguments(text, CriteriaSettings)
+    text.add_argument("--selected", required=True, help="the selected runs (Parquet)")
+    text.add_argument("--out", required=True, help="result table (Parquet)")
+    text.add_argument("--markdown", required=True, help="the report (Markdown)")
+    text.set_defaults(handler=run_text_criteria)
 
 
 def _configurations(names: Sequence[str]) -> list[str] | None:
@@ -170,4 +201,53 @@ def run_criteria_figure(args: argparse.Namespace) -> int:
     demo = args.demo or parquet_is_demo([args.input])
     criteria_figure(frame, args.out, figure_settings(args), demo)
     log.info("criteria figure written to %s", ", ".join(args.out))
+    return 0
+
+
+def run_text_criteria(args: argparse.Namespace) -> int:
+    """Select the text runs, score every criterion against them, and write the selected
+    table, the result table (Parquet) and the report (Markdown)."""
+    import json
+
+    from vitplasticity.report.criteria import best_criterion_lines
+    from vitplasticity.report.text_criteria import (
+        score_text_criteria,
+        select_text_runs,
+        text_criteria_markdown,
+    )
+    from vitplasticity.utils.io import atomic_path, write_parquet
+
+    settings = check_settings(settings_from_args(CriteriaSettings, args))
+    tables = [*args.recommend, *args.plasticity]
+    check_inputs([*args.runs, *tables])
+    summaries = []
+    for path in args.runs:
+        try:
+            summaries.append(json.loads(Path(path).read_text()))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not a run summary (JSON): {error}") from None
+    selected = select_text_runs(summaries)
+    criteria = _criteria(args, selected, settings.parameters)
+    result = score_text_criteria(
+        criteria,
+        selected,
+        configurations=_configurations(settings.configurations),
+        min_configurations=settings.min_configurations,
+    )
+    demo = settings.demo or any(s.get("demo", False) for s in summaries) or parquet_is_demo(tables)
+    recorded = {
+        "runs": len(args.runs),
+        "recommend": args.recommend,
+        "plasticity": args.plasticity,
+        "parameters": settings.parameters,
+        "configurations": settings.configurations,
+        "min_configurations": settings.min_configurations,
+    }
+    lines = best_criterion_lines(result)
+    write_parquet(args.selected, selected, report_record(recorded, demo))
+    write_parquet(args.out, result, {**report_record(recorded, demo), "best": lines})
+    with atomic_path(args.markdown) as tmp:
+        tmp.write_text(text_criteria_markdown(selected, result, demo=demo))
+    for line in lines:
+        log.info("%s", line)
     return 0

@@ -78,6 +78,15 @@ def text_finetune_problems(config: Mapping[str, Any]) -> list[str]:
                 f"text_finetune.datasets.{name}: {path!r} is not a file (a text file, one "
                 "document per line)"
             )
+    text = config.get("text_plasticity") or {}
+    measured = text.get("datasets") or {} if text.get("enabled") else {}
+    for name, path in (block.get("datasets") or {}).items():
+        if name in measured and Path(measured[name]) != Path(path):
+            problems.append(
+                f"text_finetune.datasets.{name}: {path!r}, but text_plasticity.datasets.{name} "
+                f"is {measured[name]!r}: one name, two files (the criteria check would score "
+                "one dataset's plasticity against another's runs); rename one"
+            )
     labels: dict[str, float] = {}
     for lr in block.get("lrs") or []:
         other = labels.setdefault(lr_label(lr), lr)
@@ -134,6 +143,52 @@ class TextFinetuneJobs:
             for configuration in self.block["configurations"]
             for lr in self.block["lrs"]
             for seed in self.block["seeds"]
+        ]
+
+    def criteria_targets(self) -> list[str]:
+        """The criteria check of the grid (:meth:`criteria_files`); none unless enabled."""
+        if not self.block["enabled"]:
+            return []
+        return list(self.criteria_files().values())
+
+    def criteria_files(self) -> dict[str, str]:
+        """The text_criteria rule's outputs: the selected runs, the scores, the report."""
+        folder = f"{self.results}/stats/{TEXT_EXPERIMENT}"
+        return {
+            "selected": f"{folder}/selected.parquet",
+            "scores": f"{folder}/criteria.parquet",
+            "markdown": f"{folder}/criteria.md",
+        }
+
+    def checked_cells(self) -> list[tuple[str, str]]:
+        """The (model, dataset) cells of the grid that text_plasticity measures too (the same
+        model entry and dataset name): their plasticity and recommend-text tables are scored."""
+        text = self.config["text_plasticity"]
+        if not text["enabled"]:
+            return []
+        return [
+            (model, dataset)
+            for model in self.block["run_models"]
+            if model in text["run_models"]
+            for dataset in self.block["datasets"]
+            if dataset in text["datasets"]
+        ]
+
+    def criteria_recommend(self) -> list[str]:
+        """recommend-text's table of every :meth:`checked_cells` cell; none unless
+        recommend is enabled (which makes those tables)."""
+        if not self.config["recommend"]["enabled"]:
+            return []
+        return [
+            f"{self.results}/recommend_text/{model}/{dataset}.parquet"
+            for model, dataset in self.checked_cells()
+        ]
+
+    def criteria_plasticity(self) -> list[str]:
+        """The text plasticity summary of every :meth:`checked_cells` cell."""
+        return [
+            f"{self.results}/plasticity_text/{model}/{dataset}_summary.parquet"
+            for model, dataset in self.checked_cells()
         ]
 
     def params(self) -> dict[str, Any]:
