@@ -119,11 +119,8 @@ class Direct:
     def qkv(self, block: int, x: np.ndarray) -> tuple[list, list, list]:
         """Per query head: its query, key and value (L, d_h), read from the fused output in
         the layout the config gives."""
-        fused, d_h, heads = (
-            self.linear(block, f"{self.attn}.query_key_value", x),
-            self.d_h,
-            self.heads,
-        )
+        d_h, heads = self.d_h, self.heads
+        fused = self.linear(block, f"{self.attn}.query_key_value", x)
         chunks = [fused[:, i * d_h : (i + 1) * d_h] for i in range(fused.shape[1] // d_h)]
         c = self.config
         if self.falcon and c.new_decoder_architecture:  # per key/value group: queries, k, v

@@ -1,5 +1,5 @@
-"""transformers ``FalconModel`` (Falcon-40B/180B's layout, Falcon 2 11B, and the sequential
-variant; and its task classes, ``FalconForCausalLM``, ``FalconForSequenceClassification``,
+"""transformers ``FalconModel`` (Falcon-40B/180B's layout, and the sequential variant; and its
+task classes, ``FalconForCausalLM``, ``FalconForSequenceClassification``,
 ``FalconForTokenClassification``, ``FalconForQuestionAnswering``): LayerNorm pre-norms, rotary,
 parallel attention and MLP (docs/protocol.md, section 3.1).
 
