@@ -12,6 +12,7 @@ import math
 import re
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 
@@ -381,6 +382,30 @@ def test_bounds_but_mhas_are_defined(case_id: str) -> None:
     attention = architecture.components(architecture.blocks(model)[0])["mha"][0]
     with pytest.raises(UndefinedStage, match="rotates queries and keys"):
         architecture.attention_weights(attention)
+
+
+@pytest.mark.parametrize("case_id", sorted(CASES))
+def test_measured_plasticity_is_below_the_defined_bounds(case_id: str) -> None:
+    """LN1, LN2, FC1 and FC2's bounds are Lipschitz constants over the token set: every pair of
+    sequences in the set measures at most the bound, in the embedding protocol they are
+    stated for."""
+    model = tiny(case_id)
+    architecture = architecture_for(model)
+    reference, downstream = ids(4, 10, seed=3), ids(4, 10, seed=4)
+    with torch.no_grad():
+        tokens = torch.cat(
+            [architecture.embed(model, batch).tokens for batch in (reference, downstream)]
+        )
+    bounds = upper_bounds(model, tokens)
+    measured = (
+        measure(model, reference, downstream, protocol="embedding", batch_size=2)
+        .group_by("block", "component")
+        .agg(pl.col("ratio").max().alias("worst"))
+        .join(bounds, on=["block", "component"])
+    )
+    assert measured.height == 2 * 4  # blocks x (ln1, ln2, fc1, fc2)
+    assert (measured["worst"] > 0).all()
+    assert measured.filter(pl.col("worst") > pl.col("bound")).height == 0
 
 
 # ---------------------------------------------------------------------------------------------
