@@ -29,6 +29,7 @@ from tests.helpers.contract import check_contract
 from tests.helpers.tiny_models import (
     ENCODER_TINY_CONFIG,
     GPT2_TINY_CONFIG,
+    HF_PARALLEL_TINY_CONFIG,
     HF_TEXT_TINY_CONFIG,
     HF_VISION_TINY_CONFIG,
     TINY_MODELS,
@@ -61,6 +62,19 @@ TEXT_CONFIGS = {
     "Phi3": (
         "Phi3Config",
         {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
+    "GPTNeoX": (
+        "GPTNeoXConfig",
+        {**HF_PARALLEL_TINY_CONFIG, "intermediate_size": 96, "pad_token_id": 0},
+    ),
+    "Falcon": (
+        "FalconConfig",
+        {
+            **HF_PARALLEL_TINY_CONFIG,
+            "new_decoder_architecture": True,
+            "ffn_hidden_size": 96,
+            "pad_token_id": 0,
+        },
     ),
     "Bert": ("BertConfig", ENCODER_TINY_CONFIG),
     "Roberta": ("RobertaConfig", ENCODER_TINY_CONFIG),
@@ -139,6 +153,11 @@ WRAPPED: list[Wrapped] = [
     _text("Gemma3ForCausalLM", "Gemma3", "Gemma3TextModel"),
     _text("Gemma3TextForSequenceClassification", "Gemma3", "Gemma3TextModel"),
     *(_text(f"Phi3{task}", "Phi3", "Phi3Model") for task in TASKS),
+    *(
+        _text(f"{family}{task}", family, f"{family}Model")
+        for family in ("GPTNeoX", "Falcon")
+        for task in (*TASKS, "ForQuestionAnswering")
+    ),
     *(
         _text(f"{family}{task}", family, f"{family}Model")
         for family in ("Bert", "Roberta")
@@ -348,6 +367,8 @@ def test_the_export_applied_by_peft_trains_exactly_the_configuration(name: str) 
         "GemmaForCausalLM",
         "Gemma3ForCausalLM",
         "Phi3ForCausalLM",
+        "GPTNeoXForCausalLM",
+        "FalconForSequenceClassification",
         "BertForMaskedLM",
         "RobertaForSequenceClassification",
         "ViTForImageClassification",
@@ -381,6 +402,8 @@ def _entry(folder: Path) -> dict:
         "Qwen2ForSequenceClassification",
         "Gemma2ForTokenClassification",
         "Phi3ForCausalLM",
+        "GPTNeoXForCausalLM",
+        "FalconForCausalLM",
         "ViTForImageClassification",
         "DeiTForImageClassificationWithTeacher",
     ],

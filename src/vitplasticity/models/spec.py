@@ -247,7 +247,8 @@ TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
     "tokens": frozenset(
         {
             *("gpt2", "llama", "mistral", "qwen2", "qwen3"),
-            *("gemma", "gemma2", "gemma3_text", "phi3", "bert", "roberta"),
+            *("gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "falcon"),
+            *("bert", "roberta"),
         }
     ),
     "images": frozenset(
@@ -278,7 +279,8 @@ _DECODER_TASKS = (
     "ForTokenClassification",
     "ForQuestionAnswering",
 )
-"""The task classes transformers puts around each of Llama, Mistral, Qwen2 and Qwen3."""
+"""The task classes transformers puts around each of Llama, Mistral, Qwen2, Qwen3, GPT-NeoX
+and Falcon."""
 
 _ENCODER_TASKS = (
     "ForMaskedLM",
@@ -306,6 +308,7 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
         *("Phi3Model", "Phi3ForCausalLM", "Phi3ForSequenceClassification"),
         "Phi3ForTokenClassification",
         *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
+        *(f"{bare}{task}" for bare in ("GPTNeoX", "Falcon") for task in ("Model", *_DECODER_TASKS)),
         *(f"{bare}{task}" for bare in ("Bert", "Roberta") for task in ("Model", *_ENCODER_TASKS)),
         *("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
         *("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
