@@ -293,9 +293,17 @@ HF_TEXT_TINY_MODELS: dict[str, tuple[str, str, str, dict]] = {
         # ids within the 64 (Phi3's defaults are 32000, past the tiny vocabulary)
         {"sliding_window": 4, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
     ),
+    "olmo2_tiny": (
+        "hf_olmo2",
+        "Olmo2Config",
+        "Olmo2Model",
+        # norms after each branch, none before; q_norm / k_norm over all heads; special token
+        # ids within the 64 (OLMo2's eos default is 50279, past the tiny vocabulary)
+        {"pad_token_id": 0, "eos_token_id": 2},
+    ),
 }
-"""The transformers decoder LMs of the hf_llama, hf_gemma and hf_phi3 families, built from their config
-class with :data:`HF_TEXT_TINY_CONFIG` (no hub)."""
+"""The transformers decoder LMs of the hf_llama, hf_gemma, hf_phi3 and hf_olmo2 families, built
+from their config class with :data:`HF_TEXT_TINY_CONFIG` (no hub)."""
 
 
 def _hf_text(case_id: str) -> TinyModel:

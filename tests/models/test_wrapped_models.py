@@ -62,6 +62,7 @@ TEXT_CONFIGS = {
         "Phi3Config",
         {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
     ),
+    "Olmo2": ("Olmo2Config", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0, "eos_token_id": 2}),
     "Bert": ("BertConfig", ENCODER_TINY_CONFIG),
     "Roberta": ("RobertaConfig", ENCODER_TINY_CONFIG),
 }
@@ -139,6 +140,7 @@ WRAPPED: list[Wrapped] = [
     _text("Gemma3ForCausalLM", "Gemma3", "Gemma3TextModel"),
     _text("Gemma3TextForSequenceClassification", "Gemma3", "Gemma3TextModel"),
     *(_text(f"Phi3{task}", "Phi3", "Phi3Model") for task in TASKS),
+    *(_text(f"Olmo2{task}", "Olmo2", "Olmo2Model") for task in TASKS[:2]),
     *(
         _text(f"{family}{task}", family, f"{family}Model")
         for family in ("Bert", "Roberta")
@@ -348,6 +350,7 @@ def test_the_export_applied_by_peft_trains_exactly_the_configuration(name: str) 
         "GemmaForCausalLM",
         "Gemma3ForCausalLM",
         "Phi3ForCausalLM",
+        "Olmo2ForCausalLM",
         "BertForMaskedLM",
         "RobertaForSequenceClassification",
         "ViTForImageClassification",

@@ -247,7 +247,7 @@ TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
     "tokens": frozenset(
         {
             *("gpt2", "llama", "mistral", "qwen2", "qwen3"),
-            *("gemma", "gemma2", "gemma3_text", "phi3", "bert", "roberta"),
+            *("gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "bert", "roberta"),
         }
     ),
     "images": frozenset(
@@ -305,6 +305,7 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
         "Gemma2ForTokenClassification",
         *("Phi3Model", "Phi3ForCausalLM", "Phi3ForSequenceClassification"),
         "Phi3ForTokenClassification",
+        *("Olmo2Model", "Olmo2ForCausalLM", "Olmo2ForSequenceClassification"),
         *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
         *(f"{bare}{task}" for bare in ("Bert", "Roberta") for task in ("Model", *_ENCODER_TASKS)),
         *("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),

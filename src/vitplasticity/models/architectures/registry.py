@@ -19,6 +19,7 @@ from vitplasticity.models.architectures.hf_dinov3 import HFDinov3
 from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.models.architectures.hf_llama import HFLlama
+from vitplasticity.models.architectures.hf_olmo2 import HFOlmo2
 from vitplasticity.models.architectures.hf_phi3 import HFPhi3
 from vitplasticity.models.architectures.hf_vision import (
     HFClipVision,
@@ -42,6 +43,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFLlama(),
         HFGemma(),
         HFPhi3(),
+        HFOlmo2(),
         HFBert(),
         HFViT(),
         HFDeiT(),
@@ -75,11 +77,6 @@ REFUSED: dict[str, str] = {
     "PhiPreTrainedModel": (
         "Phi blocks run attention and MLP in parallel on one normed input (x + attn(ln(x)) + "
         f"mlp(ln(x))): a single norm, {_NO_LN1_LN2}"
-    ),
-    "Olmo2PreTrainedModel": (
-        "OLMo2 blocks have no norm before attention or the MLP: they normalise each branch's "
-        "output (x + post_attention_layernorm(attn(x)), x + post_feedforward_layernorm(mlp(x))), "
-        f"{_NO_LN1_LN2}"
     ),
     "GPTNeoXPreTrainedModel": (
         "GPT-NeoX blocks with use_parallel_residual (the default) add attention and MLP of the "
