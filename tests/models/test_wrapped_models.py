@@ -65,6 +65,11 @@ TEXT_CONFIGS = {
     "Olmo2": ("Olmo2Config", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0, "eos_token_id": 2}),
     "Bert": ("BertConfig", ENCODER_TINY_CONFIG),
     "Roberta": ("RobertaConfig", ENCODER_TINY_CONFIG),
+    # relative attention with separate position projections, as the tiny hf_deberta_v2 LM
+    "DebertaV2": (
+        "DebertaV2Config",
+        {**ENCODER_TINY_CONFIG, "relative_attention": True, "pos_att_type": ["c2p", "p2c"]},
+    ),
 }
 
 
@@ -143,7 +148,7 @@ WRAPPED: list[Wrapped] = [
     *(_text(f"Olmo2{task}", "Olmo2", "Olmo2Model") for task in TASKS[:2]),
     *(
         _text(f"{family}{task}", family, f"{family}Model")
-        for family in ("Bert", "Roberta")
+        for family in ("Bert", "Roberta", "DebertaV2")
         for task in ENCODER_TASKS
     ),
     _vision("ViTForImageClassification", "ViTModel", _tower("ViTConfig", intermediate_size=96)),
@@ -282,7 +287,7 @@ def _saved_head(name: str, export: dict, head: set[str]) -> set[str]:
     the head no form and says why, and nothing is copied."""
     if not name.endswith("ForMaskedLM"):
         return head
-    held = "cls.predictions.bias" if name.startswith("Bert") else "lm_head.bias"
+    held = "lm_head.bias" if name.startswith("Roberta") else "cls.predictions.bias"
     assert export["peft"]["forms"]["head"] == {
         "form": None,
         "reason": f"parameters held outside a module ({held})",
@@ -353,6 +358,7 @@ def test_the_export_applied_by_peft_trains_exactly_the_configuration(name: str) 
         "Olmo2ForCausalLM",
         "BertForMaskedLM",
         "RobertaForSequenceClassification",
+        "DebertaV2ForMaskedLM",
         "ViTForImageClassification",
         "DeiTForImageClassificationWithTeacher",
         "ViTMAEForPreTraining",
@@ -410,14 +416,14 @@ def _set_architectures(folder: Path, names: list[str]) -> None:
 
 def test_a_class_no_family_measures_is_refused_naming_the_folder(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    deberta = transformers.DebertaV2ForMaskedLM(
-        transformers.DebertaV2Config(
+    deberta = transformers.DebertaForMaskedLM(  # DeBERTa v1: no family measures it
+        transformers.DebertaConfig(
             hidden_size=48, num_hidden_layers=1, num_attention_heads=3, intermediate_size=96
         )
     )
     deberta.save_pretrained(tmp_path / "deberta")
     folder = str(tmp_path / "deberta")
-    with pytest.raises(ValueError, match=rf"{folder}.*the class 'DebertaV2ForMaskedLM'"):
+    with pytest.raises(ValueError, match=rf"{folder}.*the class 'DebertaForMaskedLM'"):
         build_model(_entry(tmp_path / "deberta"))
     CASES["LlamaForCausalLM"].build().save_pretrained(tmp_path / "llama")
     _set_architectures(tmp_path / "llama", ["LlamaForCausalLM", "LlamaModel"])

@@ -15,6 +15,7 @@ from torch import nn
 from vitplasticity.models.architectures.base import Architecture, UnsupportedModel
 from vitplasticity.models.architectures.hf_beit import HFBeit, HFData2VecVision
 from vitplasticity.models.architectures.hf_bert import HFBert
+from vitplasticity.models.architectures.hf_deberta_v2 import HFDebertaV2
 from vitplasticity.models.architectures.hf_dinov3 import HFDinov3
 from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
@@ -45,6 +46,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFPhi3(),
         HFOlmo2(),
         HFBert(),
+        HFDebertaV2(),
         HFViT(),
         HFDeiT(),
         HFBeit(),
@@ -61,11 +63,6 @@ ARCHITECTURES: dict[str, Architecture] = {
 _NO_LN1_LN2 = "no LN1 and LN2 in the paper's sense"
 
 REFUSED: dict[str, str] = {
-    "DebertaV2PreTrainedModel": (
-        "DeBERTa-v2 adds disentangled relative-position terms (content-to-position and "
-        "position-to-content, from relative embeddings held outside its layers) to every "
-        "attention's logits: no family maps that attention to MHA"
-    ),
     "GPTJPreTrainedModel": (
         "GPT-J blocks run attention and MLP in parallel on one normed input (x + attn(ln(x)) "
         f"+ mlp(ln(x))): a single norm, {_NO_LN1_LN2}"
