@@ -45,6 +45,18 @@ BERT_MLM = {
     "model_class": "BertForMaskedLM",
     "config": {"model_type": "bert", **ENCODER_TINY_CONFIG},
 }
+DEBERTA_V2_MLM = {
+    "family": "transformers",
+    "hf_id": "tiny-deberta-v2",
+    "weights": "random",
+    "model_class": "DebertaV2ForMaskedLM",
+    "config": {
+        "model_type": "deberta-v2",
+        **ENCODER_TINY_CONFIG,
+        "relative_attention": True,
+        "pos_att_type": ["p2c", "c2p"],
+    },
+}
 LENGTH = 12  # tokens per sequence (the tiny configs have 16 positions)
 
 
@@ -144,7 +156,9 @@ def test_the_batches_of_an_epoch_are_a_permutation_known_from_the_step() -> None
 # --- runs -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("spec", "task"), [(GPT2, "causal"), (BERT_MLM, "masked")])
+@pytest.mark.parametrize(
+    ("spec", "task"), [(GPT2, "causal"), (BERT_MLM, "masked"), (DEBERTA_V2_MLM, "masked")]
+)
 def test_a_run_trains_its_configuration_and_selects_the_lowest_validation_loss(
     tmp_path: Path, spec: dict, task: str
 ) -> None:

@@ -293,9 +293,17 @@ HF_TEXT_TINY_MODELS: dict[str, tuple[str, str, str, dict]] = {
         # ids within the 64 (Phi3's defaults are 32000, past the tiny vocabulary)
         {"sliding_window": 4, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
     ),
+    "olmo2_tiny": (
+        "hf_olmo2",
+        "Olmo2Config",
+        "Olmo2Model",
+        # norms after each branch, none before; q_norm / k_norm over all heads; special token
+        # ids within the 64 (OLMo2's eos default is 50279, past the tiny vocabulary)
+        {"pad_token_id": 0, "eos_token_id": 2},
+    ),
 }
-"""The transformers decoder LMs of the hf_llama, hf_gemma and hf_phi3 families, built from their config
-class with :data:`HF_TEXT_TINY_CONFIG` (no hub)."""
+"""The transformers decoder LMs of the hf_llama, hf_gemma, hf_phi3 and hf_olmo2 families, built
+from their config class with :data:`HF_TEXT_TINY_CONFIG` (no hub)."""
 
 
 def _hf_text(case_id: str) -> TinyModel:
@@ -389,34 +397,68 @@ ENCODER_TINY_CONFIG = {
     "max_position_embeddings": 16,
     "attn_implementation": "eager",
 }
-"""A tiny BERT / RoBERTa config: 2 post-norm layers of width 48, 3 heads, 64 token ids, 16
+"""A tiny BERT / RoBERTa / DeBERTa-v2 config: 2 post-norm layers of width 48, 3 heads, 64 token ids, 16
 positions (RoBERTa's first 2 are its padding's: 14 usable)."""
 
-HF_ENCODER_TINY_MODELS: dict[str, tuple[str, str]] = {
-    # id: (config class, model class)
-    "bert_tiny": ("BertConfig", "BertModel"),  # with its pooler
-    "roberta_tiny": ("RobertaConfig", "RobertaModel"),  # pad id 1: positions skip pad tokens
-    "bert_masked_lm_tiny": ("BertConfig", "BertForMaskedLM"),  # decoder tied to the embedding
+HF_ENCODER_TINY_MODELS: dict[str, tuple[str, str, str, dict]] = {
+    # id: (family, config class, model class, config beyond ENCODER_TINY_CONFIG)
+    "bert_tiny": ("hf_bert", "BertConfig", "BertModel", {}),  # with its pooler
+    # pad id 1: positions skip pad tokens
+    "roberta_tiny": ("hf_bert", "RobertaConfig", "RobertaModel", {}),
+    # decoder tied to the embedding
+    "bert_masked_lm_tiny": ("hf_bert", "BertConfig", "BertForMaskedLM", {}),
+    # DeBERTa-v3's settings: c2p and p2c terms through the content projections themselves
+    # (share_att_key), distances log-bucketed beyond 4 (8 buckets; the test sequences are
+    # 12 tokens), normed relative embeddings, no absolute positions
+    "deberta_v2_tiny": (
+        "hf_deberta_v2",
+        "DebertaV2Config",
+        "DebertaV2Model",
+        {
+            "relative_attention": True,
+            "pos_att_type": ["p2c", "c2p"],
+            "share_att_key": True,
+            "position_buckets": 8,
+            "norm_rel_ebd": "layer_norm",
+            "position_biased_input": False,
+        },
+    ),
+    # DeBERTa-v2's older settings: separate position projections (pos_key_proj,
+    # pos_query_proj), distances clamped at 6 without buckets, absolute positions and token
+    # types, a narrower embedding projected to the width (embed_proj); legacy MLM head, its
+    # decoder tied to the word embedding
+    "deberta_v2_masked_lm_tiny": (
+        "hf_deberta_v2",
+        "DebertaV2Config",
+        "DebertaV2ForMaskedLM",
+        {
+            "relative_attention": True,
+            "pos_att_type": ["c2p", "p2c"],
+            "max_relative_positions": 6,
+            "type_vocab_size": 2,
+            "embedding_size": 32,
+        },
+    ),
 }
-"""The transformers post-norm encoders of the hf_bert family."""
+"""The transformers post-norm encoders of the hf_bert and hf_deberta_v2 families."""
 
 
 def _hf_encoder(case_id: str) -> TinyModel:
-    config_class, model_class = HF_ENCODER_TINY_MODELS[case_id]
+    family, config_class, model_class, extra = HF_ENCODER_TINY_MODELS[case_id]
 
     def build() -> nn.Module:
         from vitplasticity.utils.optional import require_transformers
 
         transformers = require_transformers()
         torch.manual_seed(0)
-        config = getattr(transformers, config_class)(**ENCODER_TINY_CONFIG)
+        config = getattr(transformers, config_class)(**{**ENCODER_TINY_CONFIG, **extra})
         return getattr(transformers, model_class)(config)
 
     def inputs(n: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(n)
         return torch.randint(0, ENCODER_TINY_CONFIG["vocab_size"], (n, 12), generator=generator)
 
-    return TinyModel(case_id, "hf_bert", build, inputs)
+    return TinyModel(case_id, family, build, inputs)
 
 
 TINY_MODELS: list[TinyModel] = [

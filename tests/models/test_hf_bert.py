@@ -3,7 +3,7 @@ in both protocols against an independent float64 computation from the state dict
 convention of docs/architectures.md (LN1 the norm after the attention residual, LN2 the norm
 after the MLP residual; in situ, each component takes what it receives in the layer), the
 parameter groups (an MLM decoder tied to the embedding is the embedding's), LoRA, and the
-models and stages refused by name."""
+models and stages refused by name (DeBERTa-v2: tests/models/test_hf_deberta_v2.py)."""
 
 from __future__ import annotations
 
@@ -253,13 +253,6 @@ def test_decoders_and_chunked_mlps_are_refused() -> None:
     chunked = transformers.RobertaModel(config)
     with pytest.raises(UnsupportedModel, match="chunk_size_feed_forward=4"):
         architecture_for(chunked).blocks(chunked)
-
-
-def test_deberta_v2_is_refused_naming_its_attention() -> None:
-    config = transformers.DebertaV2Config(**ENCODER_TINY_CONFIG)
-    for model in (transformers.DebertaV2Model(config), transformers.DebertaV2ForMaskedLM(config)):
-        with pytest.raises(UnsupportedModel, match=r"is refused: DeBERTa-v2 adds disentangled"):
-            architecture_for(model)
 
 
 def test_sdpa_measures_what_eager_does() -> None:

@@ -1,7 +1,7 @@
-"""The hf_llama (Llama, Mistral, Qwen2, Qwen3, Gemma v1) and hf_gemma (Gemma 2, Gemma 3 text) families
-beyond the shared contract: plasticity in both protocols against an independent float64
-computation from the state dict (RMSNorm, rotary, grouped-query attention, causal and sliding
-softmax, SwiGLU / GeGLU), the per-layer context the model's own forward gives (sliding windows,
+"""The hf_llama (Llama, Mistral, Qwen2, Qwen3, Gemma v1), hf_gemma (Gemma 2, Gemma 3 text),
+hf_phi3 and hf_olmo2 families beyond the shared contract: plasticity in both protocols against an
+independent float64 computation from the state dict (RMSNorm, rotary, grouped-query attention,
+causal and sliding softmax, SwiGLU / GeGLU, OLMo2's post-branch norms), the per-layer context the model's own forward gives (sliding windows,
 Gemma3's local and global rotary, Gemma's scaled embedding), parameter groups, LoRA, the stages
 refused by name, and the transformers classes the registry refuses by name."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.contract import check_forward
+from tests.helpers.contract import check_composition, check_forward
 from tests.helpers.numpy_reference import (
     check_against,
     embedding_protocol,
@@ -33,7 +33,9 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB = HF_TEXT_TINY_CONFIG["vocab_size"]
 HF_TEXT_CASES = {
-    case.id: case for case in TINY_MODELS if case.family in ("hf_llama", "hf_gemma", "hf_phi3")
+    case.id: case
+    for case in TINY_MODELS
+    if case.family in ("hf_llama", "hf_gemma", "hf_phi3", "hf_olmo2")
 }
 
 # transformers computes RMSNorm (Llama: x.to(float32); Gemma: x.float()) and the rotary angles in
@@ -62,6 +64,7 @@ class Direct:
         self.config = model.config
         self.gemma = "gemma" in self.config.model_type  # (1 + w) RMSNorm, scaled embedding
         self.sandwich = self.config.model_type in ("gemma2", "gemma3_text")  # post-norms
+        self.olmo2 = self.config.model_type == "olmo2"  # post-branch norms only
         prefix = "model." if hasattr(model, "lm_head") else ""
         self.w = {
             k.removeprefix(prefix): v.detach().double().numpy()
@@ -128,6 +131,8 @@ class Direct:
     def attention(self, block: int, x: np.ndarray) -> np.ndarray:
         b, length, d_h = f"layers.{block}", len(x), self.d_h
         q, k, v = (self.linear(b, f"self_attn.{p}_proj", x) for p in "qkv")
+        if self.olmo2:  # q_norm / k_norm over all heads together, before the head split
+            q, k = self.norm(b, "self_attn.q_norm", q), self.norm(b, "self_attn.k_norm", k)
         query, key = np.arange(length)[:, None], np.arange(length)[None, :]
         blocked = key > query
         if self.windows[block] is not None:
@@ -136,7 +141,7 @@ class Direct:
         for h in range(self.heads):
             g = h // (self.heads // self.kv_heads)  # grouped-query: the key/value head of h
             qh, kh = q[:, h * d_h : (h + 1) * d_h], k[:, g * d_h : (g + 1) * d_h]
-            if f"{b}.self_attn.q_norm.weight" in self.w:  # Qwen3, Gemma3: per-head RMSNorm
+            if f"{b}.self_attn.q_norm.weight" in self.w and not self.olmo2:  # Qwen3, Gemma3
                 qh, kh = self.norm(b, "self_attn.q_norm", qh), self.norm(b, "self_attn.k_norm", kh)
             logits = self.rotate(qh) @ self.rotate(kh).T * self.scaling
             if self.softcap is not None:  # Gemma2
@@ -150,13 +155,18 @@ class Direct:
             return 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
         return u / (1 + np.exp(-u))  # silu
 
+    def ln1_name(self) -> str:
+        return "post_attention_layernorm" if self.olmo2 else "input_layernorm"
+
     def ln2_name(self) -> str:
+        if self.olmo2:
+            return "post_feedforward_layernorm"
         return "pre_feedforward_layernorm" if self.sandwich else "post_attention_layernorm"
 
     def ratios(self, x: np.ndarray, y: np.ndarray, protocol: str, fc1_mode: str) -> dict:
         """Per (block, component): numerator and denominator of one pair of sequences."""
         found = {}
-        ln2 = self.ln2_name()
+        ln1, ln2 = self.ln1_name(), self.ln2_name()
         for block in range(self.config.num_hidden_layers):
             b = f"layers.{block}"
 
@@ -178,13 +188,26 @@ class Direct:
                 parts = embedding_protocol(
                     x,
                     y,
-                    ln1=lambda t, b=b: self.norm(b, "input_layernorm", t),
+                    ln1=lambda t, b=b: self.norm(b, ln1, t),
                     mha=lambda t, i=block: self.attention(i, t),
                     ln2=lambda t, b=b: self.norm(b, ln2, t),
                     fc1=fc1,
                     fc2=lambda t, b=b: self.linear(b, "mlp.down_proj", t),
                     fc2_width=self.w[f"{b}.mlp.down_proj.weight"].shape[1],
                 )
+            elif self.olmo2:  # x1 = x + LN1(MHA(x)), x2 = x1 + LN2(FC2(act(FC1(x1))))
+                ax, ay = self.attention(block, x), self.attention(block, y)
+                parts = {
+                    "mha": norm_ratio(lambda t, i=block: self.attention(i, t), x, y),
+                    "ln1": norm_ratio(lambda t, b=b: self.norm(b, ln1, t), ax, ay),
+                }
+                rx, ry = x + self.norm(b, ln1, ax), y + self.norm(b, ln1, ay)
+                parts["fc1"] = norm_ratio(fc1, rx, ry)
+                hx, hy = hidden(rx), hidden(ry)
+                parts["fc2"] = norm_ratio(lambda t, b=b: self.linear(b, "mlp.down_proj", t), hx, hy)
+                dx, dy = self.linear(b, "mlp.down_proj", hx), self.linear(b, "mlp.down_proj", hy)
+                parts["ln2"] = norm_ratio(lambda t, b=b: self.norm(b, ln2, t), dx, dy)
+                x, y = rx + self.norm(b, ln2, dx), ry + self.norm(b, ln2, dy)
             else:
                 parts = {"ln1": norm_ratio(lambda t, b=b: self.norm(b, "input_layernorm", t), x, y)}
                 ux, uy = self.norm(b, "input_layernorm", x), self.norm(b, "input_layernorm", y)
@@ -222,6 +245,7 @@ DIRECT_CASES = [
     "gemma_tiny",  # (1 + w) RMSNorm, scaled embedding, GeGLU, Llama's layer (no post-norms)
     "gemma2_tiny",  # (1 + w) RMSNorm, scaled embedding, softcapped logits, sandwich norms
     "phi3_tiny",  # fused qkv_proj and gate_up_proj, a sliding window of 4 on every layer
+    "olmo2_tiny",  # norms after each branch (LN1, LN2), none before; q/k_norm over all heads
 ]
 
 
@@ -441,6 +465,47 @@ def test_phi3_fused_projections_are_trained_and_adapted_whole() -> None:
         measure(model, ids(2, 8, seed=1), ids(2, 8, seed=2), fc1="up")
 
 
+def test_olmo2_ln1_and_ln2_are_the_norms_of_the_branch_outputs() -> None:
+    """OLMo2 has no norm before a branch: LN1 is ``post_attention_layernorm`` (the attention
+    branch's), LN2 ``post_feedforward_layernorm`` (the MLP's); ``q_norm``/``k_norm`` are MHA's;
+    nothing is declared beside the components."""
+    model = tiny("olmo2_tiny")
+    architecture = architecture_for(model)
+    assert architecture.name == "hf_olmo2"
+    groups = _groups(model)
+    assert groups["ln1"] == {f"layers.{i}.post_attention_layernorm.weight" for i in range(2)}
+    assert groups["ln2"] == {f"layers.{i}.post_feedforward_layernorm.weight" for i in range(2)}
+    assert groups["mha"] == {
+        f"layers.{i}.self_attn.{p}.weight"
+        for i in range(2)
+        for p in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+    }
+    assert groups["fc1"] == {
+        f"layers.{i}.mlp.{p}_proj.weight" for i in range(2) for p in ("gate", "up")
+    }
+    assert groups["fc2"] == {f"layers.{i}.mlp.down_proj.weight" for i in range(2)}
+    assert groups["emb"] == {"embed_tokens.weight"} and groups["head"] == {"norm.weight"}
+    assert architecture.declared(model) == []
+    assert architecture.windows(model) == [None, None]  # every layer causal, none slides
+
+
+def test_the_contract_sees_olmo2s_norms_as_pre_norms() -> None:
+    """Composed as a pre-norm layer (x + mha(ln1(x)), the default), OLMo2's mapped modules do
+    not give its layer: the contract tells the conventions apart."""
+    from vitplasticity.models.architectures.base import Architecture
+
+    architecture, model, inputs = _broken("olmo2_tiny", compose_block=Architecture.compose_block)
+    with pytest.raises(AssertionError):
+        check_composition(architecture, model, inputs)
+
+
+def test_an_olmo2_layer_with_a_norm_before_a_branch_is_refused() -> None:
+    model = tiny("olmo2_tiny")
+    model.layers[1].input_layernorm = torch.nn.Identity()
+    with pytest.raises(UnsupportedModel, match=r"layer 1 .* norm before a branch"):
+        architecture_for(model).blocks(model)
+
+
 def test_gemma_post_norms_are_declared_with_the_component_they_normalise() -> None:
     model = tiny("gemma3_tiny")
     parameters = ParameterMap(architecture_for(model), model)
@@ -490,7 +555,9 @@ def test_lora_adapts_every_attention_projection() -> None:
     }
 
 
-@pytest.mark.parametrize("case_id", ["llama_tiny", "gemma_tiny", "gemma2_tiny", "phi3_tiny"])
+@pytest.mark.parametrize(
+    "case_id", ["llama_tiny", "gemma_tiny", "gemma2_tiny", "phi3_tiny", "olmo2_tiny"]
+)
 def test_stages_refused_by_name(case_id: str) -> None:
     model = tiny(case_id)
     architecture = architecture_for(model)
@@ -517,21 +584,18 @@ def test_flash_or_flex_attention_and_bidirectional_gemma_are_refused() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Classes refused by name: no LN1 / LN2 in the paper's sense (parallel blocks on one shared
-# norm; OLMo2's norms after each branch and none before). GPT-NeoX and Falcon, parallel with a
-# norm per branch: tests/models/test_hf_parallel.py
+# norm). GPT-NeoX and Falcon, parallel with a norm per branch: tests/models/test_hf_parallel.py
 
 TINY = {"hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 3, "vocab_size": 64}
 
 REFUSED_MODELS = {
     "GPTJModel": ("GPTJConfig", {"rotary_dim": 8}, "in parallel on one normed input"),
     "PhiModel": ("PhiConfig", {"intermediate_size": 96}, "in parallel on one normed input"),
-    "Olmo2Model": ("Olmo2Config", {"intermediate_size": 96}, "no norm before attention"),
-    "Olmo2ForCausalLM": ("Olmo2Config", {"intermediate_size": 96}, "each branch's output"),
 }
 
 
 @pytest.mark.parametrize("model_class", sorted(REFUSED_MODELS))
-def test_parallel_and_post_norm_models_are_refused_naming_class_and_reason(
+def test_parallel_models_are_refused_naming_class_and_reason(
     model_class: str,
 ) -> None:
     config_class, extra, reason = REFUSED_MODELS[model_class]

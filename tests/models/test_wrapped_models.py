@@ -76,8 +76,14 @@ TEXT_CONFIGS = {
             "pad_token_id": 0,
         },
     ),
+    "Olmo2": ("Olmo2Config", {**HF_TEXT_TINY_CONFIG, "pad_token_id": 0, "eos_token_id": 2}),
     "Bert": ("BertConfig", ENCODER_TINY_CONFIG),
     "Roberta": ("RobertaConfig", ENCODER_TINY_CONFIG),
+    # relative attention with separate position projections, as the tiny hf_deberta_v2 LM
+    "DebertaV2": (
+        "DebertaV2Config",
+        {**ENCODER_TINY_CONFIG, "relative_attention": True, "pos_att_type": ["c2p", "p2c"]},
+    ),
 }
 
 
@@ -153,6 +159,7 @@ WRAPPED: list[Wrapped] = [
     _text("Gemma3ForCausalLM", "Gemma3", "Gemma3TextModel"),
     _text("Gemma3TextForSequenceClassification", "Gemma3", "Gemma3TextModel"),
     *(_text(f"Phi3{task}", "Phi3", "Phi3Model") for task in TASKS),
+    *(_text(f"Olmo2{task}", "Olmo2", "Olmo2Model") for task in TASKS[:2]),
     *(
         _text(f"{family}{task}", family, f"{family}Model")
         for family in ("GPTNeoX", "Falcon")
@@ -160,7 +167,7 @@ WRAPPED: list[Wrapped] = [
     ),
     *(
         _text(f"{family}{task}", family, f"{family}Model")
-        for family in ("Bert", "Roberta")
+        for family in ("Bert", "Roberta", "DebertaV2")
         for task in ENCODER_TASKS
     ),
     _vision("ViTForImageClassification", "ViTModel", _tower("ViTConfig", intermediate_size=96)),
@@ -299,7 +306,7 @@ def _saved_head(name: str, export: dict, head: set[str]) -> set[str]:
     the head no form and says why, and nothing is copied."""
     if not name.endswith("ForMaskedLM"):
         return head
-    held = "cls.predictions.bias" if name.startswith("Bert") else "lm_head.bias"
+    held = "lm_head.bias" if name.startswith("Roberta") else "cls.predictions.bias"
     assert export["peft"]["forms"]["head"] == {
         "form": None,
         "reason": f"parameters held outside a module ({held})",
@@ -369,8 +376,10 @@ def test_the_export_applied_by_peft_trains_exactly_the_configuration(name: str) 
         "Phi3ForCausalLM",
         "GPTNeoXForCausalLM",
         "FalconForSequenceClassification",
+        "Olmo2ForCausalLM",
         "BertForMaskedLM",
         "RobertaForSequenceClassification",
+        "DebertaV2ForMaskedLM",
         "ViTForImageClassification",
         "DeiTForImageClassificationWithTeacher",
         "ViTMAEForPreTraining",
@@ -430,14 +439,14 @@ def _set_architectures(folder: Path, names: list[str]) -> None:
 
 def test_a_class_no_family_measures_is_refused_naming_the_folder(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    deberta = transformers.DebertaV2ForMaskedLM(
-        transformers.DebertaV2Config(
+    deberta = transformers.DebertaForMaskedLM(  # DeBERTa v1: no family measures it
+        transformers.DebertaConfig(
             hidden_size=48, num_hidden_layers=1, num_attention_heads=3, intermediate_size=96
         )
     )
     deberta.save_pretrained(tmp_path / "deberta")
     folder = str(tmp_path / "deberta")
-    with pytest.raises(ValueError, match=rf"{folder}.*the class 'DebertaV2ForMaskedLM'"):
+    with pytest.raises(ValueError, match=rf"{folder}.*the class 'DebertaForMaskedLM'"):
         build_model(_entry(tmp_path / "deberta"))
     CASES["LlamaForCausalLM"].build().save_pretrained(tmp_path / "llama")
     _set_architectures(tmp_path / "llama", ["LlamaForCausalLM", "LlamaModel"])

@@ -1,5 +1,5 @@
 """Single-component finetuning of a text model on the user's text file: a causal LM with the
-next-token loss, an encoder (BERT, RoBERTa) with the masked-LM loss.
+next-token loss, an encoder (BERT, RoBERTa, DeBERTa-v2) with the masked-LM loss.
 
 The run is the image run's (:mod:`vitplasticity.finetune.train`) with a language-modelling
 task in place of the classifier: the same run identity, settings checks, optimizer, warm-up
@@ -134,7 +134,8 @@ def build_text_lm(model_name: str, model_spec: dict[str, Any]) -> tuple[nn.Modul
             raise UnsupportedModel(
                 f"model {model_name!r} is a {type(model).__name__}, an encoder without its "
                 "masked-LM head: the masked-LM loss needs it; name its ...ForMaskedLM class in "
-                "the model entry (model_class: BertForMaskedLM, RobertaForMaskedLM)"
+                "the model entry (model_class: BertForMaskedLM, RobertaForMaskedLM, "
+                "DebertaV2ForMaskedLM)"
             )
         return model.train(), MASKED
     return causal_lm(model).train(), CAUSAL

@@ -247,8 +247,8 @@ TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
     "tokens": frozenset(
         {
             *("gpt2", "llama", "mistral", "qwen2", "qwen3"),
-            *("gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "falcon"),
-            *("bert", "roberta"),
+            *("gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "falcon", "olmo2"),
+            *("bert", "roberta", "deberta-v2"),
         }
     ),
     "images": frozenset(
@@ -288,8 +288,8 @@ _ENCODER_TASKS = (
     "ForTokenClassification",
     "ForQuestionAnswering",
 )
-"""The task classes around BERT and RoBERTa measured (a multiple-choice class takes (N, C, L)
-ids; a causal LM or pretraining class is a decoder or has two heads)."""
+"""The task classes around BERT, RoBERTa and DeBERTa-v2 measured (a multiple-choice class takes
+(N, C, L) ids; a causal LM or pretraining class is a decoder or has two heads)."""
 
 TRANSFORMERS_MODEL_CLASSES = frozenset(
     {
@@ -307,9 +307,14 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
         "Gemma2ForTokenClassification",
         *("Phi3Model", "Phi3ForCausalLM", "Phi3ForSequenceClassification"),
         "Phi3ForTokenClassification",
+        *("Olmo2Model", "Olmo2ForCausalLM", "Olmo2ForSequenceClassification"),
         *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
         *(f"{bare}{task}" for bare in ("GPTNeoX", "Falcon") for task in ("Model", *_DECODER_TASKS)),
-        *(f"{bare}{task}" for bare in ("Bert", "Roberta") for task in ("Model", *_ENCODER_TASKS)),
+        *(
+            f"{bare}{task}"
+            for bare in ("Bert", "Roberta", "DebertaV2")
+            for task in ("Model", *_ENCODER_TASKS)
+        ),
         *("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
         *("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
         "DeiTForMaskedImageModeling",

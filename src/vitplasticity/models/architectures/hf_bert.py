@@ -26,7 +26,9 @@ trains the whole ``embeddings`` module, its LayerNorm included; the head is the 
 the model has one) and what a task class adds beside the bare model (the classifier, an MLM
 head's transform and output bias; its decoder weight is the tied word embedding, ``emb``'s).
 Inputs are token ids (N, L), attended bidirectionally without a mask. Matched by class name:
-transformers is optional and not imported to answer "no".
+transformers is optional and not imported to answer "no". DeBERTa-v2's layer is this one with
+another attention: :mod:`~vitplasticity.models.architectures.hf_deberta_v2` subclasses this
+family.
 """
 
 from __future__ import annotations
@@ -105,13 +107,17 @@ class HFBert(Architecture):
     model_types = ("bert", "roberta")
     inputs = "tokens"
     text_task = "masked"  # an encoder attends both ways: it has no next-token loss
+    bare_classes: tuple[str, ...] = BARE_CLASSES
+    """The bare encoder classes of the family (a subclass's own: DeBERTa-v2)."""
+    layer_linears: tuple[str, ...] = LAYER_LINEARS
+    """The linear layers every encoder layer has."""
 
     # --- what it is ---------------------------------------------------------------------------
 
     def _bare(self, model: nn.Module) -> nn.Module | None:
         for candidate in (model, base_model_of(model)):
             if candidate is not None and any(
-                cls.__name__ in BARE_CLASSES for cls in type(candidate).__mro__
+                cls.__name__ in self.bare_classes for cls in type(candidate).__mro__
             ):
                 return candidate
         return None
@@ -156,13 +162,13 @@ class HFBert(Architecture):
     def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
         layer = f"layer {index} ({type(block).__name__}) of {type(model).__name__}"
         modules = dict(block.named_modules())
-        missing = [n for n in (*LAYER_LINEARS, *LAYER_NORMS) if n not in modules]
+        missing = [n for n in (*self.layer_linears, *LAYER_NORMS) if n not in modules]
         if missing or hasattr(block, "crossattention"):
             raise UnsupportedModel(
                 f"{layer} is not a {self.title} encoder layer: "
                 + (f"it lacks {missing}" if missing else "it has cross-attention")
             )
-        wrong = [n for n in LAYER_LINEARS if not _is_linear(modules[n])]
+        wrong = [n for n in self.layer_linears if not _is_linear(modules[n])]
         wrong += [n for n in LAYER_NORMS if not isinstance(modules[n], nn.LayerNorm)]
         if wrong:
             raise UnsupportedModel(f"{layer}: expected Linear and LayerNorm modules, got {wrong}")
@@ -202,7 +208,8 @@ class HFBert(Architecture):
         """The pooler (when there is one), and what a task class adds beside the bare model,
         a parameter it ties to the bare model's (the MLM decoder's word embedding) left out."""
         encoder = self.encoder(model)
-        modules: list[nn.Module] = [] if encoder.pooler is None else [encoder.pooler]
+        pooler = getattr(encoder, "pooler", None)  # DeBERTa-v2's bare model has none
+        modules: list[nn.Module] = [] if pooler is None else [pooler]
         parameters: list[nn.Parameter] = []
         for child in wrapper_head(model, encoder):
             found, held = _own_parts(child, encoder)
@@ -247,9 +254,15 @@ class HFBert(Architecture):
         out = block(tokens)
         return out[0] if isinstance(out, tuple) else out
 
-    def _mha(self, modules: tuple[nn.Module, ...], tokens: torch.Tensor) -> torch.Tensor:
+    def _mha(
+        self,
+        modules: tuple[nn.Module, ...],
+        tokens: torch.Tensor,
+        embedded: Embedded,
+        index: int,
+    ) -> torch.Tensor:
         attention, dense = modules
-        return dense(attention(tokens)[0])  # (B, L, d)
+        return dense(self.attend(attention, tokens, embedded, index))  # (B, L, d)
 
     def mlp(
         self,
@@ -272,7 +285,7 @@ class HFBert(Architecture):
         """The post-norm layer from its mapped components: ``x1 = ln1(x + mha(x))``, then
         ``ln2(x1 + fc2(act(fc1(x1))))`` (dropout between, an identity in eval)."""
         (ln1,), mha, (ln2,), fc1, fc2 = (components[c] for c in COMPONENTS)
-        x1 = ln1(tokens + block.attention.output.dropout(self._mha(mha, tokens)))
+        x1 = ln1(tokens + block.attention.output.dropout(self._mha(mha, tokens, embedded, index)))
         return ln2(x1 + block.output.dropout(self.mlp(block, fc1, fc2, x1)))
 
     def embedding_outputs(
@@ -285,7 +298,7 @@ class HFBert(Architecture):
         (ln1,), mha, (ln2,), (dense_in,), (dense_out,) = (parts[c] for c in COMPONENTS)
         return (
             (ln1(tokens),),
-            (self._mha(mha, tokens),),
+            (self._mha(mha, tokens, embedded, index),),
             (ln2(tokens),),
             (dense_in(tokens),),
             (padded_linear(dense_out, tokens),),

@@ -1,13 +1,16 @@
 """What transformers' decoder-only language models share (Llama, Mistral, Qwen2, Qwen3, Gemma 1,
-2 and 3): token-id inputs, a causal (per layer possibly sliding-window) mask and rotary positions
-handed to every layer, RMSNorm pre-norms and a gated MLP (docs/protocol.md, section 3.1).
+2 and 3, Phi3, OLMo2): token-id inputs, a causal (per layer possibly sliding-window) mask and
+rotary positions handed to every layer, RMSNorms and a gated MLP (docs/protocol.md, section 3.1).
 
 A layer is ``input_layernorm`` -> ``self_attn`` -> residual, then a norm -> ``mlp`` (``down_proj(
 act(gate_proj(v)) * up_proj(v))``) -> residual. LN1 is ``input_layernorm``, MHA ``self_attn``
-(all of it: ``q/k/v/o_proj``, their biases, Qwen3's and Gemma3's ``q_norm``/``k_norm``, the
-attention logit softcapping), FC1 the gated MLP's first linear stage ``gate_proj`` + ``up_proj``
-(fc1 mode ``up``: ``up_proj`` alone), FC2 ``down_proj``; which norm is LN2 is the family's
-(:mod:`~vitplasticity.models.architectures.hf_llama`, :mod:`~vitplasticity.models.architectures.hf_gemma`).
+(all of it: ``q/k/v/o_proj``, their biases, Qwen3's, Gemma3's and OLMo2's ``q_norm``/``k_norm``,
+the attention logit softcapping), FC1 the gated MLP's first linear stage ``gate_proj`` +
+``up_proj`` (fc1 mode ``up``: ``up_proj`` alone), FC2 ``down_proj``; which norm is LN2 is the
+family's (:mod:`~vitplasticity.models.architectures.hf_llama`,
+:mod:`~vitplasticity.models.architectures.hf_gemma`). OLMo2 has no norm before either branch:
+its LN1 and LN2 are the norms of the branches' outputs
+(:mod:`~vitplasticity.models.architectures.hf_olmo2`).
 
 The embedding output is ``embed_tokens(ids)`` (Gemma's scales by sqrt(hidden) inside that module).
 What every layer gets beside it (the embedding's context) is built as the model's own forward
@@ -112,13 +115,18 @@ def additive_mask(length: int, window: int | None, tokens: torch.Tensor) -> torc
 
 class HFDecoder(Architecture):
     """A transformers decoder-only language model with RMSNorm, rotary positions and a gated
-    MLP. Subclasses set :attr:`variants` and :attr:`ln2_name`, and write :meth:`compose_block`."""
+    MLP. Subclasses set :attr:`variants` and :attr:`ln2_name` (and :attr:`ln1_name` where it is
+    not ``input_layernorm``), and override :meth:`compose_block` where the layer is not the
+    pre-norm block (OLMo2)."""
 
     inputs = "tokens"
     variants: ClassVar[dict[str, Variant]] = {}
     """The bare model classes of the family, by class name."""
+    ln1_name: str = "input_layernorm"
+    """The layer's LN1: its norm before attention (OLMo2, which has none, the norm of the
+    attention's output)."""
     ln2_name: str = ""
-    """The layer's norm before the MLP."""
+    """The layer's LN2: its norm before the MLP (OLMo2: the norm of the MLP's output)."""
     attention_linears: tuple[str, ...] = ATTENTION_LINEARS
     """The attention's linear layers (in ``self_attn``), which LoRA adapts."""
     fc1_linears: tuple[str, ...] = ("gate_proj", "up_proj")
@@ -196,9 +204,7 @@ class HFDecoder(Architecture):
             *(f"mlp.{n}" for n in (*self.fc1_linears, "down_proj")),
         ]
         modules = dict(block.named_modules())
-        missing = [
-            name for name in ["input_layernorm", self.ln2_name, *linears] if name not in modules
-        ]
+        missing = [name for name in [self.ln1_name, self.ln2_name, *linears] if name not in modules]
         if missing:
             raise UnsupportedModel(f"{layer} is not a {self.title} layer: it lacks {missing}")
         not_linear = [name for name in linears if not _is_linear(modules[name])]
@@ -207,7 +213,7 @@ class HFDecoder(Architecture):
                 f"{layer}: expected Linear {not_linear or linears} and an MLP activation "
                 f"{self.activation}"
             )
-        width = block.input_layernorm.weight.shape[0]
+        width = getattr(block, self.ln1_name).weight.shape[0]
         if block.mlp.down_proj.in_features < width:
             raise UnsupportedModel(
                 f"{layer}: down_proj takes {block.mlp.down_proj.in_features} features, fewer than "
@@ -225,7 +231,7 @@ class HFDecoder(Architecture):
                 f"in {'/'.join(self.fc1_linears)}"
             )
         return {
-            "ln1": (block.input_layernorm,),
+            "ln1": (getattr(block, self.ln1_name),),
             "mha": (block.self_attn,),
             "ln2": (getattr(block, self.ln2_name),),
             "fc1": tuple(getattr(mlp, name) for name in self.fc1_linears)

@@ -15,12 +15,14 @@ from torch import nn
 from vitplasticity.models.architectures.base import Architecture, UnsupportedModel
 from vitplasticity.models.architectures.hf_beit import HFBeit, HFData2VecVision
 from vitplasticity.models.architectures.hf_bert import HFBert
+from vitplasticity.models.architectures.hf_deberta_v2 import HFDebertaV2
 from vitplasticity.models.architectures.hf_dinov3 import HFDinov3
 from vitplasticity.models.architectures.hf_falcon import HFFalcon
 from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.models.architectures.hf_gpt_neox import HFGPTNeoX
 from vitplasticity.models.architectures.hf_llama import HFLlama
+from vitplasticity.models.architectures.hf_olmo2 import HFOlmo2
 from vitplasticity.models.architectures.hf_phi3 import HFPhi3
 from vitplasticity.models.architectures.hf_vision import (
     HFClipVision,
@@ -46,7 +48,9 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFPhi3(),
         HFGPTNeoX(),
         HFFalcon(),
+        HFOlmo2(),
         HFBert(),
+        HFDebertaV2(),
         HFViT(),
         HFDeiT(),
         HFBeit(),
@@ -63,11 +67,6 @@ ARCHITECTURES: dict[str, Architecture] = {
 _NO_LN1_LN2 = "no LN1 and LN2 in the paper's sense"
 
 REFUSED: dict[str, str] = {
-    "DebertaV2PreTrainedModel": (
-        "DeBERTa-v2 adds disentangled relative-position terms (content-to-position and "
-        "position-to-content, from relative embeddings held outside its layers) to every "
-        "attention's logits: no family maps that attention to MHA"
-    ),
     "GPTJPreTrainedModel": (
         "GPT-J blocks run attention and MLP in parallel on one normed input (x + attn(ln(x)) "
         f"+ mlp(ln(x))): a single norm, {_NO_LN1_LN2}"
@@ -75,11 +74,6 @@ REFUSED: dict[str, str] = {
     "PhiPreTrainedModel": (
         "Phi blocks run attention and MLP in parallel on one normed input (x + attn(ln(x)) + "
         f"mlp(ln(x))): a single norm, {_NO_LN1_LN2}"
-    ),
-    "Olmo2PreTrainedModel": (
-        "OLMo2 blocks have no norm before attention or the MLP: they normalise each branch's "
-        "output (x + post_attention_layernorm(attn(x)), x + post_feedforward_layernorm(mlp(x))), "
-        f"{_NO_LN1_LN2}"
     ),
 }
 """transformers model classes refused by name (any class whose MRO holds one: the bare model
