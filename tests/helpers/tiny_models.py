@@ -37,6 +37,40 @@ def _timm(timm_id: str, family: str, image: int = 32, **kwargs) -> TinyModel:
     return TinyModel(timm_id, family, build, inputs, timm_id, kwargs)
 
 
+TIMM_SWIN_TINY_KWARGS = {
+    "img_size": 32,
+    "embed_dim": 12,
+    "depths": (2, 2),
+    "num_heads": (2, 4),
+    "window_size": 2,
+}
+"""A tiny timm Swin: 32 px images in an 8 x 8 patch grid of width 12, then a patch merging to
+4 x 4 of width 24; windows of 2 x 2, so every stage has several and its second block shifts
+them (with the mask)."""
+
+
+def _timm_swin() -> TinyModel:
+    import timm
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return timm.create_model(
+            "swin_tiny_patch4_window7_224", pretrained=False, num_classes=5, **TIMM_SWIN_TINY_KWARGS
+        )
+
+    def inputs(n: int) -> torch.Tensor:
+        return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(n))
+
+    return TinyModel(
+        "swin_tiny_patch4_window7_224",
+        "timm_swin",
+        build,
+        inputs,
+        "swin_tiny_patch4_window7_224",
+        TIMM_SWIN_TINY_KWARGS,
+    )
+
+
 GPT2_TINY_CONFIG = {
     "n_embd": 48,
     "n_layer": 2,
@@ -369,6 +403,7 @@ TINY_MODELS: list[TinyModel] = [
     _timm("vit_base_patch16_rope_mixed_224", "timm_eva"),
     _timm("beit_base_patch16_224", "timm_beit"),
     _timm("beitv2_base_patch16_224", "timm_beit"),
+    _timm_swin(),
     _gpt2(),
     *HF_VISION_TINY_MODELS,
     *(_hf_text(case_id) for case_id in HF_TEXT_TINY_MODELS),

@@ -30,6 +30,7 @@ from vitplasticity.models.architectures.hf_vision import (
 from vitplasticity.models.architectures.hf_vitmae import HFViTMAE
 from vitplasticity.models.architectures.timm_beit import TimmBeit
 from vitplasticity.models.architectures.timm_eva import TimmEva
+from vitplasticity.models.architectures.timm_swin import TimmSwin
 from vitplasticity.models.architectures.timm_vit import TimmVisionTransformer
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -38,6 +39,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         TimmVisionTransformer(),
         TimmEva(),
         TimmBeit(),
+        TimmSwin(),
         HFGPT2(),
         HFLlama(),
         HFGemma(),
