@@ -175,6 +175,35 @@ def test_swin_components_and_patch_merging(demo_dataset: Path) -> None:
         assert gradients[name].grad is not None and gradients[name].grad.abs().sum() > 0, name
 
 
+def test_a_transformers_swin_finetunes_in_its_classification_class() -> None:
+    """A bare transformers Swin entry is finetuned as SwinForImageClassification with a new
+    head; the patch merging (at the end of stage 0) is trained by ``full`` alone."""
+    pytest.importorskip("transformers")
+    from tests.helpers.tiny_models import HF_SWIN_TINY_CONFIG
+    from vitplasticity.models.spec import HFModelSpec
+
+    config = {"model_type": "swin", **HF_SWIN_TINY_CONFIG}
+    model_spec = HFModelSpec(hf_id="tiny/swin", weights="random", config=config)
+    runs = {
+        configuration: build_run_model(
+            settings_for(model_spec, configuration=configuration), CLASSES, CPU
+        )
+        for configuration in ("mha", "full")
+    }
+    assert type(runs["mha"].model).__name__ == "SwinForImageClassification"
+    assert runs["mha"].model.classifier.out_features == CLASSES
+    trained = {configuration: {n for n, _ in run.trainable} for configuration, run in runs.items()}
+    merging = {n for n in trained["full"] if ".downsample." in n}
+    assert merging == {
+        f"swin.encoder.layers.0.downsample.{p}"
+        for p in ("norm.weight", "norm.bias", "reduction.weight")
+    }
+    assert not merging & trained["mha"]
+    assert {n for n in trained["mha"] if ".blocks." in n} == {
+        n for n in trained["full"] if re.search(r"\.blocks\.\d+\.attention\.", n)
+    }
+
+
 # -- LoRA: every adapter on the forward path, or refused -------------------------------------
 
 

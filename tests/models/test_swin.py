@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from polars.testing import assert_frame_equal
 from scipy.special import erf
 
 from tests.helpers.contract import check_contract
@@ -31,6 +32,9 @@ RTOL = 1e-6  # float64 model against float64 numpy
 
 
 def _case(family: str) -> TinyModel:
+    """The family's first tiny model (transformers' in its classification class)."""
+    if family.startswith("hf_"):
+        pytest.importorskip("transformers")  # an optional extra
     return next(case for case in TINY_MODELS if case.family == family)
 
 
@@ -46,7 +50,7 @@ class Layout:
     patch: str  # the patch projection (a conv)
     patch_norm: str
     block: str
-    merge: str  # the patch merging before stage s (its norm and reduction)
+    merge: str  # the patch merging before stage s (its norm and reduction), {p} = s - 1
     ln1: str
     ln2: str
     qkv: tuple[str, ...]  # one fused (q; k; v) linear, or three
@@ -60,7 +64,7 @@ TIMM = Layout(
     patch="patch_embed.proj",
     patch_norm="patch_embed.norm",
     block="layers.{s}.blocks.{j}",
-    merge="layers.{s}.downsample",
+    merge="layers.{s}.downsample",  # at the start of stage s
     ln1="norm1",
     ln2="norm2",
     qkv=("attn.qkv",),
@@ -117,7 +121,7 @@ def window_attention(
     two tokens the roll brought from different regions (a region: before H - w, between
     H - w and H - shift, after, along each axis)."""
     h, wd, c = t.shape
-    if layout.qkv[0].endswith("qkv"):
+    if len(layout.qkv) == 1:  # fused: q, k, v stacked along rows
         q, k, v = np.split(
             t.reshape(-1, c) @ w[f"{b}.{layout.qkv[0]}.weight"].T + w[f"{b}.{layout.qkv[0]}.bias"],
             3,
@@ -170,7 +174,7 @@ def swin_in_situ(model: torch.nn.Module, reference, downstream, layout: Layout, 
         index = 0
         for s, depth in enumerate(shape.depths):
             if s > 0:
-                merge = layout.merge.format(s=s)
+                merge = layout.merge.format(s=s, p=s - 1)
                 x, y = patch_merging(w, merge, x, eps), patch_merging(w, merge, y, eps)
             side = x.shape[0]
             window = min(shape.window, side)
@@ -215,13 +219,48 @@ def _timm_shape(model: torch.nn.Module) -> Shape:
     )
 
 
-REFERENCE = {"timm_swin": (TIMM, _timm_shape)}
+HF = Layout(
+    patch="embeddings.patch_embeddings.projection",
+    patch_norm="embeddings.norm",
+    block="encoder.layers.{s}.blocks.{j}",
+    merge="encoder.layers.{p}.downsample",  # at the end of the stage before
+    ln1="layernorm_before",
+    ln2="layernorm_after",
+    qkv=("attention.q_proj", "attention.k_proj", "attention.v_proj"),
+    proj="attention.o_proj",
+    table="attention.relative_position_bias.relative_position_bias_table",
+    fc1="mlp.fc1",
+    fc2="mlp.fc2",
+)
+
+
+def _hf_shape(model: torch.nn.Module) -> Shape:
+    config = model.config
+    return Shape(
+        patch=config.patch_size,
+        depths=tuple(config.depths),
+        heads=tuple(config.num_heads),
+        window=config.window_size,
+        eps=config.layer_norm_eps,
+    )
+
+
+REFERENCE = {"timm_swin": (TIMM, _timm_shape), "hf_swin": (HF, _hf_shape)}
+"""Per family: where its bare model's state dict holds each weight, and its configuration."""
+
+
+def _bare(family: str) -> TinyModel:
+    """The family's bare model (a timm model is one; transformers' SwinModel)."""
+    _case(family)  # skipped without transformers
+    return next(
+        case for case in TINY_MODELS if case.family == family and case.id != "hf_swin_classifier"
+    )
 
 
 @pytest.mark.parametrize("family", sorted(REFERENCE))
 def test_in_situ_plasticity_matches_direct_float64(family: str) -> None:
     layout, shape_of = REFERENCE[family]
-    model = perturbed(_case(family).build())
+    model = perturbed(_bare(family).build())
     assert architecture_for(model).name == family
     reference, downstream = _images(3, seed=1), _images(2, seed=2)  # downstream cycles
     frame = measure(model, reference, downstream, protocol="in_situ", batch_size=2)
@@ -267,6 +306,42 @@ def test_timm_parameters_are_trained_by_their_configuration() -> None:
     assert parameters.group("layers.1.downsample.reduction.weight") == "other"
 
 
+def test_hf_parameters_are_trained_by_their_configuration() -> None:
+    model = _case("hf_swin").build()
+    assert type(model).__name__ == "SwinForImageClassification"
+    owners = ParameterMap(architecture_for(model), model).owners
+    block = "swin.encoder.layers.1.blocks.1"
+    expected = {
+        "swin.embeddings.patch_embeddings.projection.weight": ("emb", "emb", None),
+        "swin.embeddings.norm.weight": ("emb", "emb", None),
+        "swin.encoder.layers.0.blocks.0.layernorm_before.weight": ("ln1", "ln1", 0),
+        f"{block}.attention.relative_position_bias.relative_position_bias_table": (
+            "mha",
+            "mha",
+            3,
+        ),
+        f"{block}.attention.q_proj.weight": ("mha", "mha", 3),
+        f"{block}.attention.o_proj.bias": ("mha", "mha", 3),
+        f"{block}.layernorm_after.weight": ("ln2", "ln2", 3),
+        f"{block}.mlp.fc1.weight": ("fc1", "fc1", 3),
+        f"{block}.mlp.fc2.bias": ("fc2", "fc2", 3),
+        # at the end of stage 0, before block 2
+        "swin.encoder.layers.0.downsample.reduction.weight": ("patch_merging", "full", None),
+        "swin.encoder.layers.0.downsample.norm.bias": ("patch_merging", "full", None),
+        "swin.layernorm.weight": ("head", "head", None),
+        "classifier.weight": ("head", "head", None),
+    }
+    for name, (group, trained_by, index) in expected.items():
+        owner = owners[name]
+        assert (owner.group, owner.trained_by, owner.block) == (group, trained_by, index), name
+
+
+def test_a_bare_hf_swin_is_not_finetuned() -> None:
+    model = _bare("hf_swin").build()
+    assert type(model).__name__ == "SwinModel"
+    assert "has no classification head" in architecture_for(model).refusal("finetune", model)
+
+
 # --- refusals ----------------------------------------------------------------------------------
 
 
@@ -286,7 +361,16 @@ def test_the_embedding_protocol_bounds_and_recommend_are_refused_by_name(family:
         assert architecture.refusal(stage, model) is None, stage
 
 
-def test_swin_v2_is_known_to_no_family() -> None:
+def test_hf_swin_v2_is_known_to_no_family() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Swinv2Config(
+        image_size=32, patch_size=4, embed_dim=12, depths=[1, 1], num_heads=[1, 2], window_size=2
+    )
+    with pytest.raises(UnsupportedModel, match=r"Swinv2Model .*known families: .*hf_swin"):
+        architecture_for(transformers.Swinv2Model(config))
+
+
+def test_timm_swin_v2_is_known_to_no_family() -> None:
     import timm
 
     model = timm.create_model(
@@ -300,3 +384,13 @@ def test_swin_v2_is_known_to_no_family() -> None:
     )
     with pytest.raises(UnsupportedModel, match=r"SwinTransformerV2 .*known families: .*timm_swin"):
         architecture_for(model)
+
+
+def test_in_situ_plasticity_of_the_classifier_is_the_bare_models() -> None:
+    model = _case("hf_swin").build().eval()
+    reference, downstream = _images(3, seed=1).float(), _images(2, seed=2).float()
+    settings = {"protocol": "in_situ", "batch_size": 2}
+    assert_frame_equal(
+        measure(model, reference, downstream, **settings),
+        measure(model.swin, reference, downstream, **settings),
+    )

@@ -20,6 +20,7 @@ from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.models.architectures.hf_llama import HFLlama
 from vitplasticity.models.architectures.hf_phi3 import HFPhi3
+from vitplasticity.models.architectures.hf_swin import HFSwin
 from vitplasticity.models.architectures.hf_vision import (
     HFClipVision,
     HFDeiT,
@@ -54,6 +55,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFDinov3(),
         HFClipVision(),
         HFSiglipVision(),
+        HFSwin(),
     )
 }
 """Every known family by name, checked in this order."""
