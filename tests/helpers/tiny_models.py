@@ -290,11 +290,16 @@ HF_VISION_TINY_MODELS: list[TinyModel] = [
     _hf_classifier(
         "hf_siglip_classifier", "hf_siglip_vision", "siglip_vision_model", intermediate_size=96
     ),
-    _hf_classifier("hf_swin_classifier", "hf_swin", "swin", base=HF_SWIN_TINY_CONFIG),
-    _hf_vision("hf_swin", "hf_swin", "SwinModel", "SwinConfig", base=HF_SWIN_TINY_CONFIG),
 ]
 """The transformers vision towers (and wrappers with a classifier or projection); the
 ``_classifier`` ones are what finetune and recommend take."""
+
+HF_SWIN_TINY_MODELS: list[TinyModel] = [
+    _hf_classifier("hf_swin_classifier", "hf_swin", "swin", base=HF_SWIN_TINY_CONFIG),
+    _hf_vision("hf_swin", "hf_swin", "SwinModel", "SwinConfig", base=HF_SWIN_TINY_CONFIG),
+]
+"""The transformers Swin (hierarchical: tests/models/test_swin.py), in its classification class
+(what finetune takes) and bare."""
 
 
 HF_TEXT_TINY_CONFIG = {
@@ -430,6 +435,7 @@ TINY_MODELS: list[TinyModel] = [
     _timm_swin(),
     _gpt2(),
     *HF_VISION_TINY_MODELS,
+    *HF_SWIN_TINY_MODELS,
     *(_hf_text(case_id) for case_id in HF_TEXT_TINY_MODELS),
     *(_hf_encoder(case_id) for case_id in HF_ENCODER_TINY_MODELS),
 ]
