@@ -394,3 +394,23 @@ def test_in_situ_plasticity_of_the_classifier_is_the_bare_models() -> None:
         measure(model, reference, downstream, **settings),
         measure(model.swin, reference, downstream, **settings),
     )
+
+
+def _padded(family: str) -> torch.nn.Module:
+    """A Swin of the family whose 10 x 10 and 5 x 5 grids are no whole number of 4 x 4 windows."""
+    shape = {"embed_dim": 12, "depths": (2, 2), "num_heads": (2, 4), "window_size": 4}
+    if family == "timm_swin":
+        import timm
+
+        return timm.create_model("swin_tiny_patch4_window7_224", img_size=40, **shape).eval()
+    transformers = pytest.importorskip("transformers")
+    config = transformers.SwinConfig(image_size=40, patch_size=4, **shape)
+    return transformers.SwinModel(config).eval()
+
+
+@pytest.mark.parametrize("family", sorted(REFERENCE))
+def test_in_situ_is_refused_where_the_windows_are_padded(family: str) -> None:
+    model = _padded(family)
+    images = torch.randn(2, 3, 40, 40, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(UndefinedStage, match=r"block 0's 10 x 10 grid is not a whole number of 4"):
+        measure(model, images, images.flip(0), protocol="in_situ", batch_size=1)

@@ -60,6 +60,13 @@ class HFSwin(SwinFamily, HFVisionTower):
         except AttributeError:  # no encoder.layers: blocks() names what the tower lacks
             return []
 
+    def block_window(self, block: nn.Module) -> tuple[Grid, Grid]:
+        # The block clamps its window to a smaller grid in its forward pass
+        # (set_shift_and_window_size).
+        grid = tuple(block.input_resolution)
+        window = min(int(block.window_size), *grid)
+        return grid, (window, window)
+
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         # SwinModel.forward up to its encoder: patches (B, H W, C), normed, absolute positions
         # where the model has them; the pixels cast to the projection's dtype (ViT's way).

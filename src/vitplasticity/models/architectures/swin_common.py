@@ -16,9 +16,10 @@ patch embedding) is undefined and refused, and so are recommend (which ranks by 
 bounds (relative position bias in the logits, windowed attention). The in-situ protocol is
 defined: each component is fed what reaches it in the real forward pass. The attention module
 sees windows (B nW, w w, C), batch-major, which :func:`vitplasticity.plasticity.norms.pair_norms`
-reads as each image's tokens; the windowing is a permutation of the tokens (no padding when the
-grid is a multiple of the window), so MHA's plasticity is that of the windowed attention as a
-map of LN1's output.
+reads as each image's tokens; the windowing is a permutation of the tokens, so MHA's plasticity
+is that of the windowed attention as a map of LN1's output. A grid that is not a whole number of
+windows is padded with zeros whose outputs the block drops: the in-situ protocol is refused for
+such a model (every standard Swin's grids are whole numbers of its windows).
 """
 
 from __future__ import annotations
@@ -130,6 +131,26 @@ class SwinFamily(Architecture):
     def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
         return [block for _, blocks in self.stages(model) for block in blocks]
 
+    def block_window(self, block: nn.Module) -> tuple[Grid, Grid]:
+        """The (H, W) grid ``block`` is built for, and the window it attends in (the
+        configured one, or the grid where that is smaller)."""
+        raise NotImplementedError
+
+    def padding_refusal(self, model: nn.Module) -> str | None:
+        """Why the in-situ protocol is undefined for ``model`` (None: it is defined): a block
+        whose grid is not a whole number of windows attends zero-padded windows and drops the
+        padding's outputs, so its attention's output is not the map the block uses."""
+        for index, block in enumerate(self.block_list(model)):
+            (h, w), (wh, ww) = self.block_window(block)
+            if h % wh or w % ww:
+                return (
+                    f"block {index}'s {h} x {w} grid is not a whole number of {wh} x {ww} "
+                    "windows: its attention runs on zero-padded windows whose outputs the block "
+                    "drops, so MHA's in-situ plasticity is undefined (choose an image size whose "
+                    "grids the windows divide)"
+                )
+        return None
+
     def layout(self, model: nn.Module, grid: Grid) -> SwinLayout:
         """Each block's merging and token grid, for a patch grid ``grid`` (H, W)."""
         merges: list[nn.Module | None] = []
@@ -213,11 +234,13 @@ class SwinFamily(Architecture):
         return BOUNDS_REASON
 
     def refusal(self, stage: str, model: nn.Module) -> str | None:
-        reasons = {
+        reasons: dict[str, str | None] = {
             "plasticity embedding": EMBEDDING_REASON,
             "bounds": BOUNDS_REASON,
             "recommend": RECOMMEND_REASON,
         }
-        if stage in reasons:
+        if stage == "plasticity in_situ":
+            reasons[stage] = self.padding_refusal(model)
+        if reasons.get(stage) is not None:
             return f"{type(model).__name__} is a Swin Transformer: {reasons[stage]}"
         return super().refusal(stage, model)

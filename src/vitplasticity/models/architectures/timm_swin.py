@@ -43,6 +43,10 @@ class TimmSwin(SwinFamily, TimmPreNormFamily):
     def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
         return SwinFamily.block_list(self, model)
 
+    def block_window(self, block: nn.Module) -> tuple[Grid, Grid]:
+        # timm clamps the window to a smaller grid when it builds the block.
+        return tuple(block.input_resolution), tuple(block.window_size)
+
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         # SwinTransformer.forward_features up to its stages: patches (B, H, W, C), normed.
         tokens = model.patch_embed(inputs)
