@@ -1,6 +1,6 @@
 """Finetuning beyond the plain timm ViT: what each configuration trains on the Eva and Beit
 families (SwiGLU FC1, q/v biases), their per-group gradient norms, the refusal of models no
-architecture knows (Swin, ConvNeXt) before any step, and, on the demo ViT, every
+architecture knows (Swin V2, ConvNeXt) before any step, and, on the demo ViT, every
 configuration's trained parameters as a hard list written from docs/protocol.md (section 5),
 in order: the paper's path must not move."""
 
@@ -132,6 +132,78 @@ def test_gradient_norm_groups_follow_the_components(demo_dataset: Path) -> None:
     assert result.group_norms == pytest.approx(expected, rel=1e-5)
 
 
+SWIN = spec(
+    "swin_tiny_patch4_window7_224",
+    img_size=32,
+    embed_dim=12,
+    depths=(2, 2),
+    num_heads=(2, 4),
+    window_size=2,
+)
+
+
+def test_swin_components_and_patch_merging(demo_dataset: Path) -> None:
+    """A timm Swin with a new head: MHA is each block's window attention with its relative
+    position bias table, in every stage; the patch merging between the stages is trained by
+    ``full`` alone, and gets a gradient in a full run's step."""
+    names = all_names(SWIN)
+    attention = [n for n in names if re.fullmatch(r"layers\.\d+\.blocks\.\d+\.attn\..+", n)]
+    assert trained(SWIN, "mha") == attention + head_and_final_norm(names)
+    assert {
+        f"layers.{s}.blocks.{b}.attn.relative_position_bias_table"
+        for s in range(2)
+        for b in range(2)
+    } <= set(attention)
+    merging = [
+        "layers.1.downsample.norm.weight",
+        "layers.1.downsample.norm.bias",
+        "layers.1.downsample.reduction.weight",
+    ]
+    assert [n for n in names if ".downsample." in n] == merging
+    for configuration in ("emb", "ln1", "mha", "ln2", "fc1", "fc2", "head"):
+        assert not set(merging) & set(trained(SWIN, configuration)), configuration
+    settings = settings_for(SWIN, configuration="full", batch_size=4, micro_batch_size=4)
+    run_model = build_run_model(settings, CLASSES, CPU)
+    optimizer = build_optimizer(run_model.trainable, settings)
+    images, labels = first_batch(demo_dataset, settings, run_model.preprocessing)
+    result = training_step(run_model, optimizer, images, labels, 0, settings, CPU, True)
+    # Trained by full, logged in no column (GROUPS: the configurations' own groups).
+    assert set(result.group_norms) == {"emb", "ln1", "mha", "ln2", "fc1", "fc2", "head"}
+    assert all(norm > 0 for norm in result.group_norms.values())
+    gradients = dict(run_model.trainable)
+    for name in merging:
+        assert gradients[name].grad is not None and gradients[name].grad.abs().sum() > 0, name
+
+
+def test_a_transformers_swin_finetunes_in_its_classification_class() -> None:
+    """A bare transformers Swin entry is finetuned as SwinForImageClassification with a new
+    head; the patch merging (at the end of stage 0) is trained by ``full`` alone."""
+    pytest.importorskip("transformers")
+    from tests.helpers.tiny_models import HF_SWIN_TINY_CONFIG
+    from vitplasticity.models.spec import HFModelSpec
+
+    config = {"model_type": "swin", **HF_SWIN_TINY_CONFIG}
+    model_spec = HFModelSpec(hf_id="tiny/swin", weights="random", config=config)
+    runs = {
+        configuration: build_run_model(
+            settings_for(model_spec, configuration=configuration), CLASSES, CPU
+        )
+        for configuration in ("mha", "full")
+    }
+    assert type(runs["mha"].model).__name__ == "SwinForImageClassification"
+    assert runs["mha"].model.classifier.out_features == CLASSES
+    trained = {configuration: {n for n, _ in run.trainable} for configuration, run in runs.items()}
+    merging = {n for n in trained["full"] if ".downsample." in n}
+    assert merging == {
+        f"swin.encoder.layers.0.downsample.{p}"
+        for p in ("norm.weight", "norm.bias", "reduction.weight")
+    }
+    assert not merging & trained["mha"]
+    assert {n for n in trained["mha"] if ".blocks." in n} == {
+        n for n in trained["full"] if re.search(r"\.blocks\.\d+\.attention\.", n)
+    }
+
+
 # -- LoRA: every adapter on the forward path, or refused -------------------------------------
 
 
@@ -194,14 +266,14 @@ def test_lora_step_reaches_every_adapter(demo_dataset: Path) -> None:
 UNKNOWN = [
     (
         spec(
-            "swin_tiny_patch4_window7_224",
+            "swinv2_tiny_window8_256",
             img_size=32,
             embed_dim=12,
             depths=(1, 1),
             num_heads=(1, 2),
             window_size=4,
         ),
-        "SwinTransformer",
+        "SwinTransformerV2",
     ),
     (spec("convnext_atto", depths=(1, 1, 1, 1), dims=(8, 16, 32, 64)), "ConvNeXt"),
 ]
@@ -209,7 +281,7 @@ KNOWN_FAMILIES = ("timm_vit", "timm_eva", "timm_beit")
 
 
 @pytest.mark.parametrize("configuration", ["mha", "head", "lora"])
-@pytest.mark.parametrize(("model_spec", "model_class"), UNKNOWN, ids=["swin", "convnext"])
+@pytest.mark.parametrize(("model_spec", "model_class"), UNKNOWN, ids=["swinv2", "convnext"])
 def test_unknown_models_are_refused(
     model_spec: TimmSpec, model_class: str, configuration: str
 ) -> None:
@@ -221,7 +293,7 @@ def test_unknown_models_are_refused(
         assert family in str(error.value)
 
 
-@pytest.mark.parametrize(("model_spec", "model_class"), UNKNOWN, ids=["swin", "convnext"])
+@pytest.mark.parametrize(("model_spec", "model_class"), UNKNOWN, ids=["swinv2", "convnext"])
 def test_the_finetune_command_refuses_before_any_step(
     model_spec: TimmSpec,
     model_class: str,

@@ -84,17 +84,20 @@ def check_forward(architecture: Architecture, model: nn.Module, inputs: torch.Te
 
 
 def check_composition(architecture: Architecture, model: nn.Module, inputs: torch.Tensor) -> None:
-    """The mapped modules, composed by the family's structure, give block(x) on random x."""
+    """The mapped modules, composed by the family's structure, give block(x) on random x of
+    the shape the block receives (a hierarchical model's widths change between stages)."""
     generator = torch.Generator().manual_seed(7)
     with torch.no_grad():
         embedded = architecture.embed(model, inputs)
+        shape = embedded.tokens.shape
         for index, block in enumerate(architecture.blocks(model)):
-            x = torch.randn(embedded.tokens.shape, generator=generator, dtype=embedded.tokens.dtype)
+            x = torch.randn(shape, generator=generator, dtype=embedded.tokens.dtype)
             expected = architecture.run_block(block, index, x, embedded)
             composed = architecture.compose_block(
                 block, architecture.components(block), x, embedded, index
             )
             torch.testing.assert_close(composed, expected, rtol=0, atol=TOLERANCE)
+            shape = expected.shape
 
 
 def check_contract(architecture: Architecture, model: nn.Module, inputs: torch.Tensor) -> None:

@@ -37,6 +37,40 @@ def _timm(timm_id: str, family: str, image: int = 32, **kwargs) -> TinyModel:
     return TinyModel(timm_id, family, build, inputs, timm_id, kwargs)
 
 
+TIMM_SWIN_TINY_KWARGS = {
+    "img_size": 32,
+    "embed_dim": 12,
+    "depths": (2, 2),
+    "num_heads": (2, 4),
+    "window_size": 2,
+}
+"""A tiny timm Swin: 32 px images in an 8 x 8 patch grid of width 12, then a patch merging to
+4 x 4 of width 24; windows of 2 x 2, so every stage has several and its second block shifts
+them (with the mask)."""
+
+
+def _timm_swin() -> TinyModel:
+    import timm
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return timm.create_model(
+            "swin_tiny_patch4_window7_224", pretrained=False, num_classes=5, **TIMM_SWIN_TINY_KWARGS
+        )
+
+    def inputs(n: int) -> torch.Tensor:
+        return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(n))
+
+    return TinyModel(
+        "swin_tiny_patch4_window7_224",
+        "timm_swin",
+        build,
+        inputs,
+        "swin_tiny_patch4_window7_224",
+        TIMM_SWIN_TINY_KWARGS,
+    )
+
+
 GPT2_TINY_CONFIG = {
     "n_embd": 48,
     "n_layer": 2,
@@ -76,16 +110,22 @@ images in 16 patches of 8."""
 
 
 def _hf_vision(
-    case_id: str, family: str, model_class: str, config_class: str, **config
+    case_id: str,
+    family: str,
+    model_class: str,
+    config_class: str,
+    base: dict | None = None,
+    **config,
 ) -> TinyModel:
-    """A tiny transformers vision model: ``model_class(config_class(...))``, random init."""
+    """A tiny transformers vision model: ``model_class(config_class(...))``, random init;
+    ``base`` replaces :data:`HF_VISION_TINY_CONFIG`."""
 
     def build() -> nn.Module:
         from vitplasticity.utils.optional import require_transformers
 
         transformers = require_transformers()
         torch.manual_seed(0)
-        settings = {**HF_VISION_TINY_CONFIG, **config}
+        settings = {**(HF_VISION_TINY_CONFIG if base is None else base), **config}
         return getattr(transformers, model_class)(getattr(transformers, config_class)(**settings))
 
     def inputs(n: int) -> torch.Tensor:
@@ -94,15 +134,19 @@ def _hf_vision(
     return TinyModel(case_id, family, build, inputs)
 
 
-def _hf_classifier(case_id: str, family: str, model_type: str, **config) -> TinyModel:
+def _hf_classifier(
+    case_id: str, family: str, model_type: str, base: dict | None = None, **config
+) -> TinyModel:
     """A tiny transformers vision tower in its classification class with a 5-way head, built as
-    finetuning builds it (``vitplasticity.models.build.build_model``), random init."""
+    finetuning builds it (``vitplasticity.models.build.build_model``), random init; ``base``
+    replaces :data:`HF_VISION_TINY_CONFIG`."""
 
     def build() -> nn.Module:
         from vitplasticity.models.build import build_model
         from vitplasticity.models.spec import HFModelSpec
 
-        settings = {"model_type": model_type, **HF_VISION_TINY_CONFIG, **config}
+        shared = HF_VISION_TINY_CONFIG if base is None else base
+        settings = {"model_type": model_type, **shared, **config}
         spec = HFModelSpec(hf_id=f"tiny/{model_type}", weights="random", config=settings)
         torch.manual_seed(0)
         return build_model(spec, num_classes=5)
@@ -112,6 +156,18 @@ def _hf_classifier(case_id: str, family: str, model_type: str, **config) -> Tiny
 
     return TinyModel(case_id, family, build, inputs)
 
+
+HF_SWIN_TINY_CONFIG = {
+    "image_size": 32,
+    "patch_size": 4,
+    "embed_dim": 12,
+    "depths": [2, 2],
+    "num_heads": [2, 4],
+    "window_size": 2,
+    "attn_implementation": "eager",
+}
+"""A tiny transformers Swin, as :data:`TIMM_SWIN_TINY_KWARGS`: an 8 x 8 grid of width 12, a patch
+merging to 4 x 4 of width 24, windows of 2 x 2 (every stage's second block shifts them)."""
 
 HF_VISION_TINY_MODELS: list[TinyModel] = [
     _hf_vision("hf_vit", "hf_vit", "ViTModel", "ViTConfig", intermediate_size=96),
@@ -237,6 +293,13 @@ HF_VISION_TINY_MODELS: list[TinyModel] = [
 ]
 """The transformers vision towers (and wrappers with a classifier or projection); the
 ``_classifier`` ones are what finetune and recommend take."""
+
+HF_SWIN_TINY_MODELS: list[TinyModel] = [
+    _hf_classifier("hf_swin_classifier", "hf_swin", "swin", base=HF_SWIN_TINY_CONFIG),
+    _hf_vision("hf_swin", "hf_swin", "SwinModel", "SwinConfig", base=HF_SWIN_TINY_CONFIG),
+]
+"""The transformers Swin (hierarchical: tests/models/test_swin.py), in its classification class
+(what finetune takes) and bare."""
 
 
 HF_TEXT_TINY_CONFIG = {
@@ -475,8 +538,10 @@ TINY_MODELS: list[TinyModel] = [
     _timm("vit_base_patch16_rope_mixed_224", "timm_eva"),
     _timm("beit_base_patch16_224", "timm_beit"),
     _timm("beitv2_base_patch16_224", "timm_beit"),
+    _timm_swin(),
     _gpt2(),
     *HF_VISION_TINY_MODELS,
+    *HF_SWIN_TINY_MODELS,
     *(_hf_text(case_id) for case_id in HF_TEXT_TINY_MODELS),
     *(_hf_parallel(case_id) for case_id in HF_PARALLEL_TINY_MODELS),
     *(_hf_encoder(case_id) for case_id in HF_ENCODER_TINY_MODELS),

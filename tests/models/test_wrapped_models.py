@@ -30,6 +30,7 @@ from tests.helpers.tiny_models import (
     ENCODER_TINY_CONFIG,
     GPT2_TINY_CONFIG,
     HF_PARALLEL_TINY_CONFIG,
+    HF_SWIN_TINY_CONFIG,
     HF_TEXT_TINY_CONFIG,
     HF_VISION_TINY_CONFIG,
     TINY_MODELS,
@@ -131,6 +132,10 @@ def _tower(config_class: str, **settings: object) -> Callable[[], object]:
     )
 
 
+def _swin() -> object:
+    return transformers.SwinConfig(**HF_SWIN_TINY_CONFIG, num_labels=5)
+
+
 TASKS = ("ForCausalLM", "ForSequenceClassification", "ForTokenClassification")
 ENCODER_TASKS = (
     "ForMaskedLM",
@@ -207,6 +212,10 @@ WRAPPED: list[Wrapped] = [
         _tower("CLIPVisionConfig", intermediate_size=96, projection_dim=24),
     ),
     _vision("SiglipForImageClassification", "SiglipVisionModel", _dual("SiglipConfig")),
+    *(
+        _vision(f"Swin{task}", "SwinModel", _swin)
+        for task in ("ForImageClassification", "ForMaskedImageModeling")
+    ),
 ]
 CASES = {case.name: case for case in WRAPPED}
 
@@ -415,6 +424,7 @@ def _entry(folder: Path) -> dict:
         "FalconForCausalLM",
         "ViTForImageClassification",
         "DeiTForImageClassificationWithTeacher",
+        "SwinForImageClassification",
     ],
 )
 def test_a_saved_task_class_loads_as_its_config_says(tmp_path: Path, name: str) -> None:

@@ -265,6 +265,7 @@ TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
             "clip_vision_model",
             "siglip",
             "siglip_vision_model",
+            "swin",
         }
     ),
 }
@@ -326,6 +327,7 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
         *("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification"),
         *("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPForImageClassification"),
         *("SiglipVisionModel", "SiglipForImageClassification"),
+        *("SwinModel", "SwinForImageClassification", "SwinForMaskedImageModeling"),
     }
 )
 """The transformers classes a ``model_class:`` (or a checkpoint's config.json

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from vitplasticity.components import COMPONENTS
-from vitplasticity.models.architectures import Architecture, architecture_for
+from vitplasticity.models.architectures import Architecture, UndefinedStage, architecture_for
 from vitplasticity.models.architectures.base import check_fc1_mode
 from vitplasticity.plasticity.pairs import ImageQueue, Images, image_chunks
 from vitplasticity.plasticity.protocols import PROTOCOL_FUNCTIONS, check_protocols
@@ -52,6 +52,10 @@ def measure_protocols(
     protocols = check_protocols(protocols)
     fc1 = check_fc1_mode(fc1)
     architecture = architecture_for(model)
+    for protocol in protocols:
+        refusal = architecture.refusal(f"plasticity {protocol}", model)
+        if refusal is not None:
+            raise UndefinedStage(f"the {protocol} protocol is not defined: {refusal}")
     blocks = architecture.blocks(model)
     _check_arguments(model, (architecture, blocks, fc1), reference, batch_size, n_pairs)
     parameter = next(model.parameters())
@@ -196,6 +200,8 @@ def measure(
             reference images than ``n_pairs``, or malformed input batches.
         UnsupportedModel: for a model no architecture knows (naming its class and the known
             families), or an fc1 mode its MLP cannot take.
+        UndefinedStage: for a protocol the model's family refuses (the embedding protocol of a
+            Swin, whose stages differ in width), with the reason.
     """
     counts = {"batch_size": batch_size, "n_pairs": n_pairs}
     return measure_protocols(

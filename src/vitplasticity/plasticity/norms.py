@@ -12,13 +12,17 @@ import torch
 
 def pair_norms(activations: torch.Tensor, batch_pairs: int) -> torch.Tensor:
     """Frobenius norms of (reference half - downstream half), one per pair, in float64: (B,),
-    for ``activations`` (2B, ...) of a batch of ``batch_pairs`` = B pairs.
+    for ``activations`` (2B, ...) of a batch of ``batch_pairs`` = B pairs: each image's
+    activations are its rows of d features, whatever their layout (tokens, a grid, windows).
 
     Each token's norm (d terms) is reduced in the compute dtype, the sum over tokens in float64:
     as accurate as a float64 reduction of the whole matrix (~1e-8 relative in float32, where a
     float32 reduction of all n x d terms loses ~1e-6), without a float64 copy of every
     activation, which on a CPU costs as much as the layer that made it.
     """
+    # Each image's tokens as rows (2B, n, d): a no-op for tokens (2B, n, d); a Swin's grid
+    # (2B, H, W, d) and its attention's windows (2B nW, w w, d), batch-major, become them.
+    activations = activations.reshape(2 * batch_pairs, -1, activations.shape[-1])
     difference = activations[:batch_pairs] - activations[batch_pairs:]  # (B, n, d)
     token_norms = torch.linalg.vector_norm(difference, dim=-1)  # (B, n)
     return token_norms.to(torch.float64).square().sum(dim=-1).sqrt()

@@ -24,6 +24,7 @@ from vitplasticity.models.architectures.hf_gpt_neox import HFGPTNeoX
 from vitplasticity.models.architectures.hf_llama import HFLlama
 from vitplasticity.models.architectures.hf_olmo2 import HFOlmo2
 from vitplasticity.models.architectures.hf_phi3 import HFPhi3
+from vitplasticity.models.architectures.hf_swin import HFSwin
 from vitplasticity.models.architectures.hf_vision import (
     HFClipVision,
     HFDeiT,
@@ -34,6 +35,7 @@ from vitplasticity.models.architectures.hf_vision import (
 from vitplasticity.models.architectures.hf_vitmae import HFViTMAE
 from vitplasticity.models.architectures.timm_beit import TimmBeit
 from vitplasticity.models.architectures.timm_eva import TimmEva
+from vitplasticity.models.architectures.timm_swin import TimmSwin
 from vitplasticity.models.architectures.timm_vit import TimmVisionTransformer
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -42,6 +44,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         TimmVisionTransformer(),
         TimmEva(),
         TimmBeit(),
+        TimmSwin(),
         HFGPT2(),
         HFLlama(),
         HFGemma(),
@@ -60,6 +63,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFDinov3(),
         HFClipVision(),
         HFSiglipVision(),
+        HFSwin(),
     )
 }
 """Every known family by name, checked in this order."""
