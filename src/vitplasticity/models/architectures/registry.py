@@ -19,6 +19,7 @@ from vitplasticity.models.architectures.hf_dinov3 import HFDinov3
 from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.models.architectures.hf_llama import HFLlama
+from vitplasticity.models.architectures.hf_moe import HFMoE
 from vitplasticity.models.architectures.hf_phi3 import HFPhi3
 from vitplasticity.models.architectures.hf_vision import (
     HFClipVision,
@@ -42,6 +43,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFLlama(),
         HFGemma(),
         HFPhi3(),
+        HFMoE(),
         HFBert(),
         HFViT(),
         HFDeiT(),
