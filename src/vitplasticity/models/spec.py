@@ -248,6 +248,7 @@ TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
         {
             *("gpt2", "llama", "mistral", "qwen2", "qwen3"),
             *("gemma", "gemma2", "gemma3_text", "phi3", "bert", "roberta"),
+            *("mixtral", "qwen2_moe"),
         }
     ),
     "images": frozenset(
@@ -278,7 +279,8 @@ _DECODER_TASKS = (
     "ForTokenClassification",
     "ForQuestionAnswering",
 )
-"""The task classes transformers puts around each of Llama, Mistral, Qwen2 and Qwen3."""
+"""The task classes transformers puts around each of Llama, Mistral, Qwen2, Qwen3, Mixtral and
+Qwen2-MoE."""
 
 _ENCODER_TASKS = (
     "ForMaskedLM",
@@ -305,6 +307,11 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
         "Gemma2ForTokenClassification",
         *("Phi3Model", "Phi3ForCausalLM", "Phi3ForSequenceClassification"),
         "Phi3ForTokenClassification",
+        *(
+            f"{bare}{task}"
+            for bare in ("Mixtral", "Qwen2Moe")
+            for task in ("Model", *_DECODER_TASKS)
+        ),
         *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
         *(f"{bare}{task}" for bare in ("Bert", "Roberta") for task in ("Model", *_ENCODER_TASKS)),
         *("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),

@@ -33,8 +33,8 @@ change which experts run. In the embedding protocol FC1 routes the embedding out
 router (FC1 is fed x, so it picks x's experts), and FC2 is fed x zero-padded to its input
 width: x fills the concatenated expert hiddens from expert 0 on (it spans several experts when
 one is narrower than the token, which a top-k MoE also feeds FC2). The in-situ protocol runs each
-layer through its mapped pieces (:meth:`HFMoE.run_block`), so the views' hooks see what reaches
-FC1 and FC2; the contract checks that this is the model's own forward.
+layer through its mapped pieces (:meth:`HFMoE.in_situ_block`), so the views' hooks see what
+reaches FC1 and FC2; the contract checks that this composition is the layer's own forward.
 
 Refused: ``plasticity.fc1: up`` (up is half of each expert's fused ``gate_up_proj``), the bounds
 (RMSNorm, rotary positions), recommend (its export names 2-D weights of modules: PEFT
@@ -62,13 +62,13 @@ from vitplasticity.models.architectures.base import (
 )
 from vitplasticity.models.architectures.hf_decoder import HFDecoder, Variant
 
-ROUTED_REFUSALS: dict[str, str] = {
-    "recommend": (
-        "routed experts are fused 3-D parameters (experts.gate_up_proj, experts.down_proj: FC1 "
-        "and FC2 of every expert in one module), and the recommendation's export names 2-D "
-        "weights of modules (PEFT target_modules, Spectrum's per-matrix scores)"
-    ),
-}
+_FUSED_REASON = (
+    "routed experts are fused 3-D parameters (experts.gate_up_proj, experts.down_proj: FC1 "
+    "and FC2 of every expert in one module), and the recommendation's export names 2-D "
+    "weights of modules (PEFT target_modules, Spectrum's per-matrix scores)"
+)
+
+ROUTED_REFUSALS: dict[str, str] = {"recommend": _FUSED_REASON, "export": _FUSED_REASON}
 """The stages refused for an MoE beyond a decoder's, and why."""
 
 
@@ -133,11 +133,9 @@ class RoutedFC1(_View):
             "shared_up_bias": None if up is None else up.bias,
         }
 
-    def forward(self, v: torch.Tensor, picked: torch.Tensor | None = None) -> torch.Tensor:
-        """(..., d) -> (..., E * 2I [+ 2 I_shared]); ``picked`` (T, E): the experts of each token
-        (None: the MoE's router picks them from ``v``)."""
-        if picked is None:
-            picked, _ = route(self.moe, v)
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        """(..., d) -> (..., E * 2I [+ 2 I_shared]), the experts picked by the MoE's router."""
+        picked, _ = route(self.moe, v)
         flat = v.reshape(-1, v.shape[-1])
         weight = self.moe.experts.gate_up_proj  # (E, 2I, d)
         out = flat.new_zeros(len(flat), weight.shape[0], weight.shape[1])
@@ -250,7 +248,9 @@ class HFMoE(HFDecoder):
                 f"act_fn, found {shapes}"
             )
         expected = {"gate", "experts"} | (
-            {"shared_expert", "shared_expert_gate"} if hasattr(block.mlp, "shared_expert") else set()
+            {"shared_expert", "shared_expert_gate"}
+            if hasattr(block.mlp, "shared_expert")
+            else set()
         )
         extra = {name for name, _ in block.mlp.named_children()} - expected
         if extra or set(dict(experts.named_parameters())) != {"gate_up_proj", "down_proj"}:
@@ -301,11 +301,11 @@ class HFMoE(HFDecoder):
         FC1 gives their ``[gate | up]``, ``act(gate) * up`` times the routing weight is FC2's
         input (the shared expert's hidden times its sigmoid gate after them)."""
         moe = block.mlp
-        picked, weights = route(moe, v)
+        _, weights = route(moe, v)  # FC1 routes v by the same router, to the same experts
         (first,), (second,) = fc1, fc2
-        stage = first(v, picked)
+        stage = first(v)
         experts, inner = moe.experts.num_experts, moe.experts.down_proj.shape[-1]
-        flat = stage.reshape(len(picked), -1)
+        flat = stage.reshape(len(weights), -1)
         routed = flat[:, : experts * 2 * inner].reshape(len(flat), experts, 2, inner)
         hidden = [(moe.experts.act_fn(routed[:, :, 0]) * routed[:, :, 1] * weights[..., None])]
         if hasattr(moe, "shared_expert"):
@@ -315,12 +315,13 @@ class HFMoE(HFDecoder):
         joined = torch.cat([h.flatten(1) for h in hidden], dim=-1)
         return second(joined.reshape(*v.shape[:-1], -1))
 
-    def run_block(
+    def in_situ_block(
         self, block: nn.Module, index: int, tokens: torch.Tensor, embedded: Embedded
     ) -> torch.Tensor:
         """The layer through its mapped pieces (norms, attention, router, the FC1 and FC2
         views), so that the in-situ hooks on the views see what reaches FC1 and FC2; the
-        contract (and a family test, layer by layer) checks this is the layer's own forward."""
+        contract checks this composition against the layer's own forward
+        (:meth:`run_block`)."""
         return self.compose_block(block, self.components(block), tokens, embedded, index)
 
     def embedding_outputs(
