@@ -337,6 +337,70 @@ def _hf_text(case_id: str) -> TinyModel:
     return TinyModel(case_id, family, build, inputs)
 
 
+HF_PARALLEL_TINY_CONFIG = {
+    "hidden_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 3,
+    "vocab_size": 64,
+    "max_position_embeddings": 16,
+    "attn_implementation": "eager",
+}
+"""What the tiny GPT-NeoX and Falcon configs share: 2 layers of width 48, 3 heads of 16, 64
+token ids, 16 positions."""
+
+HF_PARALLEL_TINY_MODELS: dict[str, tuple[str, str, str, dict]] = {
+    # id: (family, config class, model class, config beyond HF_PARALLEL_TINY_CONFIG)
+    "gpt_neox_tiny": (
+        "hf_gpt_neox",
+        "GPTNeoXConfig",
+        "GPTNeoXModel",
+        # parallel attention and MLP; rotary on half of each head (Pythia's rotary_pct 0.25)
+        {"intermediate_size": 96, "rotary_pct": 0.5},
+    ),
+    "gpt_neox_sequential_tiny": (
+        "hf_gpt_neox",
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        {"intermediate_size": 96, "use_parallel_residual": False},  # untied lm_head
+    ),
+    "falcon_tiny": (
+        "hf_falcon",
+        "FalconConfig",
+        "FalconModel",
+        # parallel attention and MLP, ln_attn and ln_mlp, 3 query heads sharing 1 key/value
+        {"new_decoder_architecture": True, "num_kv_heads": 1, "ffn_hidden_size": 96, "bias": True},
+    ),
+    "falcon_sequential_tiny": (
+        "hf_falcon",
+        "FalconConfig",
+        "FalconModel",
+        # one after the other, one key/value head (multi_query)
+        {"parallel_attn": False, "multi_query": True, "ffn_hidden_size": 96},
+    ),
+}
+"""The transformers decoders with parallel attention and MLP (hf_gpt_neox, hf_falcon), each in
+its parallel and its sequential layout, built from their config class with
+:data:`HF_PARALLEL_TINY_CONFIG` (no hub)."""
+
+
+def _hf_parallel(case_id: str) -> TinyModel:
+    family, config_class, model_class, extra = HF_PARALLEL_TINY_MODELS[case_id]
+
+    def build() -> nn.Module:
+        from vitplasticity.utils.optional import require_transformers
+
+        transformers = require_transformers()
+        torch.manual_seed(0)
+        config = getattr(transformers, config_class)(**{**HF_PARALLEL_TINY_CONFIG, **extra})
+        return getattr(transformers, model_class)(config)
+
+    def inputs(n: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(n)
+        return torch.randint(0, HF_PARALLEL_TINY_CONFIG["vocab_size"], (n, 12), generator=generator)
+
+    return TinyModel(case_id, family, build, inputs)
+
+
 ENCODER_TINY_CONFIG = {
     "hidden_size": 48,
     "num_hidden_layers": 2,
@@ -393,6 +457,7 @@ TINY_MODELS: list[TinyModel] = [
     _gpt2(),
     *HF_VISION_TINY_MODELS,
     *(_hf_text(case_id) for case_id in HF_TEXT_TINY_MODELS),
+    *(_hf_parallel(case_id) for case_id in HF_PARALLEL_TINY_MODELS),
     *(_hf_encoder(case_id) for case_id in HF_ENCODER_TINY_MODELS),
 ]
 """Every family's tiny models; each family has at least one (tests/models/test_architectures.py)."""

@@ -598,16 +598,15 @@ def test_flash_or_flex_attention_and_bidirectional_gemma_are_refused() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Classes refused by name: no LN1 / LN2 in the paper's sense (parallel blocks; OLMo2's norms
-# after each branch and none before)
+# Classes refused by name: no LN1 / LN2 in the paper's sense (parallel blocks on one shared
+# norm; OLMo2's norms after each branch and none before). GPT-NeoX and Falcon, parallel with a
+# norm per branch: tests/models/test_hf_parallel.py
 
 TINY = {"hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 3, "vocab_size": 64}
 
 REFUSED_MODELS = {
     "GPTJModel": ("GPTJConfig", {"rotary_dim": 8}, "in parallel on one normed input"),
-    "FalconModel": ("FalconConfig", {}, "in parallel on the normed input"),
     "PhiModel": ("PhiConfig", {"intermediate_size": 96}, "in parallel on one normed input"),
-    "GPTNeoXModel": ("GPTNeoXConfig", {"intermediate_size": 96}, "use_parallel_residual"),
     "Olmo2Model": ("Olmo2Config", {"intermediate_size": 96}, "no norm before attention"),
     "Olmo2ForCausalLM": ("Olmo2Config", {"intermediate_size": 96}, "each branch's output"),
 }

@@ -29,6 +29,7 @@ from tests.helpers.contract import check_contract
 from tests.helpers.tiny_models import (
     ENCODER_TINY_CONFIG,
     GPT2_TINY_CONFIG,
+    HF_PARALLEL_TINY_CONFIG,
     HF_TEXT_TINY_CONFIG,
     HF_VISION_TINY_CONFIG,
     TINY_MODELS,
@@ -69,6 +70,19 @@ TEXT_CONFIGS = {
         {
             **{**HF_TEXT_TINY_CONFIG, **MOE, "num_experts": 4, "moe_intermediate_size": 16},
             "shared_expert_intermediate_size": 24,
+        },
+    ),
+    "GPTNeoX": (
+        "GPTNeoXConfig",
+        {**HF_PARALLEL_TINY_CONFIG, "intermediate_size": 96, "pad_token_id": 0},
+    ),
+    "Falcon": (
+        "FalconConfig",
+        {
+            **HF_PARALLEL_TINY_CONFIG,
+            "new_decoder_architecture": True,
+            "ffn_hidden_size": 96,
+            "pad_token_id": 0,
         },
     ),
     "Bert": ("BertConfig", ENCODER_TINY_CONFIG),
@@ -151,7 +165,7 @@ WRAPPED: list[Wrapped] = [
     *(_text(f"Phi3{task}", "Phi3", "Phi3Model") for task in TASKS),
     *(
         _text(f"{family}{task}", family, f"{family}Model")
-        for family in MOE_FAMILIES
+        for family in (*MOE_FAMILIES, "GPTNeoX", "Falcon")
         for task in (*TASKS, "ForQuestionAnswering")
     ),
     *(
@@ -374,6 +388,8 @@ def test_an_moe_export_is_refused_naming_the_fused_experts(name: str) -> None:
         "GemmaForCausalLM",
         "Gemma3ForCausalLM",
         "Phi3ForCausalLM",
+        "GPTNeoXForCausalLM",
+        "FalconForSequenceClassification",
         "MixtralForCausalLM",
         "Qwen2MoeForSequenceClassification",
         "BertForMaskedLM",
@@ -409,6 +425,8 @@ def _entry(folder: Path) -> dict:
         "Qwen2ForSequenceClassification",
         "Gemma2ForTokenClassification",
         "Phi3ForCausalLM",
+        "GPTNeoXForCausalLM",
+        "FalconForCausalLM",
         "MixtralForCausalLM",
         "Qwen2MoeForTokenClassification",
         "ViTForImageClassification",

@@ -31,8 +31,9 @@ rule text_plasticity:
         + " --out {output.pairs:q} --summary {output.summary:q} > {log:q} 2>&1"
 
 
-# The paper's bounds of a text model (text_plasticity.bounds_models: GPT2, BERT, RoBERTa), from
-# its weights and the reference sequences' embedding outputs, beside its text plasticity.
+# The paper's bounds of a text model (text_plasticity.bounds_models: GPT2, BERT, RoBERTa; GPT-NeoX
+# and Falcon without MHA's), from its weights and the reference sequences' embedding outputs,
+# beside its text plasticity.
 rule text_bounds:
     input:
         reference=DATA.text_reference,

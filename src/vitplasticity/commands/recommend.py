@@ -256,8 +256,9 @@ def register_text(subparsers: argparse._SubParsersAction) -> None:
         "recommend-text",
         help="which components of a causal LM to finetune on your text, ranked",
         description="Rank ln1, mha, ln2, fc1, fc2 (and '+' combinations) of a causal language "
-        "model (GPT2, Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi3; a bare model is wrapped in its "
-        "causal-LM class, head tied to the embedding) for finetuning on your text files: "
+        "model (GPT2, Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi3, GPT-NeoX, Falcon; a bare "
+        "model is wrapped in its causal-LM class, head tied to the embedding) for finetuning "
+        "on your text files: "
         "plasticity between reference sequence i and user sequence i (mean, 95%% CI), the "
         "relative gradient norm and gradient SNR of the next-token loss on the user's sequences "
         "(no head warm-up: the LM head is pretrained), NFN, and the data-free weight statistic "

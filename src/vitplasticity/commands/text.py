@@ -62,7 +62,8 @@ def register_bounds(subparsers: argparse._SubParsersAction) -> None:
         "text-bounds",
         help="theoretical plasticity bounds per block and component of a transformers text model",
         description="Compute the paper's upper bounds (LayerNorm, linear, MHA and the "
-        "energy-based MHA bound) of a text model (GPT2, BERT, RoBERTa) from its weights and "
+        "energy-based MHA bound) of a text model (GPT2, BERT, RoBERTa; GPT-NeoX and Falcon "
+        "without the MHA bound: rotary positions) from its weights and "
         "the embedding outputs of the first --n-sequences reference sequences (cut as "
         "text-plasticity cuts them), beside its measured plasticity (embedding protocol). A "
         "family whose bounds the paper does not state (Llama, Gemma: RMSNorm, rotary "

@@ -247,8 +247,8 @@ TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
     "tokens": frozenset(
         {
             *("gpt2", "llama", "mistral", "qwen2", "qwen3"),
-            *("gemma", "gemma2", "gemma3_text", "phi3", "bert", "roberta"),
-            *("mixtral", "qwen2_moe"),
+            *("gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "falcon"),
+            *("bert", "roberta", "mixtral", "qwen2_moe"),
         }
     ),
     "images": frozenset(
@@ -279,8 +279,8 @@ _DECODER_TASKS = (
     "ForTokenClassification",
     "ForQuestionAnswering",
 )
-"""The task classes transformers puts around each of Llama, Mistral, Qwen2, Qwen3, Mixtral and
-Qwen2-MoE."""
+"""The task classes transformers puts around each of Llama, Mistral, Qwen2, Qwen3, GPT-NeoX,
+Falcon, Mixtral and Qwen2-MoE."""
 
 _ENCODER_TASKS = (
     "ForMaskedLM",
@@ -313,6 +313,7 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
             for task in ("Model", *_DECODER_TASKS)
         ),
         *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
+        *(f"{bare}{task}" for bare in ("GPTNeoX", "Falcon") for task in ("Model", *_DECODER_TASKS)),
         *(f"{bare}{task}" for bare in ("Bert", "Roberta") for task in ("Model", *_ENCODER_TASKS)),
         *("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling"),
         *("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),

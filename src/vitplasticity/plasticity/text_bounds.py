@@ -1,5 +1,6 @@
 """The ``text-bounds`` stage: the paper's upper bounds (Section 4) of a transformers text model
-(GPT2, BERT, RoBERTa and their task classes), beside its plasticity measured on text.
+(GPT2, BERT, RoBERTa and their task classes; GPT-NeoX and Falcon, whose MHA bound is refused for
+their rotary positions), beside its plasticity measured on text.
 
 The text counterpart of :func:`vitplasticity.plasticity.bounds.model_bounds`, as
 :mod:`vitplasticity.plasticity.text` is that of the image plasticity. The bounds are stated for

@@ -16,8 +16,10 @@ from vitplasticity.models.architectures.base import Architecture, UnsupportedMod
 from vitplasticity.models.architectures.hf_beit import HFBeit, HFData2VecVision
 from vitplasticity.models.architectures.hf_bert import HFBert
 from vitplasticity.models.architectures.hf_dinov3 import HFDinov3
+from vitplasticity.models.architectures.hf_falcon import HFFalcon
 from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
+from vitplasticity.models.architectures.hf_gpt_neox import HFGPTNeoX
 from vitplasticity.models.architectures.hf_llama import HFLlama
 from vitplasticity.models.architectures.hf_moe import HFMoE
 from vitplasticity.models.architectures.hf_phi3 import HFPhi3
@@ -43,6 +45,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFLlama(),
         HFGemma(),
         HFPhi3(),
+        HFGPTNeoX(),
+        HFFalcon(),
         HFMoE(),
         HFBert(),
         HFViT(),
@@ -70,10 +74,6 @@ REFUSED: dict[str, str] = {
         "GPT-J blocks run attention and MLP in parallel on one normed input (x + attn(ln(x)) "
         f"+ mlp(ln(x))): a single norm, {_NO_LN1_LN2}"
     ),
-    "FalconPreTrainedModel": (
-        "Falcon blocks run attention and MLP in parallel on the normed input (parallel_attn, "
-        f"new_decoder_architecture): {_NO_LN1_LN2}; no family maps its sequential variant"
-    ),
     "PhiPreTrainedModel": (
         "Phi blocks run attention and MLP in parallel on one normed input (x + attn(ln(x)) + "
         f"mlp(ln(x))): a single norm, {_NO_LN1_LN2}"
@@ -82,10 +82,6 @@ REFUSED: dict[str, str] = {
         "OLMo2 blocks have no norm before attention or the MLP: they normalise each branch's "
         "output (x + post_attention_layernorm(attn(x)), x + post_feedforward_layernorm(mlp(x))), "
         f"{_NO_LN1_LN2}"
-    ),
-    "GPTNeoXPreTrainedModel": (
-        "GPT-NeoX blocks with use_parallel_residual (the default) add attention and MLP of the "
-        f"same input in parallel: {_NO_LN1_LN2}; no family maps its sequential variant"
     ),
 }
 """transformers model classes refused by name (any class whose MRO holds one: the bare model
