@@ -364,9 +364,30 @@ HF_TEXT_TINY_MODELS: dict[str, tuple[str, str, str, dict]] = {
         # ids within the 64 (OLMo2's eos default is 50279, past the tiny vocabulary)
         {"pad_token_id": 0, "eos_token_id": 2},
     ),
+    "mixtral_tiny": (
+        "hf_moe",
+        "MixtralConfig",
+        "MixtralModel",
+        # 4 experts of 96 hidden units (wider than the 48 of a token), 2 per token, the k weights
+        # renormalised; the eager experts loop (transformers' default is grouped_mm)
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "experts_implementation": "eager"},
+    ),
+    "qwen2_moe_tiny": (
+        "hf_moe",
+        "Qwen2MoeConfig",
+        "Qwen2MoeModel",
+        # 4 experts of 16 hidden units (narrower than a token, as Qwen1.5-MoE's), 2 per token, the
+        # weights not renormalised; a shared expert of 24 with its sigmoid gate; q/k/v biases; a
+        # sliding window of 4 on layer 0 only
+        {
+            **{"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+            **{"shared_expert_intermediate_size": 24, "experts_implementation": "eager"},
+            **{"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},
+        },
+    ),
 }
-"""The transformers decoder LMs of the hf_llama, hf_gemma, hf_phi3 and hf_olmo2 families, built
-from their config class with :data:`HF_TEXT_TINY_CONFIG` (no hub)."""
+"""The transformers decoder LMs of the hf_llama, hf_gemma, hf_phi3, hf_olmo2 and hf_moe families,
+built from their config class with :data:`HF_TEXT_TINY_CONFIG` (no hub)."""
 
 
 def _hf_text(case_id: str) -> TinyModel:

@@ -1,9 +1,11 @@
 """The hf_llama (Llama, Mistral, Qwen2, Qwen3, Gemma v1), hf_gemma (Gemma 2, Gemma 3 text),
-hf_phi3 and hf_olmo2 families beyond the shared contract: plasticity in both protocols against an
-independent float64 computation from the state dict (RMSNorm, rotary, grouped-query attention,
-causal and sliding softmax, SwiGLU / GeGLU, OLMo2's post-branch norms), the per-layer context the model's own forward gives (sliding windows,
-Gemma3's local and global rotary, Gemma's scaled embedding), parameter groups, LoRA, the stages
-refused by name, and the transformers classes the registry refuses by name."""
+hf_phi3, hf_olmo2 and hf_moe (Mixtral, Qwen2-MoE) families beyond the shared contract:
+plasticity in both protocols against an independent float64 computation from the state dict
+(RMSNorm, rotary, grouped-query attention, causal and sliding softmax, SwiGLU / GeGLU, OLMo2's
+post-branch norms, top-k routed experts and a gated shared expert), the per-layer context the
+model's own forward gives (sliding windows, Gemma3's local and global rotary, Gemma's scaled
+embedding), parameter groups, LoRA, the stages refused by name, and the transformers classes the
+registry refuses by name."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ VOCAB = HF_TEXT_TINY_CONFIG["vocab_size"]
 HF_TEXT_CASES = {
     case.id: case
     for case in TINY_MODELS
-    if case.family in ("hf_llama", "hf_gemma", "hf_phi3", "hf_olmo2")
+    if case.family in ("hf_llama", "hf_gemma", "hf_phi3", "hf_olmo2", "hf_moe")
 }
 
 # transformers computes RMSNorm (Llama: x.to(float32); Gemma: x.float()) and the rotary angles in
@@ -85,7 +87,7 @@ class Direct:
         self.softcap = getattr(c, "attn_logit_softcapping", None)
         theta = c.rope_parameters["rope_theta"]
         self.inv_freq = 1.0 / theta ** (np.arange(0, self.d_h, 2) / self.d_h)
-        if c.model_type in ("mistral", "phi3"):
+        if c.model_type in ("mistral", "phi3", "mixtral"):
             self.windows = [c.sliding_window] * c.num_hidden_layers
         else:
             self.windows = [
@@ -158,6 +160,69 @@ class Direct:
     def ln1_name(self) -> str:
         return "post_attention_layernorm" if self.olmo2 else "input_layernorm"
 
+    # A sparse mixture of experts (Mixtral, Qwen2-MoE): FC1 is the picked experts' gate/up
+    # (zeros for the others) then the shared expert's; FC2's input the routing-weighted expert
+    # hiddens, FC2 the sum of every expert's down of its block (docs/protocol.md, section 3.1).
+
+    def moe(self) -> bool:
+        return self.config.model_type in ("mixtral", "qwen2_moe")
+
+    def route(self, b: str, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per token, the k experts the router picks and their weights."""
+        probs = softmax_rows(t @ self.w[f"{b}.mlp.gate.weight"].T)
+        top = np.argsort(-probs, axis=1, kind="stable")[:, : self.config.num_experts_per_tok]
+        weights = np.take_along_axis(probs, top, axis=1)
+        if self.config.model_type == "mixtral" or self.config.norm_topk_prob:
+            weights = weights / weights.sum(axis=1, keepdims=True)
+        return top, weights
+
+    def shared(self, b: str) -> bool:
+        return f"{b}.mlp.shared_expert_gate.weight" in self.w
+
+    def experts_fc1(self, b: str, t: np.ndarray) -> np.ndarray:
+        gate_up = self.w[f"{b}.mlp.experts.gate_up_proj"]  # (E, 2I, d)
+        out = np.zeros((len(t), *gate_up.shape[:2]))
+        for token, picked in enumerate(self.route(b, t)[0]):
+            for expert in picked:
+                out[token, expert] = gate_up[expert] @ t[token]
+        parts = [out.reshape(len(t), -1)]
+        if self.shared(b):
+            parts += [self.linear(b, f"mlp.shared_expert.{p}_proj", t) for p in ("gate", "up")]
+        return np.hstack(parts)
+
+    def experts_hidden(self, b: str, t: np.ndarray) -> np.ndarray:
+        gate_up = self.w[f"{b}.mlp.experts.gate_up_proj"]
+        experts, inner = gate_up.shape[0], gate_up.shape[1] // 2
+        stage = self.experts_fc1(b, t)
+        routed = stage[:, : experts * 2 * inner].reshape(len(t), experts, 2, inner)
+        hidden = np.zeros((len(t), experts, inner))
+        top, weights = self.route(b, t)
+        for token in range(len(t)):
+            for expert, weight in zip(top[token], weights[token], strict=True):
+                gate, up = routed[token, expert]
+                hidden[token, expert] = self.act(gate) * up * weight
+        parts = [hidden.reshape(len(t), -1)]
+        if self.shared(b):
+            gate, up = np.split(stage[:, experts * 2 * inner :], 2, axis=1)
+            scale = 1 / (1 + np.exp(-(t @ self.w[f"{b}.mlp.shared_expert_gate.weight"].T)))
+            parts.append(self.act(gate) * up * scale)
+        return np.hstack(parts)
+
+    def experts_fc2(self, b: str, h: np.ndarray) -> np.ndarray:
+        down = self.w[f"{b}.mlp.experts.down_proj"]  # (E, d, I)
+        experts, _, inner = down.shape
+        out = sum(h[:, e * inner : (e + 1) * inner] @ down[e].T for e in range(experts))
+        if self.shared(b):
+            out = out + self.linear(b, "mlp.shared_expert.down_proj", h[:, experts * inner :])
+        return out
+
+    def fc2_width(self, b: str) -> int:
+        if not self.moe():
+            return self.w[f"{b}.mlp.down_proj.weight"].shape[1]
+        down = self.w[f"{b}.mlp.experts.down_proj"]
+        shared = self.w.get(f"{b}.mlp.shared_expert.down_proj.weight")
+        return down.shape[0] * down.shape[2] + (0 if shared is None else shared.shape[1])
+
     def ln2_name(self) -> str:
         if self.olmo2:
             return "post_feedforward_layernorm"
@@ -171,15 +236,24 @@ class Direct:
             b = f"layers.{block}"
 
             def fc1(t, b=b):
+                if self.moe():
+                    return self.experts_fc1(b, t)
                 up = self.linear(b, "mlp.up_proj", t)
                 return (
                     up if fc1_mode == "up" else np.hstack([self.linear(b, "mlp.gate_proj", t), up])
                 )
 
             def hidden(t, b=b):
+                if self.moe():
+                    return self.experts_hidden(b, t)
                 return self.act(self.linear(b, "mlp.gate_proj", t)) * self.linear(
                     b, "mlp.up_proj", t
                 )
+
+            def fc2(h, b=b):
+                if self.moe():
+                    return self.experts_fc2(b, h)
+                return self.linear(b, "mlp.down_proj", h)
 
             def post(name, t, b=b):  # Gemma 2/3's sandwich post-norms
                 return self.norm(b, name, t) if self.sandwich else t
@@ -192,8 +266,8 @@ class Direct:
                     mha=lambda t, i=block: self.attention(i, t),
                     ln2=lambda t, b=b: self.norm(b, ln2, t),
                     fc1=fc1,
-                    fc2=lambda t, b=b: self.linear(b, "mlp.down_proj", t),
-                    fc2_width=self.w[f"{b}.mlp.down_proj.weight"].shape[1],
+                    fc2=fc2,
+                    fc2_width=self.fc2_width(b),
                 )
             elif self.olmo2:  # x1 = x + LN1(MHA(x)), x2 = x1 + LN2(FC2(act(FC1(x1))))
                 ax, ay = self.attention(block, x), self.attention(block, y)
@@ -218,9 +292,9 @@ class Direct:
                 vx, vy = self.norm(b, ln2, rx), self.norm(b, ln2, ry)
                 parts["fc1"] = norm_ratio(fc1, vx, vy)
                 hx, hy = hidden(vx), hidden(vy)
-                parts["fc2"] = norm_ratio(lambda t, b=b: self.linear(b, "mlp.down_proj", t), hx, hy)
-                x = rx + post("post_feedforward_layernorm", self.linear(b, "mlp.down_proj", hx))
-                y = ry + post("post_feedforward_layernorm", self.linear(b, "mlp.down_proj", hy))
+                parts["fc2"] = norm_ratio(fc2, hx, hy)
+                x = rx + post("post_feedforward_layernorm", fc2(hx))
+                y = ry + post("post_feedforward_layernorm", fc2(hy))
             for component, value in parts.items():
                 found[(block, component)] = value
         return found
@@ -246,6 +320,8 @@ DIRECT_CASES = [
     "gemma2_tiny",  # (1 + w) RMSNorm, scaled embedding, softcapped logits, sandwich norms
     "phi3_tiny",  # fused qkv_proj and gate_up_proj, a sliding window of 4 on every layer
     "olmo2_tiny",  # norms after each branch (LN1, LN2), none before; q/k_norm over all heads
+    "mixtral_tiny",  # 4 routed experts wider than a token, top 2 renormalised
+    "qwen2_moe_tiny",  # 4 experts narrower than a token, a gated shared expert, a window on layer 0
 ]
 
 
@@ -305,6 +381,8 @@ def test_each_layer_gets_the_window_its_config_gives() -> None:
             "gemma2_tiny",
             "gemma3_tiny",
             "phi3_tiny",
+            "mixtral_tiny",
+            "qwen2_moe_tiny",
         )
     }
     assert windows == {
@@ -315,6 +393,8 @@ def test_each_layer_gets_the_window_its_config_gives() -> None:
         "gemma2_tiny": [4, None],  # Gemma2 alternates sliding and global layers
         "gemma3_tiny": [4, None],
         "phi3_tiny": [4, 4],  # Phi3 slides on every layer when sliding_window is set
+        "mixtral_tiny": [None, None],  # Mixtral as Mistral, no sliding_window set
+        "qwen2_moe_tiny": [4, None],  # Qwen2-MoE as Qwen2: max_window_layers=1
     }
     mask = additive_mask(6, 4, torch.zeros(1, dtype=torch.float64))[0, 0] == 0
     assert mask[5].tolist() == [False, False, True, True, True, True]  # 4 keys: itself + 3 back
@@ -353,7 +433,8 @@ def _broken(case_id: str, **methods):
 
 
 @pytest.mark.parametrize(
-    "case_id", ["mistral_tiny", "qwen2_tiny", "gemma2_tiny", "gemma3_tiny", "phi3_tiny"]
+    "case_id",
+    ["mistral_tiny", "qwen2_tiny", "gemma2_tiny", "gemma3_tiny", "phi3_tiny", "qwen2_moe_tiny"],
 )
 def test_the_contract_sees_a_missing_sliding_window(case_id: str) -> None:
     architecture, model, inputs = _broken(
@@ -609,9 +690,9 @@ def test_parallel_models_are_refused_naming_class_and_reason(
 
 
 def test_an_unknown_decoder_names_the_known_families() -> None:
-    config = transformers.MixtralConfig(**HF_TEXT_TINY_CONFIG, num_local_experts=2)
-    with pytest.raises(UnsupportedModel, match=r"MixtralModel .*known families: .*hf_llama"):
-        architecture_for(transformers.MixtralModel(config))
+    config = transformers.GraniteConfig(**HF_TEXT_TINY_CONFIG)
+    with pytest.raises(UnsupportedModel, match=r"GraniteModel .*known families: .*hf_llama"):
+        architecture_for(transformers.GraniteModel(config))
 
 
 def test_every_text_family_case_is_matched() -> None:

@@ -215,6 +215,10 @@ def test_eva_with_qv_biases_is_switched_to_call_qkv_and_back() -> None:
 
 def test_every_family_has_mha_fc1_fc2_maps_and_no_norm() -> None:
     for tiny in TINY_MODELS:
+        if tiny.family == "hf_moe":  # FC1 and FC2 are routed views: below
+            continue
+        if tiny.id == "deberta_v2_tiny":  # its shared position keys: below
+            continue
         model = tiny.build().eval()
         table = feature_norm_statistics(model, tiny.inputs(2))
         blocks = table["block"].n_unique()
@@ -222,6 +226,24 @@ def test_every_family_has_mha_fc1_fc2_maps_and_no_norm() -> None:
         for component in ("fc1", "fc2"):
             assert table.filter(pl.col("component") == component).height == blocks, tiny.id
         assert table["nfn"].is_finite().all(), tiny.id
+
+
+def test_an_moe_whose_fc1_and_fc2_are_views_is_refused() -> None:
+    """No linear layer of a Mixtral is FC1 or FC2 (its experts are fused 3-D parameters, read
+    through views): NFN, which hooks linear layers, refuses it rather than leave them out."""
+    (tiny,) = (t for t in TINY_MODELS if t.id == "mixtral_tiny")
+    with pytest.raises(UnsupportedModel, match=r"block 0's fc1 is a view no module"):
+        feature_norm_statistics(tiny.build().eval(), tiny.inputs(2))
+
+
+def test_a_deberta_sharing_its_position_keys_is_refused_naming_the_projections() -> None:
+    """DeBERTa-v3 (``share_att_key``) runs the relative embeddings through each layer's
+    query_proj and key_proj too: two inputs per linear, so no one feature norm. NFN says so by
+    name rather than average them (recommend-text, NFN's text user, refuses encoders anyway)."""
+    (tiny,) = (t for t in TINY_MODELS if t.id == "deberta_v2_tiny")
+    assert tiny.build().config.share_att_key
+    with pytest.raises(UnsupportedModel, match=r"attention\.self\.query_proj was called 2 times"):
+        feature_norm_statistics(tiny.build().eval(), tiny.inputs(2))
 
 
 def test_a_linear_not_called_or_called_twice_is_refused_by_name() -> None:

@@ -248,7 +248,7 @@ TRANSFORMERS_MODEL_TYPES: dict[str, frozenset[str]] = {
         {
             *("gpt2", "llama", "mistral", "qwen2", "qwen3"),
             *("gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "falcon", "olmo2"),
-            *("bert", "roberta", "deberta-v2"),
+            *("mixtral", "qwen2_moe", "bert", "roberta", "deberta-v2"),
         }
     ),
     "images": frozenset(
@@ -280,8 +280,8 @@ _DECODER_TASKS = (
     "ForTokenClassification",
     "ForQuestionAnswering",
 )
-"""The task classes transformers puts around each of Llama, Mistral, Qwen2, Qwen3, GPT-NeoX
-and Falcon."""
+"""The task classes transformers puts around each of Llama, Mistral, Qwen2, Qwen3, GPT-NeoX,
+Falcon, Mixtral and Qwen2-MoE."""
 
 _ENCODER_TASKS = (
     "ForMaskedLM",
@@ -309,6 +309,11 @@ TRANSFORMERS_MODEL_CLASSES = frozenset(
         *("Phi3Model", "Phi3ForCausalLM", "Phi3ForSequenceClassification"),
         "Phi3ForTokenClassification",
         *("Olmo2Model", "Olmo2ForCausalLM", "Olmo2ForSequenceClassification"),
+        *(
+            f"{bare}{task}"
+            for bare in ("Mixtral", "Qwen2Moe")
+            for task in ("Model", *_DECODER_TASKS)
+        ),
         *("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
         *(f"{bare}{task}" for bare in ("GPTNeoX", "Falcon") for task in ("Model", *_DECODER_TASKS)),
         *(

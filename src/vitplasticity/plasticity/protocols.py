@@ -190,7 +190,7 @@ def _in_situ_protocol(
         embedded: Embedded = architecture.embed(model, inputs)
         tokens = embedded.tokens
         for index, block in enumerate(blocks):
-            tokens = architecture.run_block(block, index, tokens, embedded)
+            tokens = architecture.in_situ_block(block, index, tokens, embedded)
     finally:
         recorder.remove()
     return recorder.result()

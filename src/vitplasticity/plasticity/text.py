@@ -1,6 +1,6 @@
 """The plasticity stage on text: every component's plasticity of a transformers text model
-(GPT2, Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi3, GPT-NeoX, Falcon, OLMo2) between pairs of
-token sequences cut from text files.
+(GPT2, Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi3, GPT-NeoX, Falcon, OLMo2, Mixtral, Qwen2-MoE)
+between pairs of token sequences cut from text files.
 
 The text counterpart of :func:`vitplasticity.plasticity.images.measure_dataset`: pair i is reference
 sequence i with downstream sequence i (cycled), both cut from text files

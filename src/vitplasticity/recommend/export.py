@@ -87,11 +87,16 @@ def build_export(
 
     Raises:
         ValueError: for a configuration that is not made of the five components.
-        UnsupportedModel: for a model no architecture knows or cannot account for, linear
-            targets of two kinds (``nn.Linear`` and ``Conv1D``: no one ``fan_in_fan_out``), or
-            LoRA targets that are not the MHA's.
+        UnsupportedModel: for a model no architecture knows or cannot account for, one whose
+            architecture refuses the export (an MoE's fused 3-D experts), linear targets of
+            two kinds (``nn.Linear`` and ``Conv1D``: no one ``fan_in_fan_out``), or LoRA
+            targets that are not the MHA's.
     """
-    from vitplasticity.models.architectures import ParameterMap, architecture_for
+    from vitplasticity.models.architectures import (
+        ParameterMap,
+        UnsupportedModel,
+        architecture_for,
+    )
     from vitplasticity.recommend.criteria import configuration_components
     from vitplasticity.recommend.matrix_criteria import matrix_statistics
     from vitplasticity.recommend.trainer_exports import trainer_exports
@@ -99,6 +104,9 @@ def build_export(
     probe = configuration in (None, LINEAR_PROBE)
     components = () if probe else configuration_components(configuration)
     architecture = architecture_for(model)
+    refusal = architecture.refusal("export", model)
+    if refusal is not None:
+        raise UnsupportedModel(f"export of {type(model).__name__}: {refusal}")
     parameters, names = ParameterMap(architecture, model), _Names(model)
     chosen = {c: parameters.component_names(c) for c in components}
     always = _head_names(parameters)

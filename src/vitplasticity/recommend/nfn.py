@@ -164,8 +164,9 @@ def feature_norm_statistics(
 
     Raises:
         ValueError: for a model in training mode (dropout would make the features random).
-        UnsupportedModel: for a model no architecture knows, or a linear layer the forward
-            pass does not call, or calls more than once.
+        UnsupportedModel: for a model no architecture knows, a component that is a view the
+            model does not hold (an MoE's routed FC1 and FC2: no linear layer of the model is
+            it), or a linear layer the forward pass does not call, or calls more than once.
     """
     if model.training:
         raise ValueError(
@@ -173,6 +174,7 @@ def feature_norm_statistics(
         )
     architecture = architecture_for(model)
     recorder = _Recorder(model, torch.Generator().manual_seed(seed))
+    held = {id(module) for module in model.modules()}
     handles = []
     with _every_linear_called(architecture, model):
         try:
@@ -180,6 +182,12 @@ def feature_norm_statistics(
                 parts = architecture.components(block)
                 for component in COMPONENTS:
                     for top in parts[component]:
+                        if id(top) not in held:
+                            raise UnsupportedModel(
+                                f"{type(model).__name__} ({architecture.title}): block {index}'s "
+                                f"{component} is a view no module of the model is, and NFN "
+                                "needs the linear layers the forward pass calls"
+                            )
                         for layer in top.modules():
                             if is_linear(layer) and id(layer) not in recorder.calls:
                                 handles.append(recorder.hook(index, component, layer))

@@ -347,6 +347,16 @@ class Architecture:
         """One real forward pass of block ``index`` (the in-situ protocol)."""
         return block(tokens)
 
+    def in_situ_block(
+        self, block: nn.Module, index: int, tokens: torch.Tensor, embedded: Embedded
+    ) -> torch.Tensor:
+        """Block ``index`` as the in-situ protocol runs it, calling every component's modules
+        so that their hooks see what reaches them; the default: :meth:`run_block`. A family
+        whose component is a view the model does not hold (an MoE's routed FC1 and FC2) runs
+        :meth:`compose_block` on its components, which the contract checks against
+        :meth:`run_block`."""
+        return self.run_block(block, index, tokens, embedded)
+
     def attention_branch(self, block: nn.Module, out: torch.Tensor) -> torch.Tensor:
         """What the block does to its attention's output before the residual sum (LayerScale,
         dropout, a post-norm); the default: nothing."""
@@ -434,8 +444,9 @@ class Architecture:
         already are), before peft wraps them."""
 
     def refusal(self, stage: str, model: nn.Module) -> str | None:
-        """Why ``stage`` (plasticity, bounds, finetune, recommend, lora) is not defined for
-        ``model`` (None: it is)."""
+        """Why ``stage`` (plasticity, bounds, finetune, recommend, lora; export: recommend's
+        PEFT and trainer export of a configuration) is not defined for ``model`` (None: it
+        is)."""
         return None
 
     # --- cost ---------------------------------------------------------------------------------

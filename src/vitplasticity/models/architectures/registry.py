@@ -22,6 +22,7 @@ from vitplasticity.models.architectures.hf_gemma import HFGemma
 from vitplasticity.models.architectures.hf_gpt2 import HFGPT2
 from vitplasticity.models.architectures.hf_gpt_neox import HFGPTNeoX
 from vitplasticity.models.architectures.hf_llama import HFLlama
+from vitplasticity.models.architectures.hf_moe import HFMoE
 from vitplasticity.models.architectures.hf_olmo2 import HFOlmo2
 from vitplasticity.models.architectures.hf_phi3 import HFPhi3
 from vitplasticity.models.architectures.hf_swin import HFSwin
@@ -52,6 +53,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         HFGPTNeoX(),
         HFFalcon(),
         HFOlmo2(),
+        HFMoE(),
         HFBert(),
         HFDebertaV2(),
         HFViT(),
