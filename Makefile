@@ -3,8 +3,9 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(abspath $(VENV))/bin
 CORES ?= 2
-# pytest-xdist workers for make test (tests/helpers/xdist_scopes.py says how files are shared out)
-TEST_WORKERS ?= 2
+# pytest-xdist workers for make test (tests/helpers/xdist_scopes.py says how files are shared out):
+# three on two cores, because the worker on the local SLURM's files mostly waits on the cluster
+TEST_WORKERS ?= 3
 export PATH := $(BIN):$(PATH)
 
 .PHONY: demo test lint dryrun bench gpu-check clean-demo venv

@@ -1,4 +1,4 @@
-"""How `make test` spreads the suite over pytest-xdist workers (``-n 2 --dist loadfile``).
+"""How `make test` spreads the suite over pytest-xdist workers (``-n 3 --dist loadfile``).
 
 Each test file goes to one worker, as xdist's loadfile does, except the files of the local
 SLURM (``test_slurm*.py``): they form one unit, so that one worker runs them one after
