@@ -9,7 +9,7 @@ freezing and gradient groups, LoRA, recommend); none guesses from names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -144,6 +144,18 @@ def base_model_of(model: nn.Module) -> nn.Module | None:
     prefix = getattr(model, "base_model_prefix", None)
     inner = getattr(model, prefix, None) if isinstance(prefix, str) and prefix else None
     return inner if isinstance(inner, nn.Module) and inner is not model else None
+
+
+def bare_model_of(model: nn.Module, class_names: Collection[str]) -> nn.Module | None:
+    """The bare model of one of ``class_names`` that ``model`` is or wraps (a task class's base
+    model, :func:`base_model_of`); None when it is neither. Matched by the names in each
+    class's MRO: transformers is optional and not imported to answer "no"."""
+    for candidate in (model, base_model_of(model)):
+        if candidate is not None and any(
+            cls.__name__ in class_names for cls in type(candidate).__mro__
+        ):
+            return candidate
+    return None
 
 
 def wrapper_head(model: nn.Module, base: nn.Module) -> tuple[nn.Module, ...]:

@@ -47,7 +47,7 @@ from vitplasticity.models.architectures.base import (
     Owned,
     Parts,
     UnsupportedModel,
-    base_model_of,
+    bare_model_of,
     check_fc1_mode,
     padded_linear,
     wrapper_head,
@@ -115,12 +115,7 @@ class HFBert(Architecture):
     # --- what it is ---------------------------------------------------------------------------
 
     def _bare(self, model: nn.Module) -> nn.Module | None:
-        for candidate in (model, base_model_of(model)):
-            if candidate is not None and any(
-                cls.__name__ in self.bare_classes for cls in type(candidate).__mro__
-            ):
-                return candidate
-        return None
+        return bare_model_of(model, self.bare_classes)
 
     def encoder(self, model: nn.Module) -> nn.Module:
         """The bare BertModel or RobertaModel: ``model``, or the one its task class holds.

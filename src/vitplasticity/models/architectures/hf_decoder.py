@@ -96,6 +96,19 @@ def _is_linear(module: nn.Module) -> bool:
     )
 
 
+def check_attention_implementation(name: str, config: Any) -> None:
+    """Raise :class:`UnsupportedModel` when the model ``name`` (of transformers ``config``) runs
+    an attention implementation that would not apply the explicit additive mask every stage
+    hands a layer (flash or flex attention build their own)."""
+    implementation = config._attn_implementation
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise UnsupportedModel(
+            f"{name} runs attention_implementation {implementation!r}: the stages hand every "
+            f"layer an explicit additive mask, exact for {', '.join(ATTENTION_IMPLEMENTATIONS)}"
+            " only (load it with attn_implementation='eager' or 'sdpa')"
+        )
+
+
 def _class_names(model: nn.Module) -> list[str]:
     return [cls.__name__ for cls in type(model).__mro__]
 
@@ -173,13 +186,7 @@ class HFDecoder(Architecture):
         missing = [part for part in MODEL_PARTS if not hasattr(decoder, part)]
         if missing:
             raise UnsupportedModel(f"{name} is not a {self.title}: it lacks {missing}")
-        implementation = decoder.config._attn_implementation
-        if implementation not in ATTENTION_IMPLEMENTATIONS:
-            raise UnsupportedModel(
-                f"{name} runs attention_implementation {implementation!r}: the stages hand every "
-                f"layer an explicit additive mask, exact for {', '.join(ATTENTION_IMPLEMENTATIONS)}"
-                " only (load it with attn_implementation='eager' or 'sdpa')"
-            )
+        check_attention_implementation(name, decoder.config)
         if getattr(decoder.config, "use_bidirectional_attention", False):
             raise UnsupportedModel(
                 f"{name} attends bidirectionally (use_bidirectional_attention, an embedding "

@@ -32,7 +32,7 @@ from vitplasticity.models.architectures.base import (
     Embedded,
     Owned,
     UnsupportedModel,
-    base_model_of,
+    bare_model_of,
     check_fc1_mode,
     linear_weight,
     wrapper_head,
@@ -72,12 +72,7 @@ class HFGPT2(Architecture):
 
     def _gpt2(self, model: nn.Module) -> nn.Module | None:
         """The GPT2Model that ``model`` is or wraps (None: neither)."""
-        for candidate in (model, base_model_of(model)):
-            if candidate is not None and any(
-                cls.__name__ == "GPT2Model" for cls in type(candidate).__mro__
-            ):
-                return candidate
-        return None
+        return bare_model_of(model, ("GPT2Model",))
 
     def transformer(self, model: nn.Module) -> nn.Module:
         """The GPT2Model: ``model`` itself, or the one its task class holds.

@@ -40,14 +40,14 @@ from vitplasticity.models.architectures.base import (
     Owned,
     UndefinedStage,
     UnsupportedModel,
-    base_model_of,
+    bare_model_of,
     check_fc1_mode,
     wrapper_head,
 )
 from vitplasticity.models.architectures.hf_decoder import (
-    ATTENTION_IMPLEMENTATIONS,
     DecoderContext,
     additive_mask,
+    check_attention_implementation,
 )
 
 PARALLEL, SEQUENTIAL = "parallel", "sequential"
@@ -92,12 +92,7 @@ class HFParallel(Architecture):
     # --- what it is ---------------------------------------------------------------------------
 
     def _bare(self, model: nn.Module) -> nn.Module | None:
-        for candidate in (model, base_model_of(model)):
-            if candidate is not None and any(
-                cls.__name__ == self.bare_class for cls in type(candidate).__mro__
-            ):
-                return candidate
-        return None
+        return bare_model_of(model, (self.bare_class,))
 
     def decoder(self, model: nn.Module) -> nn.Module:
         """The bare model: ``model`` itself, or the one its task class holds.
@@ -139,13 +134,7 @@ class HFParallel(Architecture):
         missing = [part for part in parts if not hasattr(decoder, part)]
         if missing:
             raise UnsupportedModel(f"{name} is not a {self.title}: it lacks {missing}")
-        implementation = decoder.config._attn_implementation
-        if implementation not in ATTENTION_IMPLEMENTATIONS:
-            raise UnsupportedModel(
-                f"{name} runs attention_implementation {implementation!r}: the stages hand every "
-                f"layer an explicit additive mask, exact for {', '.join(ATTENTION_IMPLEMENTATIONS)}"
-                " only (load it with attn_implementation='eager' or 'sdpa')"
-            )
+        check_attention_implementation(name, decoder.config)
         self.check_config(model)
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
