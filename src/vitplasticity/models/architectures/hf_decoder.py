@@ -1,5 +1,5 @@
 """What transformers' decoder-only language models share (Llama, Mistral, Qwen2, Qwen3, Gemma 1,
-2 and 3, Phi3, OLMo2): token-id inputs, a causal (per layer possibly sliding-window) mask and
+2 and 3, Phi3, OLMo2, and Mixtral and Qwen2-MoE through hf_moe): token-id inputs, a causal (per layer possibly sliding-window) mask and
 rotary positions handed to every layer, RMSNorms and a gated MLP (docs/protocol.md, section 3.1).
 
 A layer is ``input_layernorm`` -> ``self_attn`` -> residual, then a norm -> ``mlp`` (``down_proj(
