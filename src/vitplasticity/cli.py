@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
+from vitplasticity.commands import StoppedBySignal
 from vitplasticity.utils import gpu_slots
 from vitplasticity.version import __version__
 
@@ -79,6 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in GPU_COMMANDS:
             gpu_slots.hold_slot(getattr(args, "device", None))
         return int(args.handler(args) or 0)
+    except StoppedBySignal as stop:
+        # Its files are cleaned up by now. Leave without the interpreter's finalisation: a
+        # SIGTERM that lands while torch is being imported can stop the process with torch's
+        # native threads half started, and their static destructors at exit then abort it
+        # ("terminate called without an active exception", status -6 instead of 143; seen in CI).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(stop.code or 1))
     except (ValueError, OSError, RuntimeError) as error:
         # Bad input, or an output the system refuses (full disk, read-only folder): one clear
         # line naming the culprit, no traceback to dig through.

@@ -26,6 +26,12 @@ log = logging.getLogger(__name__)
 PREEMPTED_EXIT = 143
 
 
+class StoppedBySignal(SystemExit):
+    """A command told to stop (SIGTERM) whose cleanup has run on the way out: the console
+    script leaves at once with its code (128 + the signal), without the interpreter's
+    finalisation (:func:`vitplasticity.cli.main`)."""
+
+
 def add_image_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of an image stage's model and reference set (plasticity, bounds)."""
     from vitplasticity.settings.declaration import json_argument

@@ -11,6 +11,7 @@ import signal
 from collections.abc import Iterator
 from types import FrameType
 
+from vitplasticity.commands import StoppedBySignal
 from vitplasticity.settings.declaration import json_argument
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ def importing(frame: FrameType | None) -> bool:
 
 @contextlib.contextmanager
 def exit_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM (scancel, a killed Snakemake) into SystemExit while the block runs.
+    """Turn SIGTERM (scancel, a killed Snakemake) into :class:`StoppedBySignal` (a SystemExit)
+    while the block runs.
 
     Python's default SIGTERM ends the process at once, skipping every ``finally``: the
     prepared-store writer's and ``atomic_path``'s temporary files would stay behind. As an
@@ -98,7 +100,7 @@ def exit_on_sigterm() -> Iterator[None]:
             return
         signal.setitimer(signal.ITIMER_REAL, 0)
         raised.append(True)
-        raise SystemExit(128 + received[0])
+        raise StoppedBySignal(128 + received[0])
 
     previous_term = signal.signal(signal.SIGTERM, stop)
     previous_alarm = signal.signal(signal.SIGALRM, stop)
@@ -111,7 +113,7 @@ def exit_on_sigterm() -> Iterator[None]:
     if received:
         # The SystemExit was swallowed on its way out (library code with a bare except):
         # the job was still told to stop, so it must not report success.
-        raise SystemExit(128 + received[0])
+        raise StoppedBySignal(128 + received[0])
 
 
 def run_prepare(args: argparse.Namespace) -> int:
