@@ -234,12 +234,19 @@ class Architecture:
                 f"block {index} of {type(model).__name__} is not a {self.title} block: {error}"
             ) from error
 
+    def check_model(self, model: nn.Module) -> None:
+        """Raise :class:`UnsupportedModel` naming what the model has, beside its blocks,
+        unlike the family (parts it lacks, a setting no component accounts for); the default:
+        nothing. :meth:`blocks` asks it first."""
+
     def blocks(self, model: nn.Module) -> list[nn.Module]:
-        """The model's blocks, after checking each has the five components.
+        """The model's blocks, after checking the model (:meth:`check_model`) and that each
+        block has the five components.
 
         Raises:
             UnsupportedModel: naming what is missing or unlike the family.
         """
+        self.check_model(model)
         blocks = list(self.block_list(model))
         if not blocks:
             raise UnsupportedModel(f"{type(model).__name__} has no blocks")

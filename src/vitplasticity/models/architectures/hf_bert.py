@@ -134,12 +134,9 @@ class HFBert(Architecture):
     def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
         return list(self.encoder(model).encoder.layer)
 
-    def blocks(self, model: nn.Module) -> list[nn.Module]:
-        """The model's layers, after checking the model and each layer.
-
-        Raises:
-            UnsupportedModel: naming what the model or a layer has unlike the family.
-        """
+    def check_model(self, model: nn.Module) -> None:
+        """Raise :class:`UnsupportedModel` naming a setting of the encoder that makes it no
+        bidirectional encoder of once-run components."""
         config, name = self.encoder(model).config, type(model).__name__
         if config.is_decoder:
             raise UnsupportedModel(
@@ -152,7 +149,6 @@ class HFBert(Architecture):
                 f"{config.chunk_size_feed_forward}): FC1 and FC2 run once per chunk, not once "
                 "per forward pass"
             )
-        return super().blocks(model)
 
     def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
         layer = f"layer {index} ({type(block).__name__}) of {type(model).__name__}"

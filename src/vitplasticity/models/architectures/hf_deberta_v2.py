@@ -47,7 +47,6 @@ import torch
 from torch import nn
 
 from vitplasticity.models.architectures.base import (
-    Architecture,
     AttentionWeights,
     Declared,
     Embedded,
@@ -98,12 +97,9 @@ class HFDebertaV2(HFBert):
 
     # --- what it is ---------------------------------------------------------------------------
 
-    def blocks(self, model: nn.Module) -> list[nn.Module]:
-        """The model's layers, after checking the model and each layer.
-
-        Raises:
-            UnsupportedModel: naming what the model or a layer has unlike the family.
-        """
+    def check_model(self, model: nn.Module) -> None:
+        """Raise :class:`UnsupportedModel` naming what the encoder has beside its layers that
+        no component accounts for (in place of BERT's checks)."""
         bare, name = self.encoder(model), type(model).__name__
         if getattr(bare.encoder, "conv", None) is not None:
             raise UnsupportedModel(
@@ -119,7 +115,6 @@ class HFDebertaV2(HFBert):
             )
         if bare.encoder.relative_attention and not hasattr(bare.encoder, "rel_embeddings"):
             raise UnsupportedModel(f"{name}: relative_attention without rel_embeddings")
-        return Architecture.blocks(self, model)
 
     # --- which parameters are whose -----------------------------------------------------------
 

@@ -195,15 +195,6 @@ class HFDecoder(Architecture):
         if "lm_head" in dict(model.named_children()) and not isinstance(model.lm_head, nn.Linear):
             raise UnsupportedModel(f"{name}: lm_head is {type(model.lm_head).__name__}, not Linear")
 
-    def blocks(self, model: nn.Module) -> list[nn.Module]:
-        """The model's layers, after checking the model and each layer.
-
-        Raises:
-            UnsupportedModel: naming what the model or a layer lacks or has unlike the family.
-        """
-        self.check_model(model)
-        return super().blocks(model)
-
     def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
         layer = f"layer {index} ({type(block).__name__}) of {type(model).__name__}"
         linears = [

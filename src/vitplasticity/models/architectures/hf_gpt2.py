@@ -91,17 +91,12 @@ class HFGPT2(Architecture):
     def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
         return list(getattr(self.transformer(model), "h", []))
 
-    def blocks(self, model: nn.Module) -> list[nn.Module]:
-        """The model's blocks, after checking the model and each block.
-
-        Raises:
-            UnsupportedModel: naming what the model or a block lacks or has unlike GPT2.
-        """
+    def check_model(self, model: nn.Module) -> None:
+        """Raise :class:`UnsupportedModel` naming the parts of a GPT2Model the model lacks."""
         gpt2 = self.transformer(model)
         missing = [name for name in MODEL_PARTS if not hasattr(gpt2, name)]
         if missing:
             raise UnsupportedModel(f"{type(model).__name__} is not a GPT2Model: it lacks {missing}")
-        return super().blocks(model)
 
     def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
         # Cross-attention (add_cross_attention) is a third sublayer the paper's block has not.

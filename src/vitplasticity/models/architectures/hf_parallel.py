@@ -137,15 +137,6 @@ class HFParallel(Architecture):
         check_attention_implementation(name, decoder.config)
         self.check_config(model)
 
-    def blocks(self, model: nn.Module) -> list[nn.Module]:
-        """The model's layers, after checking the model and each layer.
-
-        Raises:
-            UnsupportedModel: naming what the model or a layer lacks or has unlike the family.
-        """
-        self.check_model(model)
-        return super().blocks(model)
-
     def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
         layer = f"layer {index} ({type(block).__name__}) of {type(model).__name__}"
         self.layout(block)  # refuses a layer without two norms

@@ -174,12 +174,9 @@ class HFVisionTower(Architecture):
         except AttributeError:
             return []
 
-    def blocks(self, model: nn.Module) -> list[nn.Module]:
-        """The model's blocks, after checking the tower and each block.
-
-        Raises:
-            UnsupportedModel: naming what the tower or a block lacks or has unlike the family.
-        """
+    def check_model(self, model: nn.Module) -> None:
+        """Raise :class:`UnsupportedModel` naming the parts of the family's tower the model's
+        tower lacks."""
         tower = self.tower(model)
         missing = [
             name
@@ -190,7 +187,6 @@ class HFVisionTower(Architecture):
             raise UnsupportedModel(
                 f"{type(model).__name__} is not a {self.title}: its tower lacks {missing}"
             )
-        return super().blocks(model)
 
     def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
         if type(block).__name__ not in self.layer_classes:
