@@ -4,6 +4,7 @@ model's state dict (never from its modules), and the comparison with a measured 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -26,6 +27,20 @@ def softmax_rows(logits: np.ndarray) -> np.ndarray:
 def norm_ratio(f, u: np.ndarray, v: np.ndarray) -> tuple[float, float]:
     """(||f(u) - f(v)||_F, ||u - v||_F): one plasticity ratio's numerator and denominator."""
     return float(np.linalg.norm(f(u) - f(v))), float(np.linalg.norm(u - v))
+
+
+def pair_ratios(computation: Any, reference, downstream, protocol: str, **options: Any) -> dict:
+    """Every (block, component, pair) ratio of a direct computation over token sequences: pair
+    i is reference sequence i with downstream sequence i (cycled), as the stage pairs them.
+    ``computation`` has ``embed(ids)`` and ``ratios(x, y, protocol, **options)``, keyed by
+    (block, component)."""
+    found = {}
+    for pair in range(len(reference)):
+        x = computation.embed(reference[pair].numpy())
+        y = computation.embed(downstream[pair % len(downstream)].numpy())
+        for (block, component), value in computation.ratios(x, y, protocol, **options).items():
+            found[(block, component, pair)] = value
+    return found
 
 
 def check_against(frame: pl.DataFrame, expected: dict, rtol: float) -> None:

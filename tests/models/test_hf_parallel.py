@@ -22,6 +22,7 @@ from tests.helpers.numpy_reference import (
     embedding_protocol,
     layer_norm,
     norm_ratio,
+    pair_ratios,
     softmax_rows,
 )
 from tests.helpers.tiny_models import HF_PARALLEL_TINY_CONFIG, TINY_MODELS, perturbed
@@ -193,24 +194,13 @@ class Direct:
         return found
 
 
-def direct(model, reference, downstream, protocol: str) -> dict:
-    computation = Direct(model)
-    found = {}
-    for pair in range(len(reference)):
-        x = computation.embed(reference[pair].numpy())
-        y = computation.embed(downstream[pair % len(downstream)].numpy())
-        for (block, component), value in computation.ratios(x, y, protocol).items():
-            found[(block, component, pair)] = value
-    return found
-
-
 @pytest.mark.parametrize("protocol", ["embedding", "in_situ"])
 @pytest.mark.parametrize("case_id", sorted(CASES))
 def test_plasticity_matches_a_direct_float64_computation(case_id: str, protocol: str) -> None:
     model = tiny(case_id)
     reference, downstream = ids(3, 10, seed=1), ids(2, 10, seed=2)  # downstream cycles
     frame = measure(model, reference, downstream, protocol=protocol, batch_size=2)
-    check_against(frame, direct(model, reference, downstream, protocol), RTOL)
+    check_against(frame, pair_ratios(Direct(model), reference, downstream, protocol), RTOL)
 
 
 FALCON_QKV = {
@@ -232,7 +222,7 @@ def test_falcons_other_qkv_layouts_are_read_as_the_model_reads_them(layout: str)
     reference, downstream = ids(2, 8, seed=1), ids(2, 8, seed=2)
     for protocol in ("embedding", "in_situ"):
         frame = measure(model, reference, downstream, protocol=protocol, batch_size=2)
-        check_against(frame, direct(model, reference, downstream, protocol), RTOL)
+        check_against(frame, pair_ratios(Direct(model), reference, downstream, protocol), RTOL)
 
 
 def test_sdpa_measures_what_eager_does() -> None:

@@ -18,6 +18,7 @@ from tests.helpers.numpy_reference import (
     check_against,
     embedding_protocol,
     norm_ratio,
+    pair_ratios,
     softmax_rows,
 )
 from tests.helpers.tiny_models import HF_TEXT_TINY_CONFIG, TINY_MODELS, perturbed
@@ -300,17 +301,6 @@ class Direct:
         return found
 
 
-def direct(model, reference, downstream, protocol: str, fc1_mode: str = "stage") -> dict:
-    computation = Direct(model)
-    found = {}
-    for pair in range(len(reference)):
-        x = computation.embed(reference[pair].numpy())
-        y = computation.embed(downstream[pair % len(downstream)].numpy())
-        for (block, component), value in computation.ratios(x, y, protocol, fc1_mode).items():
-            found[(block, component, pair)] = value
-    return found
-
-
 DIRECT_CASES = [
     "llama_causal_lm_tiny",  # grouped-query attention, q/k/v/o and MLP biases, a causal LM
     "mistral_tiny",  # a sliding window of 4 on every layer
@@ -331,7 +321,9 @@ def test_plasticity_matches_a_direct_float64_computation(case_id: str, protocol:
     model = tiny(case_id)
     reference, downstream = ids(3, 10, seed=1), ids(2, 10, seed=2)  # downstream cycles
     frame = measure(model, reference, downstream, protocol=protocol, batch_size=2)
-    check_against(frame, direct(model, reference, downstream, protocol), RTOL)
+    check_against(
+        frame, pair_ratios(Direct(model), reference, downstream, protocol, fc1_mode="stage"), RTOL
+    )
 
 
 @pytest.mark.parametrize("protocol", ["embedding", "in_situ"])
@@ -339,7 +331,9 @@ def test_fc1_up_mode_is_the_up_projection_alone(protocol: str) -> None:
     model = tiny("llama_tiny")
     reference, downstream = ids(2, 8, seed=1), ids(2, 8, seed=2)
     frame = measure(model, reference, downstream, protocol=protocol, fc1="up")
-    check_against(frame, direct(model, reference, downstream, protocol, fc1_mode="up"), RTOL)
+    check_against(
+        frame, pair_ratios(Direct(model), reference, downstream, protocol, fc1_mode="up"), RTOL
+    )
     block = model.layers[0]
     assert architecture_for(model).components(block, fc1="up")["fc1"] == (block.mlp.up_proj,)
 
