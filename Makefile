@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 
 ## demo: the whole workflow offline on this CPU (tiny ViT, synthetic data) into results/demo/
 demo: venv
-	$(BIN)/snakemake --configfile workflow/presets/demo.yaml --cores $(CORES) all
+	$(BIN)/snakemake --configfile config/demo.yaml --cores $(CORES) all
 
 ## test: lint, then the test suite
 test: venv lint

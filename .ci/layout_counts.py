@@ -52,7 +52,7 @@ for h in hits:
     print("   ", h)
 # Python lines outside rule bodies in .smk files
 total = 0
-for p in [*sorted((repo / "workflow" / "rules").glob("*.smk")), repo / "Snakefile"]:
+for p in [*sorted((repo / "workflow" / "rules").glob("*.smk")), repo / "workflow/Snakefile"]:
     inside = False
     n = 0
     for line in p.read_text().splitlines():

@@ -31,8 +31,8 @@ fi
 README_COMMANDS=(
     "source .venv/bin/activate"
     "snakemake -n all"
-    "snakemake --configfile workflow/presets/demo.yaml --cores 2 all"
-    "snakemake --configfile workflow/presets/demo.yaml --report report.html"
+    "snakemake --configfile config/demo.yaml --cores 2 all"
+    "snakemake --configfile config/demo.yaml --report report.html"
 )
 fresh_shell "$(IFS=';'; echo "${README_COMMANDS[*]}") && vitplasticity --help >/dev/null"
 test -s "$clone/report.html"

@@ -112,12 +112,12 @@ def snakemake(contender: Contender, workdir: Path, options: list[str]) -> str:
     command = [
         str(VENV_BIN / "snakemake"),
         "--snakefile",
-        str(checkout / "Snakefile"),
+        str(checkout / "workflow/Snakefile"),
         "--directory",
         str(workdir),
         "--configfile",
-        str(checkout / "config.yaml"),
-        str(checkout / "workflow/presets/demo.yaml"),
+        str(checkout / "config/config.yaml"),
+        str(checkout / "config/demo.yaml"),
         str(extra),
         "--config",
         f"paths={json.dumps(paths)}",
@@ -193,7 +193,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 1 <= args.runs <= len(CONFIGURATIONS):
         parser.error(f"--runs: 1 to {len(CONFIGURATIONS)}, got {args.runs}")
-    missing = [c for c in args.checkout or () if not (c / "Snakefile").is_file()]
+    missing = [c for c in args.checkout or () if not (c / "workflow/Snakefile").is_file()]
     if missing:
         parser.error(f"--checkout: no Snakefile in {', '.join(map(str, missing))}")
     return args

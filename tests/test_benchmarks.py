@@ -81,7 +81,7 @@ def test_quick_benchmark_writes_every_key(
 
 
 def test_the_dag_is_timed_through_python_m_snakemake() -> None:
-    dag = bench.bench_dag(str(REPO / "workflow/presets/demo.yaml"))
+    dag = bench.bench_dag(str(REPO / "config/demo.yaml"))
     assert dag["command"].startswith("-m snakemake -n --forceall all")
     assert dag["seconds"] > 0 and dag["jobs"] > 0 and "failed" not in dag
 

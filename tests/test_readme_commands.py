@@ -40,7 +40,7 @@ def test_the_readmes_slurm_demo_is_what_snakemake_reads() -> None:
     readme = " ".join((REPO / "README.md").read_text().split())
     (command,) = re.findall(r"`(snakemake [^`]*--profile slurm[^`]*)`", readme)
     parsed = get_argument_parser().parse_args(shlex.split(command)[1:])
-    assert parsed.configfile == [Path("workflow/presets/demo.yaml")], command
+    assert parsed.configfile == [Path("config/demo.yaml")], command
     assert parsed.profile == ["slurm"] and parsed.targets == ["all"], command
-    assert "`workflow/presets/demo_slurm.yaml` after `demo.yaml`" in readme
-    assert (REPO / "workflow/presets/demo_slurm.yaml").is_file()
+    assert "`config/demo_slurm.yaml` after `demo.yaml`" in readme
+    assert (REPO / "config/demo_slurm.yaml").is_file()

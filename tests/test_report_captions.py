@@ -48,7 +48,7 @@ def test_the_report_links_are_found():
 @pytest.mark.parametrize("demo", [False, True], ids=["paper", "demo"])
 @pytest.mark.parametrize("caption", CAPTIONS, ids=[p.name for p in CAPTIONS])
 def test_caption_renders_without_docutils_messages(caption, demo):
-    config = {**yaml.safe_load((REPO / "config.yaml").read_text()), "demo": demo}
+    config = {**yaml.safe_load((REPO / "config/config.yaml").read_text()), "demo": demo}
     snakemake = SimpleNamespace(wildcards=Wildcards(), config=config)
     category = Category("Tables")  # the report sorts categories: hashable and ordered
     text = (

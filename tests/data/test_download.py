@@ -205,7 +205,7 @@ def test_workflow_dry_run_wires_downloads(tmp_path):
     """A dry run (no network) of every dataset: one local download job per registry file
     needed, none for a dataset whose archive is on disk, mirror URLs reach the command."""
     repo = REPO
-    datasets = list(yaml.safe_load((repo / "config.yaml").read_text())["datasets"])
+    datasets = list(yaml.safe_load((repo / "config/config.yaml").read_text())["datasets"])
     archive = tmp_path / "my-cifar10.tar.gz"
     archive.write_bytes(b"")
     overlay = tmp_path / "overlay.yaml"
@@ -220,11 +220,11 @@ def test_workflow_dry_run_wires_downloads(tmp_path):
         [
             str(bindir / "snakemake"),
             "--snakefile",
-            str(repo / "Snakefile"),
+            str(repo / "workflow/Snakefile"),
             "--directory",
             str(tmp_path),
             "--configfile",
-            str(repo / "config.yaml"),
+            str(repo / "config/config.yaml"),
             str(overlay),
             "-n",
             "-p",

@@ -44,7 +44,7 @@ ALWAYS = {"head.weight", "head.bias", "norm.weight", "norm.bias"}
 
 @pytest.fixture
 def paper_config() -> dict:
-    return yaml.safe_load((REPO / "config.yaml").read_text())
+    return yaml.safe_load((REPO / "config/config.yaml").read_text())
 
 
 @pytest.mark.parametrize("combination", ["mha+fc1", "ln1+ln2", "fc1+fc2", "ln1+mha+fc2"])
@@ -186,9 +186,9 @@ def test_workflow_passes_lora_settings_to_lora_runs_only(tmp_path: Path) -> None
             "--directory",
             str(tmp_path),
             "--snakefile",
-            str(REPO / "Snakefile"),
+            str(REPO / "workflow/Snakefile"),
             "--configfile",
-            str(REPO / "config.yaml"),
+            str(REPO / "config/config.yaml"),
             str(override),
         ],
         cwd=REPO,

@@ -26,8 +26,8 @@ LONG_LR = 0.0123456789  # lr_label: 0.0123457, another float
 
 @pytest.fixture(scope="module")
 def demo_config() -> dict:
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
-    demo = yaml.safe_load((REPO / "workflow/presets/demo.yaml").read_text())
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    demo = yaml.safe_load((REPO / "config/demo.yaml").read_text())
     for key, value in demo.items():  # the demo's experiments: what the tests below edit
         config[key] = {**config[key], **value} if isinstance(value, dict) else value
     return config

@@ -16,8 +16,8 @@ from snakemake.utils import update_config, validate
 
 from tests.helpers.repo import REPO
 
-PAPER = REPO / "config.yaml"
-DEMO = REPO / "workflow/presets/demo.yaml"
+PAPER = REPO / "config/config.yaml"
+DEMO = REPO / "config/demo.yaml"
 SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
 
 Configure = Callable[..., dict[str, Any]]
@@ -65,6 +65,12 @@ def dry_run(
         "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
     }
     env.pop("VITPLASTICITY_IMAGENET", None)
-    command = [str(bindir / "snakemake"), "-n", "all", "--snakefile", str(REPO / "Snakefile")]
+    command = [
+        str(bindir / "snakemake"),
+        "-n",
+        "all",
+        "--snakefile",
+        str(REPO / "workflow/Snakefile"),
+    ]
     command += ["--directory", str(workdir), *options, "--configfile", *files]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

@@ -16,8 +16,8 @@ from tests.helpers.slurm_harness import REPO
 from vitplasticity.finetune import finished
 
 PRESETS = [
-    REPO / "config.yaml",
-    REPO / "workflow/presets/demo.yaml",
+    REPO / "config/config.yaml",
+    REPO / "config/demo.yaml",
     REPO / "tests/presets/mini.yaml",
 ]
 # One dataset, two finetuning runs: every kind of GPU and CPU job, few jobs (each SLURM job
@@ -57,7 +57,7 @@ def workflow_args(
     paths = {"resources": str(workdir / "resources"), "results": str(workdir / "results")}
     return [
         "--snakefile",
-        str(REPO / "Snakefile"),
+        str(REPO / "workflow/Snakefile"),
         "--directory",
         str(workdir),
         "--configfile",

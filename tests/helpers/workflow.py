@@ -17,8 +17,8 @@ from snakemake.utils import update_config
 from tests.helpers.repo import REPO
 
 PRESETS = [
-    REPO / "config.yaml",
-    REPO / "workflow/presets/demo.yaml",
+    REPO / "config/config.yaml",
+    REPO / "config/demo.yaml",
     REPO / "tests/presets/mini.yaml",
 ]
 """The config files of the mini preset, in the order snakemake merges them."""
@@ -39,7 +39,7 @@ def snakemake(
     command = [
         str(bindir / "snakemake"),
         "--snakefile",
-        str(REPO / "Snakefile"),
+        str(REPO / "workflow/Snakefile"),
         "--directory",
         str(workdir),
         "--configfile",
@@ -76,7 +76,7 @@ def paper_dry_run(
 ) -> subprocess.CompletedProcess:
     """`snakemake -n` of ``targets`` on config.yaml, with the YAML text ``edit`` (if any)
     merged over it, in ``workdir``; VITPLASTICITY_IMAGENET unset unless ``env`` is given."""
-    configfiles = [str(REPO / "config.yaml")]
+    configfiles = [str(REPO / "config/config.yaml")]
     if edit:
         (workdir / "edit.yaml").write_text(edit)
         configfiles.append(str(workdir / "edit.yaml"))
@@ -93,7 +93,7 @@ def paper_dry_run(
         "--directory",
         str(workdir),
         "--snakefile",
-        str(REPO / "Snakefile"),
+        str(REPO / "workflow/Snakefile"),
     ]
     return subprocess.run(
         command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300

@@ -268,7 +268,7 @@ def test_the_demo_grid_leaves_only_spectrum_snr_unscored_and_why() -> None:
     model defines for at least three of them is scored by the selector benchmark; Spectrum's
     SNR is defined for MHA alone (its random-init FC1 and FC2 leave no noise), so its rho is
     undefined, with that reason, rather than computed on fewer than three."""
-    demo = yaml.safe_load((REPO / "workflow/presets/demo.yaml").read_text())
+    demo = yaml.safe_load((REPO / "config/demo.yaml").read_text())
     assert set(COMPONENTS) <= set(demo["experiments"]["sgd"]["configurations"])
     entry = demo["models"]["demo_vit"]
     model = build_model(ModelSpec.from_config(entry), num_classes=4)

@@ -244,7 +244,7 @@ def test_a_bad_value_names_the_entry_of_a_named_block() -> None:
 
 @pytest.fixture
 def validated_config() -> dict:
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     validate(config, str(SCHEMA_PATH))
     return config
 

@@ -320,13 +320,13 @@ def test_a_local_run_puts_each_gpu_job_on_a_device_of_its_own(tmp_path: Path) ->
     bindir = Path(sys.executable).parent
     env = job_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1", **{gpu_slots.LOCK_DIR_VARIABLE: None})
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
-    configfiles = [REPO / n for n in ("config.yaml", "workflow/presets/demo.yaml",
+    configfiles = [REPO / n for n in ("config/config.yaml", "config/demo.yaml",
                                       "tests/presets/mini.yaml")]  # fmt: skip
     auto = tmp_path / "auto.yaml"
     auto.write_text("plasticity: {device: auto}\nfinetune: {device: auto}\n")
     command = [
         str(bindir / "snakemake"),
-        "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+        "--snakefile", str(REPO / "workflow/Snakefile"), "--directory", str(tmp_path),
         "--configfile", *map(str, [*configfiles, auto]),
         "--resources", "gpu=2", "--cores", "2", "finetune_all", "plasticity_all",
     ]  # fmt: skip
@@ -356,10 +356,10 @@ def test_a_local_run_on_several_gpus_says_once_how_to_use_them(
     bindir = Path(sys.executable).parent
     env = job_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1")
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
-    configfiles = ["config.yaml", "workflow/presets/demo.yaml"]
+    configfiles = ["config/config.yaml", "config/demo.yaml"]
     command = [
         str(bindir / "snakemake"),
-        "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+        "--snakefile", str(REPO / "workflow/Snakefile"), "--directory", str(tmp_path),
         "--configfile", *(str(REPO / name) for name in configfiles),
         *options, "--cores", "1", "resources/demo/datasets/demo-reference",
     ]  # fmt: skip

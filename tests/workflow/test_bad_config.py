@@ -169,10 +169,16 @@ def assert_refused(result: subprocess.CompletedProcess, workdir: Path, *words: s
 
 
 def dry_run_in(workdir: Path) -> subprocess.CompletedProcess:
-    """`snakemake -n all` in ``workdir`` on the config.yaml found there (no --configfile)."""
+    """`snakemake -n all` in ``workdir`` on the config/config.yaml found there (no --configfile)."""
     bindir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
-    command = [str(bindir / "snakemake"), "-n", "all", "--snakefile", str(REPO / "Snakefile")]
+    command = [
+        str(bindir / "snakemake"),
+        "-n",
+        "all",
+        "--snakefile",
+        str(REPO / "workflow/Snakefile"),
+    ]
     return subprocess.run(
         [*command, "--directory", str(workdir)], env=env, capture_output=True, text=True
     )
@@ -205,7 +211,8 @@ BAD_FILES: list[tuple[str, bytes, list[str]]] = [
 def test_snakemake_names_the_file_and_line_of_a_bad_config_yaml(
     tmp_path: Path, content: bytes, words: list[str]
 ) -> None:
-    (tmp_path / "config.yaml").write_bytes(content)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config/config.yaml").write_bytes(content)
     assert_refused(dry_run_in(tmp_path), tmp_path, "invalid config file:", *words)
 
 

@@ -32,7 +32,7 @@ SCHEMA = str(REPO / "workflow/schemas/config.schema.yaml")
 
 @pytest.fixture
 def paper_config() -> dict:
-    return yaml.safe_load((REPO / "config.yaml").read_text())
+    return yaml.safe_load((REPO / "config/config.yaml").read_text())
 
 
 def test_paper_config_is_valid(paper_config: dict) -> None:
@@ -41,7 +41,7 @@ def test_paper_config_is_valid(paper_config: dict) -> None:
 
 
 def test_demo_preset_is_valid(paper_config: dict) -> None:
-    demo = yaml.safe_load((REPO / "workflow/presets/demo.yaml").read_text())
+    demo = yaml.safe_load((REPO / "config/demo.yaml").read_text())
     config = merged(paper_config, demo)
     validate(config, SCHEMA)
     check_config(config)
@@ -166,10 +166,10 @@ SHA256 = "sha256:" + "ab" * 32
 def shipped_configs() -> dict[str, dict]:
     """config.yaml alone, with each workflow preset, and with the demo and each test preset
     (merged as the Makefile and the tests pass them to --configfile)."""
-    paper = yaml.safe_load((REPO / "config.yaml").read_text())
-    demo = merged(paper, yaml.safe_load((REPO / "workflow/presets/demo.yaml").read_text()))
+    paper = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    demo = merged(paper, yaml.safe_load((REPO / "config/demo.yaml").read_text()))
     configs = {"config.yaml": paper}
-    for preset in sorted((REPO / "workflow/presets").glob("*.yaml")):
+    for preset in sorted(set((REPO / "config").glob("*.yaml")) - {REPO / "config/config.yaml"}):
         configs[preset.name] = merged(paper, yaml.safe_load(preset.read_text()))
     for preset in sorted((REPO / "tests/presets").glob("*.yaml")):
         configs[f"demo+{preset.name}"] = merged(demo, yaml.safe_load(preset.read_text()))

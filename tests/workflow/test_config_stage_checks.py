@@ -26,7 +26,7 @@ TINY_TEXT_MODEL = {
 
 def paper_with(**blocks: Any) -> dict:
     """config.yaml with ``blocks`` replacing its top-level blocks, the schema's defaults in."""
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     config.update(copy.deepcopy(blocks))
     validate(config, SCHEMA)
     return config

@@ -21,7 +21,7 @@ LONG_LR = 0.0123456789  # its path label lr0.0123457 is another float
 
 @pytest.fixture
 def demo() -> dict:
-    return merged(REPO / "config.yaml", REPO / "workflow/presets/demo.yaml")
+    return merged(REPO / "config/config.yaml", REPO / "config/demo.yaml")
 
 
 def by_content(packs: list[FinetunePack]) -> dict[tuple, str]:
@@ -50,7 +50,7 @@ def test_datasets_with_one_run_list_share_a_pack(demo: dict) -> None:
 def test_packs_cover_every_run_of_the_paper_grid_once() -> None:
     """Each run of every enabled experiment is an output of exactly one packed job: the
     paper's 1,356 runs and the head baseline of every (model, dataset, lr, seed)."""
-    paper = yaml.safe_load((REPO / "config.yaml").read_text())
+    paper = yaml.safe_load((REPO / "config/config.yaml").read_text())
     outputs = [
         f"{pack.experiment}/{model}/{dataset}/{run_dir}"
         for pack in finetune_packs(paper)

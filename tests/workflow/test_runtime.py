@@ -42,7 +42,7 @@ DTYPES = ("float32", "float64")
 
 @pytest.fixture(scope="module")
 def paper() -> dict:
-    return yaml.safe_load((REPO / "config.yaml").read_text())
+    return yaml.safe_load((REPO / "config/config.yaml").read_text())
 
 
 # -- values worked by hand ----------------------------------------------------------------

@@ -17,7 +17,7 @@ IMPORT = re.compile(r"^from (vitplasticity[\w.]*) import", re.M)
 def workflow_imports() -> list[str]:
     """The vitplasticity modules the Snakefile and the rule files import, and every module of
     vitplasticity.workflow."""
-    files = [REPO / "Snakefile", *sorted((REPO / "workflow/rules").glob("*.smk"))]
+    files = [REPO / "workflow/Snakefile", *sorted((REPO / "workflow/rules").glob("*.smk"))]
     named = {module for path in files for module in IMPORT.findall(path.read_text())}
     package = {
         f"vitplasticity.workflow.{info.name}"
