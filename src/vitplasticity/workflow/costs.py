@@ -7,6 +7,7 @@ as the ``runtime`` resource of every job when it builds the DAG."""
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -35,8 +36,11 @@ class JobRuntimes:
     @functools.cached_property
     def calibration(self) -> calibration.Calibration:
         """The measured speeds, read once (the results tree scanned when the first runtime
-        is asked for)."""
-        return calibration.from_config(self.config)
+        is asked for); each damaged source it left out said once on stderr."""
+        measured = calibration.from_config(self.config, runtime.train_gflop_per_image)
+        for note in measured.notes:
+            print(f"calibration: {note}", file=sys.stderr)
+        return measured
 
     def model_minutes(self, model: str, estimate: Estimate) -> int | None:
         """The wall time of a job of ``model``: ``estimate(timm_id)``, capped. A model whose
