@@ -4,7 +4,8 @@ from snakemake.utils import min_version, validate
 
 from snakemake.exceptions import WorkflowError
 
-from vitplasticity.workflow.config import check_config, check_keys, config_errors_end_the_run
+from vitplasticity.workflow.config import check_keys, config_errors_end_the_run
+from vitplasticity.workflow.config_check import check_config
 from vitplasticity.workflow.config_files import check_config_file
 from vitplasticity.workflow.scheduling import (
     PackResourcesError,
@@ -28,8 +29,8 @@ configfile: "config.yaml"
 # Every unknown key (a typo, another source's option) named with its nearest valid one, all at
 # once; then the schema's types, ranges and defaults; then what only the values together and
 # the files they name can tell (timm models with kwargs built once on the meta device, by the
-# main process only: a cluster job re-parses this file). A config error ends the run with its
-# message alone.
+# main process only: a cluster job re-parses this file), and each stage's block (the time
+# cap, text finetuning, the verification). A config error ends the run with its message alone.
 with config_errors_end_the_run(WorkflowError):
     check_keys(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
     validate(config, "workflow/schemas/config.schema.yaml")
