@@ -8,7 +8,7 @@ import logging
 from fractions import Fraction
 
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.recommend.verify_plan import BASELINES
+from vitplasticity.recommend.verify_plan import BASELINES, VerifyPlan
 from vitplasticity.settings.declaration import add_settings_arguments, settings_from_args
 from vitplasticity.utils.io import check_writable, write_json
 
@@ -144,27 +144,12 @@ def run_rung(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     """Verify the recommendation; log the measured one."""
     from vitplasticity.recommend.settings import parse_budget
-    from vitplasticity.recommend.verification import (
-        VerifyPlan,
-        check_plan,
-        report_verification,
-        verify,
-    )
+    from vitplasticity.recommend.verification import check_plan, report_verification, verify
 
     training = settings_from_args(TrainingSettings, args)
     training.validate(args.model)
     budget = parse_budget(args.budget)
-    plan = VerifyPlan(
-        args.experiment,
-        args.model,
-        args.dataset,
-        tuple(args.lrs),
-        tuple(args.seeds),
-        args.criterion,
-        args.top_k,
-        args.eta,
-        tuple(args.baselines),
-    )
+    plan = _plan(args)
     check_plan(args.ranking, plan, training)  # every input, before a folder is made
     check_writable(args.runs_dir, "--runs-dir", folder=True)
     if args.no_train:
@@ -199,6 +184,21 @@ def run_verify(args: argparse.Namespace) -> int:
         compute["grid_steps"],
     )
     return 0
+
+
+def _plan(args: argparse.Namespace) -> VerifyPlan:
+    """The verification's plan from its flags."""
+    return VerifyPlan(
+        args.experiment,
+        args.model,
+        args.dataset,
+        tuple(args.lrs),
+        tuple(args.seeds),
+        args.criterion,
+        args.top_k,
+        args.eta,
+        tuple(args.baselines),
+    )
 
 
 def _step_seconds(training: TrainingSettings) -> Fraction | None:

@@ -198,8 +198,33 @@ def report_verification(
     ranks = read_ranks(ranking)
     chosen = read_candidates(Path(decisions_dir) / CANDIDATES_NAME)
     ends = rung_steps(training.steps, training.val_every, len(plan.lrs), plan.eta)
+    summaries, spent = _survivors(chosen, plan, ends, runs_dir, decisions_dir)
+    compute = _compute(spent, len(chosen), plan, training, step_seconds)
+    table = measured_table(summaries, {c.configuration: c.reasons for c in chosen}, ranks)
+    title = f"{plan.model} on {plan.dataset}"
+    recommendation = write_report(
+        report_prefix, table, compute, budget, title=title, demo=training.demo
+    )
+    record = verified_record(
+        recommendation, plan, training, ends, _verified(report_prefix, ".md"), budget
+    )
+    num_classes = int(read_meta(dataset_dir)["num_classes"])
+    write_verified_export(_verified(report_prefix, ".json"), record, training, num_classes)
+    return {"compute": compute, "recommendation": recommendation}
+
+
+def _survivors(
+    chosen: Sequence[Candidate],
+    plan: VerifyPlan,
+    ends: Sequence[int],
+    runs_dir: str | Path,
+    decisions_dir: str | Path,
+) -> tuple[list[dict[str, Any]], int]:
+    """The summaries of every seed of each candidate's survivor (the learning rate its last
+    decision keeps), and the steps the verification spent: the step each run reached, as
+    the decisions and the summaries record it."""
     first, summaries = plan.seeds[0], []
-    reached: dict[Path, int] = {}  # the step each run reached: the steps it spent
+    reached: dict[Path, int] = {}
 
     def reach(run_dir: Path, step: int) -> None:
         reached[run_dir] = max(reached.get(run_dir, 0), step)
@@ -215,18 +240,7 @@ def report_verification(
             summary = _summary(_run_dir(runs_dir, name, alive[0], seed))
             reach(_run_dir(runs_dir, name, alive[0], seed), summary["final_step"])
             summaries.append(summary)
-    compute = _compute(sum(reached.values()), len(chosen), plan, training, step_seconds)
-    table = measured_table(summaries, {c.configuration: c.reasons for c in chosen}, ranks)
-    title = f"{plan.model} on {plan.dataset}"
-    recommendation = write_report(
-        report_prefix, table, compute, budget, title=title, demo=training.demo
-    )
-    record = verified_record(
-        recommendation, plan, training, ends, _verified(report_prefix, ".md"), budget
-    )
-    num_classes = int(read_meta(dataset_dir)["num_classes"])
-    write_verified_export(_verified(report_prefix, ".json"), record, training, num_classes)
-    return {"compute": compute, "recommendation": recommendation}
+    return summaries, sum(reached.values())
 
 
 def _summary(run_dir: Path) -> dict[str, Any]:
