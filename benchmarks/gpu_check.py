@@ -125,9 +125,9 @@ def measure_finetune(
     import torch
 
     from vitplasticity.finetune import loop
+    from vitplasticity.finetune.run import Run
     from vitplasticity.finetune.settings import TrainingSettings
     from vitplasticity.finetune.train import train
-    from vitplasticity.workflow.config import Run
 
     run = Run(
         experiment="gpu_check", model="vit_b16", dataset="synthetic", configuration="full",

@@ -26,9 +26,9 @@ import torch
 from vitplasticity.finetune.identity import FinetuneSettings, check_runs
 from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.optim import build_optimizer
+from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.step import training_step
-from vitplasticity.workflow.config import Run
 
 CONFIGURATIONS = ("full", "emb", "ln1", "mha", "ln2", "fc1", "fc2", "head")
 

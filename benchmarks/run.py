@@ -64,11 +64,11 @@ from vitplasticity.finetune.identity import FinetuneSettings, check_runs
 from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.precision import cpu_bf16_native
+from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.step import deferred_training_step
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.utils.io import write_json
-from vitplasticity.workflow.config import Run
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 3, "num_heads": 3}

@@ -54,12 +54,6 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("models", "provenance"),
     ),
     (
-        "workflow",
-        "what the Snakefile imports, without torch: config keys and cross-checks, the run "
-        "grid, packs, the runtime a job asks for (from a model's FLOPs)",
-        ("workflow",),
-    ),
-    (
         "stages",
         "the workflow's stages, each a computation over models and data: plasticity and the "
         "bounds, finetuning, and the report's tables, figures and statistics",
@@ -70,6 +64,13 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "which components to finetune for one model: plasticity, bounds and other criteria "
         "ranked, drawn in the report's style",
         ("recommend",),
+    ),
+    (
+        "workflow",
+        "what the Snakefile imports, without torch: config keys and cross-checks, the run "
+        "grid, packs, the runtime a job asks for (from a model's FLOPs); it wires the stages' "
+        "settings, grids and halving into jobs, and no stage imports it",
+        ("workflow",),
     ),
     (
         "commands",

@@ -26,7 +26,8 @@ from vitplasticity.models.build import build_model
 from vitplasticity.models.spec import TimmSpec
 from vitplasticity.report.accuracy_table import accuracy_table
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
-from vitplasticity.workflow.config import check_config, enabled_experiments, experiment_runs
+from vitplasticity.workflow.config import enabled_experiments, experiment_runs
+from vitplasticity.workflow.config_check import check_config
 
 SCHEMA = str(REPO / "workflow/schemas/config.schema.yaml")
 

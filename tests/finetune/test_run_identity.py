@@ -1,4 +1,4 @@
-"""A run's identity (config.Run) apart from its training settings, and one exact LR per run:
+"""A run's identity (finetune.run.Run) apart from its training settings, and one exact LR per run:
 a run packed with others and a run of its own train with the grid's float, to the last bit,
 whatever its digits (the run folder's label keeps 6 significant digits)."""
 
@@ -17,9 +17,11 @@ from tests.helpers.tiny_vit import TINY_SPEC
 from tests.helpers.workflow import REPO, snakemake
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.outputs import TIMING_FIELDS
+from vitplasticity.finetune.run import Run, lr_label
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.train import train_runs
-from vitplasticity.workflow.config import ConfigError, Run, check_config, grid_lr, lr_label
+from vitplasticity.workflow.config import ConfigError, grid_lr
+from vitplasticity.workflow.config_check import check_config
 
 LONG_LR = 0.0123456789  # lr_label: 0.0123457, another float
 
@@ -59,6 +61,12 @@ def test_every_run_of_a_job_is_checked_before_the_first_starts(
     with pytest.raises(ValueError, match=r"--lr \(experiments\.<name>\.lrs\)"):
         train_runs([(good, tmp_path / "good"), (bad, tmp_path / "bad")], training, demo_dataset)
     assert not (tmp_path / "good").exists()  # nothing trained, nothing half-written
+
+
+def test_lr_label_round_trips() -> None:
+    for lr in (1e-3, 3e-3, 0.06, 1e-5, 3e-05, 0.0006):
+        assert float(lr_label(lr)) == lr
+    assert lr_label(0.001) == "0.001" and lr_label(3e-5) == "3e-05"
 
 
 def test_grid_lr_gives_the_exact_value_of_a_label(demo_config: dict) -> None:

@@ -19,6 +19,7 @@ from vitplasticity.finetune import text_run
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.loop import Preempted
 from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.text_loss import (
     masked_inputs,
@@ -30,7 +31,6 @@ from vitplasticity.finetune.text_loss import (
 from vitplasticity.finetune.text_run import batch_indices, train_text_run
 from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.models.architectures import UnsupportedModel
-from vitplasticity.workflow.config import Run
 
 GPT2 = {
     "family": "transformers",

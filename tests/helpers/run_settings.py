@@ -1,5 +1,5 @@
 """A run's :class:`~vitplasticity.finetune.identity.FinetuneSettings` from one flat set of
-keyword arguments, as the tests write them: the :class:`~vitplasticity.workflow.config.Run` fields make
+keyword arguments, as the tests write them: the :class:`~vitplasticity.finetune.run.Run` fields make
 the run, the rest its :class:`~vitplasticity.finetune.settings.TrainingSettings`."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import dataclasses
 from typing import Any
 
 from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.workflow.config import Run
 
 RUN_FIELDS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Run))
 

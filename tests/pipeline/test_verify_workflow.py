@@ -39,7 +39,7 @@ def test_a_verification_runs_through_snakemake(tmp_path: Path) -> None:
     survivors = {}
     for configuration in candidates:
         # Steps 8, validation every 4, two learning rates: one rung, at step 4.
-        decision = json.loads((verify / configuration / "rung_step4.json").read_text())
+        decision = json.loads((verify / configuration / "decision_step4.json").read_text())
         assert len(decision["continue"]) == 1 and len(decision["stop"]) == 1, decision
         assert "best validation accuracy up to step 4" in decision["why"]
         kept, dropped = decision["continue"][0], decision["stop"][0]

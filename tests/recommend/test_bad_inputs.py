@@ -348,7 +348,8 @@ CONFIG_CASES: list[Callable[[Path], tuple[dict, str]]] = [
 
 @pytest.mark.parametrize("build", CONFIG_CASES, ids=[c.__name__ for c in CONFIG_CASES])
 def test_the_config_check_names_the_key(build, tmp_path) -> None:
-    from vitplasticity.workflow.config import ConfigError, check_config
+    from vitplasticity.workflow.config import ConfigError
+    from vitplasticity.workflow.config_check import check_config
 
     edit, says = build(tmp_path)
     config = validated(merged(load_config(PAPER, DEMO), edit))
@@ -358,7 +359,7 @@ def test_the_config_check_names_the_key(build, tmp_path) -> None:
 
 
 def test_the_demo_config_passes_the_check() -> None:
-    from vitplasticity.workflow.config import check_config
+    from vitplasticity.workflow.config_check import check_config
 
     check_config(validated(load_config(PAPER, DEMO)))
 

@@ -13,7 +13,8 @@ import pytest
 
 from tests.helpers.run_settings import finetune_settings
 from vitplasticity.models.spec import TimmSpec
-from vitplasticity.recommend.verification import VerifyPlan, verify
+from vitplasticity.recommend.verification import VerifyPlan, report_verification, verify
+from vitplasticity.workflow.runtime import finetune_step_seconds
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -69,7 +70,11 @@ def test_verification_runs_the_halving_and_reports_what_it_measured(
 ) -> None:
     runs = tmp_path / "runs"
     prefix = tmp_path / "report" / "demo-stripes"
-    result = verify(ranking_file(tmp_path), PLAN, training(tiny_spec), demo_dataset, runs, prefix)
+    settings = training(tiny_spec)
+    step_seconds = finetune_step_seconds(8, tiny_spec.timm_id, settings.precision)
+    result = verify(
+        ranking_file(tmp_path), PLAN, settings, demo_dataset, runs, prefix, None, step_seconds
+    )
 
     # Candidates: plasticity's top 1 (mha), the baseline (head), rgn's first pick (fc2).
     # Each: both lrs to step 6, the better one on to 12, then seed 1 for 12 steps.
@@ -79,7 +84,7 @@ def test_verification_runs_the_halving_and_reports_what_it_measured(
 
     summaries: dict[str, list[dict]] = {}
     for name in ("mha", "head", "fc2"):
-        decision = json.loads((runs / name / "rung1_step6.json").read_text())
+        decision = json.loads((runs / name / "decision_step6.json").read_text())
         (kept,), (dropped,) = decision["continue"], decision["stop"]
         # The survivor's score is its best val accuracy up to step 6, from its own metrics.
         survivor = runs / name / f"lr{kept!r}_seed0"
@@ -128,13 +133,32 @@ def test_verification_runs_the_halving_and_reports_what_it_measured(
     assert measured["seeds"] == list(SEEDS) and measured["lr"] == chosen["lr"]
     assert export["verification"]["settings"]["rungs"] == [6, 12]
 
-    # A rerun reads every run back: nothing is trained again, the report is the same.
+    # A rerun reads every run back: nothing is trained again, the report is the same (the
+    # candidates and decisions, taken again from the same ranking and records, are rewritten).
     before = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}
-    again = verify(ranking_file(tmp_path), PLAN, training(tiny_spec), demo_dataset, runs, prefix)
+    again = verify(
+        ranking_file(tmp_path), PLAN, settings, demo_dataset, runs, prefix, None, step_seconds
+    )
     assert again["compute"] == result["compute"]
     after = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}
-    changed = [p for p in after if before.get(p) != after[p] and "rung" not in p.name]
+    rewritten = ("candidates.json", "decision_step6.json")
+    changed = [p for p in after if before.get(p) != after[p] and p.name not in rewritten]
     assert changed == []
+
+    # The report reads the decisions, it takes none again: without the runs' rung records it
+    # is the same; without a decision it names the file.
+    for record in runs.rglob("rung_step*.json"):
+        record.unlink()
+    report = report_verification(
+        ranking_file(tmp_path), PLAN, settings, demo_dataset, runs, runs, prefix, None,
+        step_seconds,
+    )  # fmt: skip
+    assert report == again
+    (runs / "fc2" / "decision_step6.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"fc2/decision_step6\.json"):
+        report_verification(
+            ranking_file(tmp_path), PLAN, settings, demo_dataset, runs, runs, prefix
+        )
 
 
 def test_an_unknown_criterion_is_refused_before_any_run(

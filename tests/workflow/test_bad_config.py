@@ -18,7 +18,8 @@ import pytest
 from tests.helpers.configs import DEMO, PAPER, dry_run, load_config, merged, validated
 from tests.helpers.repo import REPO
 from tests.helpers.text_entries import gpt2_entry
-from vitplasticity.workflow.config import ConfigError, check_config
+from vitplasticity.workflow.config import ConfigError
+from vitplasticity.workflow.config_check import check_config
 
 
 def text_files(tmp: Path, reference: Path, dataset: Path) -> dict[str, Any]:

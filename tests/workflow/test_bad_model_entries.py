@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.helpers.configs import DEMO, PAPER, load_config, merged
-from vitplasticity.workflow.config import ConfigError, check_config
+from vitplasticity.workflow.config import ConfigError
+from vitplasticity.workflow.config_check import check_config
 
 TIMM = {"family": "timm", "timm_id": "vit_tiny_patch16_224"}
 HF = {"family": "transformers", "hf_id": "tiny/model"}

@@ -18,14 +18,13 @@ from vitplasticity.workflow.config import (
     DATASET_KEYS,
     MODEL_ID_KEYS,
     ConfigError,
-    check_config,
     check_keys,
     enabled_experiments,
     experiment_runs,
     load_schema,
-    lr_label,
     unknown_keys,
 )
+from vitplasticity.workflow.config_check import check_config
 
 SCHEMA = str(REPO / "workflow/schemas/config.schema.yaml")
 
@@ -63,12 +62,6 @@ def test_paper_grid_matches_protocol(paper_config: dict) -> None:
     }
     assert adam_cifar == {1e-5, 3e-5, 1e-4, 3e-4}  # the SGD grid / 100
     assert {run.seed for run in sgd} == {0, 42, 3407}
-
-
-def test_lr_label_round_trips() -> None:
-    for lr in (1e-3, 3e-3, 0.06, 1e-5, 3e-05, 0.0006):
-        assert float(lr_label(lr)) == lr
-    assert lr_label(0.001) == "0.001" and lr_label(3e-5) == "3e-05"
 
 
 @pytest.mark.parametrize(

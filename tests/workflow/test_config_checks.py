@@ -16,7 +16,8 @@ import pytest
 
 from tests.helpers.configs import DEMO, PAPER, SCHEMA, dry_run, load_config, merged
 from vitplasticity.workflow.checks import model_kwargs_problems
-from vitplasticity.workflow.config import ConfigError, check_config, check_keys, load_schema
+from vitplasticity.workflow.config import ConfigError, check_keys, load_schema
+from vitplasticity.workflow.config_check import check_config
 
 SCHEMA_DICT = load_schema(SCHEMA)
 TINY_VIT = {"family": "timm", "timm_id": "vit_tiny_patch16_224", "weights": "random"}
@@ -225,7 +226,7 @@ def test_a_built_model_is_recorded_and_not_built_again(tmp_path: Path) -> None:
 def test_the_paper_config_is_checked_without_torch() -> None:
     """Its timm models have no kwargs: nothing to build, so no seconds of imports at parse."""
     code = (
-        "import sys, yaml; from vitplasticity.workflow.config import check_config; "
+        "import sys, yaml; from vitplasticity.workflow.config_check import check_config; "
         f"check_config(yaml.safe_load(open({str(PAPER)!r})), build_models=True); "
         "print(sorted({'torch', 'timm'} & set(sys.modules)))"
     )

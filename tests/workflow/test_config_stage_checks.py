@@ -13,7 +13,8 @@ import yaml
 from snakemake.utils import validate
 
 from tests.helpers.repo import REPO
-from vitplasticity.workflow.config import ConfigError, check_config
+from vitplasticity.workflow.config import ConfigError
+from vitplasticity.workflow.config_check import check_config
 
 SCHEMA = str(REPO / "workflow/schemas/config.schema.yaml")
 TINY_TEXT_MODEL = {

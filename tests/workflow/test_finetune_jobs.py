@@ -29,7 +29,7 @@ def test_a_run_gets_its_model_experiment_dataset_and_the_finetune_block(
     paper: dict[str, Any],
 ) -> None:
     job = of(**RUN)
-    values = evaluated(FinetuneJobs(paper, TrainingSettings).params(), job)
+    values = evaluated(FinetuneJobs(paper).params(), job)
     block = rule_params(TrainingSettings, paper["finetune"], "finetune")
     assert values == {
         "model_spec": ModelJobs(paper).spec(job),
@@ -46,11 +46,11 @@ def test_a_run_gets_its_model_experiment_dataset_and_the_finetune_block(
 
 def test_a_run_trains_with_the_grids_exact_lr(paper: dict[str, Any]) -> None:
     paper["experiments"]["sgd"]["lrs"] = [0.0123456789]
-    assert FinetuneJobs(paper, TrainingSettings).lr(of(**RUN, lr="0.0123457")) == 0.0123456789
+    assert FinetuneJobs(paper).lr(of(**RUN, lr="0.0123457")) == 0.0123456789
 
 
 def test_only_lora_configurations_get_the_lora_flags(paper: dict[str, Any]) -> None:
-    jobs = FinetuneJobs(paper, TrainingSettings)
+    jobs = FinetuneJobs(paper)
     lora = paper["finetune"]["lora"]
     flags = f"--lora-rank {lora['rank']} --lora-alpha {lora['alpha']}"
     assert jobs.lora_flags(of(configuration="lora")) == flags
@@ -61,7 +61,7 @@ def test_only_lora_configurations_get_the_lora_flags(paper: dict[str, Any]) -> N
 
 def test_a_pack_lists_its_runs_output_folders(demo: dict[str, Any]) -> None:
     pack = finetune_packs(demo)[0]
-    jobs = FinetuneJobs(demo, TrainingSettings)
+    jobs = FinetuneJobs(demo)
     job = of(experiment=pack.experiment, model="demo_vit", dataset=pack.datasets[0])
     runs = json.loads(jobs.pack_runs(pack)(job))
     cell = f"results/demo/finetune/{pack.experiment}/demo_vit/{pack.datasets[0]}"
@@ -73,5 +73,5 @@ def test_a_pack_lists_its_runs_output_folders(demo: dict[str, Any]) -> None:
 def test_a_pack_with_a_lora_run_gets_the_lora_flags(demo: dict[str, Any]) -> None:
     demo["experiments"]["adam"]["configurations"] = ["mha", "lora"]
     pack = next(p for p in finetune_packs(demo) if p.experiment == "adam")
-    flags = FinetuneJobs(demo, TrainingSettings).pack_lora_flags(pack)(of())
+    flags = FinetuneJobs(demo).pack_lora_flags(pack)(of())
     assert flags.startswith("--lora-rank ")

@@ -8,12 +8,10 @@ import pytest
 from snakemake.iocontainers import Wildcards
 
 from tests.helpers.configs import DEMO, PAPER, load_config, merged, validated
-from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.workflow.config import ConfigError
+from vitplasticity.workflow.config_check import check_config
 from vitplasticity.workflow.text_finetune_jobs import (
     TextFinetuneJobs,
-    check_text_finetune,
     text_finetune_problems,
 )
 
@@ -49,7 +47,7 @@ def _config(tmp_path: Path, **block) -> dict:
 def test_a_valid_grid_has_no_problem_and_one_target_per_run(tmp_path: Path) -> None:
     config = _config(tmp_path)
     assert text_finetune_problems(config) == []
-    jobs = TextFinetuneJobs(config, TrainingSettings, TextFinetuneSettings)
+    jobs = TextFinetuneJobs(config)
     targets = jobs.targets()
     assert len(targets) == 1 * 1 * 2 * 2 * 2
     results = config["paths"]["results"]
@@ -70,7 +68,7 @@ def test_a_valid_grid_has_no_problem_and_one_target_per_run(tmp_path: Path) -> N
 def test_a_disabled_block_is_neither_checked_nor_run(tmp_path: Path) -> None:
     config = _config(tmp_path, enabled=False, run_models=["nowhere"])
     assert text_finetune_problems(config) == []
-    assert TextFinetuneJobs(config, TrainingSettings, TextFinetuneSettings).targets() == []
+    assert TextFinetuneJobs(config).targets() == []
 
 
 @pytest.mark.parametrize(
@@ -88,5 +86,5 @@ def test_a_disabled_block_is_neither_checked_nor_run(tmp_path: Path) -> None:
 def test_each_problem_is_named_before_any_job(tmp_path: Path, block: dict, message: str) -> None:
     config = _config(tmp_path, **block)
     with pytest.raises(ConfigError, match="invalid config") as error:
-        check_text_finetune(config)
+        check_config(config)
     assert message in str(error.value)

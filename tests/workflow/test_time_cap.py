@@ -16,12 +16,12 @@ from snakemake.settings.types import GroupSettings
 from tests.helpers.configs import Configure
 from vitplasticity.workflow import runtime
 from vitplasticity.workflow.config import ConfigError, experiment_runs
+from vitplasticity.workflow.config_check import check_config
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import finetune_packs
 from vitplasticity.workflow.time_cap import (
     GroupFit,
     cap_fixed_runtimes,
-    check_cap,
     cut_packs,
     experiment_run_minutes,
     runs_per_job,
@@ -54,13 +54,13 @@ def test_a_cap_below_a_runs_start_up_is_refused_naming_the_key(
     demo_with: Configure, cap: int
 ) -> None:
     with pytest.raises(ConfigError, match=r"^scheduler\.max_runtime_minutes: ") as error:
-        check_cap(capped(demo_with, cap))
+        check_config(capped(demo_with, cap))
     assert f"at least {runtime.FINETUNE_FIXED_MINUTES}" in str(error.value)
 
 
 @pytest.mark.parametrize("cap", [None, runtime.FINETUNE_FIXED_MINUTES, 20])
 def test_a_cap_covering_a_runs_start_up_is_accepted(demo_with: Configure, cap: int | None) -> None:
-    check_cap(capped(demo_with, cap))
+    check_config(capped(demo_with, cap))
 
 
 @pytest.mark.parametrize("cap", [20, 31, 45, 1000])

@@ -11,7 +11,8 @@ import pytest
 
 from tests.helpers.configs import Configure
 from vitplasticity.workflow.config import ConfigError
-from vitplasticity.workflow.verify_jobs import VerifyJobs, check_verify, verify_problems
+from vitplasticity.workflow.config_check import check_config
+from vitplasticity.workflow.verify_jobs import VerifyJobs, verify_problems
 
 VERIFY_EXPERIMENT = {
     "enabled": False,
@@ -55,7 +56,7 @@ def test_a_bad_block_is_refused_naming_the_key(
 ) -> None:
     config = verified(demo_with, **block)
     with pytest.raises(ConfigError, match="invalid config") as error:
-        check_verify(config)
+        check_config(config)
     assert message in str(error.value)
 
 

@@ -21,7 +21,7 @@ from vitplasticity.workflow.report import FIGURE_FLAGS, ReportFiles
 from vitplasticity.workflow.resolved import save_resolved_config
 from vitplasticity.workflow.results import ResultFiles
 from vitplasticity.workflow.targets import Targets
-from vitplasticity.workflow.time_cap import GroupFit, check_cap, cut_packs
+from vitplasticity.workflow.time_cap import GroupFit, cut_packs
 from vitplasticity.settings.declaration import command_flags
 from vitplasticity.plasticity.settings import (
     BoundsSettings,
@@ -55,11 +55,10 @@ DATA = DatasetJobs(config)
 FILES = ResultFiles(config)
 REPORT_FILES = ReportFiles(config)
 RUNTIMES = JobRuntimes(config)
-# No job, packed either way, asks for more than scheduler.max_runtime_minutes: a cap that
-# leaves a run no time past its start-up is refused; Snakemake groups of finetune runs are
-# cut to fit it (vitplasticity.workflow.time_cap; finetune_packs.smk cuts the packs).
-with config_errors_end_the_run():
-    check_cap(config)
+# No job, packed either way, asks for more than scheduler.max_runtime_minutes (a cap that
+# leaves a run no time past its start-up is refused by check_config, in the Snakefile):
+# Snakemake groups of finetune runs are cut to fit it (vitplasticity.workflow.time_cap;
+# finetune_packs.smk cuts the packs).
 GROUP_FIT = GroupFit(workflow, config, RUNTIMES, report=partial(print, file=sys.stderr))
 # finetune.pack_runs' packs as cut to the cap (finetune_packs.smk sets them); None: unpacked.
 PACKS = None
@@ -67,7 +66,7 @@ PACKS = None
 # SLURM jobs they make, printed by every dry run or start of `all` and written to
 # .snakemake/vitplasticity/bill.md (vitplasticity.workflow.bill; docs/slurm.md).
 BILL = BillNotice(workflow, config, RUNTIMES, GROUP_FIT, lambda: PACKS, ".snakemake/vitplasticity/bill.md")
-FINETUNE = FinetuneJobs(config, TrainingSettings)
+FINETUNE = FinetuneJobs(config)
 TARGETS = Targets(config)
 DEMO_FLAG = demo_flag(config)
 

@@ -5,17 +5,10 @@
 # folders are under finetune_text/, apart from the image grid's finetune/ (whose report
 # selects by validation accuracy). Training keys from the finetune block, the grid's own from
 # text_finetune (vitplasticity.workflow.text_finetune_jobs).
-from vitplasticity.finetune.text_settings import TextFinetuneSettings
-from vitplasticity.workflow.text_finetune_jobs import (
-    TEXT_EXPERIMENT,
-    TextFinetuneJobs,
-    check_text_finetune,
-)
+# The grid is checked by check_config (the Snakefile), before any job.
+from vitplasticity.workflow.text_finetune_jobs import TEXT_EXPERIMENT, TextFinetuneJobs
 
-with config_errors_end_the_run():
-    check_text_finetune(config)
-
-TEXT_FINETUNE = TextFinetuneJobs(config, TrainingSettings, TextFinetuneSettings)
+TEXT_FINETUNE = TextFinetuneJobs(config)
 TEXT_FINETUNE_PARAMS = TEXT_FINETUNE.params()
 
 

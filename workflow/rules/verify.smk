@@ -1,15 +1,13 @@
 # Budgeted verification of the recommendation (config recommend.verify; off by default):
 # successive halving over the learning rates of each candidate configuration, each rung a job
 # and each decision a Snakemake checkpoint, then the survivors' full-budget runs (the finetune
-# rule's) and the verified report. vitplasticity.workflow.verify_jobs says what each step is.
+# rule's) and the verified report, which reads the decisions (it takes none).
+# vitplasticity.workflow.verify_jobs says what each step is.
 import re
 
-from vitplasticity.workflow.verify_jobs import VerifyJobs, check_verify
+from vitplasticity.workflow.verify_jobs import VerifyJobs
 
-# Its experiment, cells and rungs checked before any job (a config error ends the run with
-# its message alone).
-with config_errors_end_the_run():
-    check_verify(config)
+# Its experiment, cells and rungs are checked by check_config (the Snakefile), before any job.
 VERIFY = VerifyJobs(config, checkpoints)
 VERIFY_BLOCK = config["recommend"]["verify"]
 # The verification's runs are its experiment's own run folders (and only its experiment's).
@@ -77,9 +75,9 @@ checkpoint verify_decision:
     input:
         unpack(VERIFY.decision_inputs),
     output:
-        f"{RESULTS}/verify/{{model}}/{{dataset}}/{{configuration}}/rung_step{{step}}.json",
+        VERIFY.decision_file("{model}", "{dataset}", "{configuration}", "{step}"),
     log:
-        f"{RESULTS}/logs/verify/{{model}}/{{dataset}}/{{configuration}}/rung_step{{step}}.log",
+        f"{RESULTS}/logs/verify/{{model}}/{{dataset}}/{{configuration}}/decision_step{{step}}.log",
     wildcard_constraints:
         step=r"\d+",
     params:
@@ -115,7 +113,8 @@ rule verify_report:
         budget=config["recommend"]["budget"] or "",
         lrs=VERIFY.lrs_argument,
         seeds=VERIFY.seeds_argument,
-        runs_dir=lambda wildcards: VERIFY.cell_dir(wildcards.model, wildcards.dataset),
+        runs_dir=VERIFY.runs_argument,
+        decisions_dir=VERIFY.decisions_argument,
         out_prefix=output_prefix("table", "_verified.parquet"),
     conda:
         ENV
@@ -126,7 +125,8 @@ rule verify_report:
         " --model-spec {params.model_spec:q}"
         " --lrs {params.lrs} --seeds {params.seeds} --criterion {params.criterion}"
         " --top-k {params.top_k} --eta {params.eta} --baselines {params.baselines}"
-        " --runs-dir {params.runs_dir:q} --out-prefix {params.out_prefix:q}"
+        " --runs-dir {params.runs_dir:q} --decisions-dir {params.decisions_dir:q}"
+        " --out-prefix {params.out_prefix:q}"
         + command_flags(TrainingSettings, [name for name in VERIFY_PARAMS if name != "model_spec"])
         + " --device cpu"
         + (" --budget {params.budget}" if config["recommend"]["budget"] else "")

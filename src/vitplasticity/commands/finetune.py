@@ -84,8 +84,8 @@ def _requested_runs(args: argparse.Namespace) -> list[dict]:
 def run_finetune(args: argparse.Namespace) -> int:
     """Train each requested run in turn (``--runs``, or the single-run flags)."""
     from vitplasticity.finetune.loop import Preempted
+    from vitplasticity.finetune.run import Run
     from vitplasticity.finetune.train import train_runs
-    from vitplasticity.workflow.config import Run
 
     settings = settings_from_args(TrainingSettings, args)
     if args.stop_at_step is not None and args.stop_at_step < 1:

@@ -53,8 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_finetune_text(args: argparse.Namespace) -> int:
     """Train the run (:func:`vitplasticity.finetune.text_run.train_text_run`)."""
     from vitplasticity.finetune.loop import Preempted
+    from vitplasticity.finetune.run import Run
     from vitplasticity.finetune.text_run import train_text_run
-    from vitplasticity.workflow.config import Run
 
     training = settings_from_args(TrainingSettings, args)
     text = settings_from_args(TextFinetuneSettings, args)

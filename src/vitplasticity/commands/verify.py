@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+from fractions import Fraction
 
 from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.recommend.verify_plan import BASELINES, VerifyPlan
 from vitplasticity.settings.declaration import add_settings_arguments, settings_from_args
 from vitplasticity.utils.io import check_writable, write_json
-from vitplasticity.workflow.verify import BASELINES
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument(
         "--no-train",
         action="store_true",
-        help="write the report from finished runs only (the workflow's report job): a run "
-        "or rung record not there yet is an error naming it",
+        help="write the report from a finished verification only (the workflow's report "
+        "job): its candidates, rung decisions and survivors' runs, read back; a file not "
+        "there yet is an error naming it",
+    )
+    what.add_argument(
+        "--decisions-dir",
+        help="folder of candidates.json and each configuration's decision_step<s>.json "
+        "(default: --runs-dir, where recommend-verify writes them)",
     )
     what.add_argument("--budget", help="trainable-parameter budget: 28000, 28K, 1.5M")
     what.add_argument("--runs-dir", required=True, help="folder of the verification's runs")
@@ -77,15 +84,14 @@ def run_candidates(args: argparse.Namespace) -> int:
     """Write the candidates of a verification."""
     from vitplasticity.models.architectures import parse_configuration
     from vitplasticity.recommend.verification import read_ranks
-    from vitplasticity.workflow.verify import candidates
+    from vitplasticity.recommend.verify_plan import candidates, write_candidates
 
     ranks = read_ranks(args.ranking)
     chosen = candidates(ranks.to_dicts(), args.criterion, args.top_k, tuple(args.baselines))
     for candidate in chosen:
         parse_configuration(candidate.configuration)
-    rows = [{"configuration": c.configuration, "reasons": list(c.reasons)} for c in chosen]
-    write_json(args.out, rows)
-    log.info("verify: %s", ", ".join(row["configuration"] for row in rows))
+    write_candidates(args.out, chosen)
+    log.info("verify: %s", ", ".join(c.configuration for c in chosen))
     return 0
 
 
@@ -115,9 +121,9 @@ def run_rung(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from vitplasticity.workflow.verify import decide
+    from vitplasticity.recommend.halving import decide_rung
 
-    scores: dict[float, float | None] = {}
+    records: dict[float, dict] = {}
     for item in args.record:
         lr_text, sep, path = item.partition("=")
         if not sep:
@@ -128,9 +134,8 @@ def run_rung(args: argparse.Namespace) -> int:
                 f"--record {path}: a record of step {record.get('rung_step')}, "
                 f"not of --rung-step {args.rung_step}"
             )
-        diverged = record["status"] == "diverged"
-        scores[float(lr_text)] = None if diverged else record["best_val_accuracy"]
-    decision = decide(args.configuration, args.rung_step, scores, keep=args.keep)
+        records[float(lr_text)] = record
+    decision = decide_rung(args.configuration, args.rung_step, records, keep=args.keep)
     write_json(args.out, decision.record())
     log.info("%s rung at step %d: continue %s", args.configuration, args.rung_step, decision.keep)
     return 0
@@ -139,12 +144,51 @@ def run_rung(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     """Verify the recommendation; log the measured one."""
     from vitplasticity.recommend.settings import parse_budget
-    from vitplasticity.recommend.verification import VerifyPlan, check_plan, verify
+    from vitplasticity.recommend.verification import check_plan, report_verification, verify
 
     training = settings_from_args(TrainingSettings, args)
     training.validate(args.model)
     budget = parse_budget(args.budget)
-    plan = VerifyPlan(
+    plan = _plan(args)
+    check_plan(args.ranking, plan, training)  # every input, before a folder is made
+    check_writable(args.runs_dir, "--runs-dir", folder=True)
+    if args.no_train:
+        result = report_verification(
+            args.ranking,
+            plan,
+            training,
+            args.dataset_dir,
+            args.runs_dir,
+            args.decisions_dir or args.runs_dir,
+            args.out_prefix,
+            budget,
+            _step_seconds(training),
+        )
+    else:
+        result = verify(
+            args.ranking,
+            plan,
+            training,
+            args.dataset_dir,
+            args.runs_dir,
+            args.out_prefix,
+            budget,
+            _step_seconds(training),
+        )
+    chosen = result["recommendation"]
+    compute = result["compute"]
+    log.info(
+        "verified: %s (%d steps against %d for the full grid)",
+        chosen["configuration"] if chosen else "nothing fits the budget",
+        compute["verify_steps"],
+        compute["grid_steps"],
+    )
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> VerifyPlan:
+    """The verification's plan from its flags."""
+    return VerifyPlan(
         args.experiment,
         args.model,
         args.dataset,
@@ -155,24 +199,14 @@ def run_verify(args: argparse.Namespace) -> int:
         args.eta,
         tuple(args.baselines),
     )
-    check_plan(args.ranking, plan, training)  # every input, before a folder is made
-    check_writable(args.runs_dir, "--runs-dir", folder=True)
-    result = verify(
-        args.ranking,
-        plan,
-        training,
-        args.dataset_dir,
-        args.runs_dir,
-        args.out_prefix,
-        budget,
-        trains=not args.no_train,
-    )
-    chosen = result["recommendation"]
-    compute = result["compute"]
-    log.info(
-        "verified: %s (%d steps against %d for the full grid)",
-        chosen["configuration"] if chosen else "nothing fits the budget",
-        compute["verify_steps"],
-        compute["grid_steps"],
-    )
-    return 0
+
+
+def _step_seconds(training: TrainingSettings) -> Fraction | None:
+    """Seconds of one finetuning step by the workflow's runtime model, which gives the
+    report's GPU-hours; None where it does not know the model (no timm id)."""
+    from vitplasticity.workflow.runtime import finetune_step_seconds
+
+    timm_id = training.model_spec.get("timm_id")
+    if not timm_id:
+        return None
+    return finetune_step_seconds(training.batch_size, timm_id, training.precision)

@@ -19,7 +19,7 @@ to an uninterrupted run; the checkpoint is deleted when the run completes. A run
 or gradient norm becomes non-finite stops and is recorded as diverged.
 
 :func:`vitplasticity.finetune.train.train_runs` takes the runs of one job (each a
-:class:`vitplasticity.workflow.config.Run` and its output folder) and the
+:class:`vitplasticity.finetune.run.Run` and its output folder) and the
 :class:`~vitplasticity.finetune.settings.TrainingSettings` they share, checks them all once
 (:mod:`~vitplasticity.finetune.identity`), then takes each run through four pieces, one module
 each: :mod:`~vitplasticity.finetune.setup` (model, optimizer, data),

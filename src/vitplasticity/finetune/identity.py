@@ -1,4 +1,4 @@
-"""A run's identity (a :class:`vitplasticity.workflow.config.Run`) and its training settings: their
+"""A run's identity (a :class:`vitplasticity.finetune.run.Run`) and its training settings: their
 checks, done once before any compute, and :class:`FinetuneSettings`, the two together (with
 the part of them a resumable checkpoint must match).
 """
@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.models.architectures import parse_configuration
 from vitplasticity.settings.declaration import bad_setting
-from vitplasticity.workflow.config import Run
 
 # Settings that do not change a run's numbers: a checkpoint written under other values of
 # these is still resumed.
@@ -59,7 +59,7 @@ def check_runs(runs: Sequence[Run], training: TrainingSettings) -> None:
 
 @dataclass(frozen=True)
 class FinetuneSettings:
-    """One run: which run it is (its :class:`~vitplasticity.workflow.config.Run`) and the
+    """One run: which run it is (its :class:`~vitplasticity.finetune.run.Run`) and the
     :class:`~vitplasticity.finetune.settings.TrainingSettings` it trains with (shared by the
     runs of one packed job). What the pieces of a run take."""
 

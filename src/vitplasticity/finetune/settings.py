@@ -27,7 +27,7 @@ class TrainingSettings:
     """The training settings that every run of one (experiment, model, dataset) shares.
 
     A run's identity (experiment, model, dataset, configuration, lr, seed) is not here: it
-    is a :class:`vitplasticity.workflow.config.Run`, handed to :func:`vitplasticity.finetune.train.train`
+    is a :class:`vitplasticity.finetune.run.Run`, handed to :func:`vitplasticity.finetune.train.train`
     beside these settings, so that a packed job builds one ``TrainingSettings`` for all its
     runs. Field order is the order of the flags on the rule's command line.
     """

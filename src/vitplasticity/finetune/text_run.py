@@ -62,6 +62,7 @@ from vitplasticity.finetune.loop import Preempted, sigterm_flag
 from vitplasticity.finetune.model import freeze
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.precision import autocast
+from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.step import scheduled_lr
 from vitplasticity.finetune.text_loss import (
@@ -84,7 +85,6 @@ from vitplasticity.models.build import pick_device
 from vitplasticity.provenance import provenance
 from vitplasticity.utils.folder_lock import hold_folder
 from vitplasticity.utils.io import remove_stale_temporaries, write_json, write_parquet
-from vitplasticity.workflow.config import Run
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ from vitplasticity.finetune.identity import FinetuneSettings, check_runs
 from vitplasticity.finetune.loop import train_steps
 from vitplasticity.finetune.outputs import summary, write_outputs
 from vitplasticity.finetune.resumable import ResumableState
+from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.rungs import rung_record, write_rung_record
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.setup import checked_device, setup_run
 from vitplasticity.utils.folder_lock import FolderBusy, hold_folder
 from vitplasticity.utils.io import remove_stale_temporaries
-from vitplasticity.workflow.config import Run
 
 log = logging.getLogger(__name__)
 

@@ -1,15 +1,24 @@
-"""Budgeted verification of a recommendation, in one process: finetune the candidates of
-:func:`vitplasticity.workflow.verify.candidates` on the user's dataset with successive halving
-over the learning rates, then the other seeds of each one's best learning rate, and write the
-verified report (:mod:`vitplasticity.recommend.verified_report`) and the export of the measured
+"""Budgeted verification of a recommendation: the one driver of its successive halving
+(:func:`verify`), and the verified report from what the halving decided
+(:func:`report_verification`).
+
+:func:`verify` (``recommend-verify``) takes, in one process, the steps the workflow's verify
+rules take as jobs (workflow/rules/verify.smk): it writes the candidates
+(:func:`vitplasticity.recommend.verify_plan.candidates`, ``<runs-dir>/candidates.json``),
+finetunes them on the user's dataset with successive halving over the learning rates
+(:mod:`vitplasticity.recommend.halving`), writing each rung's decision once as
+``<runs-dir>/<configuration>/decision_step<s>.json``, then the other seeds of each one's best
+learning rate. :func:`report_verification` then writes the verified report
+(:mod:`vitplasticity.recommend.verified_report`) and the export of the measured
 recommendation, ``PREFIX_verified.json``, recording that it was verified and how
-(:mod:`vitplasticity.recommend.verification_record`).
+(:mod:`vitplasticity.recommend.verification_record`), from the candidates, the decision files
+and the survivors' summaries: the workflow's report job (``recommend-verify --no-train``) calls
+it on the files its own jobs wrote.
 
 Every run goes through :func:`vitplasticity.finetune.train.train` (a rung pauses it with a
 checkpoint; a survivor continues it), so a verified run's numbers are those of the same run
 of the full grid, and an interrupted verification resumes: a finished run's summary.json is
-read back, a paused one continues from its checkpoint. Each rung's decision is written as
-``<out_root>/<configuration>/rung<j>_step<s>.json`` (which learning rates continue and why).
+read back, a paused one continues from its checkpoint.
 """
 
 from __future__ import annotations
@@ -17,29 +26,37 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from vitplasticity.data.store import read_meta
+from vitplasticity.finetune.run import Run, lr_label
 from vitplasticity.finetune.rungs import rung_record_path
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.train import train
 from vitplasticity.models.architectures import parse_configuration
-from vitplasticity.recommend.verification_record import verified_record, write_verified_export
-from vitplasticity.recommend.verified_report import measured_table, write_report
-from vitplasticity.recommend.verify_plan import VerifyPlan
-from vitplasticity.utils.io import write_json
-from vitplasticity.workflow.config import Run, lr_label
-from vitplasticity.workflow.verify import (
-    Candidate,
+from vitplasticity.recommend.halving import (
     Compute,
-    candidates,
-    decide,
+    decide_rung,
+    decision_path,
+    read_decision,
     rung_steps,
     survivors_at,
 )
+from vitplasticity.recommend.verification_record import verified_record, write_verified_export
+from vitplasticity.recommend.verified_report import measured_table, write_report
+from vitplasticity.recommend.verify_plan import (
+    CANDIDATES_NAME,
+    Candidate,
+    VerifyPlan,
+    candidates,
+    read_candidates,
+    write_candidates,
+)
+from vitplasticity.utils.io import write_json
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +81,16 @@ def read_ranks(path: str | Path) -> pl.DataFrame:
 
 
 def _run_dir(out_root: Path, configuration: str, lr: float, seed: int) -> Path:
-    # The folder config.Run names (the workflow's runs are the experiment's own).
-    return out_root / configuration / f"lr{lr_label(lr)}_seed{seed}"
+    # The folder Run names (the workflow's runs are the experiment's own).
+    return Path(out_root) / configuration / f"lr{lr_label(lr)}_seed{seed}"
 
 
 class _Runner:
-    """Trains the runs of one verification and counts the steps each reached."""
+    """Trains the runs of one verification, or reads back those an earlier attempt did."""
 
-    def __init__(
-        self, plan: VerifyPlan, training: TrainingSettings, dataset_dir, out_root, trains: bool
-    ):
+    def __init__(self, plan: VerifyPlan, training: TrainingSettings, dataset_dir, out_root):
         self.plan, self.training = plan, training
         self.dataset_dir, self.out_root = dataset_dir, Path(out_root)
-        self.trains = trains
-        self.reached: dict[Path, int] = {}
 
     def run(self, configuration: str, lr: float, seed: int, stop_at: int | None) -> dict:
         """The summary (full budget) or rung record (``stop_at``) of one run."""
@@ -87,26 +100,13 @@ class _Runner:
         # Done by an earlier attempt: read back (a rung's record, not the later summary,
         # so that a rerun takes the same decisions), not retrained.
         if rung is not None and rung.is_file():
-            result = json.loads(rung.read_text())
-        elif rung is None and done.is_file():
-            result = json.loads(done.read_text())
-        elif not self.trains:
-            missing = rung if rung is not None else done
-            raise FileNotFoundError(
-                f"{missing}: not written yet, and --no-train reads finished runs only"
-            )
-        else:
-            identity = Run(
-                self.plan.experiment, self.plan.model, self.plan.dataset, configuration, lr, seed
-            )
-            result = train(identity, self.training, self.dataset_dir, out, stop_at)
-        self.reached[out] = max(self.reached.get(out, 0), result["final_step"])
-        return result
-
-
-def _rung_score(result: dict[str, Any]) -> float | None:
-    """A run's score at a rung: its best validation accuracy; None when it diverged."""
-    return None if result.get("status") == "diverged" else result["best_val_accuracy"]
+            return json.loads(rung.read_text())
+        if rung is None and done.is_file():
+            return json.loads(done.read_text())
+        identity = Run(
+            self.plan.experiment, self.plan.model, self.plan.dataset, configuration, lr, seed
+        )
+        return train(identity, self.training, self.dataset_dir, out, stop_at)
 
 
 def check_plan(
@@ -139,36 +139,67 @@ def verify(
     out_root: str | Path,
     report_prefix: str | Path,
     budget: int | None = None,
-    trains: bool = True,
+    step_seconds: Fraction | None = None,
 ) -> dict[str, Any]:
-    """Verify the recommendation of ``ranking`` (see the module docstring); return the
-    compute spent and the measured recommendation.
-
-    With ``trains`` False (the workflow's report job, whose rungs and decisions are jobs of
-    their own), every run must be there already: nothing is trained and no decision file is
-    written, the same decisions are taken again from the same records.
+    """Verify the recommendation of ``ranking`` (see the module docstring): write the
+    candidates, run the halving, write each rung's decision, run every seed of each
+    survivor; then :func:`report_verification` on the files written in ``out_root``.
 
     Raises:
         ValueError, FileNotFoundError: for a bad ranking file, criterion, top-k, eta,
             configuration, learning rate or seed, before any run starts.
     """
-    ranks, chosen = check_plan(ranking, plan, training)
+    _, chosen = check_plan(ranking, plan, training)
+    write_candidates(Path(out_root) / CANDIDATES_NAME, chosen)
     ends = rung_steps(training.steps, training.val_every, len(plan.lrs), plan.eta)
     counts = survivors_at(len(plan.lrs), len(ends), plan.eta)
-    runner = _Runner(plan, training, dataset_dir, out_root, trains)
-    first, summaries = plan.seeds[0], []
+    runner = _Runner(plan, training, dataset_dir, out_root)
+    first = plan.seeds[0]
     for candidate in chosen:
         name, alive = candidate.configuration, sorted(plan.lrs)
         for j, end in enumerate(ends[:-1]):
-            scores = {lr: _rung_score(runner.run(name, lr, first, end)) for lr in alive}
-            decision = decide(name, end, scores, keep=counts[j + 1])
-            if trains:
-                write_json(Path(out_root) / name / f"rung{j + 1}_step{end}.json", decision.record())
+            records = {lr: runner.run(name, lr, first, end) for lr in alive}
+            decision = decide_rung(name, end, records, keep=counts[j + 1])
+            write_json(decision_path(out_root, name, end), decision.record())
             log.info("%s rung %d (step %d): continue %s", name, j + 1, end, decision.keep)
             alive = list(decision.keep)
-        best_lr = alive[0]
-        summaries += [runner.run(name, best_lr, seed, None) for seed in plan.seeds]
-    compute = _compute(runner, len(chosen), plan, training)
+        for seed in plan.seeds:
+            runner.run(name, alive[0], seed, None)
+    return report_verification(
+        ranking, plan, training, dataset_dir, out_root, out_root, report_prefix, budget,
+        step_seconds,
+    )  # fmt: skip
+
+
+def report_verification(
+    ranking: str | Path,
+    plan: VerifyPlan,
+    training: TrainingSettings,
+    dataset_dir: str | Path,
+    runs_dir: str | Path,
+    decisions_dir: str | Path,
+    report_prefix: str | Path,
+    budget: int | None = None,
+    step_seconds: Fraction | None = None,
+) -> dict[str, Any]:
+    """Write the verified report and export of a verification whose runs are done: its
+    candidates (``<decisions_dir>/candidates.json``), each one's survivor as its last rung
+    decision names it (``<decisions_dir>/<configuration>/decision_step<s>.json``; the only
+    learning rate when there is no rung), and that survivor's summary.json of every seed in
+    ``runs_dir``. Return the compute spent and the measured recommendation.
+
+    Args:
+        step_seconds: seconds of one finetuning step by the runtime model, to give the
+            compute in GPU-hours too (None: steps only).
+
+    Raises:
+        FileNotFoundError: naming the candidates, decision or summary file not written yet.
+    """
+    ranks = read_ranks(ranking)
+    chosen = read_candidates(Path(decisions_dir) / CANDIDATES_NAME)
+    ends = rung_steps(training.steps, training.val_every, len(plan.lrs), plan.eta)
+    summaries, spent = _survivors(chosen, plan, ends, runs_dir, decisions_dir)
+    compute = _compute(spent, len(chosen), plan, training, step_seconds)
     table = measured_table(summaries, {c.configuration: c.reasons for c in chosen}, ranks)
     title = f"{plan.model} on {plan.dataset}"
     recommendation = write_report(
@@ -182,6 +213,44 @@ def verify(
     return {"compute": compute, "recommendation": recommendation}
 
 
+def _survivors(
+    chosen: Sequence[Candidate],
+    plan: VerifyPlan,
+    ends: Sequence[int],
+    runs_dir: str | Path,
+    decisions_dir: str | Path,
+) -> tuple[list[dict[str, Any]], int]:
+    """The summaries of every seed of each candidate's survivor (the learning rate its last
+    decision keeps), and the steps the verification spent: the step each run reached, as
+    the decisions and the summaries record it."""
+    first, summaries = plan.seeds[0], []
+    reached: dict[Path, int] = {}
+
+    def reach(run_dir: Path, step: int) -> None:
+        reached[run_dir] = max(reached.get(run_dir, 0), step)
+
+    for candidate in chosen:
+        name, alive = candidate.configuration, sorted(plan.lrs)
+        for end in ends[:-1]:
+            decision = read_decision(decision_path(decisions_dir, name, end))
+            for lr, step in decision["final_step"].items():
+                reach(_run_dir(runs_dir, name, lr, first), step)
+            alive = decision["continue"]
+        for seed in plan.seeds:
+            summary = _summary(_run_dir(runs_dir, name, alive[0], seed))
+            reach(_run_dir(runs_dir, name, alive[0], seed), summary["final_step"])
+            summaries.append(summary)
+    return summaries, sum(reached.values())
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    """A survivor's summary.json, which the report needs finished."""
+    done = run_dir / "summary.json"
+    if not done.is_file():
+        raise FileNotFoundError(f"{done}: not written yet, and the report reads finished runs only")
+    return json.loads(done.read_text())
+
+
 def _verified(report_prefix: str | Path, suffix: str) -> Path:
     """``PREFIX_verified<suffix>``, the verified report's file of that suffix."""
     prefix = Path(report_prefix)
@@ -189,18 +258,19 @@ def _verified(report_prefix: str | Path, suffix: str) -> Path:
 
 
 def _compute(
-    runner: _Runner, n_verified: int, plan: VerifyPlan, training: TrainingSettings
+    spent_steps: int,
+    n_verified: int,
+    plan: VerifyPlan,
+    training: TrainingSettings,
+    step_seconds: Fraction | None,
 ) -> dict[str, Any]:
     """Steps the runs reached beside the full grid's, and both in GPU-hours where the
-    runtime model knows the model (a timm id)."""
+    runtime model's ``step_seconds`` is known."""
     grid = n_verified * len(plan.lrs) * len(plan.seeds) * training.steps
-    spent = Compute(sum(runner.reached.values()), grid)
+    spent = Compute(spent_steps, grid)
     hours: Sequence[float | None] = (None, None)
-    timm_id = training.model_spec.get("timm_id")
-    if timm_id:
-        hours = tuple(
-            float(h) for h in spent.gpu_hours(training.batch_size, timm_id, training.precision)
-        )
+    if step_seconds is not None:
+        hours = tuple(float(h) for h in spent.gpu_hours(step_seconds))
     return {
         "verify_steps": spent.verify_steps,
         "grid_steps": spent.grid_steps,

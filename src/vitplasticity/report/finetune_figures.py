@@ -140,7 +140,7 @@ def training_curves(
     order = configuration_order(metrics["configuration"].to_list())
     lrs = sorted(metrics["run_lr"].unique().to_list())
     lr_palette = dict(zip(lrs, sns.color_palette("viridis", len(lrs)), strict=True))
-    lr_names = {v: f"{v:g}" for v in lrs}  # as in run paths (config.lr_label)
+    lr_names = {v: f"{v:g}" for v in lrs}  # as in run paths (finetune.run.lr_label)
     figure, axes = panels(2 * len(order), settings, ncols=2, aspect=0.85)
     quantities = (("train", "grad_norm", "Gradient norm"), ("val", "val_loss", "Val. loss"))
     for index, configuration in enumerate(order):

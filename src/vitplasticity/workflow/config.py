@@ -1,15 +1,13 @@
-"""Strict keys, cross-checks and the run grid of a workflow config (plain Python: no torch
-import, so the Snakefile can use it on every node cheaply).
+"""Strict keys and the run grid of a workflow config (plain Python: no torch import, so the
+Snakefile can use it on every node cheaply).
 
 ``check_keys`` runs first: every key at every level must be one the schema defines (a dataset
 entry's keys depend on its ``source``, a model entry's on its ``family``), and each unknown one
 is named with the nearest valid key; a key of an earlier config layout is named with what to
-write instead. The JSON schema then checks types and ranges; ``check_config`` checks what a schema
-cannot: that every name an experiment uses is defined, that grids are not empty, that a
-dataset's ``url``/``archive``/``checksums`` fit its files, and (:mod:`vitplasticity.workflow.checks`)
-what only values together or the files they name can tell; and this module expands an
-experiment into its runs. In the Snakefile, :func:`config_errors_end_the_run` shows a config
-error as its message alone.
+write instead. The JSON schema then checks types and ranges;
+:func:`vitplasticity.workflow.config_check.check_config` checks what a schema cannot. This
+module also expands an experiment into its runs (:class:`vitplasticity.finetune.run.Run`), and
+:func:`config_errors_end_the_run` shows a config error in the Snakefile as its message alone.
 """
 
 from __future__ import annotations
@@ -18,16 +16,14 @@ import difflib
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from vitplasticity.data.imagenet_layouts import IMAGENET_ENV
-from vitplasticity.data.sources import registry
+from vitplasticity.finetune.run import Run, lr_label
 from vitplasticity.models.registry import FAMILY_KEY, entry_family, model_id_keys
-from vitplasticity.workflow import checks, configuration_checks, model_entries
 
 
 class ConfigError(ValueError):
@@ -261,47 +257,6 @@ def check_keys(
         )
 
 
-def model_problems(config: Mapping[str, Any]) -> list[str]:
-    """The model entries' problems (:func:`vitplasticity.workflow.model_entries.entry_problems`)
-    with the models each stage names: images for plasticity, finetuning and recommend, token
-    ids for text plasticity."""
-    image_users = {"plasticity.models": config["plasticity"]["models"]}
-    recommend = config.get("recommend") or {}
-    if recommend.get("models"):
-        image_users["recommend.models"] = recommend["models"]
-    for experiment in enabled_experiments(dict(config)):
-        image_users[f"experiments.{experiment}.models"] = config["experiments"][experiment].get(
-            "models", []
-        )
-    text_models = (config.get("text_plasticity") or {}).get("run_models") or []
-    return model_entries.entry_problems(config["models"], image_users, text_models)
-
-
-def lr_label(lr: float) -> str:
-    """The learning rate as it appears in paths: ``f"{lr:g}"`` (0.001, 3e-05)."""
-    return f"{float(lr):g}"
-
-
-@dataclass(frozen=True)
-class Run:
-    """One single-component finetuning run of an experiment."""
-
-    experiment: str
-    model: str
-    dataset: str
-    configuration: str
-    lr: float
-    seed: int
-
-    @property
-    def directory(self) -> str:
-        """The run's directory below ``<results>/finetune/``."""
-        return (
-            f"{self.experiment}/{self.model}/{self.dataset}/{self.configuration}/"
-            f"lr{lr_label(self.lr)}_seed{self.seed}"
-        )
-
-
 def enabled_experiments(config: dict[str, Any]) -> list[str]:
     """Names of the experiments with ``enabled`` true (the default), in config order."""
     return [name for name, exp in config["experiments"].items() if exp.get("enabled", True)]
@@ -367,141 +322,3 @@ def experiment_runs(config: dict[str, Any], name: str) -> list[Run]:
 def imagenet_path(config: dict[str, Any]) -> str | None:
     """Where ImageNet val is: the environment variable wins over ``paths.imagenet``."""
     return os.environ.get(IMAGENET_ENV) or config["paths"].get("imagenet") or None
-
-
-def text_plasticity_problems(config: Mapping[str, Any]) -> list[str]:
-    """With text_plasticity.enabled true, one message per missing reference file, model list
-    or dataset list, and per bounds_models entry that run_models does not name
-    (:func:`model_problems` checks the models themselves)."""
-    text = config.get("text_plasticity") or {}
-    if not text.get("enabled"):
-        return []
-    problems = [
-        f"text_plasticity.{key}: {what} (text_plasticity.enabled is true)"
-        for key, what in (
-            ("reference", "no reference text file"),
-            ("run_models", "no model"),
-            ("datasets", "no dataset"),
-        )
-        if not text.get(key)
-    ]
-    # The bounds sit beside the model's text plasticity: a model the stage does not measure
-    # would have none to compare with.
-    measured = text.get("run_models") or []
-    problems += [
-        f"text_plasticity.bounds_models: {name!r} is not in text_plasticity.run_models "
-        f"({', '.join(measured) or 'none'}): its bounds sit beside its text plasticity"
-        for name in text.get("bounds_models") or []
-        if name not in measured
-    ]
-    return problems
-
-
-def recommend_problems(config: Mapping[str, Any]) -> list[str]:
-    """One message per model or dataset that recommend.models or recommend.datasets names and
-    the config does not define."""
-    recommend = config.get("recommend") or {}
-    return [
-        f"recommend.{key}: unknown {kind} {name!r} (defined: {', '.join(sorted(config[key]))})"
-        for key, kind in (("models", "model"), ("datasets", "dataset"))
-        for name in recommend.get(key) or []
-        if name not in config[key]
-    ]
-
-
-def criteria_problems(config: Mapping[str, Any]) -> list[str]:
-    """A message naming the experiments of report.criteria.experiments that the config does
-    not define."""
-    criteria = (config.get("report") or {}).get("criteria") or {}
-    unknown = [
-        name for name in criteria.get("experiments", []) if name not in config["experiments"]
-    ]
-    if not unknown:
-        return []
-    return [
-        f"report.criteria.experiments: unknown experiment(s) {', '.join(unknown)} "
-        f"(defined: {', '.join(config['experiments'])})"
-    ]
-
-
-def check_config(
-    config: dict[str, Any],
-    build_models: bool = False,
-    models_cache: str | os.PathLike[str] | None = None,
-) -> None:
-    """Check what the schema cannot, before any job: the names, grids, dataset file overrides
-    and local files (:mod:`vitplasticity.workflow.checks`) of the config.
-
-    Args:
-        config: the merged config (with the schema's defaults filled in, or not).
-        build_models: also build every timm model with ``kwargs`` on the meta device (imports
-            torch and timm: the main Snakemake process only, not each cluster job).
-        models_cache: with ``build_models``, a JSON file recording the models built before,
-            which are not built again (:func:`checks.model_kwargs_problems`).
-
-    Raises:
-        ConfigError: listing every problem, each naming its key and what to write instead.
-    """
-    problems: list[str] = checks.path_problems(config)
-    models, datasets = set(config["models"]), set(config["datasets"])
-
-    def unknown(kind: str, names: list[str], known: set[str], key: str) -> None:
-        for name in names:
-            if name not in known:
-                problems.append(
-                    f"{key}: unknown {kind} {name!r} (defined: {', '.join(sorted(known))})"
-                )
-
-    plasticity = config["plasticity"]
-    unknown("model", plasticity["models"], models, "plasticity.models")
-    problems += model_problems(config)
-    unknown("dataset", plasticity["datasets"], datasets, "plasticity.datasets")
-    reference = config["reference"]
-    if reference["source"] == "dataset" and reference.get("dataset") not in datasets:
-        problems.append(
-            f"reference.dataset: unknown dataset {reference.get('dataset')!r} "
-            "(reference.source is 'dataset')"
-        )
-    for name in enabled_experiments(config):
-        exp = config["experiments"][name]
-        key = f"experiments.{name}"
-        for field in ("optimizer", "models", "datasets", "configurations", "lrs", "seeds"):
-            if field not in exp:
-                problems.append(f"{key}.{field}: missing")
-            elif isinstance(exp[field], list) and not exp[field]:
-                problems.append(f"{key}.{field}: empty grid")
-        unknown("model", exp.get("models", []), models, f"{key}.models")
-        unknown("dataset", exp.get("datasets", []), datasets, f"{key}.datasets")
-        unknown("dataset", list(exp.get("lrs_by_dataset") or {}), datasets, f"{key}.lrs_by_dataset")
-        if "lrs" in exp:
-            problems += lr_label_problems(config, name)
-    experiments = enabled_experiments(config)
-    problems += checks.grid_problems(config, experiments)
-    problems += configuration_checks.configuration_problems(config, experiments)
-    problems += checks.seed_problems(config)
-    problems += checks.report_problems(config, experiments)
-    problems += checks.finetune_problems(config)
-    problems += checks.device_problems(config)
-    problems += model_entries.weights_path_problems(config["models"])
-    problems += checks.pair_problems(config)
-    problems += checks.split_problems(config)
-    file_problems = [
-        problem
-        for name, spec in config["datasets"].items()
-        for problem in registry.entry_problems(name, spec)
-    ]
-    # Only valid overrides can be compared across the datasets that share a download.
-    problems += file_problems or registry.shared_download_problems(config["datasets"])
-    problems += text_plasticity_problems(config)
-    problems += checks.input_file_problems(config)
-    problems += recommend_problems(config)
-    problems += checks.recommend_input_problems(config)
-    problems += criteria_problems(config)
-    for name, spec in config["datasets"].items():
-        problems += checks.image_folder_problems(name, spec)
-        if not file_problems:
-            problems += checks.archive_problems(name, spec)
-    if build_models:
-        problems += checks.model_kwargs_problems(config["models"], models_cache)
-    if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))

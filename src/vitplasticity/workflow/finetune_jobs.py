@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.settings.declaration import config_flags, rule_params
 from vitplasticity.workflow.config import grid_lr
 from vitplasticity.workflow.jobs import ModelJobs
@@ -19,15 +20,15 @@ LORA = "lora"
 class FinetuneJobs:
     """The finetune rules' params from the config.
 
+    The finetune settings are :class:`~vitplasticity.finetune.settings.TrainingSettings`'s
+    fields, which mirror the keys of ``finetune`` and ``finetune.lora``.
+
     Args:
         config: the validated config (every default filled in by the schema).
-        settings: the finetune stage's settings class, whose fields mirror the keys of
-            ``finetune`` and ``finetune.lora``.
     """
 
-    def __init__(self, config: dict[str, Any], settings: type) -> None:
+    def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
-        self.settings = settings
         self.results = config["paths"]["results"]
         self.models = ModelJobs(config)
 
@@ -40,7 +41,7 @@ class FinetuneJobs:
             "optimizer": self.optimizer,
             "steps": self.steps,
             "val_every": self.val_every,
-            **rule_params(self.settings, self.config["finetune"], "finetune"),
+            **rule_params(TrainingSettings, self.config["finetune"], "finetune"),
             "demo_flag": demo_flag(self.config),
         }
 
@@ -64,7 +65,7 @@ class FinetuneJobs:
         """--lora-rank/--lora-alpha when one of ``configurations`` has "lora", else ""."""
         if not any(LORA in configuration.split("+") for configuration in configurations):
             return ""
-        return config_flags(self.settings, self.config["finetune"]["lora"], "finetune.lora")
+        return config_flags(TrainingSettings, self.config["finetune"]["lora"], "finetune.lora")
 
     def lora_flags(self, wildcards: Wildcards) -> str:
         """The one run's LoRA flags: empty for a configuration without "lora", so that

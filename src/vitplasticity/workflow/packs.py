@@ -17,11 +17,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from vitplasticity.finetune.run import lr_label
 from vitplasticity.workflow.config import (
     ConfigError,
     enabled_experiments,
     experiment_runs,
-    lr_label,
 )
 
 # Hex digits of the run list's SHA-256 in a pack's name: 2^32 values, for a handful of
@@ -63,7 +63,7 @@ class FinetunePack:
 
     @property
     def run_dirs(self) -> list[str]:
-        """Each run's folder below its cell (``mha/lr0.01_seed42``), as config.Run names it."""
+        """Each run's folder below its cell (``mha/lr0.01_seed42``), as finetune.run.Run names it."""
         return [f"{c}/lr{lr_label(lr)}_seed{seed}" for c, lr, seed in self.runs]
 
     @property

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitplasticity.workflow.config import Run, experiment_runs
+from vitplasticity.finetune.run import Run
+from vitplasticity.workflow.config import experiment_runs
 from vitplasticity.workflow.experiments import experiment_cells, measured_cells
 from vitplasticity.workflow.params import Wildcards
 

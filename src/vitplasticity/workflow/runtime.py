@@ -183,6 +183,14 @@ def image_seconds(timm_id: str, precision: str, calibration: Calibration | None 
     return throughput(timm_id, precision, calibration).image_seconds
 
 
+def finetune_step_seconds(batch_size: int, timm_id: str, precision: str) -> Fraction:
+    """Estimated seconds of one finetuning step of ``batch_size`` images on one GPU, +30%
+    for evaluation (as :func:`finetune_minutes` counts a run, without its start-up), by the
+    A100 estimate (:func:`image_seconds`): what a budgeted verification's report converts its
+    steps to GPU-hours with."""
+    return FINETUNE_EVAL_FACTOR * batch_size * image_seconds(timm_id, precision)
+
+
 def _minutes(fixed: int, seconds: Fraction, attempt: int) -> int:
     return math.floor(attempt * (fixed + seconds / 60))
 

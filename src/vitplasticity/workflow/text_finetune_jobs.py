@@ -14,10 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vitplasticity.finetune.run import lr_label
+from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.models.registry import family_inputs
 from vitplasticity.models.text import stated_positions
 from vitplasticity.settings.declaration import command_flags, rule_params
-from vitplasticity.workflow.config import ConfigError, lr_label
+from vitplasticity.workflow.config import ConfigError
 from vitplasticity.workflow.model_entries import model_inputs
 from vitplasticity.workflow.params import Wildcards, demo_flag
 
@@ -103,32 +106,20 @@ def text_finetune_problems(config: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def check_text_finetune(config: Mapping[str, Any]) -> None:
-    """Raise with every :func:`text_finetune_problems` message (the text_finetune rule file
-    calls it when the workflow is parsed, before any job).
-
-    Raises:
-        ConfigError: listing the problems.
-    """
-    problems = text_finetune_problems(config)
-    if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
-
-
 class TextFinetuneJobs:
     """The text finetuning rule's targets and params from the config.
 
+    The settings are the finetune stage's (:class:`~vitplasticity.finetune.settings.
+    TrainingSettings`, the keys of ``finetune`` a text run takes) and the text runs' own
+    (:class:`~vitplasticity.finetune.text_settings.TextFinetuneSettings`, ``text_finetune``).
+
     Args:
         config: the validated config (every default filled in by the schema).
-        training: the finetune stage's settings class (TrainingSettings).
-        text: the text settings class (TextFinetuneSettings).
     """
 
-    def __init__(self, config: dict[str, Any], training: type, text: type) -> None:
+    def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.block = config["text_finetune"]
-        self.training = training
-        self.text = text
         self.results = config["paths"]["results"]
 
     def targets(self) -> list[str]:
@@ -198,7 +189,7 @@ class TextFinetuneJobs:
         return {**self._training_params(), **self._text_params()}
 
     def _training_params(self) -> dict[str, Any]:
-        finetune = rule_params(self.training, self.config["finetune"], "finetune")
+        finetune = rule_params(TrainingSettings, self.config["finetune"], "finetune")
         return {
             "optimizer": self.block["optimizer"],
             "steps": self.block["steps"],
@@ -208,12 +199,12 @@ class TextFinetuneJobs:
         }
 
     def _text_params(self) -> dict[str, Any]:
-        return rule_params(self.text, self.block, "text_finetune")
+        return rule_params(TextFinetuneSettings, self.block, "text_finetune")
 
     def command_flags(self) -> str:
         """The command's flags of :meth:`params`, each ``--flag {params.<name>}``."""
-        return command_flags(self.training, list(self._training_params())) + command_flags(
-            self.text, list(self._text_params())
+        return command_flags(TrainingSettings, list(self._training_params())) + command_flags(
+            TextFinetuneSettings, list(self._text_params())
         )
 
     def text_file(self, wildcards: Wildcards) -> str:

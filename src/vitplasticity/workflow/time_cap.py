@@ -27,7 +27,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from vitplasticity.workflow import runtime
-from vitplasticity.workflow.config import ConfigError, enabled_experiments, experiment_runs
+from vitplasticity.workflow.config import enabled_experiments, experiment_runs
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import FinetunePack, check_distinct_names
 from vitplasticity.workflow.params import Wildcards
@@ -52,17 +52,6 @@ def cap_problems(config: dict[str, Any]) -> list[str]:
             f"{runtime.FINETUNE_FIXED_MINUTES} (your partition's MaxTime, sinfo -o '%P %l')"
         ]
     return []
-
-
-def check_cap(config: dict[str, Any]) -> None:
-    """Raise the :func:`cap_problems` of ``config``, if any.
-
-    Raises:
-        ConfigError: naming scheduler.max_runtime_minutes.
-    """
-    problems = cap_problems(config)
-    if problems:
-        raise ConfigError("\n".join(problems))
 
 
 def runs_per_job(run_minutes: Iterable[int | None], max_minutes: int | None) -> int | None:

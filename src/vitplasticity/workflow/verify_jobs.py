@@ -2,7 +2,7 @@
 parse-time checks of workflow/rules/verify.smk. Torch-free (the Snakefile imports it).
 
 For each verified (model, dataset), Snakemake sees every step of
-:mod:`vitplasticity.workflow.verify`'s successive halving:
+:mod:`vitplasticity.recommend.halving`'s successive halving:
 
 1. ``verify_candidates`` (a Snakemake checkpoint) reads recommend's ranking and writes the
    configurations to verify, with why (``<results>/verify/<model>/<dataset>/candidates.json``);
@@ -10,15 +10,16 @@ For each verified (model, dataset), Snakemake sees every step of
    finetune --stop-at-step``, the run's ``rung_step<s>.json`` and checkpoint); a later rung of
    the same run continues it;
 3. ``verify_decision`` (a checkpoint) reads a rung's records of the learning rates still in
-   and writes which continue and why (``.../<configuration>/rung_step<s>.json``); the next
-   rung's jobs are those it keeps;
+   and writes which continue and why (``.../<configuration>/decision_step<s>.json``, as
+   recommend-verify names its own); the next rung's jobs are those it keeps;
 4. the last survivor, and the other seeds of its learning rate, are ordinary finetuning runs
    of ``recommend.verify.experiment`` (the ``finetune`` rule): the survivor's job continues
    its run from the last rung's checkpoint to the full budget, so its numbers are those of
    the same run of that experiment's full grid;
 5. ``verify_report`` writes
-   ``<results>/recommend/<model>/<dataset>_verified.{md,parquet,png,json}`` from those runs
-   (``recommend-verify --no-train``).
+   ``<results>/recommend/<model>/<dataset>_verified.{md,parquet,png,json}`` from the
+   candidates, the decisions and the survivors' runs (``recommend-verify --no-train``: it
+   reads the decisions, it takes none).
 
 The runs are the experiment's own run folders (``<results>/finetune/<experiment>/...``): its
 optimizer, learning rates (``lrs``, ``lrs_by_dataset``) and seeds are the verification's. An
@@ -33,10 +34,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from vitplasticity.workflow.config import ConfigError, learning_rates, lr_label
+from vitplasticity.finetune.run import lr_label
+from vitplasticity.recommend.halving import decision_name, rung_steps, survivors_at
+from vitplasticity.recommend.verify_plan import CANDIDATES_NAME
+from vitplasticity.workflow.config import ConfigError, learning_rates
 from vitplasticity.workflow.params import Wildcards
 from vitplasticity.workflow.recommend_jobs import recommend_value
-from vitplasticity.workflow.verify import rung_steps, survivors_at
 
 KEY = "recommend.verify"
 REPORT_FORMATS = ("md", "parquet", "png", "json")
@@ -82,7 +85,7 @@ class VerifyJobs:
         return list(self.config["experiments"][self.experiment]["seeds"])
 
     def ends(self, dataset: str) -> list[int]:
-        """Each rung's last step, the full budget last (:func:`workflow.verify.rung_steps`)."""
+        """Each rung's last step, the full budget last (:func:`recommend.halving.rung_steps`)."""
         spec = self.config["datasets"][dataset]
         return rung_steps(spec["steps"], spec["val_every"], len(self.lrs(dataset)), self.eta)
 
@@ -104,7 +107,7 @@ class VerifyJobs:
         ]
 
     def run_dir(self, model: str, dataset: str, configuration: str, lr: float, seed: int) -> str:
-        """A run's folder: the experiment's own (as config.Run names it)."""
+        """A run's folder: the experiment's own (as finetune.run.Run names it)."""
         return (
             f"{self.results}/finetune/{self.experiment}/{model}/{dataset}/{configuration}/"
             f"lr{lr_label(lr)}_seed{seed}"
@@ -114,13 +117,17 @@ class VerifyJobs:
         """The folder of the experiment's runs of ``model`` on ``dataset``."""
         return f"{self.results}/finetune/{self.experiment}/{model}/{dataset}"
 
+    def verify_dir(self, model: str, dataset: str) -> str:
+        """The folder of the candidates and the rung decisions of ``model`` on ``dataset``."""
+        return f"{self.results}/verify/{model}/{dataset}"
+
     def candidates_file(self, model: str, dataset: str) -> str:
         """The candidates checkpoint's output."""
-        return f"{self.results}/verify/{model}/{dataset}/candidates.json"
+        return f"{self.verify_dir(model, dataset)}/{CANDIDATES_NAME}"
 
-    def decision_file(self, model: str, dataset: str, configuration: str, step: int) -> str:
-        """A rung decision checkpoint's output."""
-        return f"{self.results}/verify/{model}/{dataset}/{configuration}/rung_step{step}.json"
+    def decision_file(self, model: str, dataset: str, configuration: str, step: int | str) -> str:
+        """A rung decision checkpoint's output (wildcards as ``"{step}"`` give its pattern)."""
+        return f"{self.verify_dir(model, dataset)}/{configuration}/{decision_name(step)}"
 
     # Input functions ----------------------------------------------------------------------
 
@@ -209,6 +216,14 @@ class VerifyJobs:
         """The report command's --lrs: every learning rate of the dataset, exact (repr)."""
         return " ".join(repr(lr) for lr in self.lrs(wildcards.dataset))
 
+    def runs_argument(self, wildcards: Wildcards) -> str:
+        """The report command's --runs-dir: the folder of the cell's runs."""
+        return self.cell_dir(wildcards.model, wildcards.dataset)
+
+    def decisions_argument(self, wildcards: Wildcards) -> str:
+        """The report command's --decisions-dir: the folder of the candidates and decisions."""
+        return self.verify_dir(wildcards.model, wildcards.dataset)
+
     def seeds_argument(self, wildcards: Wildcards) -> str:
         """The report command's --seeds."""
         return " ".join(str(seed) for seed in self.seeds())
@@ -269,14 +284,3 @@ def verify_problems(config: dict[str, Any]) -> list[str]:
         except ValueError as error:
             problems.append(f"{KEY} on {dataset}: {error}")
     return problems
-
-
-def check_verify(config: dict[str, Any]) -> None:
-    """:func:`verify_problems`, all at once.
-
-    Raises:
-        ConfigError: naming every problem.
-    """
-    problems = verify_problems(config)
-    if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))

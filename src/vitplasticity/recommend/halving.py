@@ -1,6 +1,7 @@
-"""Budgeted verification of a recommendation: which configurations to finetune, the rungs of
-successive halving over each one's learning rates, each rung's decision, and the compute it
-spends beside the full grid's. Torch-free (the Snakefile imports it).
+"""Successive halving over the learning rates of a budgeted verification (recommend-verify,
+and the workflow's verify rules): the rungs, how many learning rates each keeps, each rung's
+decision and its file, and the compute spent beside the full grid's. Torch-free (the
+Snakefile imports it).
 
 Successive halving, per configuration: every learning rate runs with the first seed to the
 first rung's step; the better ``1/eta`` (by best validation accuracy so far) continue to the
@@ -10,77 +11,23 @@ then the other seeds of that learning rate run the full budget. Rung ``j`` of ``
 point). A survivor continues its run from the rung's checkpoint under the schedule of the full
 budget (:mod:`vitplasticity.finetune.rungs`): its final numbers are those of the same run in
 the full grid, so the paused steps are not paid twice.
+
+Each decision is taken once, from the runs' rung records (:func:`decide_rung`: by the CLI's
+loop, or the workflow's ``verify_decision`` job), and written as
+``<configuration>/decision_step<s>.json`` (:func:`decision_name`) in the verification's folder;
+the verified report reads the decisions back (:func:`read_decision`), never takes them again.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
-from vitplasticity.workflow.runtime import FINETUNE_EVAL_FACTOR, image_seconds
-
-BASELINES: tuple[str, ...] = ("head", "full", "lora")
-"""Verified beside the recommender's picks: head only (the linear probe), every parameter,
-and LoRA on the attention linears (rank ``finetune.lora.rank``, 8 in the paper)."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A configuration to verify and why it is verified (every reason that picked it)."""
-
-    configuration: str
-    reasons: tuple[str, ...]
-
-
-def candidates(
-    ranks: Iterable[Mapping[str, Any]],
-    criterion: str,
-    top_k: int,
-    baselines: Sequence[str] = BASELINES,
-) -> list[Candidate]:
-    """The configurations to verify, from recommend's ranking: the ``top_k`` of
-    ``criterion``, the ``baselines``, and each criterion's first pick; each once, in that
-    order, with every reason that picked it.
-
-    Args:
-        ranks: rows with ``configuration``, ``criterion`` and ``rank`` (1 = finetune first;
-            None where the criterion cannot rank the configuration), as in
-            ``results/recommend/<model>/<dataset>.parquet``.
-        criterion: the criterion whose top ``top_k`` are verified.
-        top_k: how many of its configurations (>= 1).
-        baselines: configurations verified whatever the ranking says.
-
-    Raises:
-        ValueError: ``top_k`` < 1, or ``criterion`` is not in ``ranks`` (naming those that are).
-    """
-    if top_k < 1:
-        raise ValueError(f"recommend.verify.top_k: must be >= 1, got {top_k}")
-    by_criterion: dict[str, list[tuple[int, str]]] = {}
-    for row in ranks:
-        ranked = by_criterion.setdefault(row["criterion"], [])
-        if row["rank"] is not None:
-            ranked.append((int(row["rank"]), row["configuration"]))
-    if criterion not in by_criterion:
-        known = ", ".join(sorted(by_criterion)) or "none"
-        raise ValueError(
-            f"recommend.verify.criterion: {criterion!r} is not in the ranking (it has: {known})"
-        )
-    reasons: dict[str, list[str]] = {}
-
-    def pick(configuration: str, reason: str) -> None:
-        reasons.setdefault(configuration, []).append(reason)
-
-    for rank, configuration in sorted(by_criterion[criterion])[:top_k]:
-        pick(configuration, f"{criterion} rank {rank}")
-    for configuration in baselines:
-        pick(configuration, "baseline")
-    for name in sorted(by_criterion):
-        if by_criterion[name]:
-            pick(min(by_criterion[name])[1], f"{name} first pick")
-    return [Candidate(c, tuple(why)) for c, why in reasons.items()]
+from vitplasticity.utils.io import read_json, unreadable
 
 
 def rung_steps(steps: int, val_every: int, n_lrs: int, eta: int = 2) -> list[int]:
@@ -134,9 +81,12 @@ class Decision:
     keep: tuple[float, ...]
     dropped: tuple[float, ...]
     scores: dict[float, float | None]  # best val accuracy up to the rung; None: diverged
+    # The step each learning rate's run reached by the rung (a diverged run stops earlier):
+    # the steps the verification spent, which its report counts.
+    final_steps: dict[float, int] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
-        """The decision as the small JSON file a rung writes."""
+        """The decision as the small JSON file a rung writes (:func:`decision_name`)."""
         order = ", ".join(_score_text(lr, self.scores[lr]) for lr in (*self.keep, *self.dropped))
         return {
             "configuration": self.configuration,
@@ -144,6 +94,7 @@ class Decision:
             "continue": list(self.keep),
             "stop": list(self.dropped),
             "best_val_accuracy": {repr(lr): score for lr, score in self.scores.items()},
+            "final_step": {repr(lr): step for lr, step in self.final_steps.items()},
             "why": f"best validation accuracy up to step {self.rung_step}, "
             f"the best {len(self.keep)} continue (ties: the smaller lr): {order}",
         }
@@ -170,6 +121,60 @@ def decide(
     )
 
 
+def rung_score(record: Mapping[str, Any]) -> float | None:
+    """A run's score at a rung, from its rung record (or the summary of a run that ended
+    before the rung): its best validation accuracy so far; None when it diverged."""
+    return None if record.get("status") == "diverged" else record["best_val_accuracy"]
+
+
+def decide_rung(
+    configuration: str, rung_step: int, records: Mapping[float, Mapping[str, Any]], keep: int
+) -> Decision:
+    """The decision of the rung ending at ``rung_step``, from the record of every learning
+    rate still in (:func:`decide` over their :func:`rung_score`).
+
+    Raises:
+        ValueError: ``keep`` is not between 1 and the number of learning rates.
+    """
+    scores = {lr: rung_score(record) for lr, record in records.items()}
+    decision = decide(configuration, rung_step, scores, keep)
+    final_steps = {lr: int(record["final_step"]) for lr, record in records.items()}
+    return replace(decision, final_steps=final_steps)
+
+
+def decision_name(rung_step: int | str) -> str:
+    """The file name of the decision of the rung ending at ``rung_step``, in the
+    configuration's folder of the verification (a run paused there holds its own record,
+    ``rung_step<s>.json``): one name for recommend-verify's and the workflow's decisions."""
+    return f"decision_step{rung_step}.json"
+
+
+def decision_path(folder: str | Path, configuration: str, rung_step: int) -> Path:
+    """Where the decision of ``configuration``'s rung ending at ``rung_step`` is, in the
+    verification's ``folder``."""
+    return Path(folder) / configuration / decision_name(rung_step)
+
+
+def read_decision(path: str | Path) -> dict[str, Any]:
+    """A decision :class:`Decision.record` wrote, with its learning rates as floats.
+
+    Raises:
+        FileNotFoundError: no file at ``path`` (a rung not decided yet).
+        UnreadableFileError: not JSON, or a decision without its scores or steps.
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(
+            f"{path}: this rung is not decided yet (recommend-verify, or the workflow's "
+            "verify_decision job, writes it)"
+        )
+    record = read_json(path)
+    for key in ("best_val_accuracy", "final_step"):
+        if not isinstance(record.get(key), dict):
+            raise unreadable(path, f"not a rung decision (no {key!r} by learning rate)")
+        record[key] = {float(lr): value for lr, value in record[key].items()}
+    return record
+
+
 @dataclass(frozen=True)
 class Compute:
     """Optimizer steps of a verification and of the full grid it stands in for."""
@@ -182,12 +187,10 @@ class Compute:
         """The verification's steps over the grid's."""
         return Fraction(self.verify_steps, self.grid_steps)
 
-    def gpu_hours(self, batch_size: int, timm_id: str, precision: str) -> tuple[Fraction, Fraction]:
-        """(verification, grid) GPU-hours by the runtime model
-        (:mod:`vitplasticity.workflow.runtime`: training FLOPs over a sustained throughput,
-        +30% for evaluation; no start-up allowance)."""
-        per_step = FINETUNE_EVAL_FACTOR * batch_size * image_seconds(timm_id, precision) / 3600
-        return self.verify_steps * per_step, self.grid_steps * per_step
+    def gpu_hours(self, step_seconds: Fraction) -> tuple[Fraction, Fraction]:
+        """(verification, grid) GPU-hours at ``step_seconds`` a step (the workflow's runtime
+        model gives it, ``finetune_step_seconds``)."""
+        return self.verify_steps * step_seconds / 3600, self.grid_steps * step_seconds / 3600
 
 
 def configuration_steps(steps: int, val_every: int, n_lrs: int, n_seeds: int, eta: int = 2) -> int:

@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
-from vitplasticity.workflow import runtime
-from vitplasticity.workflow.verify import (
-    candidates,
+from vitplasticity.recommend.halving import (
     compute,
     configuration_steps,
     decide,
+    decide_rung,
+    decision_path,
+    read_decision,
     rung_steps,
     survivors_at,
 )
+from vitplasticity.recommend.verify_plan import candidates, read_candidates, write_candidates
+from vitplasticity.utils.io import write_json
+from vitplasticity.workflow import runtime
 
 
 def ranking(table: dict[str, list[str | None]]) -> list[dict]:
@@ -110,7 +115,8 @@ def test_the_paper_s_shape_costs_a_third_of_a_configuration_s_grid() -> None:
     spent = compute(7, 7, 10_000, 500, 4, 3)
     assert (spent.verify_steps, spent.grid_steps) == (280_000, 840_000)
     assert spent.share == Fraction(1, 3)
-    hours, grid_hours = spent.gpu_hours(512, "vit_base_patch16_224.orig_in21k", "fp32")
+    step_seconds = runtime.finetune_step_seconds(512, "vit_base_patch16_224.orig_in21k", "fp32")
+    hours, grid_hours = spent.gpu_hours(step_seconds)
     per_step = Fraction(13, 10) * 512 * Fraction(105_147_150_336, 10**9) / (1000 * 14) / 3600
     assert (hours, grid_hours) == (280_000 * per_step, 840_000 * per_step)
     assert runtime.image_seconds("vit_base_patch16_224", "fp32") == Fraction(
@@ -129,3 +135,39 @@ def test_a_decision_keeps_the_best_and_says_why() -> None:
     assert "lr 0.01: diverged" in record["why"] and "step 2500" in record["why"]
     with pytest.raises(ValueError, match="keep 5 of 4"):
         decide("mha", 2500, scores, keep=5)
+
+
+def test_a_rung_is_decided_from_its_records_and_read_back_from_its_file(tmp_path: Path) -> None:
+    # The records of three runs at the rung ending at step 6: one diverged at step 4.
+    records = {
+        0.01: {"rung_step": 6, "status": "paused", "final_step": 6, "best_val_accuracy": 0.5},
+        0.1: {"rung_step": 6, "status": "paused", "final_step": 6, "best_val_accuracy": 0.625},
+        1.0: {"rung_step": 6, "status": "diverged", "final_step": 4, "best_val_accuracy": 0.9},
+    }
+    decision = decide_rung("mha", 6, records, keep=1)
+    assert decision.keep == (0.1,) and decision.dropped == (0.01, 1.0)
+    assert decision.scores == {0.01: 0.5, 0.1: 0.625, 1.0: None}
+    path = decision_path(tmp_path, "mha", 6)
+    assert path == tmp_path / "mha" / "decision_step6.json"
+    write_json(path, decision.record())
+    back = read_decision(path)
+    assert back["continue"] == [0.1] and back["stop"] == [0.01, 1.0]
+    assert back["final_step"] == {0.01: 6, 0.1: 6, 1.0: 4}
+    assert back["best_val_accuracy"] == {0.01: 0.5, 0.1: 0.625, 1.0: None}
+
+
+def test_candidates_are_written_and_read_back_in_order(tmp_path: Path) -> None:
+    chosen = candidates(ranking({"plasticity": ["mha", "fc1"], "rgn": ["ln2"]}), "plasticity", 1)
+    write_candidates(tmp_path / "candidates.json", chosen)
+    assert read_candidates(tmp_path / "candidates.json") == chosen
+    with pytest.raises(FileNotFoundError, match="no candidates"):
+        read_candidates(tmp_path / "none.json")
+
+
+def test_a_file_that_is_no_decision_is_refused_naming_it(tmp_path: Path) -> None:
+    path = decision_path(tmp_path, "mha", 6)
+    write_json(path, {"continue": [0.1], "stop": [0.01], "best_val_accuracy": {"0.1": 0.5}})
+    with pytest.raises(
+        ValueError, match=r"decision_step6\.json: not a rung decision \(no 'final_step'"
+    ):
+        read_decision(path)
