@@ -22,13 +22,13 @@ from tests.helpers.tiny_vit import TINY_SPEC, TINY_VIT_KWARGS
 from vitplasticity.cli import main
 from vitplasticity.components import COMPONENTS
 from vitplasticity.data.store import PreparedDatasetWriter, encode_png
+from vitplasticity.models.architectures import parameter_map
 from vitplasticity.models.build import build_model
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.recommend.criteria import (
     CRITERIA,
     Measurements,
     always_trained_parameters,
-    component_parameter_names,
     configuration_components,
     plasticity_estimate,
     tensor_estimate,
@@ -88,7 +88,7 @@ def _batches(n: int, size: int, seed: int) -> list[tuple[torch.Tensor, torch.Ten
 
 
 def _block_names(model: torch.nn.Module) -> list[str]:
-    return [n for c in COMPONENTS for n in component_parameter_names(model, c)]
+    return [n for c in COMPONENTS for n in parameter_map(model).component_names(c)]
 
 
 # ---------------------------------------------------------------------------------------------

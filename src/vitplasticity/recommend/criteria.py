@@ -114,16 +114,6 @@ def configuration_components(configuration: str) -> tuple[str, ...]:
     return parts
 
 
-def component_parameter_names(model: nn.Module, component: str) -> list[str]:
-    """The parameters ``component`` trains in every block, head and final norm excluded,
-    in ``named_parameters`` order.
-
-    Raises:
-        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
-    """
-    return parameter_map(model).component_names(component)
-
-
 def _count(model: nn.Module, names: set[str]) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if name in names)
 

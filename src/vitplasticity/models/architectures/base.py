@@ -10,7 +10,7 @@ freezing and gradient groups, LoRA, recommend); none guesses from names.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -78,16 +78,6 @@ class AttentionWeights:
     """What the attention multiplies q.k by; None: the paper's 1 / sqrt(d_h). A model that
     scales otherwise (GPT2 with ``scale_attn_weights`` off, or ``scale_attn_by_inverse_layer_idx``)
     says so here: the MHA bound's A^h is the bilinear form of the logits the model computes."""
-
-
-@dataclass
-class BlockParts:
-    """One block's five components: per component, its module(s)."""
-
-    components: dict[str, tuple[nn.Module, ...]] = field(default_factory=dict)
-
-    def __getitem__(self, component: str) -> tuple[nn.Module, ...]:
-        return self.components[component]
 
 
 def linear_weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
