@@ -439,14 +439,21 @@ class Architecture:
         return None
 
     def lora_targets(self, model: nn.Module) -> list[str]:
-        """Fully qualified names of the linear modules LoRA adapts (the attention linears)."""
+        """Fully qualified names of the linear modules LoRA adapts (:meth:`lora_linears` of
+        every block), in ``named_modules`` order."""
         targets = {
-            id(module)
-            for block in self.block_list(model)
-            for module in self.components(block)["mha"][0].modules()
-            if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+            id(module) for block in self.block_list(model) for module in self.lora_linears(block)
         }
         return [name for name, module in model.named_modules() if id(module) in targets]
+
+    def lora_linears(self, block: nn.Module) -> Sequence[nn.Module]:
+        """The linear modules of ``block`` that LoRA adapts (the default: every Linear or
+        Conv1D of its attention module)."""
+        return [
+            module
+            for module in self.components(block)["mha"][0].modules()
+            if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+        ]
 
     def prepare_lora(self, model: nn.Module) -> None:
         """Make every :meth:`lora_targets` module one the forward pass calls (the default: they
