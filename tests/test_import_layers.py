@@ -31,9 +31,9 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "base",
         "facts and plumbing every layer shares, knowing no model, dataset or config: the "
-        "component names, the version, utils/ (atomic files and the one reader, progress, "
-        "optional packages, local GPU slots)",
-        ("components", "version", "utils"),
+        "component names, the criteria's registry, the version, utils/ (atomic files and the "
+        "one reader, progress, optional packages, local GPU slots)",
+        ("components", "criteria", "version", "utils"),
     ),
     (
         "settings",

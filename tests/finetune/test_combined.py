@@ -20,8 +20,8 @@ from snakemake.utils import validate
 
 from tests.helpers.repo import REPO
 from tests.helpers.run_settings import finetune_settings
-from vitplasticity.finetune.model import trainable_parameter_names
 from vitplasticity.finetune.train import train
+from vitplasticity.models.architectures import parameter_map
 from vitplasticity.models.build import build_model
 from vitplasticity.models.spec import TimmSpec
 from vitplasticity.report.accuracy_table import accuracy_table
@@ -54,7 +54,7 @@ def test_combination_trains_the_union(tiny_spec: TimmSpec, combination: str) -> 
     names = [name for name, _ in model.named_parameters()]
     parts = combination.split("+")
     expected = {n for n in names for p in parts if re.fullmatch(PATTERNS[p], n)} | ALWAYS
-    assert trainable_parameter_names(model, combination) == expected
+    assert parameter_map(model).trained_names(combination) == expected
     assert len(expected) == 3 * sum(4 if p == "mha" else 2 for p in parts) + len(ALWAYS)
 
 
@@ -70,7 +70,7 @@ def test_the_report_restates_the_configuration_order() -> None:
 
 def test_unknown_part_of_a_combination_is_named(tiny_vit: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match=r"'mha\+attn'.*lora"):
-        trainable_parameter_names(tiny_vit, "mha+attn")
+        parameter_map(tiny_vit).trained_names("mha+attn")
 
 
 def test_optional_experiments_are_off_by_default(paper_config: dict) -> None:

@@ -22,11 +22,12 @@ from tests.helpers.tiny_finetune import cli_args, first_batch, settings_for
 from vitplasticity import cli
 from vitplasticity.finetune.gradients import GROUPS
 from vitplasticity.finetune.identity import check_runs
-from vitplasticity.finetune.model import build_run_model, trainable_parameter_names
+from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.outputs import METRICS_SCHEMA, TIMING_FIELDS
 from vitplasticity.finetune.step import training_step
 from vitplasticity.finetune.train import train
+from vitplasticity.models.architectures import parameter_map
 from vitplasticity.models.build import build_model
 from vitplasticity.models.spec import TimmSpec
 
@@ -70,7 +71,7 @@ def test_trainable_names_match_the_paper(tiny_spec: TimmSpec, configuration: str
     names = [name for name, _ in model.named_parameters()]
     assert "blocks.2.attn.qkv.weight" in names and "blocks.0.mlp.fc2.bias" in names
     expected = {n for n in names if re.fullmatch(PATTERNS[configuration], n)} | ALWAYS
-    assert trainable_parameter_names(model, configuration) == expected
+    assert parameter_map(model).trained_names(configuration) == expected
     if configuration in PER_BLOCK:  # 3 blocks
         assert len(expected) == 3 * PER_BLOCK[configuration] + len(ALWAYS)
     if configuration == "emb":
@@ -80,7 +81,7 @@ def test_trainable_names_match_the_paper(tiny_spec: TimmSpec, configuration: str
 
 def test_unknown_configuration_lists_the_valid_ones(tiny_vit: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match="full, emb, ln1, mha, ln2, fc1, fc2, head"):
-        trainable_parameter_names(tiny_vit, "attention")
+        parameter_map(tiny_vit).trained_names("attention")
 
 
 # -- the training step --------------------------------------------------------------------
@@ -98,7 +99,7 @@ def test_frozen_parameters_stay_bit_identical(
         images, labels = first_batch(demo_dataset, settings, run_model.preprocessing, step)
         training_step(run_model, optimizer, images, labels, step, settings, torch.device("cpu"))
     trained = {name for name, _ in run_model.trainable}
-    assert trained == trainable_parameter_names(run_model.model, configuration)
+    assert trained == parameter_map(run_model.model).trained_names(configuration)
     for name, parameter in run_model.model.named_parameters():
         if name in trained:
             assert parameter.requires_grad and not torch.equal(parameter, before[name]), name

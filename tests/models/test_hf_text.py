@@ -28,8 +28,8 @@ from vitplasticity.models.architectures import (
     UnsupportedModel,
     architecture_for,
 )
-from vitplasticity.models.architectures.hf_decoder import additive_mask
 from vitplasticity.models.architectures.hf_gemma import HFGemma
+from vitplasticity.models.architectures.hf_text_common import additive_mask
 from vitplasticity.plasticity.measure import measure
 
 transformers = pytest.importorskip("transformers")

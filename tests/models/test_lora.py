@@ -17,15 +17,21 @@ import torch
 from tests.helpers.tiny_finetune import settings_for
 from vitplasticity import cli
 from vitplasticity.finetune.identity import check_runs
-from vitplasticity.finetune.model import build_run_model, trainable_parameter_names
+from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.train import train
-from vitplasticity.models.lora import apply_lora, lora_parameter_names
+from vitplasticity.models.architectures import parameter_map
+from vitplasticity.models.lora import apply_lora
 from vitplasticity.models.spec import TimmSpec
 
 pytest.importorskip("peft")
 
 # The tiny ViT of conftest: 3 blocks, width 48, 4 classes below.
 DEPTH, WIDTH, CLASSES = 3, 48, 4
+
+
+def adapter_names(model: torch.nn.Module) -> set[str]:
+    """The LoRA adapters' parameters, by peft's naming (``...lora_A.default.weight``)."""
+    return {name for name, _ in model.named_parameters() if ".lora_" in name}
 
 
 def lora_count(rank: int) -> int:
@@ -49,7 +55,7 @@ lora_settings = functools.partial(
 
 def test_adapters_sit_on_the_attention_linears_only(tiny_vit: torch.nn.Module) -> None:
     model = apply_lora(tiny_vit, rank=8, alpha=16)
-    names = lora_parameter_names(model)
+    names = adapter_names(model)
     pattern = r"blocks\.\d\.attn\.(qkv|proj)\.lora_[AB]\.default\.weight"
     assert names and all(re.fullmatch(pattern, name) for name in names), sorted(names)
     assert len(names) == DEPTH * 2 * 2  # (qkv, proj) x (A, B) per block
@@ -81,7 +87,7 @@ def test_lora_update_is_scaled_low_rank(tiny_vit: torch.nn.Module) -> None:
 def test_lora_configuration_trains_adapters_head_and_norm(tiny_spec: TimmSpec) -> None:
     run_model = build_run_model(lora_settings(tiny_spec), CLASSES, torch.device("cpu"))
     trained = {name for name, _ in run_model.trainable}
-    expected = lora_parameter_names(run_model.model) | {
+    expected = adapter_names(run_model.model) | {
         "head.weight",
         "head.bias",
         "norm.weight",
@@ -105,7 +111,7 @@ def test_rebuilt_lora_model_is_identical(tiny_spec: TimmSpec) -> None:
 
 def test_lora_without_adapters_is_an_error(tiny_vit: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match="inject them first"):
-        trainable_parameter_names(tiny_vit, "lora")
+        parameter_map(tiny_vit).trained_names("lora")
 
 
 def test_bad_lora_settings_name_the_key(tiny_spec: TimmSpec, tiny_vit: torch.nn.Module) -> None:

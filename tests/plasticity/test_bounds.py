@@ -13,9 +13,14 @@ import torch
 
 from tests.helpers.images import write_reference
 from vitplasticity.components import COMPONENTS
+from vitplasticity.models.architectures import architecture_for
 from vitplasticity.plasticity.measure import measure
-from vitplasticity.plasticity.protocols import embedding_tokens
 from vitplasticity.plasticity.upper_bounds import BOUND_SCHEMA, TokenStatistics, upper_bounds
+
+
+def embedding_tokens(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """What the first block of ``model`` receives for ``images``, (B, n, d)."""
+    return architecture_for(model).embed(model, images).tokens
 
 
 def _images(n: int, seed: int) -> torch.Tensor:

@@ -205,7 +205,7 @@ def test_weight_statistic_refuses_normalised_attention(caplog) -> None:
     contains MHA is n/a rather than the mean of its other components."""
     import timm
 
-    from vitplasticity.recommend.criteria import weight_estimate, weight_statistics
+    from vitplasticity.recommend.criteria import pooled_estimate, weight_statistics
 
     torch.manual_seed(0)
     model = timm.create_model(
@@ -219,8 +219,8 @@ def test_weight_statistic_refuses_normalised_attention(caplog) -> None:
     others = weights.filter(pl.col("component") != "mha")["weight_spectral"].to_numpy()
     assert np.isfinite(others).all()
     assert [r.message for r in caplog.records if "q_norm" in r.message].__len__() == 1
-    assert math.isnan(weight_estimate(weights, ("mha", "fc1")).value)
-    assert math.isfinite(weight_estimate(weights, ("fc1",)).value)
+    assert math.isnan(pooled_estimate("weight_spectral", weights, ("mha", "fc1")).value)
+    assert math.isfinite(pooled_estimate("weight_spectral", weights, ("fc1",)).value)
 
 
 # ---------------------------------------------------------------------------------------------

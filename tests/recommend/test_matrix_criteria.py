@@ -15,10 +15,11 @@ import yaml
 from tests.helpers.repo import REPO
 from tests.helpers.tiny_models import TINY_MODELS
 from vitplasticity.components import COMPONENTS
+from vitplasticity.criteria import LOWER_FIRST, REGISTRY
 from vitplasticity.models.architectures import parameter_map
 from vitplasticity.models.build import build_model
 from vitplasticity.models.spec import ModelSpec
-from vitplasticity.recommend.criteria import Measurements
+from vitplasticity.recommend.criteria import pooled_estimate
 from vitplasticity.recommend.matrix_criteria import (
     NO_NOISE,
     NOT_A_MATRIX,
@@ -26,11 +27,9 @@ from vitplasticity.recommend.matrix_criteria import (
     ZERO_MATRIX,
     ZERO_NOISE,
     condition_number,
-    matrix_estimate,
     matrix_statistics,
     spectrum_snr,
 )
-from vitplasticity.recommend.ranking import LOWER_FIRST
 from vitplasticity.report import criteria as report_criteria
 from vitplasticity.report.tables import criteria_table
 
@@ -180,25 +179,16 @@ def test_a_real_model_scores_every_matrix_and_no_norm() -> None:
 def test_the_norms_are_na_and_kappa_ranks_lowest_first() -> None:
     model = TINY_VIT.build()
     matrices = matrix_statistics(model)
-    measurements = Measurements(
-        pairs=None,  # type: ignore[arg-type]  # only the matrix criteria are read below
-        tensors=None,  # type: ignore[arg-type]
-        weights=None,  # type: ignore[arg-type]
-        component_parameters={c: 10 for c in COMPONENTS},
-        always_trained=0,
-        features=None,  # type: ignore[arg-type]
-        matrices=matrices,
-    )
     for criterion in ("spectrum_snr", "kappa"):
         means = {}
         for component in COMPONENTS:
             values = matrices.filter(matrices["component"] == component)[criterion].to_numpy()
             finite = values[np.isfinite(values)]
             means[component] = finite.mean() if len(finite) else math.nan
-            estimate = measurements._matrix_estimate((component,), criterion)
+            estimate = pooled_estimate(criterion, matrices, (component,))
             assert estimate.value == pytest.approx(means[component], nan_ok=True)
         assert math.isnan(means["ln1"]) and math.isnan(means["ln2"])
-        both = measurements._matrix_estimate(("mha", "fc1"), criterion).value
+        both = pooled_estimate(criterion, matrices, ("mha", "fc1")).value
         rows = matrices.filter(matrices["component"].is_in(["mha", "fc1"]))[criterion].to_numpy()
         assert both == pytest.approx(rows[np.isfinite(rows)].mean())
     assert "kappa" in LOWER_FIRST and "spectrum_snr" not in LOWER_FIRST
@@ -225,7 +215,7 @@ def test_an_fc1_of_iid_noise_is_na_for_no_noise_and_the_benchmark_says_so() -> N
     fc1 = matrices.filter(matrices["component"] == "fc1")
     weights = fc1.filter(fc1["parameter"].str.ends_with("weight"))
     assert weights.height and weights["spectrum_snr_reason"].to_list() == [NO_NOISE] * len(weights)
-    values = {c: matrix_estimate(matrices, (c,), "spectrum_snr") for c in COMPONENTS}
+    values = {c: pooled_estimate("spectrum_snr", matrices, (c,)).value for c in COMPONENTS}
     assert [c for c, v in values.items() if math.isnan(v)] == ["ln1", "ln2", "fc1"]
 
     # Beside it a criterion every configuration has (the table names what one lacks against
@@ -256,7 +246,7 @@ def test_an_fc1_of_iid_noise_is_na_for_no_noise_and_the_benchmark_says_so() -> N
     )
     for note in spectrum["note"]:
         assert "a norm holds no weight matrix, so it has no Spectrum SNR (ln1, ln2)" in note
-        assert f"{report_criteria.LINEAR_NO_SCORE_REASONS['spectrum_snr']} (fc1)" in note
+        assert f"{REGISTRY['spectrum_snr'].linear_na} (fc1)" in note
     caption = " ".join(criteria_table(result).split())  # the caption's lines joined
     assert "a norm holds no weight matrix, so it has no Spectrum SNR (LN1, LN2);" in caption
     assert "no singular value at or below the Marchenko-Pastur threshold" in caption
@@ -275,7 +265,7 @@ def test_the_demo_grid_leaves_only_spectrum_snr_unscored_and_why() -> None:
     matrices = matrix_statistics(model)
     defined = {
         criterion: [
-            c for c in COMPONENTS if math.isfinite(matrix_estimate(matrices, (c,), criterion))
+            c for c in COMPONENTS if math.isfinite(pooled_estimate(criterion, matrices, (c,)).value)
         ]
         for criterion in ("spectrum_snr", "kappa")
     }

@@ -20,7 +20,7 @@ from tests.helpers.latex import compile_tables, needs_latex
 from tests.helpers.tiny_models import TINY_MODELS, perturbed
 from vitplasticity.components import COMPONENTS
 from vitplasticity.models.architectures import UnsupportedModel
-from vitplasticity.recommend.criteria import CRITERIA, Measurements, nfn_estimate
+from vitplasticity.recommend.criteria import CRITERIA, Measurements, pooled_estimate
 from vitplasticity.recommend.nfn import NFN_SCHEMA, feature_norm_statistics
 from vitplasticity.recommend.ranking import build_table, greedy_union, markdown, select
 from vitplasticity.report import criteria as C
@@ -303,11 +303,11 @@ def test_nfn_pools_the_maps_and_norms_have_none() -> None:
         (("mha", "fc1"), NFN_VALUES["mha"] + NFN_VALUES["fc1"]),
         (("ln2", "fc1"), NFN_VALUES["fc1"]),  # a norm adds no map
     ):
-        estimate = nfn_estimate(features, parts)
+        estimate = pooled_estimate("nfn", features, parts)
         assert estimate.value == pytest.approx(np.mean(maps)) and estimate.n_items == len(maps)
         assert estimate.ci_low is None
     for norms in (("ln1",), ("ln2",), ("ln1", "ln2")):
-        estimate = nfn_estimate(features, norms)
+        estimate = pooled_estimate("nfn", features, norms)
         assert math.isnan(estimate.value) and estimate.n_items == 0
 
 

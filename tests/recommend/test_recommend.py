@@ -22,18 +22,16 @@ from tests.helpers.tiny_vit import TINY_SPEC, TINY_VIT_KWARGS
 from vitplasticity.cli import main
 from vitplasticity.components import COMPONENTS
 from vitplasticity.data.store import PreparedDatasetWriter, encode_png
+from vitplasticity.models.architectures import parameter_map
 from vitplasticity.models.build import build_model
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.recommend.criteria import (
     CRITERIA,
     Measurements,
     always_trained_parameters,
-    component_parameter_names,
     configuration_components,
-    plasticity_estimate,
-    tensor_estimate,
+    pooled_estimate,
     trainable_parameters,
-    weight_estimate,
     weight_statistics,
 )
 from vitplasticity.recommend.gradients import gradient_statistics, head_warmup
@@ -88,7 +86,7 @@ def _batches(n: int, size: int, seed: int) -> list[tuple[torch.Tensor, torch.Ten
 
 
 def _block_names(model: torch.nn.Module) -> list[str]:
-    return [n for c in COMPONENTS for n in component_parameter_names(model, c)]
+    return [n for c in COMPONENTS for n in parameter_map(model).component_names(c)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,7 +138,7 @@ def test_gradient_criteria_equal_numpy_over_autograd_gradients(vit64: torch.nn.M
             ("relative_gradient_norm", direct_rgn),
             ("gradient_snr", direct_snr),
         ):
-            estimate = tensor_estimate(stats, parts, criterion)
+            estimate = pooled_estimate(criterion, stats, parts)
             assert estimate.n_items == len(members)
             assert estimate.value == pytest.approx(np.mean([direct[n] for n in members]), 1e-10)
 
@@ -209,7 +207,7 @@ def test_zero_weight_tensors_are_left_out_of_the_rgn(vit64: torch.nn.Module) -> 
     assert math.isnan(row["relative_gradient_norm"])
     mha = stats.filter(pl.col("component") == "mha")
     finite = mha["relative_gradient_norm"].drop_nans()
-    estimate = tensor_estimate(stats, ("mha",), "relative_gradient_norm")
+    estimate = pooled_estimate("relative_gradient_norm", stats, ("mha",))
     assert estimate.n_items == mha.height - 1
     assert estimate.value == pytest.approx(float(finite.mean()), rel=1e-12)
 
@@ -277,7 +275,7 @@ def test_weight_statistic_equals_numpy_svd(vit64: torch.nn.Module) -> None:
     for row in weights.iter_rows(named=True):
         expected = direct[(row["block"], row["component"])]
         assert row["weight_spectral"] == pytest.approx(expected, rel=1e-12)
-    estimate = weight_estimate(weights, ("ln1", "fc2"))
+    estimate = pooled_estimate("weight_spectral", weights, ("ln1", "fc2"))
     pooled = [direct[(b, c)] for b in range(3) for c in ("ln1", "fc2")]
     assert estimate.value == pytest.approx(np.mean(pooled), rel=1e-12)
     assert estimate.ci_low is None and estimate.n_items == 6
@@ -297,13 +295,13 @@ def test_plasticity_estimate_equals_numpy_over_the_measured_ratios(
         assert len(ratios) == 10 * 3 * len(parts)  # pairs x blocks x parts
         mean = ratios.mean()
         half = 1.96 * ratios.std(ddof=1) / np.sqrt(len(ratios))
-        estimate = plasticity_estimate(pairs, parts)
+        estimate = pooled_estimate("plasticity", pairs, parts)
         assert estimate.value == pytest.approx(mean, rel=1e-12)
         assert estimate.ci_low == pytest.approx(mean - half, rel=1e-12)
         assert estimate.ci_high == pytest.approx(mean + half, rel=1e-12)
         assert estimate.n_items == len(ratios)
         # Pooled over equally many ratios per part: the mean of the parts' means.
-        part_means = [plasticity_estimate(pairs, (p,)).value for p in parts]
+        part_means = [pooled_estimate("plasticity", pairs, (p,)).value for p in parts]
         assert estimate.value == pytest.approx(np.mean(part_means), rel=1e-12)
 
 
@@ -655,3 +653,29 @@ def test_a_family_refusal_stops_recommend(
         assert main(argv) == 2
     assert "recommend vit_tiny_patch16_224: no ranking here, for the test" in caplog.text
     assert not (tmp_path / "out").exists()
+
+
+def test_every_recommend_criterion_pools_a_column_of_a_measurements_field() -> None:
+    """The registry names each criterion's items by the field of Measurements and the column
+    they are measured in: both must exist (the schemas of what measures them)."""
+    from vitplasticity.criteria import REGISTRY
+    from vitplasticity.plasticity.measure import PAIR_SCHEMA
+    from vitplasticity.recommend.criteria import WEIGHT_SCHEMA
+    from vitplasticity.recommend.gradients import TENSOR_SCHEMA
+    from vitplasticity.recommend.matrix_criteria import MATRIX_SCHEMA
+    from vitplasticity.recommend.nfn import NFN_SCHEMA
+
+    columns = {
+        "pairs": PAIR_SCHEMA,
+        "tensors": TENSOR_SCHEMA,
+        "weights": WEIGHT_SCHEMA,
+        "features": NFN_SCHEMA,
+        "matrices": MATRIX_SCHEMA,
+    }
+    assert set(columns) == {f.name for f in dataclasses.fields(Measurements)} - {
+        "component_parameters",
+        "always_trained",
+    }
+    for criterion in CRITERIA:
+        items = REGISTRY[criterion].items
+        assert items is not None and items.column in columns[items.measured], criterion

@@ -19,6 +19,7 @@ from tests.helpers.latex import compile_tables, needs_latex
 from tests.helpers.report_inputs import plasticity_summary, write_grid
 from vitplasticity.cli import main
 from vitplasticity.components import COMPONENTS
+from vitplasticity.criteria import short_label
 from vitplasticity.report import criteria as C
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.criteria_statistics import minimum_p, wilcoxon_greater
@@ -465,7 +466,7 @@ def test_cli_writes_the_result_latex_csv_and_figure(demo_like: dict[str, Path]) 
     assert printed == pytest.approx(expected, abs=0.005, nan_ok=True)  # params: constant here
     assert csv.read_text().startswith(f"# {DEMO_NOTE}\n")
     rows = pl.read_csv(csv, comment_prefix="#", infer_schema_length=0)
-    labels = [C.criterion_label(c) for c in summary["criterion"]]
+    labels = [short_label(c) for c in summary["criterion"]]
     assert rows.columns == ["Model", "Row", *labels, "Top-1 hit", "Best"]
     assert rows["Row"].to_list() == [
         *per["dataset"].unique(maintain_order=True),
@@ -478,7 +479,7 @@ def test_cli_writes_the_result_latex_csv_and_figure(demo_like: dict[str, Path]) 
         None if cell == "--" else re.search(r"[+-]\d\.\d\d", cell).group() for cell in cells
     ]
     assert mean["Best"] == "; ".join(
-        C.criterion_label(c) for c in summary.filter(pl.col("best"))["criterion"]
+        short_label(c) for c in summary.filter(pl.col("best"))["criterion"]
     )
     p_rho = rows.filter(pl.col("Row") == "p (rho > 0)").row(0, named=True)
     assert [p_rho[label] for label in labels] == [

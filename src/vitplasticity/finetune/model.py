@@ -17,29 +17,10 @@ from vitplasticity.models.architectures import (
     ParameterMap,
     UnsupportedModel,
     architecture_for,
-    parameter_map,
     parse_configuration,
 )
 from vitplasticity.models.build import build_model, preprocessing
 from vitplasticity.models.lora import apply_lora, check_adapters_used
-
-
-def trainable_parameter_names(model: nn.Module, configuration: str) -> set[str]:
-    """Names of the parameters that ``configuration`` trains in ``model``.
-
-    Every configuration trains the classifier head and the final norm; "full" trains all;
-    "emb" adds the embedding; "ln1", "mha", "ln2", "fc1", "fc2" that component of every
-    block (with the parameters its architecture declares for it, e.g. LayerScale);
-    "head" nothing more (linear probing); "lora" the LoRA adapters (which
-    :func:`vitplasticity.models.lora.apply_lora` must have injected). Combinations join with "+".
-    See :meth:`vitplasticity.models.architectures.ParameterMap.trained_names`.
-
-    Raises:
-        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
-        ValueError: for an unknown configuration, listing the valid ones, or "lora" on a
-            model without LoRA adapters.
-    """
-    return parameter_map(model).trained_names(configuration)
 
 
 def freeze(model: nn.Module, parameters: ParameterMap, configuration: str) -> set[str]:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from vitplasticity.models.architectures import UnsupportedModel, architecture_for, parameter_map
+from vitplasticity.models.architectures import UnsupportedModel, architecture_for
 from vitplasticity.utils.optional import require_peft
 
 
@@ -138,12 +138,3 @@ def check_adapters_used(model: nn.Module, inputs: torch.Tensor) -> None:
             f"{len(adapted)} adapters would train nothing; the lora configuration is not "
             "defined for this model"
         )
-
-
-def lora_parameter_names(model: nn.Module) -> set[str]:
-    """Names of the LoRA adapter parameters in ``model`` (empty when none was injected).
-
-    Raises:
-        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
-    """
-    return {name for name, owner in parameter_map(model).owners.items() if owner.group == "lora"}

@@ -15,7 +15,6 @@ from vitplasticity.models.architectures import (
     Architecture,
     Embedded,
     UnsupportedModel,
-    architecture_for,
 )
 from vitplasticity.plasticity.norms import joint_pair_norms, pair_norms
 from vitplasticity.plasticity.settings import PROTOCOLS
@@ -37,15 +36,6 @@ def check_protocols(protocols: Sequence[str]) -> tuple[str, ...]:
                 f"unknown plasticity protocol {protocol!r}; valid protocols: {', '.join(PROTOCOLS)}"
             )
     return tuple(protocols)
-
-
-def embedding_tokens(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """The embedding output of ``images`` (B, 3, H, W): what the first block receives, (B, n, d).
-
-    For a timm ViT: patch embedding, cls token and position embedding (timm's ``_pos_embed``),
-    then ``patch_drop`` and ``norm_pre`` (identities in the paper's models).
-    """
-    return architecture_for(model).embed(model, images).tokens
 
 
 def fc1_mode_matters(architecture: Architecture, blocks: Sequence[nn.Module]) -> bool:

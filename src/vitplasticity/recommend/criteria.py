@@ -21,11 +21,15 @@ the items of its parts:
   forward pass of the first gradient batch (:mod:`.nfn`). The norms (LN1, LN2) hold no linear
   map: their NFN is n/a (NaN, ranked last and never recommended), and a configuration that
   joins a norm to linear components has the NFN of its linear maps. PLoP finetunes the
-  *lowest* NFN first (:data:`.ranking.LOWER_FIRST`), the opposite end from the other criteria.
+  *lowest* NFN first (:data:`vitplasticity.criteria.LOWER_FIRST`), the opposite end from the
+  other criteria.
 - ``spectrum_snr`` (Spectrum) and ``kappa`` (KappaTune's condition number), data-free: items
   are the 2-D weight tensors of every block; per tensor, from its singular values
   (:mod:`.matrix_criteria`). Norms hold no matrix: n/a, as for NFN. KappaTune finetunes the
-  *lowest* kappa first (:data:`.ranking.LOWER_FIRST`).
+  *lowest* kappa first.
+
+Which items each criterion pools, and how, is its :class:`vitplasticity.criteria.Items`
+(:data:`vitplasticity.criteria.REGISTRY`); :func:`pooled_estimate` pools them.
 
 A configuration's trainable parameters exclude the classifier head and the final norm, which
 every configuration trains (:func:`always_trained_parameters` counts those). Which parameter
@@ -46,6 +50,7 @@ import polars as pl
 from torch import nn
 
 from vitplasticity.components import COMPONENTS
+from vitplasticity.criteria import REGISTRY, Items
 from vitplasticity.models.architectures import (
     Architecture,
     ParameterMap,
@@ -64,13 +69,9 @@ from vitplasticity.plasticity.upper_bounds import (
     stacked_weight,
 )
 from vitplasticity.recommend.gradients import Batch, gradient_statistics, head_warmup
-from vitplasticity.recommend.matrix_criteria import (
-    MATRIX_SCHEMA,
-    matrix_estimate,
-    matrix_statistics,
-)
+from vitplasticity.recommend.matrix_criteria import MATRIX_SCHEMA, matrix_statistics
 from vitplasticity.recommend.nfn import NFN_SEED, feature_norm_statistics
-from vitplasticity.recommend.settings import CRITERIA as CRITERIA  # declared with the flags
+from vitplasticity.recommend.settings import CRITERIA as CRITERIA  # the flag's choices
 
 Z95 = 1.96
 """Normal quantile of a two-sided 95% interval (the paper's CI)."""
@@ -114,16 +115,6 @@ def configuration_components(configuration: str) -> tuple[str, ...]:
     return parts
 
 
-def component_parameter_names(model: nn.Module, component: str) -> list[str]:
-    """The parameters ``component`` trains in every block, head and final norm excluded,
-    in ``named_parameters`` order.
-
-    Raises:
-        UnsupportedModel: for a model no architecture knows or cannot account for exactly.
-    """
-    return parameter_map(model).component_names(component)
-
-
 def _count(model: nn.Module, names: set[str]) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if name in names)
 
@@ -151,54 +142,47 @@ def always_trained_parameters(model: nn.Module, parameters: ParameterMap | None 
 
 
 # ---------------------------------------------------------------------------------------------
-# Plasticity
+# Any criterion of a configuration, pooled over its items
 
 
-def plasticity_estimate(pairs: pl.DataFrame, components: Sequence[str]) -> Estimate:
-    """Plasticity of the configuration joining ``components``, pooled over its ratios.
+def pooled_estimate(criterion: str, measured: pl.DataFrame, components: Sequence[str]) -> Estimate:
+    """``criterion`` of the configuration joining ``components``: the unweighted mean of its
+    items (the rows of ``measured`` whose ``component`` is one of them), as the criterion's
+    :class:`vitplasticity.criteria.Items` say.
+
+    Every item counts once, whatever its size (a tensor, weight or bias, LayerNorm gamma or
+    beta; a block; a linear map; a (block, pair) ratio). Items whose value is not finite are
+    left out (identical plasticity inputs, a zero weight norm, a norm's NFN, an n/a matrix),
+    except for a criterion that keeps them (the weight statistic: its NaN then makes every
+    configuration holding the component n/a). No item left: NaN (n/a), never a number. With
+    an interval (plasticity), mean +/- 1.96 std / sqrt(n) over the same n items (ddof 1): the
+    ratios of one pair in different blocks are not independent, so the interval is the
+    paper's nominal one, narrower than an honest one over pairs.
 
     Args:
-        pairs: rows of :func:`vitplasticity.plasticity.measure.measure` (one protocol).
+        criterion: a name of :data:`CRITERIA`.
+        measured: the rows of the criterion's ``Items.measured`` field of
+            :class:`Measurements`.
         components: the configuration's components.
 
-    Returns:
-        The mean of every finite (block, pair) ratio of the components (identical inputs give
-        NaN ratios, left out), and mean +/- 1.96 std / sqrt(n) with std over the same n
-        ratios (ddof 1). The ratios of one pair in different blocks are not independent, so
-        the interval is the paper's nominal one, narrower than an honest one over pairs.
+    Raises:
+        ValueError: for a criterion recommend does not measure.
     """
-    ratios = (
-        pairs.filter(pl.col("component").is_in(list(components)))["ratio"]
-        .to_numpy()
-        .astype(np.float64)
-    )
-    ratios = ratios[np.isfinite(ratios)]
-    if not len(ratios):
-        return Estimate(math.nan)
-    mean = float(ratios.mean())
-    if len(ratios) < 2:
-        return Estimate(mean, n_items=len(ratios))
-    half = Z95 * float(ratios.std(ddof=1)) / math.sqrt(len(ratios))
-    return Estimate(mean, mean - half, mean + half, len(ratios))
-
-
-# ---------------------------------------------------------------------------------------------
-# Gradient criteria (measured by :mod:`.gradients`)
-
-
-def tensor_estimate(tensors: pl.DataFrame, components: Sequence[str], criterion: str) -> Estimate:
-    """A gradient criterion of a configuration: the unweighted mean over its tensors.
-
-    Every tensor (weight, bias, LayerNorm gamma and beta, of every block) counts once,
-    whatever its size; tensors whose value is not finite (zero weight norm) are left out.
-    """
+    items = _items(criterion)
     values = (
-        tensors.filter(pl.col("component").is_in(list(components)))[criterion]
+        measured.filter(pl.col("component").is_in(list(components)))[items.column]
         .to_numpy()
         .astype(np.float64)
     )
-    values = values[np.isfinite(values)]
-    return Estimate(float(values.mean()) if len(values) else math.nan, n_items=len(values))
+    if items.drop_undefined:
+        values = values[np.isfinite(values)]
+    if not len(values):
+        return Estimate(math.nan)
+    mean = float(values.mean())
+    if not items.interval or len(values) < 2:
+        return Estimate(mean, n_items=len(values))
+    half = Z95 * float(values.std(ddof=1)) / math.sqrt(len(values))
+    return Estimate(mean, mean - half, mean + half, len(values))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +211,7 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
     defined for the model (a norm that is not a LayerNorm; attention whose value-output path
     the architecture cannot give as per-head V and O: normalised queries and keys, a
     normalised or gated output) is refused for that component: its rows hold NaN and one
-    warning names the component and why. NaN, not absent rows: :func:`weight_estimate` is
+    warning names the component and why. NaN, not absent rows: :func:`pooled_estimate` is
     then NaN for every configuration that contains the component (reported "n/a", ranked
     last, never recommended nor joined into a union), where absent rows would make
     ``mha+fc1`` the mean of fc1 alone. Computed with :mod:`vitplasticity.plasticity.upper_bounds`.
@@ -291,35 +275,6 @@ def _weight_factor(
     except UndefinedStage as error:
         return math.nan, str(error)
     return sum(o * v for o, v, _ in heads), None
-
-
-def weight_estimate(weights: pl.DataFrame, components: Sequence[str]) -> Estimate:
-    """The weight statistic of a configuration: its mean over (block, component) rows."""
-    values = (
-        weights.filter(pl.col("component").is_in(list(components)))["weight_spectral"]
-        .to_numpy()
-        .astype(np.float64)
-    )
-    return Estimate(float(values.mean()) if len(values) else math.nan, n_items=len(values))
-
-
-# ---------------------------------------------------------------------------------------------
-# PLoP's normalised feature norm
-
-
-def nfn_estimate(features: pl.DataFrame, components: Sequence[str]) -> Estimate:
-    """The NFN of a configuration: the unweighted mean over its linear maps (every block's).
-
-    A configuration made of norms alone has no map: NaN (n/a), never a number. Maps whose NFN
-    is not finite (an input of norm 0 throughout) are left out.
-    """
-    values = (
-        features.filter(pl.col("component").is_in(list(components)))["nfn"]
-        .to_numpy()
-        .astype(np.float64)
-    )
-    values = values[np.isfinite(values)]
-    return Estimate(float(values.mean()) if len(values) else math.nan, n_items=len(values))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,25 +347,28 @@ class Measurements:
         return sum(self.component_parameters[c] for c in configuration_components(configuration))
 
     def estimates(self, configuration: str) -> dict[str, Estimate]:
-        """Every criterion of ``configuration``, keyed by :data:`CRITERIA` names."""
+        """Every criterion of ``configuration``, keyed by :data:`CRITERIA` names (in that
+        order), each pooled from the field its registry entry names
+        (:func:`pooled_estimate`)."""
         parts = configuration_components(configuration)
         return {
-            "plasticity": plasticity_estimate(self.pairs, parts),
-            "relative_gradient_norm": tensor_estimate(
-                self.tensors, parts, "relative_gradient_norm"
-            ),
-            "gradient_snr": tensor_estimate(self.tensors, parts, "gradient_snr"),
-            "weight_spectral": weight_estimate(self.weights, parts),
-            "nfn": nfn_estimate(self.features, parts),
-            "spectrum_snr": self._matrix_estimate(parts, "spectrum_snr"),
-            "kappa": self._matrix_estimate(parts, "kappa"),
+            criterion: pooled_estimate(criterion, getattr(self, _items(criterion).measured), parts)
+            for criterion in CRITERIA
         }
 
-    def _matrix_estimate(self, parts: Sequence[str], criterion: str) -> Estimate:
-        n_items = self.matrices.filter(
-            pl.col("component").is_in(list(parts)) & pl.col(criterion).is_finite()
-        ).height
-        return Estimate(matrix_estimate(self.matrices, parts, criterion), n_items=n_items)
+
+def _items(criterion: str) -> Items:
+    """What recommend measures of ``criterion``.
+
+    Raises:
+        ValueError: for a criterion recommend does not measure (the criteria check's own).
+    """
+    items = REGISTRY[criterion].items
+    if items is None:
+        raise ValueError(
+            f"criterion {criterion!r} is not one recommend measures ({', '.join(CRITERIA)})"
+        )
+    return items
 
 
 def measure_criteria(

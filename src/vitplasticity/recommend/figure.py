@@ -17,13 +17,9 @@ from typing import Any
 
 import polars as pl
 
+from vitplasticity.criteria import REGISTRY
 from vitplasticity.recommend.criteria import CRITERIA
-from vitplasticity.recommend.ranking import (
-    CRITERION_LABELS,
-    LOWER_FIRST,
-    Recommendation,
-    configuration_label,
-)
+from vitplasticity.recommend.ranking import Recommendation, configuration_label
 from vitplasticity.report.figures import FigureSettings, save
 from vitplasticity.report.style import apply_theme, colour, mark_demo
 
@@ -60,9 +56,8 @@ def draw(
             data = _criterion_axis(ax, table, panel)
             values = [data[name]["value"] for name in order]
         _bars(ax, labels, values, palette)
-        if panel == "plasticity":
-            _error_bars(ax, [data[name] for name in order])
         if panel != "trainable_parameters":
+            _error_bars(ax, [data[name] for name in order])  # where a value has a CI
             _rank_labels(ax, values, [data[name]["rank"] for name in order])
         ax.set_ylabel("")
         ax.margins(x=0.18)
@@ -119,8 +114,8 @@ def _parameters_axis(ax: Any, table: pl.DataFrame, recommendation: Recommendatio
 
 def _criterion_axis(ax: Any, table: pl.DataFrame, criterion: str) -> dict:
     """Label the panel of ``criterion`` (which end ranks first); its rows, by configuration."""
-    lowest = " (rank 1: lowest)" if criterion in LOWER_FIRST else ""
-    ax.set_xlabel(CRITERION_LABELS[criterion] + lowest)
+    entry = REGISTRY[criterion]
+    ax.set_xlabel(entry.label + (" (rank 1: lowest)" if entry.lower_first else ""))
     return _rows(table, criterion)
 
 

@@ -12,7 +12,7 @@ condition number, per 2-D weight tensor of every component.
   Encoding in Neural Units", arXiv 2506.16289; oswaldoludwig/kappaTune
   ``selective_fine_tuning.py``): kappa = s_max / s_min over the same singular values;
   KappaTune finetunes the *lowest* kappa first (the least anisotropic tensors), so kappa ranks
-  its lowest value first (:data:`.ranking.LOWER_FIRST`).
+  its lowest value first (:data:`vitplasticity.criteria.LOWER_FIRST`).
 
 Spectrum's code returns a number in cases where the number means something else; here those
 are n/a (NaN) with the reason in ``reason``, never a value:
@@ -34,14 +34,14 @@ are n/a (NaN) with the reason in ``reason``, never a value:
 Signal = 0 (every singular value below the threshold) is a true SNR of 0 and is kept. Both
 criteria are computed in float64 on the CPU (an SVD per matrix; ViT-B has 48, a second).
 A configuration's value is the unweighted mean over the 2-D weights of its components, every
-block's (:func:`matrix_estimate`); a configuration of norms alone has none: n/a, as has one
-whose every matrix is n/a (the demo's FC1 and FC2 for Spectrum: no noise).
+block's (:func:`vitplasticity.recommend.criteria.pooled_estimate`); a configuration of norms
+alone has none: n/a, as has one whose every matrix is n/a (the demo's FC1 and FC2 for
+Spectrum: no noise).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import polars as pl
@@ -143,15 +143,3 @@ def matrix_statistics(model: nn.Module) -> pl.DataFrame:
                 }
             )
     return pl.DataFrame(rows, schema=MATRIX_SCHEMA)
-
-
-def matrix_estimate(matrices: pl.DataFrame, components: Sequence[str], criterion: str) -> float:
-    """``criterion`` (``spectrum_snr`` or ``kappa``) of a configuration: the unweighted mean
-    over its components' tensors where it is defined; NaN (n/a) where it is defined for none."""
-    values = (
-        matrices.filter(pl.col("component").is_in(list(components)))[criterion]
-        .to_numpy()
-        .astype(np.float64)
-    )
-    values = values[np.isfinite(values)]
-    return float(values.mean()) if len(values) else math.nan

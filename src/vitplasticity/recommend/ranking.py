@@ -3,8 +3,10 @@ its Markdown report.
 
 The table is long: one row per (configuration, criterion), columns :data:`TABLE_SCHEMA`.
 Within a criterion, rank 1 is the configuration to finetune first: the highest value, except
-for the criteria of :data:`LOWER_FIRST` (NFN, kappa), where it is the lowest; a NaN value ranks last;
-ties go to the configuration with fewer trainable parameters, then to the order given.
+for the criteria of :data:`~vitplasticity.criteria.LOWER_FIRST` (NFN, kappa), where it is the
+lowest; a NaN value ranks last; ties go to the configuration with fewer trainable parameters,
+then to the order given. Each criterion's label, direction and n/a rule is its entry of
+:data:`vitplasticity.criteria.REGISTRY`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from vitplasticity.components import COMPONENTS
+from vitplasticity.components import COMPONENTS, NORMS
+from vitplasticity.criteria import NA_FOR_NORMS, REGISTRY
 from vitplasticity.recommend.criteria import CRITERIA, Measurements, configuration_components
 
 if TYPE_CHECKING:
@@ -35,32 +38,6 @@ TABLE_SCHEMA: dict[str, pl.DataType] = {
 }
 """Columns of the recommendation Parquet file (a fixed interface: other stages read it)."""
 
-CRITERION_LABELS: dict[str, str] = {
-    "plasticity": "plasticity",
-    "relative_gradient_norm": "relative gradient norm",
-    "gradient_snr": "gradient SNR",
-    "weight_spectral": "weight spectral",
-    "nfn": "NFN",
-    "spectrum_snr": "Spectrum SNR",
-    "kappa": "kappa",
-}
-"""How each criterion is printed in the report and the figure."""
-
-LOWER_FIRST: frozenset[str] = frozenset({"nfn", "kappa"})
-"""Criteria whose *lowest* value is finetuned first. PLoP (Hayou et al., ICLR 2026) places its
-adapters on the modules of lowest normalised feature norm, the least aligned with the task's
-inputs, and shows the highest ones (its PLoP^-1) do worse: for NFN, higher is *not* better.
-KappaTune (Ludwig 2025) finetunes the tensors of lowest condition number, the least
-anisotropic. Every other criterion ranks its highest value first (plasticity: the paper's
-finding; Spectrum: the highest SNR)."""
-
-WITHOUT_NFN: frozenset[str] = frozenset({"ln1", "ln2"})
-"""The components that hold no linear map, so have no NFN (n/a): the norms. They hold no
-weight matrix either, so Spectrum's SNR and kappa are n/a for them too."""
-
-NORMS_NOT_RANKED: frozenset[str] = frozenset({"nfn", "spectrum_snr", "kappa"})
-"""The criteria that are n/a for the norms (:data:`WITHOUT_NFN`)."""
-
 COMPONENT_NAMES: dict[str, str] = {
     "ln1": "LN1",
     "mha": "MHA",
@@ -68,11 +45,6 @@ COMPONENT_NAMES: dict[str, str] = {
     "fc1": "FC1",
     "fc2": "FC2",
 }
-
-
-def preference(criterion: str) -> float:
-    """+1 when ``criterion``'s highest value is finetuned first, -1 when its lowest is."""
-    return -1.0 if criterion in LOWER_FIRST else 1.0
 
 
 def configuration_label(configuration: str) -> str:
@@ -114,14 +86,14 @@ def build_table(
 
 def _rank(rows: list[dict], order: Sequence[str]) -> None:
     """Set each row's ``rank`` within its criterion (1 = finetune first: the highest value, the
-    lowest for :data:`LOWER_FIRST`), in place."""
+    lowest for a criterion whose lowest is finetuned first), in place."""
     position = {name: index for index, name in enumerate(order)}
 
     def key(row: dict) -> tuple:
         finite = math.isfinite(row["value"])
         return (
             not finite,
-            -preference(row["criterion"]) * row["value"] if finite else 0.0,
+            -REGISTRY[row["criterion"]].preference * row["value"] if finite else 0.0,
             row["trainable_parameters"],
             position[row["configuration"]],
         )
@@ -167,15 +139,15 @@ def greedy_union(
 ) -> Recommendation:
     """Join components best first while their total parameters fit ``budget``.
 
-    Components are taken in decreasing ``values`` (increasing for a criterion of
-    :data:`LOWER_FIRST`; NaN ones never); one that would exceed the budget is skipped and the
+    Components are taken in decreasing ``values`` (increasing for a criterion whose lowest is
+    finetuned first; NaN ones never); one that would exceed the budget is skipped and the
     next tried (greedy knapsack by value, not value per parameter: the criterion says what to
     train first, not what it is worth per parameter). The union is named in forward order
     ("mha+fc1").
     """
     chosen: list[str] = []
     total = 0
-    sign = preference(criterion)
+    sign = REGISTRY[criterion].preference
     ordered = sorted(
         (c for c in values if math.isfinite(values[c])),
         key=lambda c: (-sign * values[c], parameters[c], COMPONENTS.index(c)),
@@ -194,7 +166,7 @@ def check_ranking(settings: RecommendImageSettings | RecommendTextSettings) -> N
     """Check what either recommend's declared checks cannot see alone: that every
     configuration is made of the five components and named once, that ``combine`` has a
     budget to fit, and that the criterion can rank one of the configurations (NFN cannot
-    rank norms: :data:`WITHOUT_NFN`).
+    rank norms: :data:`~vitplasticity.criteria.NA_FOR_NORMS`).
 
     Raises:
         ValueError: naming the flag.
@@ -213,9 +185,9 @@ def check_ranking(settings: RecommendImageSettings | RecommendTextSettings) -> N
     if settings.combine and settings.budget is None:
         raise ValueError("--combine needs --budget (without one the union is every component)")
     # The greedy union joins every component that has a value, whatever --configurations holds.
-    norms_only = all(set(components) <= WITHOUT_NFN for components in parts)
-    if settings.criterion in NORMS_NOT_RANKED and not settings.combine and norms_only:
-        label = CRITERION_LABELS[settings.criterion]
+    norms_only = all(set(components) <= NORMS for components in parts)
+    if settings.criterion in NA_FOR_NORMS and not settings.combine and norms_only:
+        label = REGISTRY[settings.criterion].label
         raise ValueError(
             f"--criterion {settings.criterion}: {label} is n/a for norms (they hold no linear map), "
             "and --configurations "
@@ -311,7 +283,7 @@ def markdown(
         lines += [f"> **{demo_note}**", ""]
     budget = "none" if recommendation.budget is None else f"{recommendation.budget:,}"
     lines += [
-        f"Reference set: {reference}. Ranked by **{CRITERION_LABELS[criterion]}**; "
+        f"Reference set: {reference}. Ranked by **{REGISTRY[criterion].label}**; "
         f"trainable-parameter budget: {budget}. Parameter counts exclude the classifier head "
         f"and final norm ({always_trained:,} parameters), which every configuration trains.",
         "",
@@ -335,7 +307,7 @@ def _table_lines(
     parameters by ``criterion``, then every criterion's cell."""
     lines = [
         "| rank | configuration | trainable parameters | "
-        + " | ".join(CRITERION_LABELS[c] for c in CRITERIA)
+        + " | ".join(REGISTRY[c].label for c in CRITERIA)
         + " |",
         "|---:|---|---:|" + "---|" * len(CRITERIA),
     ]
@@ -388,8 +360,8 @@ def _recommendation_text(
     order: list[str],
     always_trained: int,
 ) -> str:
-    criterion = CRITERION_LABELS[recommendation.criterion]
-    lower = recommendation.criterion in LOWER_FIRST
+    criterion = REGISTRY[recommendation.criterion].label
+    lower = REGISTRY[recommendation.criterion].lower_first
     heuristic = _heuristic(lower)
     if recommendation.configuration is None:
         return _nothing_recommended(recommendation.budget, criterion, always_trained, heuristic)
@@ -414,7 +386,7 @@ def _recommendation_text(
             f"It is the configuration of {'lowest' if lower else 'highest'} {criterion}{among}."
         )
     others = [
-        f"{CRITERION_LABELS[c]} {by_config[(recommendation.configuration, c)]['rank']}"
+        f"{REGISTRY[c].label} {by_config[(recommendation.configuration, c)]['rank']}"
         for c in CRITERIA
         if c != recommendation.criterion and (recommendation.configuration, c) in by_config
     ]

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from vitplasticity.criteria import RECOMMEND_CRITERIA
 from vitplasticity.plasticity.settings import (
     DTYPES,
     batch_size_setting,
@@ -36,16 +37,9 @@ __all__ = [
     "parse_budget",
 ]
 
-CRITERIA: tuple[str, ...] = (
-    "plasticity",
-    "relative_gradient_norm",
-    "gradient_snr",
-    "weight_spectral",
-    "nfn",
-    "spectrum_snr",
-    "kappa",
-)
-"""Criterion names, as in the ``criterion`` column of the recommendation table."""
+CRITERIA: tuple[str, ...] = RECOMMEND_CRITERIA
+"""Criterion names, as in the ``criterion`` column of the recommendation table (the
+registry's, :data:`vitplasticity.criteria.RECOMMEND_CRITERIA`)."""
 
 DEFAULT_CONFIGURATIONS: tuple[str, ...] = (
     "ln1",

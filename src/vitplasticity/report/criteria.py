@@ -63,7 +63,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from vitplasticity.components import COMPONENTS
+from vitplasticity.components import COMPONENTS, NORMS
+from vitplasticity.criteria import PAPER_PLASTICITY, PARAMETERS, REGISTRY
 from vitplasticity.report.criteria_statistics import (
     MIN_CONFIGURATIONS,
     RESULT_SCHEMA,
@@ -78,12 +79,6 @@ from vitplasticity.report.style import configuration_order
 PAPER_PROTOCOL = "embedding"
 """The plasticity protocol of the paper's reference code."""
 
-PAPER_PLASTICITY = "plasticity_paper_protocol"
-"""Criterion name of the measured plasticity under the paper's protocol."""
-
-PARAMETERS = "trainable_parameters"
-"""Criterion name of the trainable-parameter baseline (more = predicted better)."""
-
 CRITERION_SCHEMA: dict[str, pl.DataType] = {
     "model": pl.String(),
     "dataset": pl.String(),
@@ -94,60 +89,25 @@ CRITERION_SCHEMA: dict[str, pl.DataType] = {
 }
 """Columns of a criteria frame: one score per (model, dataset, configuration, criterion)."""
 
-CRITERION_LABELS: dict[str, str] = {
-    PAPER_PLASTICITY: "Plast. (paper)",
-    "plasticity_in_situ": "Plast. (in situ)",
-    PARAMETERS: "Params",
-    "plasticity": "Plast. (rec.)",
-    "relative_gradient_norm": "Rel. grad.",
-    "gradient_snr": "Grad. SNR",
-    "weight_spectral": "Spectral",
-    "nfn": "NFN",
-    "spectrum_snr": "Spectrum SNR",
-    "kappa": "kappa",
-}
-"""Short names of known criteria in tables and figures (others print as they are named)."""
-
-NO_SCORE_REASONS: dict[str, str] = {
-    "nfn": "a norm holds no linear map, so it has no NFN",
-    "spectrum_snr": "a norm holds no weight matrix, so it has no Spectrum SNR",
-    "kappa": "a norm holds no weight matrix, so it has no condition number",
-}
-"""Why a criterion has no score for a configuration of norms alone, by design."""
-
-LINEAR_NO_SCORE_REASONS: dict[str, str] = {
-    "nfn": "no linear map of it had an input of nonzero norm, so it has no NFN",
-    "spectrum_snr": (
-        "Spectrum's SNR is n/a for every weight matrix of it: no singular value at or below "
-        "the Marchenko-Pastur threshold (Spectrum's value would be sum(s)/s_max, not a "
-        "signal-to-noise ratio: e.g. a random-init FC1 or FC2, whose singular values bunch), "
-        "or a zero matrix (recommend/matrix_criteria.py)"
-    ),
-    "kappa": "every weight matrix of it is zero or singular, so it has no condition number",
-}
-"""Why a criterion has no score for a configuration that holds a linear component: every
-item of it was n/a (:mod:`vitplasticity.recommend.matrix_criteria` says why per matrix)."""
-
 
 def no_score_reasons(
     criterion: str, configurations: Sequence[str], name: Callable[[str], str] = str
 ) -> list[str]:
     """Why ``criterion`` has no score for ``configurations``, one reason per kind, each
     followed by the configurations it explains (printed by ``name``): norms alone
-    (:data:`NO_SCORE_REASONS`) and the others (:data:`LINEAR_NO_SCORE_REASONS`); none for a
-    criterion neither names."""
-    norms = [c for c in configurations if set(c.split("+")) <= {"ln1", "ln2"}]
+    (:attr:`~vitplasticity.criteria.Criterion.norms_na`) and the others
+    (:attr:`~vitplasticity.criteria.Criterion.linear_na`); none where the registry gives no
+    reason (or knows no such criterion)."""
+    entry = REGISTRY.get(criterion)
+    if entry is None:
+        return []
+    norms = [c for c in configurations if set(c.split("+")) <= NORMS]
     linear = [c for c in configurations if c not in norms]
     reasons = []
-    for names, known in ((norms, NO_SCORE_REASONS), (linear, LINEAR_NO_SCORE_REASONS)):
-        if names and criterion in known:
-            reasons.append(f"{known[criterion]} ({', '.join(map(name, names))})")
+    for names, reason in ((norms, entry.norms_na), (linear, entry.linear_na)):
+        if names and reason:
+            reasons.append(f"{reason} ({', '.join(map(name, names))})")
     return reasons
-
-
-def criterion_label(name: str) -> str:
-    """The printed name of a criterion."""
-    return CRITERION_LABELS.get(name, name)
 
 
 # --- criteria from their sources -------------------------------------------------------------

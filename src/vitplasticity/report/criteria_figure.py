@@ -13,8 +13,8 @@ from typing import Any
 
 import polars as pl
 
+from vitplasticity.criteria import short_label
 from vitplasticity.report.criteria import (
-    criterion_label,
     single_experiment,
     unscored_configurations,
 )
@@ -95,7 +95,7 @@ def _criterion_ticks(
         rows.group_by("criterion").agg(pl.col("spearman_rho").is_nan().sum()).iter_rows()
     )
     return [
-        criterion_label(c)
+        short_label(c)
         + (
             f" (no {', '.join(label(n) for n in unscored[(model, c)])})"
             if (model, c) in unscored

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from vitplasticity.criteria import short_label
 from vitplasticity.report.criteria import (
-    criterion_label,
     no_score_reasons,
     single_experiment,
     unscored_configurations,
@@ -172,7 +172,7 @@ def _rho_cell(rho: float | None, hit: float | None = None, bold: bool = False) -
 def _criterion_header(name: str) -> str:
     """A criterion's column head on two lines at its first space ("Plast." over "(paper)"),
     so that seven criteria fit a page's width."""
-    first, _, rest = criterion_label(name).partition(" ")
+    first, _, rest = short_label(name).partition(" ")
     if not rest:
         return escape(first)
     return rf"\begin{{tabular}}[b]{{@{{}}c@{{}}}}{escape(first)}\\{escape(rest)}\end{{tabular}}"
@@ -203,11 +203,10 @@ class _CriteriaRows:
                 "Model": model,
                 "Row": names[1],
                 **{
-                    criterion_label(c): plain_cell(t)
-                    for c, t in zip(self.criteria, plain, strict=True)
+                    short_label(c): plain_cell(t) for c, t in zip(self.criteria, plain, strict=True)
                 },
                 **{
-                    column: "; ".join(criterion_label(c) for c in marked.get(key, [])) or None
+                    column: "; ".join(short_label(c) for c in marked.get(key, [])) or None
                     for key, column in (("hit", "Top-1 hit"), ("best", "Best"))
                 },
             }
@@ -328,7 +327,7 @@ def criteria_table(result: pl.DataFrame, demo: bool = False) -> str:
     missing = unscored_configurations(result)
     unscored = sorted({c for _, c in missing})
     reasons = [
-        f"{escape(criterion_label(c))}: {escape('; '.join(why))}"
+        f"{escape(short_label(c))}: {escape('; '.join(why))}"
         for c in unscored
         if (why := no_score_reasons(c, _unscored_of(missing, c), label))
     ]

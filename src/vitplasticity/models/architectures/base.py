@@ -10,7 +10,7 @@ freezing and gradient groups, LoRA, recommend); none guesses from names.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -78,16 +78,6 @@ class AttentionWeights:
     """What the attention multiplies q.k by; None: the paper's 1 / sqrt(d_h). A model that
     scales otherwise (GPT2 with ``scale_attn_weights`` off, or ``scale_attn_by_inverse_layer_idx``)
     says so here: the MHA bound's A^h is the bilinear form of the logits the model computes."""
-
-
-@dataclass
-class BlockParts:
-    """One block's five components: per component, its module(s)."""
-
-    components: dict[str, tuple[nn.Module, ...]] = field(default_factory=dict)
-
-    def __getitem__(self, component: str) -> tuple[nn.Module, ...]:
-        return self.components[component]
 
 
 def linear_weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -449,14 +439,21 @@ class Architecture:
         return None
 
     def lora_targets(self, model: nn.Module) -> list[str]:
-        """Fully qualified names of the linear modules LoRA adapts (the attention linears)."""
+        """Fully qualified names of the linear modules LoRA adapts (:meth:`lora_linears` of
+        every block), in ``named_modules`` order."""
         targets = {
-            id(module)
-            for block in self.block_list(model)
-            for module in self.components(block)["mha"][0].modules()
-            if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+            id(module) for block in self.block_list(model) for module in self.lora_linears(block)
         }
         return [name for name, module in model.named_modules() if id(module) in targets]
+
+    def lora_linears(self, block: nn.Module) -> Sequence[nn.Module]:
+        """The linear modules of ``block`` that LoRA adapts (the default: every Linear or
+        Conv1D of its attention module)."""
+        return [
+            module
+            for module in self.components(block)["mha"][0].modules()
+            if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+        ]
 
     def prepare_lora(self, model: nn.Module) -> None:
         """Make every :meth:`lora_targets` module one the forward pass calls (the default: they

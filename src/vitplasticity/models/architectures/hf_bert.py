@@ -34,24 +34,22 @@ family.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
 from vitplasticity.components import COMPONENTS
 from vitplasticity.models.architectures.base import (
-    Architecture,
     AttentionWeights,
     Embedded,
     Owned,
     Parts,
     UnsupportedModel,
-    bare_model_of,
     check_fc1_mode,
     padded_linear,
     wrapper_head,
 )
+from vitplasticity.models.architectures.hf_text_common import HFText, check_fc2_width, is_linear
 
 BARE_CLASSES: tuple[str, ...] = ("BertModel", "RobertaModel")
 """The bare encoder classes of the family."""
@@ -99,45 +97,28 @@ def _own_parts(module: nn.Module, base: nn.Module) -> tuple[list[nn.Module], lis
     return modules, parameters
 
 
-class HFBert(Architecture):
+class HFBert(HFText):
     """transformers BertModel / RobertaModel: post-norm encoder layers, absolute positions."""
 
     name = "hf_bert"
     title = "transformers BertModel / RobertaModel"
     model_types = ("bert", "roberta")
-    inputs = "tokens"
     text_task = "masked"  # an encoder attends both ways: it has no next-token loss
-    bare_classes: tuple[str, ...] = BARE_CLASSES
-    """The bare encoder classes of the family (a subclass's own: DeBERTa-v2)."""
+    bare_classes = BARE_CLASSES  # a subclass's own: DeBERTa-v2's
+    embedding_names = ("embeddings",)
+    text_refusals = _REFUSALS
     layer_linears: tuple[str, ...] = LAYER_LINEARS
     """The linear layers every encoder layer has."""
 
     # --- what it is ---------------------------------------------------------------------------
 
-    def _bare(self, model: nn.Module) -> nn.Module | None:
-        return bare_model_of(model, self.bare_classes)
-
-    def encoder(self, model: nn.Module) -> nn.Module:
-        """The bare BertModel or RobertaModel: ``model``, or the one its task class holds.
-
-        Raises:
-            UnsupportedModel: when ``model`` is neither.
-        """
-        found = self._bare(model)
-        if found is None:
-            raise UnsupportedModel(f"{type(model).__name__} is not a {self.title}")
-        return found
-
-    def matches(self, model: nn.Module) -> bool:
-        return self._bare(model) is not None
-
     def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
-        return list(self.encoder(model).encoder.layer)
+        return list(self.bare(model).encoder.layer)
 
     def check_model(self, model: nn.Module) -> None:
         """Raise :class:`UnsupportedModel` naming a setting of the encoder that makes it no
         bidirectional encoder of once-run components."""
-        config, name = self.encoder(model).config, type(model).__name__
+        config, name = self.bare(model).config, type(model).__name__
         if config.is_decoder:
             raise UnsupportedModel(
                 f"{name} is configured as a decoder (is_decoder: causal attention, "
@@ -159,16 +140,12 @@ class HFBert(Architecture):
                 f"{layer} is not a {self.title} encoder layer: "
                 + (f"it lacks {missing}" if missing else "it has cross-attention")
             )
-        wrong = [n for n in self.layer_linears if not _is_linear(modules[n])]
+        wrong = [n for n in self.layer_linears if not is_linear(modules[n])]
         wrong += [n for n in LAYER_NORMS if not isinstance(modules[n], nn.LayerNorm)]
         if wrong:
             raise UnsupportedModel(f"{layer}: expected Linear and LayerNorm modules, got {wrong}")
         width = block.output.LayerNorm.normalized_shape[0]
-        if block.output.dense.in_features < width:
-            raise UnsupportedModel(
-                f"{layer}: output.dense takes {block.output.dense.in_features} features, fewer "
-                f"than the {width} of a token: the zero-padded FC2 input is undefined"
-            )
+        check_fc2_width(layer, "output.dense", block.output.dense.in_features, width)
         super().check_block(block, index, model)
 
     # --- which parameters are whose -----------------------------------------------------------
@@ -192,13 +169,10 @@ class HFBert(Architecture):
         parts = super().in_situ_parts(block, fc1)
         return {**parts, "mha": ((block.attention.self, block.attention.output.dense),)}
 
-    def embedding(self, model: nn.Module) -> Owned:
-        return Owned((self.encoder(model).embeddings,))
-
     def head(self, model: nn.Module) -> Owned:
         """The pooler (when there is one), and what a task class adds beside the bare model,
         a parameter it ties to the bare model's (the MLM decoder's word embedding) left out."""
-        encoder = self.encoder(model)
+        encoder = self.bare(model)
         pooler = getattr(encoder, "pooler", None)  # DeBERTa-v2's bare model has none
         modules: list[nn.Module] = [] if pooler is None else [pooler]
         parameters: list[nn.Parameter] = []
@@ -213,7 +187,7 @@ class HFBert(Architecture):
     def max_length(self, model: nn.Module) -> int:
         """The longest sequence the position embedding numbers (RoBERTa's start after the
         padding position)."""
-        embeddings = self.encoder(model).embeddings
+        embeddings = self.bare(model).embeddings
         count = embeddings.position_embeddings.num_embeddings
         padding = getattr(embeddings, "padding_idx", None)
         return count if padding is None else count - padding - 1
@@ -229,21 +203,8 @@ class HFBert(Architecture):
             raise ValueError(
                 f"sequences of {inputs.shape[1]} tokens exceed the model's {limit} positions"
             )
-        return Embedded(self.encoder(model).embeddings(input_ids=inputs))  # (B, L, d)
-
-    def attend(
-        self, attention: nn.Module, tokens: torch.Tensor, embedded: Embedded, index: int
-    ) -> torch.Tensor:
-        return attention(tokens)[0]  # (output, weights); no mask: bidirectional
-
-    def hook_output(self, output: Any) -> torch.Tensor:
-        return output[0] if isinstance(output, tuple) else output
-
-    def run_block(
-        self, block: nn.Module, index: int, tokens: torch.Tensor, embedded: Embedded
-    ) -> torch.Tensor:
-        out = block(tokens)
-        return out[0] if isinstance(out, tuple) else out
+        # No mask (bidirectional), nothing else beside the tokens: HFText's layer_inputs.
+        return Embedded(self.bare(model).embeddings(input_ids=inputs))  # (B, L, d)
 
     def _mha(
         self,
@@ -308,27 +269,12 @@ class HFBert(Architecture):
             attention.num_attention_heads,
         )
 
-    def lora_targets(self, model: nn.Module) -> list[str]:
-        """``query``, ``key``, ``value`` and ``attention.output.dense`` of every layer."""
-        targets = {
-            id(linear)
-            for block in self.block_list(model)
-            for linear in (
-                block.attention.self.query,
-                block.attention.self.key,
-                block.attention.self.value,
-                block.attention.output.dense,
-            )
-        }
-        return [name for name, module in model.named_modules() if id(module) in targets]
-
-    def refusal(self, stage: str, model: nn.Module) -> str | None:
-        reason = _REFUSALS.get(stage)
-        return None if reason is None else f"{type(model).__name__} is a text model: {reason}"
-
-
-def _is_linear(module: nn.Module) -> bool:
-    """A Linear, or peft's LoRA layer around one (its ``base_layer``)."""
-    return isinstance(module, nn.Linear) or isinstance(
-        getattr(module, "base_layer", None), nn.Linear
-    )
+    def lora_linears(self, block: nn.Module) -> Sequence[nn.Module]:
+        """``query``, ``key``, ``value`` and ``attention.output.dense``."""
+        attention = block.attention
+        return (
+            attention.self.query,
+            attention.self.key,
+            attention.self.value,
+            attention.output.dense,
+        )

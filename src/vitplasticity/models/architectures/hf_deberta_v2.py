@@ -41,7 +41,9 @@ logits are ``x A x^T`` at the module's scale, and every bound is defined.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -100,7 +102,7 @@ class HFDebertaV2(HFBert):
     def check_model(self, model: nn.Module) -> None:
         """Raise :class:`UnsupportedModel` naming what the encoder has beside its layers that
         no component accounts for (in place of BERT's checks)."""
-        bare, name = self.encoder(model), type(model).__name__
+        bare, name = self.bare(model), type(model).__name__
         if getattr(bare.encoder, "conv", None) is not None:
             raise UnsupportedModel(
                 f"{name} has a convolution after its first layer (conv_kernel_size="
@@ -120,7 +122,7 @@ class HFDebertaV2(HFBert):
 
     def declared(self, model: nn.Module) -> list[Declared]:
         """The encoder's relative embeddings and their LayerNorm, trained with MHA."""
-        encoder = self.encoder(model).encoder
+        encoder = self.bare(model).encoder
         found = []
         if getattr(encoder, "rel_embeddings", None) is not None:
             found.append(Declared("rel_embeddings", "mha", Owned((encoder.rel_embeddings,))))
@@ -133,7 +135,7 @@ class HFDebertaV2(HFBert):
     def max_length(self, model: nn.Module) -> int:
         """The model's ``max_position_embeddings`` (its absolute positions, when it has them;
         the relative distances are numbered up to it too)."""
-        return self.encoder(model).config.max_position_embeddings
+        return self.bare(model).config.max_position_embeddings
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         """``embeddings(ids)``, and the all-ones mask, relative positions and relative
@@ -147,7 +149,7 @@ class HFDebertaV2(HFBert):
             raise ValueError(
                 f"sequences of {inputs.shape[1]} tokens exceed the model's {limit} positions"
             )
-        bare = self.encoder(model)
+        bare = self.bare(model)
         tokens = bare.embeddings(input_ids=inputs)  # (B, L, d); no mask: all ones
         encoder = bare.encoder
         ones = torch.ones(1, inputs.shape[1], device=inputs.device)
@@ -158,32 +160,19 @@ class HFDebertaV2(HFBert):
         )
         return Embedded(tokens, context)
 
-    def attend(
-        self, attention: nn.Module, tokens: torch.Tensor, embedded: Embedded, index: int
-    ) -> torch.Tensor:
+    def layer_inputs(self, embedded: Embedded, index: int) -> dict[str, Any]:
+        """The mask, relative positions and relative embeddings (a layer's and its attention's)."""
         context: DebertaContext = embedded.context
-        return attention(
-            tokens,
-            context.mask,
-            relative_pos=context.relative_pos,
-            rel_embeddings=context.rel_embeddings,
-        )[0]  # (output, weights)
-
-    def run_block(
-        self, block: nn.Module, index: int, tokens: torch.Tensor, embedded: Embedded
-    ) -> torch.Tensor:
-        context: DebertaContext = embedded.context
-        return block(
-            tokens,
-            context.mask,
-            relative_pos=context.relative_pos,
-            rel_embeddings=context.rel_embeddings,
-        )[0]  # (output, weights)
+        return {
+            "attention_mask": context.mask,
+            "relative_pos": context.relative_pos,
+            "rel_embeddings": context.rel_embeddings,
+        }
 
     # --- other stages -------------------------------------------------------------------------
 
     def mha_bound_refusal(self, model: nn.Module) -> str | None:
-        if self.encoder(model).encoder.relative_attention:
+        if self.bare(model).encoder.relative_attention:
             return f"{type(model).__name__} {_RELATIVE_REASON}"
         return None
 
@@ -208,21 +197,12 @@ class HFDebertaV2(HFBert):
             logit_scale=1.0 / math.sqrt(attention.attention_head_size * terms),
         )
 
-    def lora_targets(self, model: nn.Module) -> list[str]:
-        """Every linear layer of MHA in every layer: ``query_proj``, ``key_proj``,
-        ``value_proj``, the position projections where the layer has them, and
-        ``attention.output.dense``."""
-        targets = {
-            id(linear)
-            for block in self.block_list(model)
-            for linear in (
-                *(getattr(block.attention.self, name) for name in ATTENTION_LINEARS),
-                *(
-                    getattr(block.attention.self, name)
-                    for name in POSITION_LINEARS
-                    if hasattr(block.attention.self, name)
-                ),
-                block.attention.output.dense,
-            )
-        }
-        return [name for name, module in model.named_modules() if id(module) in targets]
+    def lora_linears(self, block: nn.Module) -> Sequence[nn.Module]:
+        """Every linear layer of MHA: ``query_proj``, ``key_proj``, ``value_proj``, the position
+        projections where the layer has them, and ``attention.output.dense``."""
+        attention = block.attention.self
+        return (
+            *(getattr(attention, name) for name in ATTENTION_LINEARS),
+            *(getattr(attention, name) for name in POSITION_LINEARS if hasattr(attention, name)),
+            block.attention.output.dense,
+        )

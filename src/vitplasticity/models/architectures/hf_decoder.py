@@ -36,23 +36,21 @@ import torch
 from torch import nn
 
 from vitplasticity.models.architectures.base import (
-    Architecture,
     AttentionWeights,
     Embedded,
-    Owned,
     UndefinedStage,
     UnsupportedModel,
-    base_model_of,
     check_fc1_mode,
-    wrapper_head,
+)
+from vitplasticity.models.architectures.hf_text_common import (
+    HFText,
+    additive_mask,
+    check_fc2_width,
 )
 
 ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa")
 """The attention implementations an explicit float mask is exact for (flash and flex attention
 take no additive mask)."""
-
-MODEL_PARTS: tuple[str, ...] = ("embed_tokens", "layers", "norm", "rotary_emb")
-"""What a bare decoder model holds: token embedding, layers, final norm, rotary embedding."""
 
 ATTENTION_LINEARS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -89,13 +87,6 @@ class DecoderContext:
     rotary: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer, (cos, sin) (1, L, d_h)
 
 
-def _is_linear(module: nn.Module) -> bool:
-    """A Linear, or peft's LoRA layer around one (its ``base_layer``)."""
-    return isinstance(module, nn.Linear) or isinstance(
-        getattr(module, "base_layer", None), nn.Linear
-    )
-
-
 def check_attention_implementation(name: str, config: Any) -> None:
     """Raise :class:`UnsupportedModel` when the model ``name`` (of transformers ``config``) runs
     an attention implementation that would not apply the explicit additive mask every stage
@@ -109,32 +100,19 @@ def check_attention_implementation(name: str, config: Any) -> None:
         )
 
 
-def _class_names(model: nn.Module) -> list[str]:
-    return [cls.__name__ for cls in type(model).__mro__]
-
-
-def additive_mask(length: int, window: int | None, tokens: torch.Tensor) -> torch.Tensor:
-    """Additive mask (1, 1, L, L): 0 where query i may see key j (j <= i, and i - j < window
-    for a sliding window, as transformers' ``sliding_window_overlay``), the dtype's min
-    elsewhere."""
-    query = torch.arange(length, device=tokens.device)[:, None]
-    key = torch.arange(length, device=tokens.device)[None, :]
-    blocked = key > query
-    if window is not None:
-        blocked |= key <= query - window
-    mask = torch.zeros(length, length, dtype=tokens.dtype, device=tokens.device)
-    return mask.masked_fill(blocked, torch.finfo(tokens.dtype).min)[None, None]
-
-
-class HFDecoder(Architecture):
+class HFDecoder(HFText):
     """A transformers decoder-only language model with RMSNorm, rotary positions and a gated
     MLP. Subclasses set :attr:`variants` and :attr:`ln2_name` (and :attr:`ln1_name` where it is
     not ``input_layernorm``), and override :meth:`compose_block` where the layer is not the
     pre-norm block (OLMo2)."""
 
-    inputs = "tokens"
     variants: ClassVar[dict[str, Variant]] = {}
     """The bare model classes of the family, by class name."""
+    embedding_names = ("embed_tokens",)
+    layers_name = "layers"
+    final_norm_name = "norm"
+    model_parts = ("rotary_emb",)
+    text_refusals = _REFUSALS
     ln1_name: str = "input_layernorm"
     """The layer's LN1: its norm before attention (OLMo2, which has none, the norm of the
     attention's output)."""
@@ -149,30 +127,22 @@ class HFDecoder(Architecture):
 
     # --- what it is ---------------------------------------------------------------------------
 
-    def _bare(self, model: nn.Module) -> tuple[nn.Module, Variant] | None:
-        """The bare decoder model that ``model`` is or wraps (a task class's base model) and its
-        variant; None when ``model`` is not of the family."""
-        for candidate in (model, base_model_of(model)):
-            if candidate is None:
-                continue
-            for name in _class_names(candidate):
-                if name in self.variants:
-                    return candidate, self.variants[name]
-        return None
+    @property
+    def bare_classes(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The family's bare classes: its :attr:`variants`."""
+        return tuple(self.variants)
 
     def decoder(self, model: nn.Module) -> tuple[nn.Module, Variant]:
-        """The bare decoder model and its variant.
+        """The bare decoder model and its variant (of the first class in its MRO that has one).
 
         Raises:
             UnsupportedModel: when ``model`` is not of this family.
         """
-        found = self._bare(model)
-        if found is None:
-            raise UnsupportedModel(f"{type(model).__name__} is not a {self.title}")
-        return found
-
-    def matches(self, model: nn.Module) -> bool:
-        return self._bare(model) is not None
+        bare = self.bare(model)
+        variant = next(
+            self.variants[c.__name__] for c in type(bare).__mro__ if c.__name__ in self.variants
+        )
+        return bare, variant
 
     def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
         decoder, _ = self.decoder(model)
@@ -180,12 +150,11 @@ class HFDecoder(Architecture):
         return list(decoder.layers[: decoder.config.num_hidden_layers])
 
     def check_model(self, model: nn.Module) -> None:
-        """Raise :class:`UnsupportedModel` naming what the model has unlike the family."""
-        decoder, _ = self.decoder(model)
-        name = type(model).__name__
-        missing = [part for part in MODEL_PARTS if not hasattr(decoder, part)]
-        if missing:
-            raise UnsupportedModel(f"{name} is not a {self.title}: it lacks {missing}")
+        """Raise :class:`UnsupportedModel` naming what the model has unlike the family (a part
+        it lacks, an attention implementation the explicit mask is not exact for, bidirectional
+        attention, an lm_head that is no Linear)."""
+        super().check_model(model)
+        decoder, name = self.bare(model), type(model).__name__
         check_attention_implementation(name, decoder.config)
         if getattr(decoder.config, "use_bidirectional_attention", False):
             raise UnsupportedModel(
@@ -201,22 +170,10 @@ class HFDecoder(Architecture):
             *(f"self_attn.{n}" for n in self.attention_linears),
             *(f"mlp.{n}" for n in (*self.fc1_linears, "down_proj")),
         ]
-        modules = dict(block.named_modules())
-        missing = [name for name in [self.ln1_name, self.ln2_name, *linears] if name not in modules]
-        if missing:
-            raise UnsupportedModel(f"{layer} is not a {self.title} layer: it lacks {missing}")
-        not_linear = [name for name in linears if not _is_linear(modules[name])]
-        if not_linear or not hasattr(block.mlp, self.activation):
-            raise UnsupportedModel(
-                f"{layer}: expected Linear {not_linear or linears} and an MLP activation "
-                f"{self.activation}"
-            )
+        norms = (self.ln1_name, self.ln2_name)
+        self.check_layer_modules(block, layer, norms, linears, self.activation)
         width = getattr(block, self.ln1_name).weight.shape[0]
-        if block.mlp.down_proj.in_features < width:
-            raise UnsupportedModel(
-                f"{layer}: down_proj takes {block.mlp.down_proj.in_features} features, fewer than "
-                f"the {width} of a token: the zero-padded FC2 input is undefined"
-            )
+        check_fc2_width(layer, "down_proj", block.mlp.down_proj.in_features, width)
         super().check_block(block, index, model)
 
     # --- which parameters are whose -----------------------------------------------------------
@@ -237,17 +194,6 @@ class HFDecoder(Architecture):
             else (mlp.up_proj,),
             "fc2": (mlp.down_proj,),
         }
-
-    def embedding(self, model: nn.Module) -> Owned:
-        decoder, _ = self.decoder(model)
-        return Owned((decoder.embed_tokens,))
-
-    def head(self, model: nn.Module) -> Owned:
-        """The final norm, and what a task class adds: a causal LM's ``lm_head`` unless it is
-        tied to the token embedding (its weight is then the embedding's, trained by ``emb``),
-        a classifier's ``score``."""
-        decoder, _ = self.decoder(model)
-        return Owned((decoder.norm, *wrapper_head(model, decoder)))
 
     # --- how it runs --------------------------------------------------------------------------
 
@@ -298,33 +244,23 @@ class HFDecoder(Architecture):
         )
         return Embedded(tokens, context)
 
-    def attend(
-        self, attention: nn.Module, tokens: torch.Tensor, embedded: Embedded, index: int
-    ) -> torch.Tensor:
+    def layer_inputs(self, embedded: Embedded, index: int) -> dict[str, Any]:
+        """Layer ``index``'s mask and rotary cos/sin, and the positions."""
         context: DecoderContext = embedded.context
-        return attention(
-            hidden_states=tokens,
-            position_embeddings=context.rotary[index],
-            attention_mask=context.masks[index],
-        )[0]  # (output, weights)
+        return {
+            "attention_mask": context.masks[index],
+            "position_embeddings": context.rotary[index],
+            "position_ids": context.positions,
+        }
 
-    def hook_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-        return args[0] if args else kwargs["hidden_states"]  # self_attn(hidden_states=...)
-
-    def hook_output(self, output: Any) -> torch.Tensor:
-        return output[0] if isinstance(output, tuple) else output  # attn: (output, weights)
-
-    def run_block(
-        self, block: nn.Module, index: int, tokens: torch.Tensor, embedded: Embedded
-    ) -> torch.Tensor:
+    def attention_inputs(self, embedded: Embedded, index: int) -> dict[str, Any]:
+        """Layer ``index``'s mask and rotary cos/sin (a layer hands its attention no
+        positions)."""
         context: DecoderContext = embedded.context
-        out = block(
-            tokens,
-            attention_mask=context.masks[index],
-            position_embeddings=context.rotary[index],
-            position_ids=context.positions,
-        )
-        return out[0] if isinstance(out, tuple) else out
+        return {
+            "position_embeddings": context.rotary[index],
+            "attention_mask": context.masks[index],
+        }
 
     def mlp(
         self,
@@ -351,16 +287,6 @@ class HFDecoder(Architecture):
             "rotary positions"
         )
 
-    def lora_targets(self, model: nn.Module) -> list[str]:
-        """The attention's linear layers in every layer (``self_attn.{q,k,v,o}_proj``; fully
-        qualified names)."""
-        targets = {
-            id(getattr(block.self_attn, name))
-            for block in self.block_list(model)
-            for name in self.attention_linears
-        }
-        return [name for name, module in model.named_modules() if id(module) in targets]
-
-    def refusal(self, stage: str, model: nn.Module) -> str | None:
-        reason = _REFUSALS.get(stage)
-        return None if reason is None else f"{type(model).__name__} is a text model: {reason}"
+    def lora_linears(self, block: nn.Module) -> Sequence[nn.Module]:
+        """The attention's linear layers (``self_attn.{q,k,v,o}_proj``)."""
+        return tuple(getattr(block.self_attn, name) for name in self.attention_linears)

@@ -69,14 +69,14 @@ class HFFalcon(HFParallel):
     name = "hf_falcon"
     title = "transformers FalconModel"
     model_types = ("falcon",)
-    bare_class = "FalconModel"
-    embedding_name = "word_embeddings"
+    bare_classes = ("FalconModel",)
+    embedding_names = ("word_embeddings",)
     layers_name = "h"
     final_norm_name = "ln_f"
     attention_name = "self_attention"
 
     def check_config(self, model: nn.Module) -> None:
-        reason = refusal(self.decoder(model).config)
+        reason = refusal(self.bare(model).config)
         if reason is not None:
             raise UnsupportedModel(f"{type(model).__name__} is refused: {reason}")
 

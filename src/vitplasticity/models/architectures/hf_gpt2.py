@@ -27,76 +27,35 @@ import torch
 from torch import nn
 
 from vitplasticity.models.architectures.base import (
-    Architecture,
     AttentionWeights,
     Embedded,
-    Owned,
     UnsupportedModel,
-    bare_model_of,
     check_fc1_mode,
     linear_weight,
-    wrapper_head,
+)
+from vitplasticity.models.architectures.hf_text_common import (
+    HFText,
+    additive_mask,
+    check_fc2_width,
 )
 
-MODEL_PARTS: tuple[str, ...] = ("wte", "wpe", "drop", "h", "ln_f")
-"""What ``GPT2Model`` holds beside its blocks: token and position embeddings, the embedding
-dropout, the blocks and the final norm."""
 
-_REFUSALS: dict[str, str] = {}
-"""The stages a GPT2 model is refused by, and why (plasticity, lora, finetune and recommend
-on text, ``vitplasticity finetune-text`` and ``recommend-text``, and the bounds on text,
-``vitplasticity text-bounds``, are supported)."""
-
-
-def _causal_mask(length: int, tokens: torch.Tensor) -> torch.Tensor:
-    """Additive causal mask (1, 1, L, L): 0 on and below the diagonal, the dtype's min above.
-
-    Passed explicitly so that every attention implementation (eager adds it, SDPA takes it)
-    is causal; without a mask the eager one would attend to the future.
-    """
-    blocked = torch.ones(length, length, dtype=torch.bool, device=tokens.device).triu(1)
-    mask = torch.zeros(length, length, dtype=tokens.dtype, device=tokens.device)
-    return mask.masked_fill(blocked, torch.finfo(tokens.dtype).min)[None, None]
-
-
-class HFGPT2(Architecture):
+class HFGPT2(HFText):
     """transformers ``GPT2Model`` (and the task classes around one): token + position
-    embedding, causal attention, Conv1D MLP."""
+    embedding, causal attention, Conv1D MLP. No stage is refused (plasticity, lora, finetune
+    and recommend on text, ``vitplasticity finetune-text`` and ``recommend-text``, and the
+    bounds on text, ``vitplasticity text-bounds``, are supported)."""
 
     name = "hf_gpt2"
     title = "transformers GPT2Model"
     model_types = ("gpt2",)
-    inputs = "tokens"
+    bare_classes = ("GPT2Model",)
+    embedding_names = ("wte", "wpe")
+    layers_name = "h"
+    final_norm_name = "ln_f"
+    model_parts = ("drop",)  # the embedding's dropout
 
     # --- what it is ---------------------------------------------------------------------------
-
-    def _gpt2(self, model: nn.Module) -> nn.Module | None:
-        """The GPT2Model that ``model`` is or wraps (None: neither)."""
-        return bare_model_of(model, ("GPT2Model",))
-
-    def transformer(self, model: nn.Module) -> nn.Module:
-        """The GPT2Model: ``model`` itself, or the one its task class holds.
-
-        Raises:
-            UnsupportedModel: when ``model`` is neither.
-        """
-        found = self._gpt2(model)
-        if found is None:
-            raise UnsupportedModel(f"{type(model).__name__} is not a GPT2Model")
-        return found
-
-    def matches(self, model: nn.Module) -> bool:
-        return self._gpt2(model) is not None
-
-    def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
-        return list(getattr(self.transformer(model), "h", []))
-
-    def check_model(self, model: nn.Module) -> None:
-        """Raise :class:`UnsupportedModel` naming the parts of a GPT2Model the model lacks."""
-        gpt2 = self.transformer(model)
-        missing = [name for name in MODEL_PARTS if not hasattr(gpt2, name)]
-        if missing:
-            raise UnsupportedModel(f"{type(model).__name__} is not a GPT2Model: it lacks {missing}")
 
     def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
         # Cross-attention (add_cross_attention) is a third sublayer the paper's block has not.
@@ -107,13 +66,9 @@ class HFGPT2(Architecture):
             )
         super().check_block(block, index, model)
         weight, _ = linear_weight(block.mlp.c_proj)
-        width = self.transformer(model).wte.embedding_dim
-        if weight.shape[1] < width:
-            raise UnsupportedModel(
-                f"block {index}: {type(block.mlp.c_proj).__name__} fc2 takes {weight.shape[1]} "
-                f"features, fewer than the {width} of a token: the zero-padded FC2 input is "
-                "undefined"
-            )
+        width = self.bare(model).wte.embedding_dim
+        fc2 = f"{type(block.mlp.c_proj).__name__} fc2"
+        check_fc2_width(f"block {index}", fc2, weight.shape[1], width)
 
     # --- which parameters are whose -----------------------------------------------------------
 
@@ -128,15 +83,6 @@ class HFGPT2(Architecture):
             "fc2": (block.mlp.c_proj,),
         }
 
-    def embedding(self, model: nn.Module) -> Owned:
-        gpt2 = self.transformer(model)
-        return Owned((gpt2.wte, gpt2.wpe))
-
-    def head(self, model: nn.Module) -> Owned:
-        """The final norm, and what a task class adds (``score``, an untied ``lm_head``)."""
-        gpt2 = self.transformer(model)
-        return Owned((gpt2.ln_f, *wrapper_head(model, gpt2)))
-
     # --- how it runs --------------------------------------------------------------------------
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
@@ -145,7 +91,7 @@ class HFGPT2(Architecture):
         Raises:
             ValueError: for sequences longer than the model's positions.
         """
-        gpt2, length = self.transformer(model), inputs.shape[1]
+        gpt2, length = self.bare(model), inputs.shape[1]
         if length > gpt2.wpe.num_embeddings:
             raise ValueError(
                 f"sequences of {length} tokens exceed the model's {gpt2.wpe.num_embeddings} "
@@ -153,21 +99,11 @@ class HFGPT2(Architecture):
             )
         positions = torch.arange(length, device=inputs.device)[None]  # (1, L)
         tokens = gpt2.drop(gpt2.wte(inputs) + gpt2.wpe(positions))  # (B, L, d)
-        return Embedded(tokens, _causal_mask(length, tokens))
+        return Embedded(tokens, additive_mask(length, None, tokens))
 
-    def attend(
-        self, attention: nn.Module, tokens: torch.Tensor, embedded: Embedded, index: int
-    ) -> torch.Tensor:
-        return attention(tokens, attention_mask=embedded.context)[0]  # (output, weights)
-
-    def hook_output(self, output: Any) -> torch.Tensor:
-        return output[0] if isinstance(output, tuple) else output  # attn: (output, weights)
-
-    def run_block(
-        self, block: nn.Module, index: int, tokens: torch.Tensor, embedded: Embedded
-    ) -> torch.Tensor:
-        out = block(tokens, attention_mask=embedded.context)
-        return out[0] if isinstance(out, tuple) else out
+    def layer_inputs(self, embedded: Embedded, index: int) -> dict[str, Any]:
+        """The causal mask (a block's and its attention's)."""
+        return {"attention_mask": embedded.context}
 
     def mlp(
         self,
@@ -195,15 +131,6 @@ class HFGPT2(Architecture):
             query, key, value, output, attention.num_heads, float(attention.scaling)
         )
 
-    def lora_targets(self, model: nn.Module) -> list[str]:
-        """``attn.c_attn`` and ``attn.c_proj`` of every block (fully qualified names)."""
-        targets = {
-            id(linear)
-            for block in self.block_list(model)
-            for linear in (block.attn.c_attn, block.attn.c_proj)
-        }
-        return [name for name, module in model.named_modules() if id(module) in targets]
-
-    def refusal(self, stage: str, model: nn.Module) -> str | None:
-        reason = _REFUSALS.get(stage)
-        return None if reason is None else f"{type(model).__name__} is a text model: {reason}"
+    def lora_linears(self, block: nn.Module) -> Sequence[nn.Module]:
+        """``attn.c_attn`` and ``attn.c_proj``."""
+        return (block.attn.c_attn, block.attn.c_proj)

@@ -31,8 +31,8 @@ class HFGPTNeoX(HFParallel):
     name = "hf_gpt_neox"
     title = "transformers GPTNeoXModel"
     model_types = ("gpt_neox",)
-    bare_class = "GPTNeoXModel"
-    embedding_name = "embed_in"
+    bare_classes = ("GPTNeoXModel",)
+    embedding_names = ("embed_in",)
     layers_name = "layers"
     final_norm_name = "final_layer_norm"
     attention_name = "attention"

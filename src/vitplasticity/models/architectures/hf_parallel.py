@@ -26,7 +26,6 @@ transformers is optional and not imported to answer "no".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,20 +33,19 @@ from torch import nn
 
 from vitplasticity.components import COMPONENTS
 from vitplasticity.models.architectures.base import (
-    Architecture,
     AttentionWeights,
     Embedded,
-    Owned,
     UndefinedStage,
-    UnsupportedModel,
-    bare_model_of,
     check_fc1_mode,
-    wrapper_head,
 )
 from vitplasticity.models.architectures.hf_decoder import (
     DecoderContext,
-    additive_mask,
     check_attention_implementation,
+)
+from vitplasticity.models.architectures.hf_text_common import (
+    HFText,
+    additive_mask,
+    check_fc2_width,
 )
 
 PARALLEL, SEQUENTIAL = "parallel", "sequential"
@@ -65,51 +63,17 @@ _ROTARY = (
 )
 
 
-def _is_linear(module: nn.Module) -> bool:
-    """A Linear (Falcon's ``FalconLinear`` is one), or peft's LoRA layer around one."""
-    return isinstance(module, nn.Linear) or isinstance(
-        getattr(module, "base_layer", None), nn.Linear
-    )
-
-
-class HFParallel(Architecture):
+class HFParallel(HFText):
     """A transformers decoder whose layers run attention and MLP in parallel (or, configured
-    so, one after the other). Subclasses name the model's parts and say each layer's layout
-    and norms (:meth:`layout`, :meth:`norm_names`)."""
+    so, one after the other). Subclasses name the model's parts (its bare class, token
+    embedding, layers, final norm, a layer's attention) and say each layer's layout and norms
+    (:meth:`layout`, :meth:`norm_names`)."""
 
-    inputs = "tokens"
-    bare_class: str = ""
-    """The bare model's class name (``GPTNeoXModel``)."""
-    embedding_name: str = ""
-    """The bare model's token embedding."""
-    layers_name: str = ""
-    """The bare model's list of layers."""
-    final_norm_name: str = ""
-    """The bare model's norm after the last layer."""
+    model_parts = ("rotary_emb",)
     attention_name: str = ""
     """A layer's attention module."""
 
     # --- what it is ---------------------------------------------------------------------------
-
-    def _bare(self, model: nn.Module) -> nn.Module | None:
-        return bare_model_of(model, (self.bare_class,))
-
-    def decoder(self, model: nn.Module) -> nn.Module:
-        """The bare model: ``model`` itself, or the one its task class holds.
-
-        Raises:
-            UnsupportedModel: when ``model`` is neither.
-        """
-        found = self._bare(model)
-        if found is None:
-            raise UnsupportedModel(f"{type(model).__name__} is not a {self.bare_class}")
-        return found
-
-    def matches(self, model: nn.Module) -> bool:
-        return self._bare(model) is not None
-
-    def block_list(self, model: nn.Module) -> Sequence[nn.Module]:
-        return list(getattr(self.decoder(model), self.layers_name, []))
 
     def layout(self, block: nn.Module) -> str:
         """:data:`PARALLEL` or :data:`SEQUENTIAL`, as the layer's forward runs.
@@ -128,13 +92,11 @@ class HFParallel(Architecture):
         cannot account for (the default: none)."""
 
     def check_model(self, model: nn.Module) -> None:
-        """Raise :class:`UnsupportedModel` naming what the model has unlike the family."""
-        decoder, name = self.decoder(model), type(model).__name__
-        parts = (self.embedding_name, self.layers_name, self.final_norm_name, "rotary_emb")
-        missing = [part for part in parts if not hasattr(decoder, part)]
-        if missing:
-            raise UnsupportedModel(f"{name} is not a {self.title}: it lacks {missing}")
-        check_attention_implementation(name, decoder.config)
+        """Raise :class:`UnsupportedModel` naming what the model has unlike the family (a part
+        it lacks, an attention implementation the explicit mask is not exact for, a setting of
+        its config)."""
+        super().check_model(model)
+        check_attention_implementation(type(model).__name__, self.bare(model).config)
         self.check_config(model)
 
     def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
@@ -144,23 +106,11 @@ class HFParallel(Architecture):
             *(f"{self.attention_name}.{n}" for n in ATTENTION_LINEARS),
             *(f"mlp.{n}" for n in (FC1_NAME, FC2_NAME)),
         ]
-        modules = dict(block.named_modules())
-        missing = [n for n in [*self.norm_names(block), *linears] if n not in modules]
-        if missing:
-            raise UnsupportedModel(f"{layer} is not a {self.title} layer: it lacks {missing}")
-        not_linear = [n for n in linears if not _is_linear(modules[n])]
-        if not_linear or not hasattr(block.mlp, ACTIVATION):
-            raise UnsupportedModel(
-                f"{layer}: expected Linear {not_linear or linears} and an MLP activation "
-                f"{ACTIVATION}"
-            )
+        modules = self.check_layer_modules(
+            block, layer, self.norm_names(block), linears, ACTIVATION
+        )
         width = modules[self.norm_names(block)[0]].weight.shape[0]
-        fc2 = modules[f"mlp.{FC2_NAME}"]
-        if fc2.in_features < width:
-            raise UnsupportedModel(
-                f"{layer}: {FC2_NAME} takes {fc2.in_features} features, fewer than the {width} "
-                "of a token: the zero-padded FC2 input is undefined"
-            )
+        check_fc2_width(layer, FC2_NAME, modules[f"mlp.{FC2_NAME}"].in_features, width)
         super().check_block(block, index, model)
 
     # --- which parameters are whose -----------------------------------------------------------
@@ -177,20 +127,12 @@ class HFParallel(Architecture):
             "fc2": (getattr(block.mlp, FC2_NAME),),
         }
 
-    def embedding(self, model: nn.Module) -> Owned:
-        return Owned((getattr(self.decoder(model), self.embedding_name),))
-
-    def head(self, model: nn.Module) -> Owned:
-        """The final norm, and what a task class adds (an untied ``lm_head``, ``score``,
-        ``classifier``, ``qa_outputs``)."""
-        decoder = self.decoder(model)
-        return Owned((getattr(decoder, self.final_norm_name), *wrapper_head(model, decoder)))
-
     # --- how it runs --------------------------------------------------------------------------
 
     def embedded_tokens(self, decoder: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         """What the model's forward feeds its first layer (the default: the token embedding)."""
-        return getattr(decoder, self.embedding_name)(inputs)
+        (token_embedding,) = self.embedding_names
+        return getattr(decoder, token_embedding)(inputs)
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> Embedded:
         """The embedding output and what every layer gets beside it: the causal mask and the
@@ -199,7 +141,7 @@ class HFParallel(Architecture):
         Raises:
             ValueError: for sequences longer than the model's ``max_position_embeddings``.
         """
-        decoder = self.decoder(model)
+        decoder = self.bare(model)
         length, limit = inputs.shape[1], decoder.config.max_position_embeddings
         if length > limit:
             raise ValueError(f"sequences of {length} tokens exceed the model's {limit} positions")
@@ -210,34 +152,15 @@ class HFParallel(Architecture):
         mask = additive_mask(length, None, tokens)
         return Embedded(tokens, DecoderContext(positions, (mask,) * count, (rotary,) * count))
 
-    def attend(
-        self, attention: nn.Module, tokens: torch.Tensor, embedded: Embedded, index: int
-    ) -> torch.Tensor:
+    def layer_inputs(self, embedded: Embedded, index: int) -> dict[str, Any]:
+        """Layer ``index``'s mask, the positions and its rotary cos/sin (a layer's and its
+        attention's)."""
         context: DecoderContext = embedded.context
-        return attention(
-            hidden_states=tokens,
-            attention_mask=context.masks[index],
-            position_ids=context.positions,
-            position_embeddings=context.rotary[index],
-        )[0]  # (output, weights)
-
-    def hook_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-        return args[0] if args else kwargs["hidden_states"]
-
-    def hook_output(self, output: Any) -> torch.Tensor:
-        return output[0] if isinstance(output, tuple) else output  # attn: (output, weights)
-
-    def run_block(
-        self, block: nn.Module, index: int, tokens: torch.Tensor, embedded: Embedded
-    ) -> torch.Tensor:
-        context: DecoderContext = embedded.context
-        out = block(
-            tokens,
-            attention_mask=context.masks[index],
-            position_ids=context.positions,
-            position_embeddings=context.rotary[index],
-        )
-        return out[0] if isinstance(out, tuple) else out
+        return {
+            "attention_mask": context.masks[index],
+            "position_ids": context.positions,
+            "position_embeddings": context.rotary[index],
+        }
 
     def mlp(
         self,
