@@ -7,7 +7,9 @@ from snakemake.exceptions import WorkflowError
 from vitplasticity.workflow.config import check_config, check_keys, config_errors_end_the_run
 from vitplasticity.workflow.config_files import check_config_file
 from vitplasticity.workflow.scheduling import (
+    GpuRequestError,
     PackResourcesError,
+    count_gpu_jobs,
     give_packs_the_finetune_resources,
     route_and_prioritize,
 )
@@ -109,5 +111,10 @@ route_and_prioritize(workflow.rules, config["scheduler"]["cpu_partition"])
 # finetune.pack_runs' rules ask for what the profiles' set-resources give the one-run rule.
 with config_errors_end_the_run(PackResourcesError):
     give_packs_the_finetune_resources(workflow.rules, workflow.resource_settings.overwrite_resources)
+# Every rule asking for a GPU, as gpu: or gres: (the workflow profile's &gpu_request), counts
+# as one GPU job (gpu_jobs: 1), by which the packing block of slurm/profile.yaml runs a group's
+# runs one at a time on its GPU.
+with config_errors_end_the_run(GpuRequestError):
+    count_gpu_jobs(workflow.rules)
 # The profiles' fixed wall times (prepare 240 minutes...) within scheduler.max_runtime_minutes too.
 cap_fixed_runtimes(workflow.rules, config["scheduler"]["max_runtime_minutes"])
