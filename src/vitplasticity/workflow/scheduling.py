@@ -2,7 +2,7 @@
 of their own (``scheduler.cpu_partition``), and the paper's first results (plasticity,
 bounds, the reference set and their figures and tables) before the finetuning grid.
 
-- Partition: the GPU rules (:data:`GPU_RULES`, each asking for ``gpu: 1`` in the workflow
+- Partition: the GPU rules (:data:`GPU_RULES`, each asking for a GPU in the workflow
   profile) keep the partition of slurm/profile.yaml's ``default-resources``; every other
   rule gets ``slurm_partition: <scheduler.cpu_partition>`` when that key is set, so no
   CPU-only job lands on the GPU partition without a GPU (local rules, download and weights,
