@@ -144,7 +144,7 @@ def test_packing_block_with_a_gres_request_runs_a_groups_runs_on_one_gpu(
     packed.mkdir()
     (packed / "profile.yaml").write_text(yaml.safe_dump({**shipped, **block}))
     args = [
-        *workflow_args(tmp_path, runs("head", "ln1", "fc1")),
+        *workflow_args(tmp_path, runs("head", "mha", "fc1")),
         *shipped_profile_args(jobs=2, profile=packed),
         "--workflow-profile",
         str(workflow_profile(tmp_path / "workflow_profile", form)),
