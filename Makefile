@@ -8,7 +8,7 @@ CORES ?= 2
 TEST_WORKERS ?= 3
 export PATH := $(BIN):$(PATH)
 
-.PHONY: demo test lint dryrun bench gpu-check clean-demo venv
+.PHONY: demo test test-fast lint dryrun bench gpu-check clean-demo venv
 
 venv: $(VENV)/.installed
 
@@ -26,6 +26,11 @@ demo: venv
 ## test: lint, then the test suite
 test: venv lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+## test-fast: lint, then the suite without the slow (Snakemake end to end) and slurm tests: the
+## inner loop; make test (what CI runs) runs them all
+test-fast: venv lint
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m 'not slow and not slurm'
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks

@@ -10,7 +10,9 @@
 # those. Adapted from the team's shared recipe (tools/start_local_slurm.sh).
 #
 # The node advertises the shape of a GPU node, not the machine's: LOCAL_SLURM_GPUS (default 2)
-# stand-in GPUs (a GRES on dummy device nodes), LOCAL_SLURM_CPUS (default 24) CPUs and
+# stand-in GPUs of type LOCAL_SLURM_GPU_TYPE (default tesla: a typed GRES, gpu:tesla:2, on
+# dummy device nodes; --gpus=1, --gres=gpu:1 and --gres=gpu:tesla:1 each get one),
+# LOCAL_SLURM_CPUS (default 24) CPUs and
 # LOCAL_SLURM_MEM_MB (default 131072) MB, never less than the machine has. So jobs asking for
 # the shipped workflow profile's real requests (--gpus=1 --cpus-per-gpu=8 --mem 48000) are
 # scheduled, and sacct records what they got. Nothing enforces the numbers (task/none, no
@@ -28,9 +30,10 @@ daemons="munged slurmctld slurmd"
 [ "$WITH_ACCOUNTING" = 1 ] && daemons="munged mariadbd slurmdbd slurmctld slurmd"
 all_alive=1
 for d in $daemons; do alive "$d" || all_alive=0; done
-# A cluster started by an older version of this script (no GPU GRES) is restarted.
+GPU_TYPE=${LOCAL_SLURM_GPU_TYPE:-tesla}
+# A cluster started by an older version of this script (no GPU GRES, or an untyped one) is restarted.
 if [ "$all_alive" = 1 ] && sinfo -h -o '%T' 2>/dev/null | grep -qE 'idle|mix|alloc' \
-  && sinfo -h -o '%G' 2>/dev/null | grep -q 'gpu:'; then
+  && sinfo -h -o '%G' 2>/dev/null | grep -q "gpu:$GPU_TYPE:"; then
   log "already running (pids in $BASE/pids)"
   sinfo
   exit 0
@@ -64,7 +67,7 @@ if [ "$WITH_ACCOUNTING" = 1 ]; then
 AccountingStorageHost=localhost
 AccountingStoragePort=6819
 AccountingStoreFlags=job_comment
-AccountingStorageTRES=gres/gpu
+AccountingStorageTRES=gres/gpu,gres/gpu:$GPU_TYPE
 JobAcctGatherType=jobacct_gather/linux"
 else
   ACCT="AccountingStorageType=accounting_storage/none
@@ -100,7 +103,7 @@ SlurmdLogFile=$BASE/log/slurmd.log
 # (without it the node is drained for having fewer CPUs than configured).
 SlurmdParameters=config_overrides
 GresTypes=gpu
-NodeName=localhost CPUs=$CPUS RealMemory=$MEM Gres=gpu:$GPUS State=UNKNOWN
+NodeName=localhost CPUs=$CPUS RealMemory=$MEM Gres=gpu:$GPU_TYPE:$GPUS State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 # A CPU partition (the same node: what routes there is the partition a job names), as a
 # cluster keeps CPU-only jobs off its GPU nodes; and a partition with a 20-minute time limit,
@@ -112,12 +115,14 @@ CONF
 # drops a GPU without File= ("Removing file-less GPU"), and a File= must be a character or
 # block device, so each GPU is a device node with /dev/null's numbers (1:3), which nothing
 # opens (no cgroup device constraint). slurmctld serves gres.conf to the configless slurmd.
+# The GPUs are typed (Type=, as a site's A100s are gpu:a100), so that the tests can request
+# them in each form the workflow profile offers: --gpus=1, --gres=gpu:1, --gres=gpu:<type>:1.
 mkdir -p "$BASE/dev"
 for i in $(seq 0 $((GPUS - 1))); do
   [ -c "$BASE/dev/gpu$i" ] || mknod -m 666 "$BASE/dev/gpu$i" c 1 3
 done
 cat >"$BASE/gres.conf" <<CONF
-NodeName=localhost Name=gpu File=$BASE/dev/gpu[0-$((GPUS - 1))]
+NodeName=localhost Name=gpu Type=$GPU_TYPE File=$BASE/dev/gpu[0-$((GPUS - 1))]
 CONF
 
 # munge (the Debian package generated /etc/munge/munge.key on install)
@@ -177,6 +182,6 @@ env -u SLURM_CONF nohup slurmd -D -N localhost --conf-server localhost:6817 >"$B
 echo $! >"$BASE/pids/slurmd.pid"
 for _ in $(seq 1 120); do sinfo -h -o '%T' 2>/dev/null | grep -q idle && break; sleep 0.5; done
 sinfo -h -o '%T' 2>/dev/null | grep -q idle || { echo "start_local_slurm: node never became idle; see $BASE/log" >&2; exit 1; }
-sinfo -h -o '%G' | grep -q "gpu:$GPUS" || { echo "start_local_slurm: node has no gpu:$GPUS GRES; see $BASE/log/slurmd.log" >&2; exit 1; }
+sinfo -h -o '%G' | grep -q "gpu:$GPU_TYPE:$GPUS" || { echo "start_local_slurm: node has no gpu:$GPU_TYPE:$GPUS GRES; see $BASE/log/slurmd.log" >&2; exit 1; }
 sinfo -o '%P %N %T %c %m %G'
 log "slurm ready"

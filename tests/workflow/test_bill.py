@@ -1,6 +1,7 @@
 """The bill of rule all (vitplasticity.workflow.bill) is what the jobs ask for: its GPU jobs and
-their minutes equal the ``gpu=1`` jobs and ``runtime`` resources Snakemake's own dry run
-evaluates, for the demo and the paper; packs and Snakemake groups are counted as one job."""
+their minutes equal the jobs asking for a GPU (``gpu=1`` or ``gres=gpu:...``) and their
+``runtime`` resources in Snakemake's own dry run, for the demo and the paper; packs and
+Snakemake groups are counted as one job."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.helpers.configs import DEMO, PAPER, Configure, dry_run
 from vitplasticity.workflow.bill import Bill, BillLine, BillNotice, compute_bill
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import finetune_packs
+from vitplasticity.workflow.scheduling import asks_for_gpu
 from vitplasticity.workflow.time_cap import GroupFit, cut_packs
 
 DEMO_SLURM = DEMO.parent / "demo_slurm.yaml"
@@ -29,9 +31,11 @@ def dry_run_gpu_jobs(printed: str) -> dict[str, list[int]]:
     for block in re.split(r"\n(?=\[[^\n]*\]\n(?:local)?rule )", printed):
         rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
         resources = re.search(r"^\s+resources: (.*)$", block, re.M)
-        if rule and resources and re.search(r"\bgpu=1\b", resources.group(1)):
-            runtime = re.search(r"\bruntime=(\d+)", resources.group(1))
-            jobs[rule.group(1)].append(int(runtime.group(1)))
+        asked = (
+            dict(item.split("=", 1) for item in resources.group(1).split(", ")) if resources else {}
+        )
+        if rule and asks_for_gpu(asked):  # gpu=1 or gres=gpu:...: the profile's GPU request
+            jobs[rule.group(1)].append(int(asked["runtime"]))
     return jobs
 
 

@@ -7,7 +7,10 @@
   the start of the name, not to its end), so a dot is written as it is and the ``$`` is what
   keeps ``layers.1.`` from also selecting ``layers.10.``: a pattern matches its one parameter
   and nothing else. A name holding another regex character is refused (it would not match
-  itself).
+  itself). A pattern is a whole parameter: axolotl's optional ``[a:b]`` row range would only
+  zero the gradient's other rows through a hook, while the gradient and the optimizer's state
+  stay allocated for the whole tensor (and weight decay reaches every row; axolotl PR 3416),
+  so it would save no memory; we never write one.
 - ``freeze``: the plain list of the parameters to freeze (every other one trains), in
   ``named_parameters`` order, for a trainer that takes names.
 - ``spectrum.snr_results``: our Spectrum SNR of each weight matrix of the five components
@@ -41,7 +44,8 @@ _AXOLOTL_DOT = re.compile(r"\.(?!\+)")
 
 def axolotl_pattern(pattern: str) -> re.Pattern[str]:
     """How axolotl compiles an ``unfrozen_parameters`` entry (without its optional ``[a:b]``
-    range, which we never write): every ``.`` not followed by ``+`` escaped."""
+    row range, which we never write: the module docstring): every ``.`` not followed by ``+``
+    escaped."""
     return re.compile(_AXOLOTL_DOT.sub(r"\\.", pattern))
 
 

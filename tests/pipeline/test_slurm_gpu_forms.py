@@ -1,0 +1,159 @@
+"""Each GPU request form the workflow profile offers, through the local SLURM.
+
+workflow/profiles/default/profile.yaml writes its GPU request once (``&gpu_request``) and lists
+the forms a site may need instead: ``gpu`` (``sbatch --gpus=1``), ``gres: gpu:1`` and a typed
+``gres: gpu:<type>:1`` (``--gres``, for sites that reject ``--gpus``). Here each form is put in
+with the one edit a user makes (tests/helpers/gpu_requests.py) and a finetuning run submitted
+through snakemake-executor-plugin-slurm: sacct shows that its job asked for and got one GPU
+(``ReqTRES``/``AllocTRES`` ``gres/gpu=1``, ``gres/gpu:<type>=1`` for the typed form) and the
+form's 8 CPUs, and that the CPU-only job got none. The test cluster's node declares typed GPUs
+(``gpu:tesla:2``: .ci/start_local_slurm.sh), which every form may take. The packing block of
+slurm/profile.yaml with a ``gres`` form still runs a group's runs one after another on one GPU:
+the group job asks for one run's GPU, CPUs and memory, not their sum.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers.demo_workflow import summaries, workflow_args
+from tests.helpers.gpu_requests import gpu_request_forms, with_gpu_request
+from tests.helpers.slurm_harness import (
+    GLOBAL_PROFILE,
+    REPO,
+    WORKFLOW_PROFILE,
+    LocalSlurm,
+    alloc_tres,
+    packing_block,
+    run_snakemake,
+    run_uuids,
+    shipped_profile_args,
+    wait_for_accounting,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+FORMS = gpu_request_forms(WORKFLOW_PROFILE.read_text())
+FINETUNE_MEM_MB = yaml.safe_load(WORKFLOW_PROFILE.read_text())["set-resources"]["finetune"][
+    "mem_mb"
+]
+
+
+def runs(*configurations: str) -> dict:
+    """The demo's sgd experiment reduced to ``configurations`` at one learning rate."""
+    return {
+        "experiments": {
+            "sgd": {
+                "configurations": list(configurations),
+                "lrs_by_dataset": {"demo-stripes": [0.05]},
+            }
+        }
+    }
+
+
+def form_id(form: dict) -> str:
+    return "-".join(f"{key}={value}" for key, value in form.items())
+
+
+def workflow_profile(folder: Path, form: dict) -> Path:
+    """A copy of the shipped workflow profile with its GPU request replaced by ``form``."""
+    folder.mkdir()
+    (folder / "profile.yaml").write_text(with_gpu_request(WORKFLOW_PROFILE.read_text(), form))
+    return folder
+
+
+def requested_tres(job_name: str) -> dict[str, str]:
+    """Each job's ReqTRES (what sbatch asked for) by JobID."""
+    out = subprocess.run(
+        ["sacct", "-X", "-P", "-n", "--name", job_name, "-o", "JobID,ReqTRES"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return dict(line.split("|", 1) for line in out.stdout.splitlines() if line)
+
+
+def tres_numbers(tres: str) -> dict[str, float]:
+    return alloc_tres({"AllocTRES": tres})
+
+
+def gpu_type(form: dict) -> str | None:
+    """The GPU type a form names (gres gpu:<type>:N), or None."""
+    parts = str(form.get("gres", "")).split(":")
+    return parts[1] if len(parts) == 3 else None
+
+
+def submitted_jobs(proc: subprocess.CompletedProcess[str]) -> list[dict[str, str]]:
+    """The sacct rows of a Snakemake run's SLURM jobs, once all are accounted."""
+    (uuid,) = run_uuids(proc.stdout)
+    rows = wait_for_accounting(uuid, proc.stdout.count("has been submitted with SLURM jobid"))
+    requested = requested_tres(uuid)
+    return [{**row, "ReqTRES": requested[row["JobID"]]} for row in rows]
+
+
+def check_gpu_job(row: dict[str, str], form: dict) -> None:
+    """The job asked for and got one GPU (of the form's type), the form's CPUs and one run's
+    memory."""
+    for column in ("ReqTRES", "AllocTRES"):
+        tres = tres_numbers(row[column])
+        assert tres.get("gres/gpu") == 1, (column, row)
+        if gpu_type(form):
+            assert tres.get(f"gres/gpu:{gpu_type(form)}") == 1, (column, row)
+        assert tres["mem"] == FINETUNE_MEM_MB, (column, row)
+    cpus = form.get("cpus_per_gpu", form.get("cpus_per_task"))
+    assert alloc_tres(row)["cpu"] == cpus, row
+
+
+@pytest.mark.parametrize("form", FORMS, ids=form_id)
+def test_each_gpu_request_form_gets_the_finetune_job_its_gpu(
+    local_slurm: LocalSlurm, tmp_path: Path, form: dict
+) -> None:
+    profile = workflow_profile(tmp_path / "workflow_profile", form)
+    args = [
+        *workflow_args(tmp_path, runs("head")),
+        *shipped_profile_args(jobs=2),
+        "--workflow-profile",
+        str(profile),
+        "finetune_all",
+    ]
+    proc = run_snakemake(args, REPO, timeout=900)
+    rows = submitted_jobs(proc)
+    assert {r["State"] for r in rows} == {"COMPLETED"}, rows
+    by_rule = {r["Comment"].removeprefix("rule_").split("_wildcards_")[0]: r for r in rows}
+    assert sorted(by_rule) == ["finetune", "prepare"], rows
+    check_gpu_job(by_rule["finetune"], form)
+    assert "gres/gpu" not in alloc_tres(by_rule["prepare"]), by_rule["prepare"]
+    assert len(summaries(tmp_path / "results")) == 1
+
+
+def test_packing_block_with_a_gres_request_runs_a_groups_runs_on_one_gpu(
+    local_slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """Three runs in one group job under the typed gres form: it asks for one GPU, 8 CPUs and
+    one run's memory (Snakemake ran them in series: in parallel it would ask for 3 x 8 CPUs
+    and 3 x the memory), and all three runs finish."""
+    (form,) = [f for f in FORMS if gpu_type(f)]
+    shipped = yaml.safe_load((GLOBAL_PROFILE / "profile.yaml").read_text())
+    block = packing_block((GLOBAL_PROFILE / "profile.yaml").read_text())
+    packed = tmp_path / "packed_profile"
+    packed.mkdir()
+    (packed / "profile.yaml").write_text(yaml.safe_dump({**shipped, **block}))
+    args = [
+        *workflow_args(tmp_path, runs("head", "mha", "fc1")),
+        *shipped_profile_args(jobs=2, profile=packed),
+        "--workflow-profile",
+        str(workflow_profile(tmp_path / "workflow_profile", form)),
+        "finetune_all",
+    ]
+    proc = run_snakemake(args, REPO, timeout=1200)
+    rows = submitted_jobs(proc)
+    assert {r["State"] for r in rows} == {"COMPLETED"}, rows
+    groups = [r for r in rows if "finetune_pack" in r["Comment"]]
+    assert len(groups) == 1, rows
+    check_gpu_job(groups[0], form)
+    assert len(summaries(tmp_path / "results")) == 3
