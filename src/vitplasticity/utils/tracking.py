@@ -136,6 +136,8 @@ class _WandbRun(_Backend):
         self.where = options.wandb_mode
         import wandb
 
+        # Its INFO lines (threads, atexit) would fill the job's log.
+        logging.getLogger("wandb").setLevel(logging.WARNING)
         # Console capture off: the job's log already has every line the run prints.
         self.run = wandb.init(
             project=options.project,
@@ -150,11 +152,19 @@ class _WandbRun(_Backend):
             settings=wandb.Settings(console="off", silent=True),
         )
         self.resumed = resume_id is not None
+        self.last_logged: int | None = None
 
     def log_row(self, step: int, metrics: dict[str, float]) -> None:
+        # A step's row is committed when a later step arrives: its train and validation rows
+        # become one history row.
         self.run.log(metrics, step=step)
+        self.last_logged = step
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
+        # The last row committed first: committed after, its values would overwrite the
+        # summary's (test_accuracy at the last step instead of the selected one).
+        if self.last_logged is not None:
+            self.run.log({}, step=self.last_logged, commit=True)
         self.run.summary.update(dict(summary))
 
     def last_step(self) -> int:
