@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,8 @@ def records(path: Path) -> list[wandb_internal_pb2.Record]:
         if kind == 0 and length == 0:  # zero padding at the end of a block
             offset += BLOCK - offset % BLOCK
             continue
+        if offset + 7 + length > len(data):  # a record still being written
+            break
         chunk = data[offset + 7 : offset + 7 + length]
         offset += 7 + length
         pending = chunk if kind in (FULL, FIRST) else pending + chunk
@@ -61,8 +64,18 @@ class OfflineRun:
     exit_code: int | None = None
 
 
-def read_offline_run(path: Path) -> OfflineRun:
-    """The run the ``.wandb`` file at ``path`` holds."""
+def read_offline_run(path: Path, timeout: float = 30) -> OfflineRun:
+    """The run the ``.wandb`` file at ``path`` holds, once its exit record is written
+    (``run.finish`` returns before wandb-core's writer has flushed the file)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = _read(path)
+        if run.exit_code is not None or time.monotonic() > deadline:
+            return run
+        time.sleep(0.1)
+
+
+def _read(path: Path) -> OfflineRun:
     run = OfflineRun(run_id="")
     for record in records(path):
         kind = record.WhichOneof("record_type")
