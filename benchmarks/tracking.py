@@ -12,7 +12,10 @@ medians at the two lengths, a contender's extra seconds split into a fixed cost 
 
 - ``<backend>_vs_off``: wall time of the longer run over tracking off's;
 - ``<backend>_fixed_seconds``: the extra seconds per run at no step (the intercept);
-- ``<backend>_per_logged_step_ms``: the extra milliseconds per logged step (the slope).
+- ``<backend>_per_logged_step_ms``: the extra milliseconds per logged step (the slope);
+- ``<backend>_first_open_seconds``: what a fresh process spends beyond tracking off's to
+  import the package and open, log to and close its first tracker run (the imports are
+  warm in the runs above, as for a packed job's later runs).
 
 A run of the grid lasts minutes to hours and logs every 50th step: its overhead is the fixed
 cost over its wall time plus the per-step cost over 50 steps' time.
@@ -25,6 +28,9 @@ import dataclasses
 import datetime
 import os
 import platform
+import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -111,6 +117,34 @@ def measure(steps: tuple[int, int], repeats: int, folder: Path) -> dict[str, Any
     return result
 
 
+OPEN_ONCE = """
+import sys, time
+start = time.perf_counter()
+from vitplasticity.settings.tracking import TrackingSettings
+from vitplasticity.utils.tracking import TrackedJob, tracking
+options = TrackingSettings(tracking_backend=(sys.argv[1],), tracking_project="bench",
+                           tracking_wandb_mode="offline", tracking_mlflow_tracking_uri=sys.argv[2])
+with tracking(options, TrackedJob("bench", "bench", "finetune", {"a": 1})) as tracker:
+    tracker.log_row({"step": 1, "lr": 0.1})
+print(time.perf_counter() - start)
+"""
+"""A fresh process opening and closing one tracker run (imports included)."""
+
+
+def first_open_seconds(folder: Path, repeats: int) -> dict[str, float]:
+    """Per backend, the median seconds a fresh process spends importing the package and
+    opening, logging to and closing its first tracker run, beyond tracking off's (a job pays
+    it once; later runs of a packed job reuse the imports)."""
+    seconds: dict[str, list[float]] = {"none": [], "wandb": [], "mlflow": []}
+    for _ in range(repeats):
+        for backend, values in seconds.items():
+            command = [sys.executable, "-c", OPEN_ONCE, backend, str(folder / "open_mlruns")]
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            values.append(float(done.stdout.strip().splitlines()[-1]))
+    off = statistics.median(seconds["none"])
+    return {name: statistics.median(seconds[name]) - off for name in ("wandb", "mlflow")}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, nargs=2, default=(30, 120), metavar=("SHORT", "LONG"))
@@ -123,6 +157,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vitplasticity-bench-tracking-") as tmp:
         os.environ["WANDB_DIR"] = tmp  # the offline runs go away with the folder
         result = measure(tuple(args.steps), args.repeats, Path(tmp))
+        opened = first_open_seconds(Path(tmp), args.repeats)
+    result["wandb_offline_first_open_seconds"] = opened["wandb"]
+    result["mlflow_file_first_open_seconds"] = opened["mlflow"]
     result["settings"] = {"steps": list(args.steps), "repeats": args.repeats, "log_every": 1}
     result["machine"] = {
         "cpus": os.cpu_count(),
