@@ -168,8 +168,8 @@ class _WandbRun(_Backend):
         self.run.summary.update(dict(summary))
 
     def last_step(self) -> int:
-        # An online run resumed from the server continues after its last step (run.step);
-        # an offline one knows none, and `wandb sync` drops steps that do not increase.
+        # An online run resumed from the server starts at the step after its last (run.step);
+        # an offline one knows no step of the server's (0): its rows are all sent.
         return max(int(self.run.step) - 1, 0) if self.resumed else 0
 
     def run_id(self) -> str:
