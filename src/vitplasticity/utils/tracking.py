@@ -149,6 +149,8 @@ class _WandbRun(_Backend):
             id=resume_id,
             resume="allow" if resume_id else None,
             reinit="finish_previous",
+            # Read at every run: wandb's own reading is once per process.
+            dir=os.environ.get("WANDB_DIR"),
             settings=wandb.Settings(console="off", silent=True),
         )
         self.resumed = resume_id is not None
