@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -204,7 +205,8 @@ class _MlflowRun(_Backend):
         )
         self.run_id_ = run.info.run_id
         params = [
-            Param(key, str(value)[:MLFLOW_PARAM_LENGTH]) for key, value in flat_items(job.config)
+            Param(mlflow_name(key), str(value)[:MLFLOW_PARAM_LENGTH])
+            for key, value in flat_items(job.config)
         ]
         for start in range(0, len(params), 100):  # MLflow takes 100 params per batch
             self.client.log_batch(self.run_id_, params=params[start : start + 100])
@@ -222,7 +224,7 @@ class _MlflowRun(_Backend):
         from mlflow.entities import Metric
 
         stamp = int(time.time() * 1000)
-        batch = [Metric(name, value, stamp, step) for name, value in metrics.items()]
+        batch = [Metric(mlflow_name(name), value, stamp, step) for name, value in metrics.items()]
         # Synchronous: an error reaches the guard (one warning); a logged row is one request
         # per log_every steps.
         self.client.log_batch(self.run_id_, metrics=batch)
@@ -233,7 +235,7 @@ class _MlflowRun(_Backend):
         stamp = int(time.time() * 1000)
         # Prefixed: a summary's lr or test_accuracy is not one more point of the curve.
         numbers = [
-            Metric(f"summary/{key}", float(value), stamp, 0)
+            Metric(mlflow_name(f"summary/{key}"), float(value), stamp, 0)
             for key, value in flat_items(summary)
             if isinstance(value, int | float) and not isinstance(value, bool)
             if math.isfinite(value)
@@ -258,6 +260,12 @@ class _MlflowRun(_Backend):
 
     def finish(self, failed: bool) -> None:
         self.client.set_terminated(self.run_id_, status="FAILED" if failed else "FINISHED")
+
+
+def mlflow_name(name: str) -> str:
+    """``name`` as MLflow takes a metric or param name: characters besides alphanumerics,
+    ``_ - . : /`` and spaces as ``_`` (a configuration ``mha+fc1`` as ``mha_fc1``)."""
+    return re.sub(r"[^\w\-. :/]", "_", name)
 
 
 def mlflow_uri(uri: str | None) -> str:
