@@ -1,12 +1,15 @@
 """A finetuning run logged to W&B (offline) and MLflow (a file store): the trackers hold
 exactly what metrics.parquet and summary.json hold, read back with each package's own
-reader, and a tracker changes nothing the run writes, even when it fails."""
+reader (a resumed run in one tracker run, each step once), and a tracker changes nothing
+the run writes, even when it fails."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+import os
+import signal
 import socket
 from pathlib import Path
 
@@ -15,12 +18,18 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.helpers.tiny_finetune import settings_for
+from tests.helpers.tiny_models import GPT2_TINY_CONFIG
 from tests.helpers.wandb_records import offline_runs, read_offline_run
+from vitplasticity.finetune import text_run
 from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.loop import Preempted
+from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.finetune.train import train, train_runs
 from vitplasticity.models.spec import TimmSpec
 from vitplasticity.settings.tracking import TrackingSettings
 from vitplasticity.utils.tracking import mlflow_uri
+from vitplasticity.workflow.config import Run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -160,3 +169,55 @@ def test_a_dead_server_warns_once_and_every_run_completes(
     assert [s["status"] for s in summaries] == ["completed", "completed"]
     assert_same_outputs(tmp_path / "a", untracked)
     assert math.isfinite(summaries[1]["test_accuracy"])
+
+
+def test_a_preempted_text_run_resumes_its_mlflow_run_with_each_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM after step 7 (checkpoint written there), then the rerun: one MLflow run, its
+    curves those of metrics.parquet, no step twice."""
+    text = tmp_path / "pattern.txt"
+    text.write_text(("abcdefgh" * 3 + "\n") * 40)
+    gpt2 = {
+        "family": "transformers",
+        "hf_id": "tiny-gpt2",
+        "weights": "random",
+        "config": {"model_type": "gpt2", **GPT2_TINY_CONFIG},
+    }
+    training = TrainingSettings(
+        model_spec=gpt2, optimizer="adamw", steps=12, val_every=4, batch_size=4,
+        micro_batch_size=2, warmup_steps=2, log_every=1, checkpoint_every=5, device="cpu",
+        val_fraction=0.25,
+    )  # fmt: skip
+    store = str(tmp_path / "mlruns")
+    options = TrackingSettings(tracking_backend=("mlflow",), tracking_mlflow_tracking_uri=store)
+    arguments = (
+        Run("text_finetune", "tiny", "pattern", "mha", 1e-2, 0),
+        training,
+        TextFinetuneSettings(sequence_length=12),
+        text,
+        tmp_path / "run",
+    )
+    step = text_run.training_step
+
+    def stopped_after_seven(context, step_index):  # the real step, then the signal
+        result = step(context, step_index)
+        if step_index == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(text_run, "training_step", stopped_after_seven)
+    with pytest.raises(Preempted):
+        text_run.train_text_run(*arguments, tracking_options=options)
+    monkeypatch.setattr(text_run, "training_step", step)
+    summary = text_run.train_text_run(*arguments, tracking_options=options)
+    assert summary["resumed"] is True
+
+    client = MlflowClient(tracking_uri=mlflow_uri(store))
+    [run] = client.search_runs([client.get_experiment_by_name("vitplasticity").experiment_id])
+    assert run.info.status == "FINISHED"
+    metrics = pl.read_parquet(tmp_path / "run/metrics.parquet")
+    for name, points in logged_values(metrics).items():
+        history = client.get_metric_history(run.info.run_id, name)
+        assert sorted((m.step, m.value) for m in history) == sorted(points), name
+    assert run.data.metrics["summary/best_val_loss"] == summary["best_val_loss"]
