@@ -14,6 +14,7 @@ import torch
 import yaml
 from benchmarks import job_startup
 from benchmarks import run as bench
+from benchmarks import tracking as tracking_bench
 from benchmarks.memory import state_accounting
 from benchmarks.naive import explicit_attention_copy
 
@@ -160,3 +161,17 @@ def test_job_startup_packs_every_run_into_one_group_job(tmp_path: Path) -> None:
     assert profile["groups"] == ["finetune=finetune_pack"]
     assert profile["group-components"] == ["finetune_pack=4"]
     assert profile["executor"] == "slurm"
+
+
+def test_tracking_benchmark_writes_every_key(tmp_path: Path) -> None:
+    out = tmp_path / "tracking.json"
+    tracking_bench.main(["--steps", "2", "4", "--repeats", "1", "--json", str(out)])
+    result = json.loads(out.read_text())
+    for backend in ("wandb_offline", "mlflow_file"):
+        assert result[f"{backend}_vs_off"] > 0
+        for key in ("fixed_seconds", "per_logged_step_ms", "first_open_seconds"):
+            key = f"{backend}_{key}"
+            assert math.isfinite(result[key]), key
+    assert set(result["raw"]) == {
+        f"{name}@{steps}" for name in ("off", "wandb_offline", "mlflow_file") for steps in (2, 4)
+    }

@@ -15,7 +15,7 @@ from tests.helpers.images import write_reference
 from tests.helpers.numpy_reference import embedding_protocol, layer_norm, norm_ratio
 from vitplasticity.components import COMPONENTS
 from vitplasticity.plasticity.measure import PAIR_SCHEMA, measure, measure_protocols
-from vitplasticity.plasticity.summary import summarize
+from vitplasticity.plasticity.summary import summarize, summary_scalars
 
 # Measured on the perturbed tiny ViT below (8 pairs, 3 image seeds, both protocols): the
 # float64 model agrees with the direct computation to <= 1.2e-15 relative; the float32 model to
@@ -333,6 +333,25 @@ def test_summarize_against_numpy() -> None:
         assert row["std"] == pytest.approx(std, rel=1e-12)
         assert row["ci95"] == pytest.approx(1.96 * std / np.sqrt(len(values)), rel=1e-12)
         assert row["relative_depth"] == pytest.approx((row["block"] + 1) / 4)
+
+
+def test_the_tracked_summary_is_each_block_mean_and_their_mean() -> None:
+    rng = np.random.default_rng(1)
+    means = {(p, b, c): rng.gamma(2.0) for p in ("embedding", "in_situ") for b in range(3)
+             for c in COMPONENTS}  # fmt: skip
+    summary = pl.DataFrame(
+        [(p, b, c, m) for (p, b, c), m in means.items()],
+        schema=["protocol", "block", "component", "mean"],
+        orient="row",
+    )
+    scalars = summary_scalars(summary)
+    assert len(scalars) == 2 * len(COMPONENTS) * (3 + 1)
+    for (protocol, block, component), mean in means.items():
+        assert scalars[f"{protocol}/block{block}/{component}"] == mean
+    for protocol in ("embedding", "in_situ"):
+        for component in COMPONENTS:
+            blocks = [means[protocol, b, component] for b in range(3)]
+            assert scalars[f"{protocol}/{component}"] == pytest.approx(np.mean(blocks), rel=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 import torch
 import torch.nn.functional as F
+from mlflow.tracking import MlflowClient
 
 from tests.helpers.images import image_folder, write_reference
 from tests.helpers.tiny_vit import TINY_SPEC, TINY_VIT_KWARGS
@@ -45,6 +46,7 @@ from vitplasticity.recommend.ranking import (
 )
 from vitplasticity.recommend.settings import parse_budget
 from vitplasticity.utils.io import read_parquet_metadata
+from vitplasticity.utils.tracking import mlflow_uri
 
 NUM_CLASSES = 4
 # Block parameter names of each component, written out from timm's names (docs/protocol.md).
@@ -561,10 +563,31 @@ def test_cli_on_a_prepared_dataset_with_a_reference_and_combine(
         "weight_spectral",
         "--out-prefix",
         str(prefix),
+        # The recommendation goes to a tracker too (docs/configuration.md).
+        "--tracking-backend",
+        "mlflow",
+        "--tracking-mlflow-tracking-uri",
+        str(tmp_path / "mlruns"),
     ]
     assert main(argv) == 0
     meta = read_parquet_metadata(f"{prefix}.parquet")
     recommendation = meta["recommendation"]
+    client = MlflowClient(tracking_uri=mlflow_uri(str(tmp_path / "mlruns")))
+    [tracked] = client.search_runs([client.get_experiment_by_name("vitplasticity").experiment_id])
+    assert tracked.info.run_name == f"recommend/{meta['model']}/demo-stripes"
+    logged = tracked.data.metrics
+    assert (
+        logged["summary/recommendation.trainable_parameters"]
+        == (recommendation["trainable_parameters"])
+    )
+    for row in pl.read_parquet(f"{prefix}.parquet").iter_rows(named=True):
+        # MLflow names take no "+": a union mha+fc1 is logged as mha_fc1.
+        configuration = row["configuration"].replace("+", "_")
+        key = f"summary/{configuration}/{row['criterion']}/value"
+        if row["value"] is None or not math.isfinite(row["value"]):
+            assert key not in logged, key  # MLflow takes finite numbers only
+        else:
+            assert logged[key] == row["value"], key
     assert recommendation["combined"] is True and recommendation["criterion"] == "weight_spectral"
     union = recommendation["configuration"]
     table = pl.read_parquet(f"{prefix}.parquet")

@@ -42,6 +42,7 @@ from vitplasticity.settings.declaration import (
     setting_fields,
     settings_from_args,
 )
+from vitplasticity.settings.tracking import TrackingSettings
 from vitplasticity.workflow.config import load_schema
 
 SCHEMA_PATH = REPO / "workflow/schemas/config.schema.yaml"
@@ -62,6 +63,9 @@ RUN_IDENTITY_DESTS = {
     "runs",
     "help",
 }
+# The --tracking-* flags of finetune, plasticity and recommend: the tracking: block, declared
+# and checked in tests/settings/test_tracking_settings.py (never a rule's params).
+TRACKING_DESTS = {field.name for field in dataclasses.fields(TrackingSettings)}
 # Keys the workflow always passes, so the schema has no default; the flag's default serves
 # direct CLI use only. config.check_config requires an enabled experiment's optimizer.
 REQUIRED_BY_THE_WORKFLOW = {"experiments.<name>.optimizer"}
@@ -130,7 +134,7 @@ def test_every_finetune_key_has_a_setting_and_every_setting_its_key() -> None:
 def test_every_flag_is_a_setting_or_names_the_run() -> None:
     dests = set(actions_by_dest())
     names = {field.name for field, _, _ in FIELDS}
-    assert dests - RUN_IDENTITY_DESTS == names
+    assert dests - RUN_IDENTITY_DESTS - TRACKING_DESTS == names
 
 
 @pytest.mark.parametrize(("field", "declared", "annotation"), FIELDS, ids=FIELD_IDS)
@@ -462,7 +466,8 @@ def test_every_key_of_a_stage_block_is_declared(stage: Stage) -> None:
 @pytest.mark.parametrize("stage", STAGES, ids=STAGE_IDS)
 def test_every_stage_flag_is_a_setting_or_names_an_input(stage: Stage) -> None:
     names = {field.name for field, _, _ in setting_fields(stage.settings)}
-    assert set(command_actions(stage.command)) - {"help"} - stage.other_flags == names
+    flags = set(command_actions(stage.command)) - {"help"} - stage.other_flags
+    assert flags - TRACKING_DESTS == names
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 # What the rules share: wildcard constraints, the run grid's targets, and each job's inputs,
 # params and wall time, all bound to the config here and computed in vitplasticity.workflow.
 # Keep this file free of torch imports: the SLURM plugin re-parses it on every node.
+import os
 import sys
 from functools import partial
 
@@ -31,6 +32,7 @@ from vitplasticity.plasticity.settings import (
 )
 from vitplasticity.recommend.settings import RecommendImageSettings, RecommendTextSettings
 from vitplasticity.report.settings import CriteriaSettings
+from vitplasticity.settings.tracking import TRACKING_VARIABLE, tracking_environment
 from vitplasticity.models.weights import LOCAL_FILENAME, RECORD_FILENAME
 
 RESOURCES = config["paths"]["resources"]
@@ -69,6 +71,11 @@ BILL = BillNotice(workflow, config, RUNTIMES, GROUP_FIT, lambda: PACKS, ".snakem
 FINETUNE = FinetuneJobs(config)
 TARGETS = Targets(config)
 DEMO_FLAG = demo_flag(config)
+
+# The tracking: block reaches every job through the environment (a cluster node re-parses
+# this file and sets it again), never as a rule's params: tracking changes no result, so
+# editing it reruns no job (vitplasticity.settings.tracking).
+os.environ[TRACKING_VARIABLE] = tracking_environment(config["tracking"])
 
 # Compute jobs load local files only: a stray hub call fails at once instead of hanging on a
 # compute node without internet.

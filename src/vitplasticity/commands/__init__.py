@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from vitplasticity.plasticity.summary import Measurement
     from vitplasticity.report.figures import FigureSettings
     from vitplasticity.utils.io import TableKind
+    from vitplasticity.utils.tracking import TrackingOptions
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +45,52 @@ def add_image_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_measurement_outputs(parser: argparse.ArgumentParser) -> None:
-    """The flags of a plasticity measurement's two tables (:func:`write_measurement`)."""
+    """The flags of a plasticity measurement's two tables (:func:`write_measurement`) and of
+    its tracker."""
+    from vitplasticity.settings.tracking import add_tracking_arguments
+
     parser.add_argument("--out", required=True, help="per-pair Parquet file")
     parser.add_argument("--summary", required=True, help="per-(block, component) Parquet file")
+    add_tracking_arguments(parser)
 
 
 def write_measurement(
-    result: Measurement, out: str | os.PathLike[str], summary: str | os.PathLike[str]
+    result: Measurement,
+    out: str | os.PathLike[str],
+    summary: str | os.PathLike[str],
+    tracking_options: TrackingOptions | None = None,
+    job_type: str = "plasticity",
 ) -> None:
     """Write a plasticity measurement: the per-pair table to ``out`` and its summary to
-    ``summary``, both with the measurement's footer metadata."""
+    ``summary``, both with the measurement's footer metadata; and send the summary's means
+    to the tracker of ``tracking_options``."""
+    from vitplasticity.plasticity.summary import summary_scalars
     from vitplasticity.utils.io import write_parquet
 
     write_parquet(out, result.pairs, result.metadata)
     write_parquet(summary, result.summary, result.metadata)
     log.info("wrote %s (%d rows) and %s", out, result.pairs.height, summary)
+    model, dataset = result.metadata["model"], result.metadata["dataset"]
+    config = {"model": model, "dataset": dataset, **result.metadata["provenance"]}
+    track_summary(
+        tracking_options, job_type, f"{model}/{dataset}", config, summary_scalars(result.summary)
+    )
+
+
+def track_summary(
+    tracking_options: TrackingOptions | None,
+    job_type: str,
+    name: str,
+    config: dict[str, Any],
+    summary: dict[str, Any],
+) -> None:
+    """Send one job's summary to a tracker run of its own (none without a backend): named
+    ``<job_type>/<name>``, grouped by its job type."""
+    from vitplasticity.utils.tracking import TrackedJob, tracking
+
+    job = TrackedJob(f"{job_type}/{name}", job_type, job_type, config)
+    with tracking(tracking_options, job) as tracker:
+        tracker.log_summary(summary)
 
 
 # -- the report commands' inputs and footers ------------------------------------------------

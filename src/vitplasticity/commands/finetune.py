@@ -13,6 +13,7 @@ from vitplasticity.settings.declaration import (
     json_argument,
     settings_from_args,
 )
+from vitplasticity.settings.tracking import add_tracking_arguments, tracking_from_args
 from vitplasticity.utils.io import check_writable
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # key each mirrors in its help).
     training = parser.add_argument_group("training (defaults: the config schema's)")
     add_settings_arguments(training, TrainingSettings)
+    add_tracking_arguments(parser)
     parser.set_defaults(handler=run_finetune)
 
 
@@ -88,6 +90,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     from vitplasticity.finetune.train import train_runs
 
     settings = settings_from_args(TrainingSettings, args)
+    tracking_options = tracking_from_args(args)
     if args.stop_at_step is not None and args.stop_at_step < 1:
         raise ValueError(f"--stop-at-step: must be >= 1, got {args.stop_at_step}")
     # Both ways give the LR as a float parsed from its shortest repr (--lr, or a JSON number):
@@ -110,7 +113,7 @@ def run_finetune(args: argparse.Namespace) -> int:
         check_writable(out_dir, key, folder=True)
     try:
         # every run checked before the first starts
-        train_runs(runs, settings, args.dataset_dir, args.stop_at_step)
+        train_runs(runs, settings, args.dataset_dir, args.stop_at_step, tracking_options)
     except Preempted as stop:
         log.warning("%s; rerun to resume", stop)
         return PREEMPTED_EXIT

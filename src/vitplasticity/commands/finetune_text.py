@@ -11,6 +11,7 @@ from vitplasticity.commands import PREEMPTED_EXIT
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.settings.declaration import add_settings_arguments, settings_from_args
+from vitplasticity.settings.tracking import add_tracking_arguments, tracking_from_args
 from vitplasticity.utils.io import check_writable
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings_arguments(training, TrainingSettings)
     text = parser.add_argument_group("text (defaults: the config schema's)")
     add_settings_arguments(text, TextFinetuneSettings)
+    add_tracking_arguments(parser)
     parser.set_defaults(handler=run_finetune_text)
 
 
@@ -58,12 +60,13 @@ def run_finetune_text(args: argparse.Namespace) -> int:
 
     training = settings_from_args(TrainingSettings, args)
     text = settings_from_args(TextFinetuneSettings, args)
+    tracking_options = tracking_from_args(args)
     run = Run(args.experiment, args.model, args.dataset, args.configuration, args.lr, args.seed)
     if Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
         raise ValueError(f"--out-dir {args.out_dir}: a file, not a folder; give a folder")
     check_writable(args.out_dir, "--out-dir", folder=True)
     try:
-        train_text_run(run, training, text, args.text, args.out_dir)
+        train_text_run(run, training, text, args.text, args.out_dir, tracking_options)
     except Preempted as stop:
         log.warning("%s; rerun to resume", stop)
         return PREEMPTED_EXIT

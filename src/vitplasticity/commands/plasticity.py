@@ -38,10 +38,12 @@ def run_plasticity(args: argparse.Namespace) -> int:
     """Measure (:func:`vitplasticity.plasticity.images.measure_dataset`) and write both
     tables."""
     from vitplasticity.plasticity.images import measure_dataset
+    from vitplasticity.settings.tracking import tracking_from_args
 
     settings = settings_from_args(PlasticitySettings, args)
+    tracking_options = tracking_from_args(args)  # a bad value stops the job before it measures
     result = measure_dataset(
         args.model, args.model_spec, args.reference, args.dataset_dir, settings
     )
-    write_measurement(result, args.out, args.summary)
+    write_measurement(result, args.out, args.summary, tracking_options)
     return 0

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vitplasticity.commands import track_summary
 from vitplasticity.plasticity.settings import DTYPES
 from vitplasticity.recommend.settings import (
     REFERENCE_FALLBACKS,
@@ -32,10 +33,13 @@ from vitplasticity.settings.declaration import (
     json_argument,
     settings_from_args,
 )
+from vitplasticity.settings.tracking import add_tracking_arguments, tracking_from_args
 from vitplasticity.utils.io import check_writable
 
 if TYPE_CHECKING:
-    from vitplasticity.recommend.pipeline import RecommendInputs
+    from vitplasticity.recommend.pipeline import RecommendInputs, Result
+    from vitplasticity.recommend.text_inputs import TextResult
+    from vitplasticity.utils.tracking import TrackingOptions
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +96,7 @@ def register_image(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out-prefix", required=True, help="writes PREFIX.md, .json, .parquet, .png and .pdf"
     )
+    add_tracking_arguments(parser)
     parser.set_defaults(handler=run_recommend)
 
 
@@ -234,17 +239,35 @@ def run_recommend(args: argparse.Namespace) -> int:
     from vitplasticity.recommend.pipeline import recommend, write_outputs
 
     inputs, settings, source = recommend_arguments(args)
+    tracking_options = tracking_from_args(args)
     if args.image_folder is None:
-        write_outputs(recommend(inputs, settings, source), args.out_prefix)
-        return 0
-    from vitplasticity.data.imagefolder import prepare_image_folder
+        result = recommend(inputs, settings, source)
+    else:
+        from vitplasticity.data.imagefolder import prepare_image_folder
 
-    with tempfile.TemporaryDirectory(prefix="vitplasticity-recommend-") as tmp:
-        prepared = Path(tmp) / inputs.dataset
-        counts = prepare_image_folder(source, prepared, inputs.dataset)
-        log.info("image folder %s read: %s", source, counts)
-        write_outputs(recommend(inputs, settings, prepared), args.out_prefix)
+        with tempfile.TemporaryDirectory(prefix="vitplasticity-recommend-") as tmp:
+            prepared = Path(tmp) / inputs.dataset
+            counts = prepare_image_folder(source, prepared, inputs.dataset)
+            log.info("image folder %s read: %s", source, counts)
+            result = recommend(inputs, settings, prepared)
+    write_outputs(result, args.out_prefix)
+    track_recommendation(tracking_options, "recommend", result)
     return 0
+
+
+def track_recommendation(
+    tracking_options: TrackingOptions, job_type: str, result: Result | TextResult
+) -> None:
+    """Send a recommendation to its tracker run: the decision (``recommendation.*``) and
+    each criterion's numbers per configuration (``<configuration>/<criterion>/<column>``)."""
+    summary = {f"recommendation.{k}": v for k, v in result.record["recommendation"].items()}
+    for row in result.table.iter_rows(named=True):
+        for column, value in row.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                summary[f"{row['configuration']}/{row['criterion']}/{column}"] = value
+    model, dataset = result.inputs.model, result.inputs.dataset
+    config = {"model": model, "dataset": dataset, **result.record["provenance"]}
+    track_summary(tracking_options, job_type, f"{model}/{dataset}", config, summary)
 
 
 # -- recommend-text ---------------------------------------------------------------------------
@@ -291,6 +314,7 @@ def register_text(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out-prefix", required=True, help="writes PREFIX.md, PREFIX.json and PREFIX.parquet"
     )
+    add_tracking_arguments(parser)
     parser.set_defaults(handler=run_recommend_text)
 
 
@@ -310,5 +334,8 @@ def run_recommend_text(args: argparse.Namespace) -> int:
         dtype=args.dtype,
     )
     settings = settings_from_args(RecommendTextSettings, args)
-    write_text_outputs(recommend_text(inputs, settings), args.out_prefix)
+    tracking_options = tracking_from_args(args)
+    result = recommend_text(inputs, settings)
+    write_text_outputs(result, args.out_prefix)
+    track_recommendation(tracking_options, "recommend_text", result)
     return 0

@@ -94,13 +94,15 @@ def run_text_plasticity(args: argparse.Namespace) -> int:
     """Measure (:func:`vitplasticity.plasticity.text.measure_text`) and write both tables."""
     from vitplasticity.models.text import check_stated_positions
     from vitplasticity.plasticity.text import measure_text
+    from vitplasticity.settings.tracking import tracking_from_args
 
     settings = settings_from_args(TextPlasticitySettings, args)
+    tracking_options = tracking_from_args(args)  # a bad value stops the job before it measures
     check_stated_positions(args.model, args.model_spec, settings.sequence_length)
     result = measure_text(
         args.model, args.model_spec, args.reference, args.text, settings, dataset=args.dataset
     )
-    write_measurement(result, args.out, args.summary)
+    write_measurement(result, args.out, args.summary, tracking_options, "text_plasticity")
     return 0
 
 

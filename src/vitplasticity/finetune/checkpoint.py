@@ -81,7 +81,7 @@ def restore_run(
 ) -> None:
     """Restore the checkpoint ``saved`` (read from ``path``) into a run: its trained
     parameters into ``trainable``, its optimizer and RNG states, and into ``state`` (an image
-    or text run's progress) its rows, best point, step and earlier wall time."""
+    or text run's progress) its rows, best point, step, earlier wall time and tracker runs."""
     with torch.no_grad():
         for name, parameter in trainable:
             parameter.copy_(saved["trainable"][name])
@@ -89,6 +89,8 @@ def restore_run(
     restore_rng_states(saved["rng"])
     state.rows, state.best = saved["rows"], saved["best"]
     state.start_step, state.wall_before = saved["step"], saved["wall_seconds"]
+    # The tracker runs (utils.tracking) the resumed run continues; none before they existed.
+    state.tracker_runs = saved.get("tracker_runs", {})
     state.resumed = True
     log.info("resuming %s from step %d", path, state.start_step)
 

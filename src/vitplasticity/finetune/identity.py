@@ -15,6 +15,7 @@ from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.models.architectures import parse_configuration
 from vitplasticity.settings.declaration import bad_setting
+from vitplasticity.utils.tracking import TrackedJob
 
 # Settings that do not change a run's numbers: a checkpoint written under other values of
 # these is still resumed.
@@ -81,3 +82,15 @@ class FinetuneSettings:
             fields.pop("lora_rank")
             fields.pop("lora_alpha")
         return fields
+
+
+def tracked_job(settings: FinetuneSettings, job_type: str = "finetune") -> TrackedJob:
+    """The tracker run of a finetuning run: named by its results folder, grouped by its
+    (experiment, model, dataset), its settings as the config."""
+    run = settings.run
+    return TrackedJob(
+        name=run.directory,
+        group=f"{run.experiment}/{run.model}/{run.dataset}",
+        job_type=job_type,
+        config=settings.record(),
+    )

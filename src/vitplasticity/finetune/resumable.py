@@ -19,6 +19,7 @@ from vitplasticity.finetune.checkpoint import (
     save_checkpoint,
 )
 from vitplasticity.finetune.setup import RunContext
+from vitplasticity.utils.tracking import NO_TRACKER, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class ResumableState:
     """What a run has done so far and what its checkpoint carries to the next process:
-    the metric rows, the best validation point, the step it starts from and the wall time
-    of the processes before."""
+    the metric rows, the best validation point, the step it starts from, the wall time
+    of the processes before and the tracker runs it logs to."""
 
     key: str  # fingerprint of the settings the checkpoint must match
     rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -35,6 +36,10 @@ class ResumableState:
     start_step: int = 0
     wall_before: float = 0.0
     resumed: bool = False
+    # Where every recorded row is also logged, and the ids of the tracker runs a checkpoint
+    # carries to the next process (neither is part of the run's identity).
+    tracker: Tracker = dataclasses.field(default=NO_TRACKER, repr=False)
+    tracker_runs: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def resume(cls, context: RunContext) -> ResumableState:
@@ -54,8 +59,9 @@ class ResumableState:
 
     def record(self, row: dict[str, Any]) -> None:
         """Add a metrics row; a validation row with a higher accuracy than every earlier one
-        becomes the best (so ties keep the earliest)."""
+        becomes the best (so ties keep the earliest); the row goes to the tracker too."""
         self.rows.append(row)
+        self.tracker.log_row(row)
         if row["kind"] == "val" and (
             self.best is None or row["val_accuracy"] > self.best["val_accuracy"]
         ):
@@ -78,6 +84,7 @@ class ResumableState:
                 "rows": self.rows,
                 "best": self.best,
                 "wall_seconds": self.wall_seconds(context),
+                "tracker_runs": {**self.tracker_runs, **self.tracker.run_ids()},
                 "data_position": loader.loader_position(
                     step, context.settings.training.batch_size, context.train_size
                 ),

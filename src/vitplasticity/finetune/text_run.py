@@ -57,7 +57,7 @@ from vitplasticity.finetune.checkpoint import (
     rng_states,
     save_checkpoint,
 )
-from vitplasticity.finetune.identity import FinetuneSettings, check_runs
+from vitplasticity.finetune.identity import FinetuneSettings, check_runs, tracked_job
 from vitplasticity.finetune.loop import Preempted, sigterm_flag
 from vitplasticity.finetune.model import freeze
 from vitplasticity.finetune.optim import build_optimizer
@@ -85,6 +85,7 @@ from vitplasticity.models.build import pick_device
 from vitplasticity.provenance import provenance
 from vitplasticity.utils.folder_lock import hold_folder
 from vitplasticity.utils.io import remove_stale_temporaries, write_json, write_parquet
+from vitplasticity.utils.tracking import NO_TRACKER, Tracker, TrackingOptions, tracking
 
 log = logging.getLogger(__name__)
 
@@ -368,11 +369,14 @@ class TextRunState:
     start_step: int = 0
     wall_before: float = 0.0
     resumed: bool = False
+    tracker: Tracker = dataclasses.field(default=NO_TRACKER, repr=False)
+    tracker_runs: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def record(self, row: dict[str, Any]) -> None:
-        """Add a row; a validation loss lower than every earlier one becomes the best (ties
-        keep the earliest)."""
+        """Add a row (and log it to the tracker); a validation loss lower than every earlier
+        one becomes the best (ties keep the earliest)."""
         self.rows.append(row)
+        self.tracker.log_row(row)
         if row["kind"] == "val" and (self.best is None or row["val_loss"] < self.best["val_loss"]):
             self.best = {k: row[k] for k in ("step", "val_loss", "val_perplexity")}
 
@@ -387,6 +391,7 @@ class TextRunState:
                 "rows": self.rows,
                 "best": self.best,
                 "wall_seconds": self.wall_seconds(context),
+                "tracker_runs": {**self.tracker_runs, **self.tracker.run_ids()},
             },
             context.key(),
         )
@@ -432,7 +437,7 @@ def train_text_steps(context: TextRunContext, state: TextRunState) -> tuple[bool
             loss, norm, lr = training_step(context, step_index)
             diverged = not (np.isfinite(loss) and np.isfinite(norm))
             if diverged or step == 1 or step % training.log_every == 0 or step == training.steps:
-                state.rows.append(
+                state.record(
                     {"step": step, "kind": "train", "lr": lr, "train_loss": loss, "grad_norm": norm}
                 )
                 log.info("step %d loss %.4f grad %.4f lr %.3g", step, loss, norm, lr)
@@ -495,9 +500,11 @@ def train_text_run(
     text: TextFinetuneSettings,
     text_path: str | Path,
     out_dir: str | Path,
+    tracking_options: TrackingOptions | None = None,
 ) -> dict[str, Any]:
     """Finetune ``run`` on the text file ``text_path``; write metrics.parquet and summary.json
-    into ``out_dir``; return the summary.
+    into ``out_dir``; return the summary. With ``tracking_options``, the run's config, rows
+    and summary also go to a tracker (as an image run's: :func:`vitplasticity.finetune.train.train_runs`).
 
     Raises:
         ValueError: for a bad setting (naming its flag and config key), a GPU asked for where
@@ -531,12 +538,16 @@ def train_text_run(
             return json.loads((out_dir / "summary.json").read_text())
         context = setup_text_run(settings, text, text_path, device, out_dir)
         state = TextRunState.resume(context)
-        diverged, final_step = train_text_steps(context, state)
-        run_summary = text_summary(context, state, diverged, final_step)
-        rows = {name: [row.get(name) for row in state.rows] for name in METRICS_SCHEMA}
-        frame = pl.DataFrame(rows, schema=METRICS_SCHEMA)
-        write_parquet(out_dir / "metrics.parquet", frame, metadata={"summary": run_summary})
-        write_json(out_dir / "summary.json", run_summary)
+        job = tracked_job(settings, "finetune_text")
+        with tracking(tracking_options, job, state.tracker_runs) as tracker:
+            state.tracker = tracker
+            diverged, final_step = train_text_steps(context, state)
+            run_summary = text_summary(context, state, diverged, final_step)
+            rows = {name: [row.get(name) for row in state.rows] for name in METRICS_SCHEMA}
+            frame = pl.DataFrame(rows, schema=METRICS_SCHEMA)
+            write_parquet(out_dir / "metrics.parquet", frame, metadata={"summary": run_summary})
+            write_json(out_dir / "summary.json", run_summary)
+            tracker.log_summary(run_summary)
         finished.keep(out_dir, key)
         remove_checkpoint(context.checkpoint_path)
     log.info(

@@ -17,7 +17,7 @@ from vitplasticity.finetune.checkpoint import (
     fingerprint,
     remove_checkpoint,
 )
-from vitplasticity.finetune.identity import FinetuneSettings, check_runs
+from vitplasticity.finetune.identity import FinetuneSettings, check_runs, tracked_job
 from vitplasticity.finetune.loop import train_steps
 from vitplasticity.finetune.outputs import summary, write_outputs
 from vitplasticity.finetune.resumable import ResumableState
@@ -27,6 +27,7 @@ from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.setup import checked_device, setup_run
 from vitplasticity.utils.folder_lock import FolderBusy, hold_folder
 from vitplasticity.utils.io import remove_stale_temporaries
+from vitplasticity.utils.tracking import TrackingOptions, tracking
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def train_runs(
     training: TrainingSettings,
     dataset_dir: str | Path,
     stop_at: int | None = None,
+    tracking_options: TrackingOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Finetune each ``(run, out_dir)`` in turn with ``training``; write metrics.parquet and
     summary.json into each ``out_dir``.
@@ -58,6 +60,10 @@ def train_runs(
     the schedule of its full ``training.steps``, writes its checkpoint and its
     ``rung_step<stop_at>.json`` (:mod:`vitplasticity.finetune.rungs`); a run that ends
     (diverges, or ``stop_at`` >= steps) before writes its outputs as well as the record.
+
+    With ``tracking_options``, each run also logs its config, its metrics rows and its
+    summary to a tracker run (:mod:`vitplasticity.utils.tracking`), which a resumed run
+    continues; a failing tracker is warned about once and changes nothing else.
 
     Returns:
         The summaries (what each summary.json holds), in the order of ``runs``; a run
@@ -83,7 +89,9 @@ def train_runs(
                 for stale in remove_stale_temporaries(out_dir):
                     log.info("removed %s, left by a run killed while writing it", stale)
                 summaries.append(
-                    _finished_run(run, training, device, dataset_dir, Path(out_dir), stop_at)
+                    _finished_run(
+                        run, training, device, dataset_dir, Path(out_dir), stop_at, tracking_options
+                    )
                 )
         except FolderBusy as busy:
             log.error("%s", busy)
@@ -100,6 +108,7 @@ def _finished_run(
     dataset_dir: str | Path,
     out_dir: Path,
     stop_at: int | None = None,
+    tracking_options: TrackingOptions | None = None,
 ) -> dict[str, Any]:
     """The summary of ``run`` trained into ``out_dir`` (or put back from the copy an earlier
     job of the run kept); the rung record of a run paused at ``stop_at``."""
@@ -111,15 +120,20 @@ def _finished_run(
         return json.loads((out_dir / "summary.json").read_text())
     context = setup_run(settings, device, dataset_dir, out_dir)
     state = ResumableState.resume(context)
-    outcome = train_steps(context, state, stop_at)
-    if stop_at is not None and not outcome.diverged and outcome.final_step < training.steps:
-        state.save(context, outcome.final_step)
-        record = rung_record(state.rows, stop_at, training.steps, "paused", outcome.final_step)
-        log.info("%s: paused at step %d (rung), checkpoint written", out_dir, outcome.final_step)
-        write_rung_record(out_dir, record)
-        return record
-    run_summary = summary(context, state, outcome)
-    write_outputs(context, state, run_summary)
+    with tracking(tracking_options, tracked_job(settings), state.tracker_runs) as tracker:
+        state.tracker = tracker
+        outcome = train_steps(context, state, stop_at)
+        if stop_at is not None and not outcome.diverged and outcome.final_step < training.steps:
+            state.save(context, outcome.final_step)
+            record = rung_record(state.rows, stop_at, training.steps, "paused", outcome.final_step)
+            log.info(
+                "%s: paused at step %d (rung), checkpoint written", out_dir, outcome.final_step
+            )
+            write_rung_record(out_dir, record)
+            return record
+        run_summary = summary(context, state, outcome)
+        write_outputs(context, state, run_summary)
+        tracker.log_summary(run_summary)
     # The checkpoint goes only once the copy is recorded: a job killed in between resumes
     # from it instead of training the run from its start.
     finished.keep(out_dir, key)
@@ -147,6 +161,7 @@ def train(
     dataset_dir: str | Path,
     out_dir: str | Path,
     stop_at: int | None = None,
+    tracking_options: TrackingOptions | None = None,
 ) -> dict[str, Any]:
     """Finetune one run (:func:`train_runs` of ``[(run, out_dir)]``); return its summary
     (its rung record when paused at ``stop_at``).
@@ -154,4 +169,4 @@ def train(
     Raises:
         ValueError, FileNotFoundError, Preempted, RunsRefused: as :func:`train_runs`.
     """
-    return train_runs([(run, out_dir)], training, dataset_dir, stop_at)[0]
+    return train_runs([(run, out_dir)], training, dataset_dir, stop_at, tracking_options)[0]

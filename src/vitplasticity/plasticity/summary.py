@@ -77,6 +77,17 @@ def summarize(pairs: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def summary_scalars(summary: pl.DataFrame) -> dict[str, float]:
+    """A summary's means as one tracker summary: ``<protocol>/<component>`` (the mean over
+    blocks of the block means) and ``<protocol>/block<b>/<component>`` (each block's)."""
+    scalars = {}
+    for (protocol, component), rows in summary.group_by("protocol", "component"):
+        scalars[f"{protocol}/{component}"] = float(rows["mean"].mean())
+        for block, mean in zip(rows["block"], rows["mean"], strict=True):
+            scalars[f"{protocol}/block{block}/{component}"] = float(mean)
+    return dict(sorted(scalars.items()))
+
+
 @dataclass(frozen=True)
 class Measurement:
     """A stage's result, ready to write: the per-pair rows, their per-(protocol, block,
