@@ -7,20 +7,19 @@ import dataclasses
 import json
 from pathlib import Path
 
-import polars as pl
 import pytest
 
 from tests.helpers.cli_errors import refusal
+from tests.helpers.rankings import ranking_file
 from vitplasticity import cli
 from vitplasticity.commands import verify as verify_command
 from vitplasticity.models.spec import TimmSpec
 
 
 def argv(tmp_path: Path, spec: TimmSpec, **flags: str) -> list[str]:
-    ranking = tmp_path / "ranking.parquet"
-    pl.DataFrame(
-        {"configuration": ["mha"], "criterion": ["plasticity"], "rank": [1]}
-    ).write_parquet(ranking)
+    ranking = ranking_file(
+        tmp_path / "ranking.parquet", [("mha", "plasticity", 1)], "tiny", dataclasses.asdict(spec)
+    )
     values = {
         "ranking": str(ranking),
         "model": "tiny",
