@@ -109,12 +109,15 @@ def check_ranked_model(ranking: str | Path, model: str, model_spec: dict[str, An
             ranking, "no record of the model it ranks in its footer (model, model_spec)",
             RANKING_REMEDY,
         )  # fmt: skip
-    ranked_model, verified = ModelSpec.from_config(ranked_spec), ModelSpec.from_config(model_spec)
-    if ranked_model != verified:
-        differ = _differences(ranked_model, verified)
+    # recommend records the parsed spec's fields (asdict: no family, every default filled
+    # in), as JSON: the verified spec is compared in that form.
+    verified = json.loads(json.dumps(asdict(ModelSpec.from_config(model_spec)), default=str))
+    recorded = {key: value for key, value in ranked_spec.items() if key != "family"}
+    if recorded != verified:
         raise ValueError(
-            f"--model-spec: not the model --ranking {ranking} ranked ({ranked}; {differ}): "
-            "verify the model that was ranked, or rank this one first (vitplasticity recommend)"
+            f"--model-spec: not the model --ranking {ranking} ranked ({ranked}; "
+            f"{_differences(recorded, verified)}): verify the model that was ranked, or rank "
+            "this one first (vitplasticity recommend)"
         )
     if ranked != model:
         raise ValueError(
@@ -122,15 +125,12 @@ def check_ranked_model(ranking: str | Path, model: str, model_spec: dict[str, An
         )
 
 
-def _differences(ranked: ModelSpec, verified: ModelSpec) -> str:
-    """Where two specs differ, ``key ranked -> given`` (or the families)."""
-    if type(ranked) is not type(verified):
-        return f"family {ranked.family!r} -> {verified.family!r}"
-    before, after = asdict(ranked), asdict(verified)
-    keys = [key for key in before if before[key] != after[key]]
+def _differences(ranked: dict[str, Any], verified: dict[str, Any]) -> str:
+    """Where two recorded specs differ: ``key ranked -> given``, each key once."""
+    keys = [key for key in {**ranked, **verified} if ranked.get(key) != verified.get(key)]
     return ", ".join(
-        f"{key} {json.dumps(before[key], sort_keys=True)} -> "
-        f"{json.dumps(after[key], sort_keys=True)}"
+        f"{key} {json.dumps(ranked.get(key), sort_keys=True)} -> "
+        f"{json.dumps(verified.get(key), sort_keys=True)}"
         for key in keys
     )
 
