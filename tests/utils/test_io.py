@@ -73,7 +73,10 @@ def test_cli_on_a_full_disk_names_the_file_and_leaves_nothing(tmp_path):
     assert "Traceback" not in run.stderr
     errors = [line for line in run.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1, run.stderr
-    assert errors[0].endswith(f"cannot write {out / 'runs.parquet'}: File too large"), errors
+    assert errors[0].endswith(
+        f"cannot write {out / 'runs.parquet'}: disk full (File too large): free space, or "
+        "write elsewhere"
+    ), errors
     assert list(out.iterdir()) == []
 
 
