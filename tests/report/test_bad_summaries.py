@@ -15,6 +15,7 @@ import pytest
 from tests.helpers.cli_errors import refusal
 from tests.helpers.report_inputs import write_run
 from vitplasticity.cli import main
+from vitplasticity.report.aggregate import read_summary
 
 # (fields written over a sound summary.json, what the error line must say after the path)
 ROWS = [
@@ -64,6 +65,9 @@ def test_aggregate_refuses_a_summary_naming_its_field(
     summary = overwritten(write_run(tmp_path / "runs"), fields)
     message = refusal(aggregate(tmp_path, summary), caplog, outputs=tmp_path / "out")
     assert message.startswith(f"{summary}: {says}"), message
+    with pytest.raises(ValueError) as error:  # every reader of summaries, not the CLI alone
+        read_summary(summary)
+    assert str(error.value) == message
 
 
 def test_a_diverged_runs_nan_accuracy_is_dropped_not_refused(tmp_path: Path) -> None:
