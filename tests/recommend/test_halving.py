@@ -15,6 +15,7 @@ from vitplasticity.recommend.halving import (
     decide,
     decide_rung,
     decision_path,
+    halving_problems,
     read_decision,
     rung_steps,
     survivors_at,
@@ -78,6 +79,19 @@ def test_rungs_end_on_validation_points_and_halve_the_learning_rates(
 ) -> None:
     assert rung_steps(steps, val_every, n_lrs, eta) == ends
     assert survivors_at(n_lrs, len(ends), eta) == counts
+
+
+def test_exactly_the_budgets_that_leave_no_rung_are_refused() -> None:
+    # Every shape of a small grid: the check refuses a budget where rung_steps finds no rung
+    # before the full budget for more than one learning rate, and only there.
+    for steps in range(1, 60):
+        for val_every in range(1, 25):
+            for n_lrs in range(1, 7):
+                for eta in range(2, 5):
+                    lrs = [0.001 * (i + 1) for i in range(n_lrs)]
+                    refused = bool(halving_problems(steps, val_every, lrs, eta))
+                    no_rung = n_lrs > 1 and rung_steps(steps, val_every, n_lrs, eta) == [steps]
+                    assert refused == no_rung, (steps, val_every, n_lrs, eta)
 
 
 def simulated_steps(steps: int, val_every: int, n_lrs: int, n_seeds: int, eta: int) -> int:

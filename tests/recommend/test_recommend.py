@@ -45,6 +45,7 @@ from vitplasticity.recommend.ranking import (
     select,
 )
 from vitplasticity.recommend.settings import parse_budget
+from vitplasticity.recommend.verification import check_ranked_model
 from vitplasticity.utils.io import read_parquet_metadata
 from vitplasticity.utils.tracking import mlflow_uri
 
@@ -528,6 +529,11 @@ def test_cli_on_an_image_folder(tmp_path: Path) -> None:
     meta = read_parquet_metadata(f"{prefix}.parquet")
     assert meta["demo"] is True and "fallback `synthetic`" in meta["reference"]
     assert meta["provenance"]["settings"]["n_pairs"] == 8
+    # The footer names the model ranked as recommend-verify reads it: this one, not another.
+    spec = {"timm_id": "vit_tiny_patch16_224", "weights": "random", "kwargs": TINY_VIT_KWARGS}
+    check_ranked_model(f"{prefix}.parquet", "tiny", spec)
+    with pytest.raises(ValueError, match="--model-spec: not the model"):
+        check_ranked_model(f"{prefix}.parquet", "tiny", {**spec, "init_seed": 1})
     chosen = meta["recommendation"]["configuration"]
     assert meta["recommendation"]["trainable_parameters"] <= 10_000
     text = (prefix.parent / "pets.md").read_text()

@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from tests.helpers.rankings import ranking_file
 from tests.helpers.run_settings import finetune_settings
 from vitplasticity.models.spec import TimmSpec
 from vitplasticity.recommend.verification import VerifyPlan, report_verification, verify
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 STEPS, VAL_EVERY, LRS, SEEDS = 12, 3, (0.02, 0.1), (0, 1)
 
 
-def ranking_file(folder: Path) -> Path:
-    """recommend's table: plasticity ranks mha, fc2, ln1; rgn ranks fc2 first."""
+def ranking(folder: Path, spec: TimmSpec) -> Path:
+    """recommend's table of the tiny ViT: plasticity ranks mha, fc2, ln1; rgn ranks fc2 first."""
     rows = [
         ("mha", "plasticity", 1),
         ("fc2", "plasticity", 2),
@@ -31,11 +32,7 @@ def ranking_file(folder: Path) -> Path:
         ("mha", "rgn", 2),
         ("ln1", "rgn", 3),
     ]
-    path = folder / "ranking.parquet"
-    pl.DataFrame(rows, schema=["configuration", "criterion", "rank"], orient="row").write_parquet(
-        path
-    )
-    return path
+    return ranking_file(folder / "ranking.parquet", rows, "tiny", dataclasses.asdict(spec))
 
 
 def training(spec: TimmSpec):
@@ -73,7 +70,7 @@ def test_verification_runs_the_halving_and_reports_what_it_measured(
     settings = training(tiny_spec)
     step_seconds = finetune_step_seconds(8, tiny_spec.timm_id, settings.precision)
     result = verify(
-        ranking_file(tmp_path), PLAN, settings, demo_dataset, runs, prefix, None, step_seconds
+        ranking(tmp_path, tiny_spec), PLAN, settings, demo_dataset, runs, prefix, None, step_seconds
     )
 
     # Candidates: plasticity's top 1 (mha), the baseline (head), rgn's first pick (fc2).
@@ -137,7 +134,7 @@ def test_verification_runs_the_halving_and_reports_what_it_measured(
     # candidates and decisions, taken again from the same ranking and records, are rewritten).
     before = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}
     again = verify(
-        ranking_file(tmp_path), PLAN, settings, demo_dataset, runs, prefix, None, step_seconds
+        ranking(tmp_path, tiny_spec), PLAN, settings, demo_dataset, runs, prefix, None, step_seconds
     )
     assert again["compute"] == result["compute"]
     after = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}
@@ -150,14 +147,14 @@ def test_verification_runs_the_halving_and_reports_what_it_measured(
     for record in runs.rglob("rung_step*.json"):
         record.unlink()
     report = report_verification(
-        ranking_file(tmp_path), PLAN, settings, demo_dataset, runs, runs, prefix, None,
+        ranking(tmp_path, tiny_spec), PLAN, settings, demo_dataset, runs, runs, prefix, None,
         step_seconds,
     )  # fmt: skip
     assert report == again
     (runs / "fc2" / "decision_step6.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"fc2/decision_step6\.json"):
         report_verification(
-            ranking_file(tmp_path), PLAN, settings, demo_dataset, runs, runs, prefix
+            ranking(tmp_path, tiny_spec), PLAN, settings, demo_dataset, runs, runs, prefix
         )
 
 
@@ -167,7 +164,7 @@ def test_an_unknown_criterion_is_refused_before_any_run(
     plan = dataclasses.replace(PLAN, criterion="snr")
     with pytest.raises(ValueError, match="'snr' is not in the ranking"):
         verify(
-            ranking_file(tmp_path), plan, training(tiny_spec), demo_dataset, tmp_path / "runs",
+            ranking(tmp_path, tiny_spec), plan, training(tiny_spec), demo_dataset, tmp_path / "runs",
             tmp_path / "p",
         )  # fmt: skip
     assert not (tmp_path / "runs").exists()

@@ -3,16 +3,20 @@ write the system refuses names the file. Reads: a damaged file is named with the
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pytest
+import yaml
 
+from tests.helpers.repo import REPO
 from tests.helpers.report_inputs import write_grid
 from vitplasticity.utils import io
 
@@ -73,8 +77,67 @@ def test_cli_on_a_full_disk_names_the_file_and_leaves_nothing(tmp_path):
     assert "Traceback" not in run.stderr
     errors = [line for line in run.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1, run.stderr
-    assert errors[0].endswith(f"cannot write {out / 'runs.parquet'}: File too large"), errors
+    assert errors[0].endswith(
+        f"cannot write {out / 'runs.parquet'}: disk full (File too large): free space, or "
+        "write elsewhere"
+    ), errors
     assert list(out.iterdir()) == []
+
+
+# Issue 42: the writers that make their own temporary files say "disk full" too, naming the
+# file, and leave nothing of it: a prepared dataset (vitplasticity prepare) and a finetuning
+# checkpoint (save_checkpoint). One row per writer.
+def run_limited(argv: list[str]) -> subprocess.CompletedProcess:
+    """``python argv`` in a child whose files may not grow past 100 bytes."""
+    return subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_file_size,
+    )
+
+
+def prepare(out: Path) -> tuple[list[str], Path]:
+    """``vitplasticity prepare`` of the demo's synthetic dataset into ``out/demo``: its first
+    split, pool.parquet, is the first file past the limit."""
+    spec = yaml.safe_load((REPO / "config/demo.yaml").read_text())["datasets"]["demo-stripes"]
+    argv = ["-m", "vitplasticity.cli", "prepare", "--dataset", "demo-stripes"]
+    argv += ["--spec", json.dumps(spec), "--out", str(out / "demo")]
+    return argv, out / "demo" / "pool.parquet"
+
+
+CHECKPOINT = """
+import sys, torch
+from vitplasticity.finetune.checkpoint import save_checkpoint
+try:
+    save_checkpoint(sys.argv[1], {"trainable": {"w": torch.zeros(100_000)}}, "key")
+except OSError as error:
+    print(f"ERROR {error}", file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def checkpoint(out: Path) -> tuple[list[str], Path]:
+    """A finetuning checkpoint of 400 kB written to ``out/run/checkpoint.pt``."""
+    target = out / "run" / "checkpoint.pt"
+    return ["-c", CHECKPOINT, str(target)], target
+
+
+@pytest.mark.parametrize("writer", [prepare, checkpoint])
+def test_a_full_disk_names_the_file_and_leaves_nothing(
+    tmp_path: Path, writer: Callable[[Path], tuple[list[str], Path]]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    argv, target = writer(out)
+    run = run_limited(argv)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    errors = [line for line in run.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, run.stderr
+    assert f"cannot write {target}: disk full" in errors[0], errors
+    leftovers = [p for p in out.rglob("*") if p.is_file()]
+    assert leftovers == [], leftovers
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")

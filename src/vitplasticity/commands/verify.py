@@ -7,8 +7,9 @@ import argparse
 import logging
 from fractions import Fraction
 
+from vitplasticity.commands.recommend import check_out_prefix
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.recommend.verify_plan import BASELINES, VerifyPlan
+from vitplasticity.recommend.verify_plan import BASELINES, VERIFIED_FORMATS, VerifyPlan
 from vitplasticity.settings.declaration import add_settings_arguments, settings_from_args
 from vitplasticity.utils.io import check_writable, write_json
 
@@ -152,6 +153,7 @@ def run_verify(args: argparse.Namespace) -> int:
     plan = _plan(args)
     check_plan(args.ranking, plan, training)  # every input, before a folder is made
     check_writable(args.runs_dir, "--runs-dir", folder=True)
+    check_out_prefix(args.out_prefix, [f"_verified.{ext}" for ext in VERIFIED_FORMATS])
     if args.no_train:
         result = report_verification(
             args.ranking,

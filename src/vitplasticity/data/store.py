@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vitplasticity.utils.io import read_json, read_parquet_table, unreadable
+from vitplasticity.utils.io import naming_write_errors, read_json, read_parquet_table, unreadable
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,9 @@ class PreparedDatasetWriter:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; known: {SPLITS}")
         assert self._tmp is not None, "use PreparedDatasetWriter as a context manager"
-        self.counts[split] = write_split(self._tmp / f"{split}.parquet", images, labels, files)
+        name = f"{split}.parquet"
+        with naming_write_errors(self.out_dir / name, self._tmp / name):
+            self.counts[split] = write_split(self._tmp / name, images, labels, files)
 
     def finish(self, meta: dict[str, Any]) -> None:
         """Write meta.json (with the split sizes) and move the directory into place."""
@@ -253,7 +255,9 @@ class PreparedDatasetWriter:
             if required not in self.counts:
                 raise ValueError(f"{self.out_dir.name}: split {required!r} was not written")
         payload = {**meta, "splits": dict(self.counts)}
-        (self._tmp / "meta.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        with naming_write_errors(self.out_dir / "meta.json", self._tmp / "meta.json"):
+            text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
+            (self._tmp / "meta.json").write_text(text)
         if self.out_dir.exists():
             shutil.rmtree(self.out_dir)
         os.replace(self._tmp, self.out_dir)

@@ -49,9 +49,22 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 
 def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any], key: str) -> None:
-    """Write ``state`` atomically, tagged with the settings fingerprint ``key``."""
-    with atomic_path(path) as tmp:
-        torch.save({"format": FORMAT_VERSION, "fingerprint": key, **state}, tmp)
+    """Write ``state`` atomically, tagged with the settings fingerprint ``key``.
+
+    Raises:
+        WriteError: the write failed (a full disk: "disk full"), naming ``path``; nothing of
+            it is left behind.
+    """
+    with atomic_path(path) as tmp, tmp.open("wb") as handle:
+        try:
+            torch.save({"format": FORMAT_VERSION, "fingerprint": key, **state}, handle)
+        except RuntimeError as error:
+            # torch's writer reports a failed write of the file object as a RuntimeError of
+            # its own ("unexpected pos"), the system's OSError (ENOSPC, EFBIG) as its context:
+            # raised as that, atomic_path names the file and the reason.
+            if isinstance(error.__context__, OSError):
+                raise error.__context__ from error
+            raise
 
 
 def load_checkpoint(

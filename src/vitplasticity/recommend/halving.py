@@ -21,7 +21,7 @@ the verified report reads the decisions back (:func:`read_decision`), never take
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
@@ -51,6 +51,57 @@ def rung_steps(steps: int, val_every: int, n_lrs: int, eta: int = 2) -> list[int
         if end >= val_every and (not ends or end > ends[-1]) and end < steps:
             ends.append(end)
     return [*ends, steps]
+
+
+@dataclass(frozen=True)
+class HalvingKeys:
+    """What a halving problem names its inputs by: the CLI's flags (:data:`CLI_KEYS`) or the
+    workflow config's keys (``datasets.<name>.steps``, ``recommend.verify.eta``, ...)."""
+
+    steps: str
+    val_every: str
+    lrs: str
+    eta: str
+
+
+CLI_KEYS = HalvingKeys("--steps", "--val-every", "--lrs", "--eta")
+"""recommend-verify's flags."""
+
+
+def halving_problems(
+    steps: int, val_every: int, lrs: Sequence[float], eta: int, keys: HalvingKeys = CLI_KEYS
+) -> list[str]:
+    """What makes successive halving over ``lrs`` impossible, each problem one line naming its
+    key (empty when it can run): the one check of recommend-verify (``check_plan``) and of the
+    workflow's ``recommend.verify`` (``verify_problems``), so both refuse the same shapes.
+
+    A shape is refused when ``eta`` < 2, a learning rate is not > 0 or is given twice (it
+    would be halved against itself), or the budget leaves no rung before the full budget for
+    more than one learning rate: the first rung must end on a validation point, so ``steps``
+    must be at least ``eta * val_every``.
+    """
+    if eta < 2:
+        return [f"{keys.eta}: must be >= 2, got {eta}"]
+    if not lrs:
+        return [f"{keys.lrs}: no learning rate"]
+    bad = [lr for lr in lrs if not lr > 0]
+    if bad:
+        return [f"{keys.lrs}: every learning rate must be > 0, got {bad}"]
+    twice = sorted({lr for lr in lrs if list(lrs).count(lr) > 1})
+    if twice:
+        return [
+            f"{keys.lrs}: {', '.join(map(repr, twice))} given more than once (each would be "
+            "halved against itself): give each learning rate once"
+        ]
+    if len(lrs) > 1 and min(steps, val_every) >= 1 and steps < eta * val_every:
+        return [
+            f"{keys.steps}: {steps} steps are too short to halve {len(lrs)} learning rates "
+            f"({keys.lrs}) with {keys.eta} {eta}: no rung ends on a validation point "
+            f"({keys.val_every} {val_every}) before the full budget; give at least "
+            f"{eta * val_every} steps, a smaller {keys.val_every} or {keys.eta}, or one "
+            "learning rate"
+        ]
+    return []
 
 
 def _halvings(n: int, eta: int) -> int:

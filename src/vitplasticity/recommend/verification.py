@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import asdict
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,12 @@ from vitplasticity.finetune.rungs import rung_record_path
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.train import train
 from vitplasticity.models.architectures import parse_configuration
+from vitplasticity.models.spec import ModelSpec
 from vitplasticity.recommend.halving import (
     Compute,
     decide_rung,
     decision_path,
+    halving_problems,
     read_decision,
     rung_steps,
     survivors_at,
@@ -56,11 +59,22 @@ from vitplasticity.recommend.verify_plan import (
     read_candidates,
     write_candidates,
 )
-from vitplasticity.utils.io import write_json
+from vitplasticity.utils.io import (
+    read_parquet_metadata,
+    read_parquet_table,
+    unreadable,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
 RANK_COLUMNS = ("configuration", "criterion", "rank")
+
+
+RANKING_REMEDY = (
+    "--ranking takes recommend's PREFIX.parquet (vitplasticity recommend; the workflow's "
+    "results/recommend/<model>/<dataset>.parquet)"
+)
 
 
 def read_ranks(path: str | Path) -> pl.DataFrame:
@@ -68,16 +82,57 @@ def read_ranks(path: str | Path) -> pl.DataFrame:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: a column is missing (naming the file and the columns).
+        UnreadableFileError: not a Parquet file, or one without those columns (naming the
+            file and what it should be).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--ranking {path}: no such file (run vitplasticity recommend)")
-    table = pl.read_parquet(path)
-    missing = [c for c in RANK_COLUMNS if c not in table.columns]
-    if missing:
-        raise ValueError(f"--ranking {path}: not recommend's table, no column {missing}")
-    return table.select(RANK_COLUMNS)
+    table = read_parquet_table(path, list(RANK_COLUMNS), RANKING_REMEDY)
+    return pl.from_arrow(table).select(RANK_COLUMNS)
+
+
+def check_ranked_model(ranking: str | Path, model: str, model_spec: dict[str, Any]) -> None:
+    """Raise unless ``ranking`` ranked the model verified: ``model`` by name and
+    ``model_spec`` by spec (the family, id, weights and build options that fix its
+    components and their parameter counts), as recommend recorded them in its footer.
+
+    Raises:
+        UnreadableFileError: a ranking without that record (not recommend's).
+        ValueError: another model's ranking, naming both.
+    """
+    record = read_parquet_metadata(ranking, RANKING_REMEDY)
+    settings = (record.get("provenance") or {}).get("settings") or {}
+    ranked, ranked_spec = record.get("model"), settings.get("model_spec")
+    if not isinstance(ranked, str) or not isinstance(ranked_spec, dict):
+        raise unreadable(
+            ranking, "no record of the model it ranks in its footer (model, model_spec)",
+            RANKING_REMEDY,
+        )  # fmt: skip
+    # recommend records the parsed spec's fields (asdict: no family, every default filled
+    # in), as JSON: the verified spec is compared in that form.
+    verified = json.loads(json.dumps(asdict(ModelSpec.from_config(model_spec)), default=str))
+    recorded = {key: value for key, value in ranked_spec.items() if key != "family"}
+    if recorded != verified:
+        raise ValueError(
+            f"--model-spec: not the model --ranking {ranking} ranked ({ranked}; "
+            f"{_differences(recorded, verified)}): verify the model that was ranked, or rank "
+            "this one first (vitplasticity recommend)"
+        )
+    if ranked != model:
+        raise ValueError(
+            f"--model {model}: --ranking {ranking} ranks {ranked!r}; name the model it ranked"
+        )
+
+
+def _differences(ranked: dict[str, Any], verified: dict[str, Any]) -> str:
+    """Where two recorded specs differ: ``key ranked -> given``, each key once."""
+    keys = [key for key in {**ranked, **verified} if ranked.get(key) != verified.get(key)]
+    return ", ".join(
+        f"{key} {json.dumps(ranked.get(key), sort_keys=True)} -> "
+        f"{json.dumps(verified.get(key), sort_keys=True)}"
+        for key in keys
+    )
 
 
 def _run_dir(out_root: Path, configuration: str, lr: float, seed: int) -> Path:
@@ -115,19 +170,20 @@ def check_plan(
     """The ranking and the candidates, every input checked before any run starts.
 
     Raises:
-        ValueError, FileNotFoundError: naming the bad ranking file, criterion, top-k, eta,
-            configuration, learning rate or seed.
+        ValueError, FileNotFoundError: naming the bad ranking file (or another model's),
+            criterion, top-k, eta, configuration, learning rate (one given twice) or seed,
+            or a budget too short to halve (:func:`.halving.halving_problems`).
     """
+    problems = halving_problems(training.steps, training.val_every, plan.lrs, plan.eta)
+    if problems:
+        raise ValueError(problems[0])
+    if not plan.seeds or len(set(plan.seeds)) != len(plan.seeds):
+        raise ValueError(f"--seeds: give each seed once, at least one (got {list(plan.seeds)})")
     ranks = read_ranks(ranking)
+    check_ranked_model(ranking, plan.model, training.model_spec)
     chosen = candidates(ranks.to_dicts(), plan.criterion, plan.top_k, plan.baselines)
     for candidate in chosen:
         parse_configuration(candidate.configuration)
-    if not plan.lrs or not plan.seeds:
-        raise ValueError("recommend.verify: at least one learning rate and one seed")
-    bad_lrs = [lr for lr in plan.lrs if not lr > 0]
-    if bad_lrs:
-        raise ValueError(f"--lrs: every learning rate must be > 0, got {bad_lrs}")
-    rung_steps(training.steps, training.val_every, len(plan.lrs), plan.eta)
     return ranks, chosen
 
 

@@ -16,6 +16,9 @@ BASELINES: tuple[str, ...] = ("head", "full", "lora")
 """Verified beside the recommender's picks: head only (the linear probe), every parameter,
 and LoRA on the attention linears (rank ``finetune.lora.rank``, 8 in the paper)."""
 
+VERIFIED_FORMATS: tuple[str, ...] = ("md", "parquet", "png", "json")
+"""The verified report's files, ``PREFIX_verified.<format>`` (the last the export)."""
+
 CANDIDATES_NAME = "candidates.json"
 """The candidates' file in a verification's folder (the CLI's ``--runs-dir``, the workflow's
 ``<results>/verify/<model>/<dataset>``)."""

@@ -17,6 +17,7 @@ and the seeds. Conventions (docs/protocol.md, "Aggregation"):
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 import polars as pl
 
+from vitplasticity.components import parse_configuration
 from vitplasticity.utils.io import TableKind, read_json, unreadable
 
 LR_SELECTIONS: tuple[str, ...] = ("val", "test")
@@ -65,8 +67,6 @@ def _accuracy(value: Any, key: str, path: str | os.PathLike[str]) -> float | Non
     if value is None:
         return None
     value = float(value)
-    if value != value:  # NaN: same as missing
-        return None
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"{path}: {key}={value} is not a fraction in [0, 1]")
     return value
@@ -84,21 +84,29 @@ _JSON_TYPES: dict[type[pl.DataType], tuple[tuple[type, ...], str]] = {
 _SUMMARY_REMEDY = "it is written by the finetune job: delete it and rerun that run"
 # Keys that identify a run: never null.
 _IDENTITY = ("experiment", "model", "dataset", "configuration", "optimizer", "lr", "seed")
+_ACCURACIES = ("best_val_accuracy", "test_accuracy")
 
 
 def _check_types(summary: dict[str, Any], path: Path) -> None:
-    """Raise UnreadableFileError naming the first key whose value has the wrong type."""
+    """Raise UnreadableFileError naming the first key whose value has the wrong type, is not
+    a finite number (NaN, Infinity: finetune writes null for what it has not measured, and a
+    diverged run's accuracies are dropped whatever they are), or, for ``configuration``, is
+    no finetuning configuration."""
+    diverged = summary.get("diverged") is True or summary.get("status") == "diverged"
     for key, dtype in {**_RUN_FIELDS, **_OPTIONAL_FIELDS}.items():
         value = summary.get(key)
         if value is None and key not in _IDENTITY:
             continue
         allowed, word = _JSON_TYPES[type(dtype)]
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise unreadable(
-                path,
-                f"{key} is {json.dumps(value)}, not {word}",
-                _SUMMARY_REMEDY,
-            )
+            raise unreadable(path, f"{key} is {json.dumps(value)}, not {word}", _SUMMARY_REMEDY)
+        dropped = diverged and key in _ACCURACIES
+        if isinstance(value, float) and not math.isfinite(value) and not dropped:
+            raise unreadable(path, f"{key} is {value}, not a finite number", _SUMMARY_REMEDY)
+    try:
+        parse_configuration(summary["configuration"])
+    except ValueError as error:
+        raise unreadable(path, f"configuration: {error}", _SUMMARY_REMEDY) from error
 
 
 def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -107,7 +115,7 @@ def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         FileNotFoundError: if the file is missing.
         UnreadableFileError: if it is not JSON, misses a key or holds a value of the wrong
-            type, naming the key and the remedy.
+            type, NaN or Infinity, or an unknown configuration, naming the key and the remedy.
         ValueError: if it holds an accuracy outside [0, 1].
     """
     path = Path(path)
@@ -122,12 +130,10 @@ def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise unreadable(path, f"summary misses key(s) {', '.join(missing)}", remedy)
     _check_types(summary, path)
     row = {key: summary.get(key) for key in (*_RUN_FIELDS, *_OPTIONAL_FIELDS)}
-    for key in ("best_val_accuracy", "test_accuracy"):
-        row[key] = _accuracy(row[key], key, path)
     row["diverged"] = bool(row["diverged"]) or row["status"] == "diverged"
-    if row["diverged"]:
-        # Whatever the run reached before it blew up is not a result: excluded everywhere.
-        row["best_val_accuracy"] = row["test_accuracy"] = None
+    for key in _ACCURACIES:
+        # Whatever a run reached before it blew up is not a result: excluded everywhere.
+        row[key] = None if row["diverged"] else _accuracy(row[key], key, path)
     row["summary"] = str(path)
     return row
 

@@ -255,7 +255,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             disk gives), naming ``path`` and the system's reason.
     """
     target = Path(path)
-    with _naming(target):
+    with naming_write_errors(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         # mkstemp creates the file 0600; a result must get the mode any new file gets (the
@@ -264,7 +264,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.close(fd)
     tmp = Path(tmp_name)
     try:
-        with _naming(target, tmp):
+        with naming_write_errors(target, tmp):
             yield tmp
             os.replace(tmp, target)
     finally:
@@ -287,10 +287,12 @@ def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _naming(target: Path, tmp: Path | None = None) -> Iterator[None]:
-    """Turn an OSError about writing ``target`` into a :class:`WriteError` naming it: one
-    about ``tmp``, ``target`` or a folder above it, or one without a file name (a full disk's
-    ENOSPC and EFBIG come so). Errors about other files pass unchanged."""
+def naming_write_errors(target: Path, tmp: Path | None = None) -> Iterator[None]:
+    """Turn an OSError about writing ``target`` (through its temporary file ``tmp``) into a
+    :class:`WriteError` naming it: one about ``tmp``, ``target`` or a folder above it, or one
+    without a file name (a full disk's ENOSPC and EFBIG come so: "disk full"). Errors about
+    other files pass unchanged. For writers that make their own temporary files (a prepared
+    dataset's folder); :func:`atomic_path` uses it for its own."""
     try:
         yield
     except WriteError:
@@ -310,7 +312,13 @@ def _system_reason(error: OSError) -> str:
     carry no errno attribute but name it in their message ("[errno 28] ...")."""
     found = re.search(r"\[errno (\d+)\]", str(error), re.IGNORECASE)
     number = error.errno or (int(found.group(1)) if found else None)
+    if number in _DISK_FULL:
+        return f"disk full ({os.strerror(number)}): free space, or write elsewhere"
     return os.strerror(number) if number else error.strerror or str(error)
+
+
+# What a full disk (or quota, or file-size limit) makes a write fail with.
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 def write_json(path: str | os.PathLike[str], payload: Any) -> None:

@@ -34,15 +34,21 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from vitplasticity.criteria import RECOMMEND_CRITERIA
 from vitplasticity.finetune.run import lr_label
-from vitplasticity.recommend.halving import decision_name, rung_steps, survivors_at
-from vitplasticity.recommend.verify_plan import CANDIDATES_NAME
+from vitplasticity.recommend.halving import (
+    HalvingKeys,
+    decision_name,
+    halving_problems,
+    rung_steps,
+    survivors_at,
+)
+from vitplasticity.recommend.verify_plan import CANDIDATES_NAME, VERIFIED_FORMATS
 from vitplasticity.workflow.config import ConfigError, learning_rates
 from vitplasticity.workflow.params import Wildcards
 from vitplasticity.workflow.recommend_jobs import recommend_value
 
 KEY = "recommend.verify"
-REPORT_FORMATS = ("md", "parquet", "png", "json")
 
 
 class VerifyJobs:
@@ -103,7 +109,7 @@ class VerifyJobs:
         return [
             f"{self.results}/recommend/{m}/{d}_verified.{ext}"
             for m, d in self.cells()
-            for ext in REPORT_FORMATS
+            for ext in VERIFIED_FORMATS
         ]
 
     def run_dir(self, model: str, dataset: str, configuration: str, lr: float, seed: int) -> str:
@@ -246,13 +252,26 @@ class VerifyJobs:
 
 
 def verify_problems(config: dict[str, Any]) -> list[str]:
-    """What is wrong with ``recommend.verify`` (empty when it is off or sound)."""
+    """What is wrong with ``recommend.verify`` (empty when it is off or sound): its
+    experiment, models, datasets and criterion, and, on each verified dataset, what
+    recommend-verify would refuse of the halving (:func:`recommend.halving.halving_problems`,
+    the one check of both), each naming its key."""
     block = config["recommend"]["verify"]
     if not block["enabled"]:
         return []
     problems = []
     if not config["recommend"]["enabled"]:
         problems.append(f"{KEY}.enabled: verification needs recommend.enabled: true")
+    if block["criterion"] not in RECOMMEND_CRITERIA:
+        problems.append(
+            f"{KEY}.criterion: {block['criterion']!r} is not a criterion recommend ranks by "
+            f"({', '.join(RECOMMEND_CRITERIA)})"
+        )
+    problems += [
+        f"{KEY}.models: unknown model {model!r} (defined: {', '.join(sorted(config['models']))})"
+        for model in block["models"] or []
+        if model not in config["models"]
+    ]
     name = block["experiment"]
     experiments = config["experiments"]
     if name is None:
@@ -264,23 +283,49 @@ def verify_problems(config: dict[str, Any]) -> list[str]:
     if name not in experiments:
         known = ", ".join(sorted(experiments)) or "none"
         return [*problems, f"{KEY}.experiment: {name!r} is not an experiment (known: {known})"]
-    jobs = VerifyJobs(config)
     experiment = experiments[name]
+    missing = [
+        f"experiments.{name}.{key}"
+        for key in ("optimizer", "lrs", "seeds")
+        if not experiment.get(key)
+    ]
+    if missing:
+        return [
+            *problems,
+            f"{KEY}.experiment: {name!r} gives no {', '.join(missing)} (the verification's "
+            "runs take them)",
+        ]
+    jobs = VerifyJobs(config)
     covered = set()
     if experiment.get("enabled"):
         covered = {(m, d) for m in experiment["models"] for d in experiment["datasets"]}
     for model, dataset in jobs.cells():
-        if dataset not in config["datasets"]:
-            problems.append(f"{KEY}: dataset {dataset!r} is not in datasets")
-            continue
         if (model, dataset) in covered:
             problems.append(
                 f"{KEY}.experiment: {name!r} is enabled and its grid trains {model} on "
                 f"{dataset}: both would write the same run folders. Name a disabled "
                 "experiment (the verification takes its optimizer, learning rates and seeds)"
             )
-        try:
-            jobs.ends(dataset)
-        except ValueError as error:
-            problems.append(f"{KEY} on {dataset}: {error}")
+    for dataset in dict.fromkeys(dataset for _, dataset in jobs.cells()):
+        if dataset not in config["datasets"]:
+            problems.append(f"{KEY}: dataset {dataset!r} is not in datasets")
+            continue
+        problems += [f"{KEY} on {dataset}: {problem}" for problem in _halving(jobs, dataset)]
     return problems
+
+
+def _halving(jobs: VerifyJobs, dataset: str) -> list[str]:
+    """:func:`recommend.halving.halving_problems` of the verification on ``dataset``, naming
+    the config keys its steps, validation interval, learning rates and eta come from."""
+    spec = jobs.config["datasets"][dataset]
+    experiment = f"experiments.{jobs.experiment}"
+    by_dataset = jobs.config["experiments"][jobs.experiment].get("lrs_by_dataset") or {}
+    keys = HalvingKeys(
+        steps=f"datasets.{dataset}.steps",
+        val_every=f"datasets.{dataset}.val_every",
+        lrs=f"{experiment}.lrs_by_dataset.{dataset}"
+        if dataset in by_dataset
+        else f"{experiment}.lrs",
+        eta=f"{KEY}.eta",
+    )
+    return halving_problems(spec["steps"], spec["val_every"], jobs.lrs(dataset), jobs.eta, keys)

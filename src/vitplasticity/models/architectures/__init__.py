@@ -7,7 +7,7 @@ which parameter is whose (:class:`ParameterMap`). See docs/architectures.md.
 
 from torch import nn
 
-from vitplasticity.components import FC1_MODES
+from vitplasticity.components import CONFIGURATIONS, FC1_MODES, parse_configuration
 from vitplasticity.models.architectures.base import (
     Architecture,
     AttentionWeights,
@@ -18,12 +18,7 @@ from vitplasticity.models.architectures.base import (
     UndefinedStage,
     UnsupportedModel,
 )
-from vitplasticity.models.architectures.parameters import (
-    CONFIGURATIONS,
-    Owner,
-    ParameterMap,
-    parse_configuration,
-)
+from vitplasticity.models.architectures.parameters import Owner, ParameterMap
 from vitplasticity.models.architectures.registry import (
     ARCHITECTURES,
     architecture_for,

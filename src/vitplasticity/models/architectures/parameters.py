@@ -15,28 +15,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from vitplasticity.components import COMPONENTS
+from vitplasticity.components import parse_configuration
 from vitplasticity.models.architectures.base import Architecture, UnsupportedModel
-
-CONFIGURATIONS: tuple[str, ...] = ("full", "emb", *COMPONENTS, "head", "lora")
-"""Single-component finetuning configurations; "head" is linear probing (head + final norm);
-"lora" the LoRA baseline (adapters on the attention linears, see vitplasticity.models.lora)."""
-
-
-def parse_configuration(configuration: str) -> tuple[str, ...]:
-    """Split a configuration ("mha" or a combination "mha+fc1") into its known parts.
-
-    Raises:
-        ValueError: if a part is not a known configuration, listing the valid ones.
-    """
-    parts = tuple(part.strip() for part in configuration.split("+"))
-    unknown = [part for part in parts if part not in CONFIGURATIONS]
-    if not configuration or unknown:
-        raise ValueError(
-            f"unknown finetuning configuration {configuration!r}: valid configurations are "
-            f"{', '.join(CONFIGURATIONS)} (combine with '+', e.g. 'mha+fc1')"
-        )
-    return parts
 
 
 @dataclass(frozen=True)
