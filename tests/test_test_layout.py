@@ -2,7 +2,8 @@
 
 Tests mirror src: a test module sits in the folder of the package it tests, tests/<package>/
 for a package of src/vitplasticity (the modules it imports include that package's; for
-tests/commands, ``vitplasticity.cli``, which runs the commands, counts), in tests/pipeline
+tests/commands, ``vitplasticity.cli``, which runs the commands, counts; for tests/models,
+``vitplasticity.provenance``), in tests/pipeline
 when it tests the whole workflow (it runs Snakemake or reads what it runs: the helpers that
 start it, or snakemake itself), or in tests/ itself when it tests what lies outside the
 package (the schema, the docs, the benchmarks, the report's captions) or the suite. Each such
@@ -31,8 +32,9 @@ WORKFLOW_RUNNERS = (
     "tests.helpers.demo_workflow",
     "tests.helpers.slurm_harness",
 )
-# Modules of vitplasticity's root that, imported by a test, count as a package's.
-FRONT_DOORS = {"cli": "commands"}
+# Modules of vitplasticity's root that, imported by a test, count as a package's: the CLI runs
+# the commands; provenance is of the models layer (docs/architecture.md: it hashes the weights).
+FRONT_DOORS = {"cli": "commands", "provenance": "models"}
 
 
 def imported_modules(source: str, package: str) -> list[str]:

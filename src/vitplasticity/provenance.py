@@ -19,7 +19,21 @@ from vitplasticity.utils.gpu_slots import SLOT_VARIABLE
 
 log = logging.getLogger(__name__)
 
-_PACKAGES = ("vitplasticity", "torch", "torchvision", "timm", "polars", "pyarrow", "numpy")
+# Every library that computes a number of a result (the model, its tokenizer, LoRA, the
+# tables), recorded where installed.
+_PACKAGES = (
+    "vitplasticity",
+    "torch",
+    "torchvision",
+    "timm",
+    "transformers",
+    "tokenizers",
+    "peft",
+    "safetensors",
+    "numpy",
+    "polars",
+    "pyarrow",
+)
 
 
 @functools.cache

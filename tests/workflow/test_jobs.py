@@ -46,6 +46,17 @@ def test_random_and_local_weights_are_no_input(paper: dict[str, Any]) -> None:
     assert jobs.weights_files("vit_base") == jobs.weights_files("vit_large") == []
 
 
+def test_local_weights_jobs_read_their_checksum_record(paper: dict[str, Any], tmp_path) -> None:
+    """The record, brought up to date when the input function runs, stands for the file."""
+    local = tmp_path / "vit_large.safetensors"
+    local.write_bytes(b"weights")
+    paper["models"]["vit_large"]["weights"] = str(local)
+    paper["paths"]["resources"] = str(tmp_path / "resources")
+    record = tmp_path / "resources/weights/vit_large/local.sha256.json"
+    assert ModelJobs(paper).weights(of(model="vit_large")) == [str(record)]
+    assert json.loads(record.read_text())["files"][0]["size"] == len(b"weights")
+
+
 def test_the_paper_vit_b_spec_is_the_timm_only_layouts(jobs: ModelJobs) -> None:
     """Byte for byte the spec the paper's commands carried before families existed: no
     `family`, no `revision`, the local weights file, keys sorted."""

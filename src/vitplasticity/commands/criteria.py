@@ -211,6 +211,7 @@ def run_text_criteria(args: argparse.Namespace) -> int:
 
     from vitplasticity.report.criteria import best_criterion_lines
     from vitplasticity.report.text_criteria import (
+        absent_criteria,
         score_text_criteria,
         select_text_runs,
         text_criteria_markdown,
@@ -247,7 +248,8 @@ def run_text_criteria(args: argparse.Namespace) -> int:
     write_parquet(args.selected, selected, report_record(recorded, demo))
     write_parquet(args.out, result, {**report_record(recorded, demo), "best": lines})
     with atomic_path(args.markdown) as tmp:
-        tmp.write_text(text_criteria_markdown(selected, result, demo=demo))
+        absent = absent_criteria(criteria, selected, parameters=settings.parameters)
+        tmp.write_text(text_criteria_markdown(selected, result, absent, demo=demo))
     for line in lines:
         log.info("%s", line)
     return 0

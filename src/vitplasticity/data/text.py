@@ -46,10 +46,13 @@ def load_tokenizer(name: str, vocab_size: int) -> Tokenize:
 
     Raises:
         ImportError: naming the optional extra when transformers is missing.
-        ValueError: when a transformers tokenizer yields ids the model has no embedding for.
+        ValueError: when a transformers tokenizer yields ids the model has no embedding for,
+            or ``name`` is a folder without tokenizer files (naming it and what it lacks).
     """
     if name == BYTE_TOKENIZER:
         return byte_tokenizer(vocab_size)
+    if Path(name).is_dir():
+        _check_tokenizer_folder(Path(name))
     from vitplasticity.utils.optional import require_transformers
 
     tokenizer = require_transformers().AutoTokenizer.from_pretrained(name)
@@ -65,12 +68,63 @@ def load_tokenizer(name: str, vocab_size: int) -> Tokenize:
     return tokenize
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""A saved transformers tokenizer's own files (``save_pretrained`` writes both)."""
+VOCABULARY_FILES = ("vocab.json", "vocab.txt", "*.model")
+"""The vocabulary files from which transformers can build a tokenizer without them: a
+byte-level BPE's vocab.json (with merges.txt), WordPiece's vocab.txt, a SentencePiece model."""
+
+
+def _check_tokenizer_folder(folder: Path) -> None:
+    """Raise unless ``folder`` holds a tokenizer's own files or a vocabulary to build one from.
+
+    Raises:
+        ValueError: naming the folder, the files it lacks and the remedy.
+    """
+    found = [
+        pattern for pattern in (*TOKENIZER_FILES, *VOCABULARY_FILES) if any(folder.glob(pattern))
+    ]
+    if found:
+        return
+    raise ValueError(
+        f"{str(folder)!r}, the tokenizer's folder (a model's weights folder when its "
+        f"tokenizer is auto), has no tokenizer files: none of "
+        f"{', '.join((*TOKENIZER_FILES, *VOCABULARY_FILES))}; save the model's tokenizer there "
+        "(tokenizer.save_pretrained(folder)), or set the stage's tokenizer (text_plasticity."
+        "tokenizer, text_finetune.tokenizer) to a tokenizer folder or to bytes"
+    )
+
+
 def _documents(path: Path) -> Iterator[str]:
-    with path.open(encoding="utf-8") as lines:
-        for line in lines:
-            document = line.rstrip("\r\n")
-            if document.strip():
-                yield document
+    """The non-empty lines of ``path`` as UTF-8 text (a line ends at ``\\n``, ``\\r\\n`` or
+    ``\\r``, as Python's universal newlines), read in binary to know where a bad byte is.
+
+    Raises:
+        ValueError: naming the file, the line and byte offset of the first byte that is not
+            UTF-8, and the remedy.
+    """
+    offset = 0
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    _not_utf8(path, number, offset + error.start, raw[error.start])
+                ) from None
+            offset += len(raw)
+            for document in line.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+                if document.strip():
+                    yield document
+
+
+def _not_utf8(path: Path, line: int, offset: int, byte: int) -> str:
+    """The message of a text file with a byte that is not UTF-8."""
+    return (
+        f"{path}: not UTF-8 text: byte 0x{byte:02x} at byte offset {offset} (line {line}); "
+        f"convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8 {path} > {path}.utf8, if it "
+        "is Latin-1) and point the config at the converted file"
+    )
 
 
 def read_sequences(
@@ -86,8 +140,9 @@ def read_sequences(
 
     Raises:
         FileNotFoundError: naming ``path`` when it is not a file.
-        ValueError: when ``sequence_length`` < 1, or the file holds fewer tokens than one
-            sequence, naming the file and its token count.
+        ValueError: when ``sequence_length`` < 1, the file holds fewer tokens than one
+            sequence (naming the file and its token count), or a byte that is not UTF-8
+            before the sequences are complete (naming the file, the line and the offset).
     """
     path = Path(path)
     if sequence_length < 1:

@@ -80,7 +80,8 @@ class TrainingSettings:
     )
     val_fraction: float = setting(
         0.2,
-        help="share of the pool held out for validation (seeded by the run seed)",
+        help="share held out for validation: of an image pool, a permutation seeded by the run "
+        "seed; of a text's sequences, a fixed rule (every 1/f-th sequence), not seeded",
         key="finetune.val_fraction",
         exclusive_minimum=0,
         exclusive_maximum=1,

@@ -27,7 +27,8 @@ kept copy of a finished run. What differs:
   split: the text has none.
 
 Every step reads its loss back (no deferred steps as images have): a text run here is small.
-The image loader's settings (``augment``, ``num_workers``) do not apply, and ``compile`` is
+The image loader's settings (``augment``, ``num_workers``) and LoRA's do not apply (nor are they
+recorded in the summary's settings), and ``compile`` is
 refused (not implemented for text).
 """
 
@@ -74,7 +75,7 @@ from vitplasticity.finetune.text_loss import (
     next_token_loss,
     perplexity,
 )
-from vitplasticity.finetune.text_settings import TextFinetuneSettings
+from vitplasticity.finetune.text_settings import IMAGE_ONLY_TRAINING_FIELDS, TextFinetuneSettings
 from vitplasticity.models.architectures import (
     ParameterMap,
     UnsupportedModel,
@@ -485,13 +486,20 @@ def text_summary(
         "resumed": state.resumed,
         **provenance(
             {
-                **context.settings.record(),
+                **_used_settings(context.settings.record()),
                 **dataclasses.asdict(context.text),
                 "resolved": context.resolved,
             },
             context.device,
         ),
     }
+
+
+def _used_settings(record: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings without those a text run does not use
+    (:data:`~vitplasticity.finetune.text_settings.IMAGE_ONLY_TRAINING_FIELDS`): their values
+    are the flags' defaults, not what the config said (the workflow passes them none)."""
+    return {k: v for k, v in record.items() if k not in IMAGE_ONLY_TRAINING_FIELDS}
 
 
 def train_text_run(

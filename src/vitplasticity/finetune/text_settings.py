@@ -13,7 +13,18 @@ from dataclasses import dataclass
 
 from vitplasticity.settings.declaration import setting
 
-__all__ = ["TEXT_FINETUNE_RUN_KEYS", "TextFinetuneSettings"]
+__all__ = ["IMAGE_ONLY_TRAINING_FIELDS", "TEXT_FINETUNE_RUN_KEYS", "TextFinetuneSettings"]
+
+IMAGE_ONLY_TRAINING_FIELDS: tuple[str, ...] = (
+    "num_workers",
+    "augment",
+    "compile",
+    "lora_rank",
+    "lora_alpha",
+)
+"""The TrainingSettings fields a text run does not use (the image loader's workers and
+augmentation, compile, LoRA): the workflow passes them no value and a text run's provenance
+does not record them, so that it never states a value the run did not run with."""
 
 TEXT_FINETUNE_RUN_KEYS: tuple[str, ...] = (
     "enabled",

@@ -266,7 +266,7 @@ def load_strict(
     where: dict[str, Any] = {}
     if spec.weights == "hub":
         where = {"revision": spec.revision, "local_files_only": hub_offline()}
-    with _named_hub_errors(spec):
+    with _named_hub_errors(spec), _checked_warnings_quiet():
         model, info = model_class.from_pretrained(
             spec.hf_id if spec.weights == "hub" else spec.weights,
             output_loading_info=True,
@@ -297,6 +297,32 @@ def load_strict(
             f"{'; '.join(problems)}"
         )
     return model
+
+
+class _CheckedLoadWarnings(logging.Filter):
+    """Drops transformers' load warnings about what :func:`load_strict` checks itself: the
+    LOAD REPORT table of missing, unexpected and mismatched keys (refused by name, or a
+    checkpoint head dropped and logged) and "This checkpoint seem corrupted" (tied weights
+    both absent: they stay missing keys, refused by name). A report with CONVERSION rows is
+    kept: the project does not check the conversion, and transformers' error points to it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("This checkpoint seem corrupted"):
+            return False
+        return "LOAD REPORT" not in message or "CONVERSION" in message
+
+
+@contextmanager
+def _checked_warnings_quiet() -> Iterator[None]:
+    """transformers' modeling_utils logger without :class:`_CheckedLoadWarnings`' warnings."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    quiet = _CheckedLoadWarnings()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _mismatch(item: Any) -> str:

@@ -111,7 +111,10 @@ def gradient_statistics(
     mode). Over the B batches:
 
     - relative gradient norm (Auto-RGN): (1/B) sum_b ||g_b||_F / ||w||_F; NaN for a tensor
-      whose norm is 0 (a zero-initialised bias), which the pooled value then leaves out.
+      whose norm is 0 (a zero-initialised bias), which the pooled value then leaves out. w is
+      what the layer applies: a Gemma RMSNorm's scale 1 + weight, as its family declares
+      (:meth:`~vitplasticity.models.architectures.base.Architecture.weight_offsets`), not the
+      stored offset (0 at init, which would leave its ratio undefined).
     - gradient SNR: ||gbar||_F / sqrt((1/B) sum_b ||g_b - gbar||_F^2), gbar = (1/B) sum_b g_b
       (the noise term is the population variance, ddof 0, summed over the tensor's entries).
 
@@ -140,8 +143,10 @@ def gradient_statistics(
         raise ValueError(f"unknown parameters {unknown[:3]}")
     if loss is None:
         loss = functools.partial(classification_loss, model, architecture=owners.architecture)
+    tracked = [parameters[name] for name in names]
+    offsets = owners.architecture.weight_offsets(model)
     with _requiring_grad_only(parameters, set(names)):
-        columns = _gradient_columns(batches, [parameters[name] for name in names], loss)
+        columns = _gradient_columns(batches, tracked, [offsets.get(p, 0.0) for p in tracked], loss)
     return _tensor_table(names, owners, parameters, columns)
 
 
@@ -182,17 +187,23 @@ def _requiring_grad_only(parameters: dict[str, nn.Parameter], wanted: set[str]) 
 def _gradient_columns(
     batches: Iterable[Any],
     tracked: Sequence[torch.Tensor],
+    offsets: Sequence[float],
     loss: Callable[[Any], torch.Tensor],
 ) -> dict[str, Any]:
     """The weight norm, relative gradient norm, gradient SNR and batch count of each tracked
     tensor over the batches (in float64, by Welford's update: no gradient is kept), as
-    :data:`TENSOR_SCHEMA` columns.
+    :data:`TENSOR_SCHEMA` columns. The weight norm is that of what the layer applies,
+    ``offset + w`` (``offsets``: Gemma's RMSNorm gains 1, else 0); the gradient is the same
+    with respect to either.
 
     Raises:
         ValueError: for fewer than 2 batches.
     """
     weight_norms = torch.stack(
-        [torch.linalg.vector_norm(p.detach().to(torch.float64)) for p in tracked]
+        [
+            torch.linalg.vector_norm(p.detach().to(torch.float64) + offset)
+            for p, offset in zip(tracked, offsets, strict=True)
+        ]
     )  # (T,)
     ratio_sums = torch.zeros_like(weight_norms)
     means = [torch.zeros_like(p, dtype=torch.float64) for p in tracked]

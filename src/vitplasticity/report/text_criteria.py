@@ -25,6 +25,7 @@ from typing import Any
 
 import polars as pl
 
+from vitplasticity.criteria import PAPER_PLASTICITY, REGISTRY
 from vitplasticity.report.criteria import best_criterion_lines, score_selectors
 
 TEXT_EXPERIMENT = "text_finetune"
@@ -167,15 +168,71 @@ def score_text_criteria(
     )
 
 
+def absent_criteria(
+    criteria: pl.DataFrame, selected: pl.DataFrame, *, parameters: bool
+) -> dict[tuple[str, str], dict[str, str]]:
+    """Per (model, dataset) of ``selected``: each criterion of the registry that ``criteria``
+    has no score of there, with why (where its scores come from and what left them out), so
+    that the report never shows one criterion as if it were the only one.
+
+    Args:
+        criteria: the criteria frame scored (:data:`.criteria.CRITERION_SCHEMA`).
+        selected: :func:`select_text_runs`' rows.
+        parameters: whether the trainable-parameter baseline was asked for.
+    """
+    absent: dict[tuple[str, str], dict[str, str]] = {}
+    for model, dataset in selected.select("model", "dataset").unique(maintain_order=True).rows():
+        cell = criteria.filter((pl.col("model") == model) & (pl.col("dataset") == dataset))
+        present = set(cell["criterion"].to_list())
+        sources = set(cell["source"].to_list())
+        reasons = {
+            name: _absence(entry.source, name, sources, parameters, f"{model} on {dataset}")
+            for name, entry in REGISTRY.items()
+            if name not in present
+        }
+        if reasons:
+            absent[(model, dataset)] = reasons
+    return absent
+
+
+def _absence(source: str, name: str, sources: set[str], parameters: bool, cell: str) -> str:
+    """Why criterion ``name`` (from ``source``) has no score for ``cell``, whose criteria come
+    from ``sources``."""
+    if source == "parameters":
+        return "left out by report.criteria.parameters: false (--no-parameters)"
+    if source == "plasticity" and source not in sources:
+        return (
+            f"no text plasticity summary of {cell}: plasticity is scored where text_plasticity "
+            "measures the grid's model and dataset (text_plasticity.enabled, run_models, datasets)"
+        )
+    if source == "plasticity":
+        protocol = "embedding" if name == PAPER_PLASTICITY else name.removeprefix("plasticity_")
+        return f"not measured: text_plasticity.protocols lacks {protocol}"
+    if source not in sources:
+        return (
+            f"no recommend-text table of {cell}: recommend-text ranks a causal LM (an encoder has "
+            "no next-token loss) where recommend.enabled and text plasticity measures the cell"
+        )
+    return "recommend-text's table has no finite value of it for any configuration"
+
+
 def _number(value: Any, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
-def text_criteria_markdown(selected: pl.DataFrame, result: pl.DataFrame, *, demo: bool) -> str:
+def text_criteria_markdown(
+    selected: pl.DataFrame,
+    result: pl.DataFrame,
+    absent: Mapping[tuple[str, str], Mapping[str, str]],
+    *,
+    demo: bool,
+) -> str:
     """The report: the selected runs per (model, dataset), then each criterion's rho, tau and
-    top-1 hit per dataset, the tests across datasets and the best criterion per model."""
+    top-1 hit per dataset, each absent criterion as n/a with why (``absent``:
+    :func:`absent_criteria`), the tests across datasets and the best criterion per model (of
+    those scored, the others named)."""
     lines = ["# Which criterion predicts text finetuning?", ""]
     if demo:
         lines += ["**DEMO**: tiny random-init models on synthetic text, not a finding.", ""]
@@ -217,7 +274,15 @@ def text_criteria_markdown(selected: pl.DataFrame, result: pl.DataFrame, *, demo
                 f"{_number(row['spearman_rho'], 3)} | {_number(row['kendall_tau'], 3)} | "
                 f"{_number(row['top1_hit'], 3)} | {row['note'] or ''} |"
             )
+        for name, why in absent.get((model, dataset), {}).items():
+            lines.append(f"| {name} | 0 | n/a | n/a | n/a | {why} |")
         lines.append("")
     lines += ["## Across datasets", ""]
     lines += [f"- {line}" for line in best_criterion_lines(result)] or ["- no criterion scored"]
+    unscored = sorted({name for reasons in absent.values() for name in reasons})
+    if unscored:
+        lines.append(
+            f"- Best among the criteria scored only: {', '.join(unscored)} had no score for "
+            "some (model, dataset) (n/a rows above, with why)."
+        )
     return "\n".join(lines) + "\n"

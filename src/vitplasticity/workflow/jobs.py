@@ -2,15 +2,19 @@
 
 A `weights: hub` model is fetched once by the weights stage (workflow/rules/weights.smk);
 every compute job of the model then reads the local copy, which is why it is the job's input
-and why the spec the job gets names the local file or folder instead of the hub.
+and why the spec the job gets names the local file or folder instead of the hub. A model of
+local weights (`weights: <path>`) has its checksum record as the jobs' input instead
+(:mod:`vitplasticity.models.local_weights`), so that replacing the weights reruns them.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
+from vitplasticity.models.local_weights import update_record
 from vitplasticity.models.registry import models_of_family
 from vitplasticity.models.spec import ModelSpec, spec_class
 from vitplasticity.models.weights import SOURCE_KWARGS
@@ -73,9 +77,21 @@ class ModelJobs:
             spec["weights"] = self.weights_folder(model)
         return as_json(spec)
 
+    def local_weights_record(self, model: str) -> list[str]:
+        """The checksum record of a model of local weights (``weights: <path>``), brought up to
+        date with the file's or folder's content now
+        (:func:`~vitplasticity.models.local_weights.update_record`): [] for hub or random
+        weights, or a path that does not exist (the config check names it)."""
+        weights = self.models[model]["weights"]
+        if weights in ("hub", "random") or not Path(weights).exists():
+            return []
+        return [str(update_record(weights, self.weights_folder(model)))]
+
     def weights(self, wildcards: Wildcards) -> list[str]:
-        """Input function: the weights files of the job's model (:meth:`weights_files`)."""
-        return self.weights_files(wildcards.model)
+        """Input function: what the job's model's weights are to Snakemake: the weights stage's
+        files (:meth:`weights_files`) or the local weights' checksum record
+        (:meth:`local_weights_record`)."""
+        return self.weights_files(wildcards.model) + self.local_weights_record(wildcards.model)
 
     def spec(self, wildcards: Wildcards) -> str:
         """Params function: the model spec JSON of the job's model (:meth:`compute_spec`)."""

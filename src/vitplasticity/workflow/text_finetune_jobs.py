@@ -16,7 +16,7 @@ from typing import Any
 
 from vitplasticity.finetune.run import lr_label
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.finetune.text_settings import TextFinetuneSettings
+from vitplasticity.finetune.text_settings import IMAGE_ONLY_TRAINING_FIELDS, TextFinetuneSettings
 from vitplasticity.models.registry import family_inputs
 from vitplasticity.models.text import stated_positions
 from vitplasticity.settings.declaration import command_flags, rule_params
@@ -26,22 +26,6 @@ from vitplasticity.workflow.params import Wildcards, demo_flag
 
 TEXT_EXPERIMENT = "text_finetune"
 """The experiment name a text run's summary records."""
-
-TRAINING_KEYS: tuple[str, ...] = (
-    "batch_size",
-    "micro_batch_size",
-    "warmup_steps",
-    "clip_grad_norm",
-    "momentum",
-    "adam_betas",
-    "val_fraction",
-    "precision",
-    "device",
-    "log_every",
-    "checkpoint_every",
-)
-"""The keys of the finetune block a text run takes (the image loader's augment, num_workers,
-compile and LoRA's are not passed: a text run does not use them)."""
 
 
 def text_finetune_problems(config: Mapping[str, Any]) -> list[str]:
@@ -194,7 +178,7 @@ class TextFinetuneJobs:
             "optimizer": self.block["optimizer"],
             "steps": self.block["steps"],
             "val_every": self.block["val_every"],
-            **{key: finetune[key] for key in TRAINING_KEYS},
+            **{k: v for k, v in finetune.items() if k not in IMAGE_ONLY_TRAINING_FIELDS},
             "demo_flag": demo_flag(self.config),
         }
 

@@ -438,6 +438,12 @@ class Architecture:
         """Why the paper's MHA bound does not hold for ``model`` (None: it does)."""
         return None
 
+    def weight_offsets(self, model: nn.Module) -> dict[nn.Parameter, float]:
+        """The parameters of ``model`` that its layers apply as ``offset + weight``, not as
+        ``weight`` (Gemma's RMSNorm gains: ``1 + weight``), each with its offset: a criterion
+        relative to a weight's size takes the size of what is applied. The default: none."""
+        return {}
+
     def lora_targets(self, model: nn.Module) -> list[str]:
         """Fully qualified names of the linear modules LoRA adapts (:meth:`lora_linears` of
         every block), in ``named_modules`` order."""

@@ -14,7 +14,8 @@ normalises: ``post_attention_layernorm`` with ``mha`` (it rescales MHA's output 
 residual, as LayerScale does), ``post_feedforward_layernorm`` with ``fc2`` (the same for FC2's
 output). Neither enters a plasticity ratio: MHA and FC2 are measured at their own outputs.
 
-Gemma's RMSNorm multiplies by ``1 + weight``; its token embedding scales by sqrt(hidden_size)
+Gemma's RMSNorm multiplies by ``1 + weight`` (declared: :func:`offset_norm_gains`, so that a
+criterion relative to a norm's weight is relative to the scale it applies); its token embedding scales by sqrt(hidden_size)
 inside ``embed_tokens`` (the embedding output is the scaled one, as the model's forward feeds
 its first layer). Gemma2 alternates sliding-window and global layers (``layer_types``); Gemma3
 too, with a local and a global rotary table (``rotary_emb(x, positions, layer_type)``): each
@@ -32,6 +33,20 @@ from torch import nn
 
 from vitplasticity.models.architectures.base import Declared, Owned, UnsupportedModel
 from vitplasticity.models.architectures.hf_decoder import HFDecoder, Variant
+
+OFFSET_NORMS = ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")
+"""Gemma's RMSNorm classes (1, 2, 3): each multiplies by ``1 + weight``, its stored gain an
+offset from 1 (0 at init)."""
+
+
+def offset_norm_gains(model: nn.Module) -> dict[nn.Parameter, float]:
+    """The gain of every Gemma RMSNorm of ``model`` (:data:`OFFSET_NORMS`: its blocks' norms,
+    Gemma3's q/k norms, the final norm), each with its offset 1: the scale the layer applies
+    is 1 + weight (:meth:`~vitplasticity.models.architectures.base.Architecture.weight_offsets`)."""
+    return {
+        module.weight: 1.0 for module in model.modules() if type(module).__name__ in OFFSET_NORMS
+    }
+
 
 POST_NORMS: dict[str, str] = {
     "post_attention_layernorm": "mha",
@@ -67,6 +82,9 @@ class HFGemma(HFDecoder):
             for index, block in enumerate(self.block_list(model))
             for norm, trained_by in POST_NORMS.items()
         ]
+
+    def weight_offsets(self, model: nn.Module) -> dict[nn.Parameter, float]:
+        return offset_norm_gains(model)
 
     def attention_branch(self, block: nn.Module, out: torch.Tensor) -> torch.Tensor:
         return block.post_attention_layernorm(out)

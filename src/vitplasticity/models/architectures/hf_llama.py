@@ -16,7 +16,8 @@ How the context (causal and sliding-window masks, rotary cos/sin) is built:
 
 Gemma v1 is Llama's layer (pre-norms only, no post-branch norms: Gemma 2 and 3 add those,
 :mod:`~vitplasticity.models.architectures.hf_gemma`) with what Gemma changes inside modules:
-its RMSNorms multiply by ``1 + weight``, its ``embed_tokens`` scales by sqrt(hidden_size) (the
+its RMSNorms multiply by ``1 + weight`` (declared by
+:func:`~vitplasticity.models.architectures.hf_gemma.offset_norm_gains`), its ``embed_tokens`` scales by sqrt(hidden_size) (the
 embedding output is the scaled one), its MLP is GeGLU (``act_fn`` is gelu).
 """
 
@@ -24,7 +25,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from torch import nn
+
 from vitplasticity.models.architectures.hf_decoder import HFDecoder, Variant
+from vitplasticity.models.architectures.hf_gemma import offset_norm_gains
 
 
 class HFLlama(HFDecoder):
@@ -42,3 +46,6 @@ class HFLlama(HFDecoder):
         "GemmaModel": Variant(windows="none"),
     }
     ln2_name = "post_attention_layernorm"
+
+    def weight_offsets(self, model: nn.Module) -> dict[nn.Parameter, float]:
+        return offset_norm_gains(model)  # Gemma v1's; none in the others
