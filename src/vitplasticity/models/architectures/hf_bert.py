@@ -50,6 +50,7 @@ from vitplasticity.models.architectures.base import (
     wrapper_head,
 )
 from vitplasticity.models.architectures.hf_text_common import HFText, check_fc2_width, is_linear
+from vitplasticity.models.refusals import ENCODER_REFUSALS
 
 BARE_CLASSES: tuple[str, ...] = ("BertModel", "RobertaModel")
 """The bare encoder classes of the family."""
@@ -63,16 +64,6 @@ LAYER_LINEARS: tuple[str, ...] = (
     "output.dense",
 )
 LAYER_NORMS: tuple[str, ...] = ("attention.output.LayerNorm", "output.LayerNorm")
-
-_REFUSALS: dict[str, str] = {
-    "recommend": (
-        "recommend-text ranks a causal LM by its next-token loss, and an encoder attends to the "
-        "tokens after each one: it has no next-token loss (a masked-LM loss is not implemented)"
-    ),
-}
-"""The stages a BERT-family model is refused by, and why (plasticity, lora, the bounds on
-text, ``vitplasticity text-bounds``, and finetune on text with the masked-LM loss,
-``vitplasticity finetune-text``, are supported)."""
 
 
 def _tied_to(module: nn.Module, base: nn.Module) -> bool:
@@ -106,7 +97,7 @@ class HFBert(HFText):
     text_task = "masked"  # an encoder attends both ways: it has no next-token loss
     bare_classes = BARE_CLASSES  # a subclass's own: DeBERTa-v2's
     embedding_names = ("embeddings",)
-    text_refusals = _REFUSALS
+    text_refusals = ENCODER_REFUSALS
     layer_linears: tuple[str, ...] = LAYER_LINEARS
     """The linear layers every encoder layer has."""
 

@@ -1,0 +1,150 @@
+"""The stages' refusals of a model that the config alone decides, named when the Snakefile is
+parsed (:func:`refusal_problems`), not minutes or hours into a job: a Swin under the embedding
+protocol, an MoE or an encoder ranked by recommend-text, a decoder's bounds, a Falcon with ALiBi
+(:mod:`vitplasticity.models.refusals`: the families' own reasons, torch-free). A refusal the
+config does not decide (a hub checkpoint's config.json, fetched by the weights job) is the job's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vitplasticity.models.refusals import entry_family, entry_refusals
+from vitplasticity.models.spec import known_family
+from vitplasticity.workflow.config import enabled_experiments
+
+
+@dataclass(frozen=True)
+class Use:
+    """The models a config key names for the stages its jobs run, and what to do instead."""
+
+    key: str
+    models: list[str]
+    stages: tuple[str, ...]
+    remedy: str
+
+
+STAGE_NAMES: dict[str, str] = {
+    "plasticity embedding": "the embedding protocol",
+    "plasticity in_situ": "the in_situ protocol",
+    "bounds": "the bounds",
+    "recommend": "recommend",
+    "export": "recommend's export",
+    "finetune": "finetuning",
+    "lora": "LoRA",
+}
+"""How a message names each stage a family may refuse."""
+
+
+def _protocols(block: Mapping[str, Any], key: str) -> tuple[tuple[str, ...], str]:
+    protocols = tuple(f"plasticity {p}" for p in block.get("protocols") or ["embedding"])
+    others = [p for p in ("embedding", "in_situ") if f"plasticity {p}" not in protocols]
+    remedy = f"use {key}.protocols: [{others[0]}] or drop the model" if others else ""
+    return protocols, remedy or "drop the model"
+
+
+def uses(config: Mapping[str, Any]) -> list[Use]:
+    """Every key of ``config`` that names models for a stage's jobs, with those stages: the
+    plasticity models (their protocols, and the bounds every one gets), recommend's (with
+    recommend enabled), text plasticity's (its protocols; recommend-text with recommend
+    enabled) and its bounds models, the enabled experiments' (finetune, LoRA) and the text
+    grid's."""
+    plasticity = config["plasticity"]
+    protocols, remedy = _protocols(plasticity, "plasticity")
+    found = [
+        Use("plasticity.models", plasticity["models"], protocols, remedy),
+        Use(
+            "plasticity.models",
+            plasticity["models"],
+            ("bounds",),
+            "the workflow computes the bounds of every plasticity.models entry: drop the model",
+        ),
+    ]
+    recommend = config.get("recommend") or {}
+    if recommend.get("enabled"):
+        key = "recommend.models" if recommend.get("models") else "plasticity.models"
+        found.append(
+            Use(
+                f"{key} (recommend.enabled)",
+                recommend.get("models") or plasticity["models"],
+                ("recommend", "export"),
+                "rank other models in recommend.models, or set recommend.enabled: false",
+            )
+        )
+    text = config.get("text_plasticity") or {}
+    if text.get("enabled"):
+        run = text.get("run_models") or []
+        protocols, remedy = _protocols(text, "text_plasticity")
+        found.append(Use("text_plasticity.run_models", run, protocols, remedy))
+        found.append(
+            Use(
+                "text_plasticity.bounds_models",
+                text.get("bounds_models") or [],
+                ("bounds",),
+                "drop it from text_plasticity.bounds_models",
+            )
+        )
+        if recommend.get("enabled"):
+            found.append(
+                Use(
+                    "text_plasticity.run_models (recommend-text: recommend.enabled ranks every "
+                    "text model)",
+                    run,
+                    ("recommend",),
+                    "drop the model from text_plasticity.run_models, or set "
+                    "recommend.enabled: false",
+                )
+            )
+    for name in enabled_experiments(dict(config)):
+        exp = config["experiments"][name]
+        lora = any("lora" in str(c).split("+") for c in exp.get("configurations") or [])
+        stages = ("finetune", "lora") if lora else ("finetune",)
+        found.append(
+            Use(f"experiments.{name}.models", exp.get("models") or [], stages, "drop the model")
+        )
+    grid = config.get("text_finetune") or {}
+    if grid.get("enabled"):
+        found.append(
+            Use("text_finetune.run_models", grid.get("run_models") or [], (), "drop the model")
+        )
+    return found
+
+
+def _described(name: str, entry: Mapping[str, Any]) -> str:
+    """How a message names model ``name``: its family and id (``timm swin_tiny_...``)."""
+    spec = known_family(entry)
+    if spec is None:
+        return repr(name)
+    return f"{name!r} ({spec.family} {entry.get(spec.id_key)})"
+
+
+def refusal_problems(config: Mapping[str, Any]) -> list[str]:
+    """One message per (key, model, stage) that a model's family refuses, known from the config
+    (:func:`vitplasticity.models.refusals.entry_refusals`), naming the key, the model, the
+    family's reason and what to do; and one per model that its family refuses whatever the
+    stage (a Falcon with ALiBi), at its ``models.<name>`` entry, when a stage uses it."""
+    models = config["models"]
+    problems: list[str] = []
+    whole: dict[str, str] = {}
+    for use in uses(config):
+        for name in dict.fromkeys(use.models):
+            entry = models.get(name)
+            if not isinstance(entry, Mapping):
+                continue  # an unknown name: named by the name checks
+            refusals = entry_refusals(entry)
+            if None in refusals:
+                whole.setdefault(name, refusals[None])
+            for stage in use.stages:
+                if stage in refusals:
+                    problems.append(
+                        f"{use.key}: {_described(name, entry)}: {entry_family(entry)} refuses "
+                        f"{STAGE_NAMES[stage]}: {refusals[stage]}; {use.remedy}"
+                    )
+    problems += [
+        f"models.{name}: {_described(name, models[name])} is refused by every stage: {reason}; "
+        "use another model"
+        for name, reason in whole.items()
+    ]
+    return problems
