@@ -213,10 +213,11 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
         "num_ln_in_parallel_attn": None,
     },
     "hf_deberta_v2": {"conv_kernel_size": 0},
-    "hf_swin": {"image_size": 224, "patch_size": 4, "window_size": 7, "depths": [2, 2, 6, 2]},
+    "hf_swin": {"image_size": 224, "patch_size": 4, "window_size": 7, "depths": (2, 2, 6, 2)},
 }
-"""The transformers config classes' defaults of the keys a config-dependent refusal reads
-(FalconConfig, DebertaV2Config, SwinConfig; tests/models/test_refusals.py checks them)."""
+"""The defaults of the keys a config-dependent refusal reads, where the entry does not state
+them: FalconConfig's and SwinConfig's, and what DebertaV2Model reads when its config has no
+``conv_kernel_size`` (tests/models/test_refusals.py checks them against transformers)."""
 
 _TIMM_SWIN_NAME = re.compile(r"swin_\w*?patch(\d+)_window(\d+)_(\d+)")
 

@@ -311,22 +311,33 @@ def grid_lr(config: dict[str, Any], experiment: str, dataset: str, label: str) -
     return matches[0]
 
 
+def shared_label_problems(key: str, lrs: list[float], what: str = "") -> list[str]:
+    """One message per pair of the learning rates ``lrs`` (of the grid at ``key``; ``what``:
+    which of its lists, for the message) that share a path label: their runs would write one
+    folder."""
+    labels: dict[str, float] = {}
+    problems = []
+    for lr in lrs:
+        other = labels.setdefault(lr_label(lr), lr)
+        if other != lr:
+            problems.append(
+                f"{key}: learning rates {other!r} and {lr!r}{what} share the path label "
+                f"lr{lr_label(lr)} (differ within 6 significant digits)"
+            )
+    return problems
+
+
 def lr_label_problems(config: dict[str, Any], name: str) -> list[str]:
     """One message per pair of LRs of experiment ``name`` that share a path label (their runs
     would write one folder)."""
     exp = config["experiments"][name]
-    problems = []
-    for dataset in exp.get("datasets", []):
-        labels: dict[str, float] = {}
-        for lr in learning_rates(exp, dataset):
-            other = labels.setdefault(lr_label(lr), lr)
-            if other != lr:
-                problems.append(
-                    f"experiments.{name}: learning rates {other!r} and {lr!r} of dataset "
-                    f"{dataset!r} share the path label lr{lr_label(lr)} (differ within 6 "
-                    "significant digits)"
-                )
-    return problems
+    return [
+        problem
+        for dataset in exp.get("datasets", [])
+        for problem in shared_label_problems(
+            f"experiments.{name}", learning_rates(exp, dataset), f" of dataset {dataset!r}"
+        )
+    ]
 
 
 def experiment_runs(config: dict[str, Any], name: str) -> list[Run]:
