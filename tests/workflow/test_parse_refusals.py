@@ -130,6 +130,7 @@ CASES: list[tuple[str, Edit, list[str]]] = [
         [
             "plasticity.models: 'swin_t' (timm swin_tiny_patch4_window7_224): timm_swin refuses "
             "the in_situ protocol: block 2's 3 x 3 grid is not a whole number of 2 x 2 windows",
+            "drop the model (it takes neither protocol)",
         ],
     ),
     (

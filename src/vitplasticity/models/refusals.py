@@ -108,19 +108,6 @@ STAGE_REFUSALS: dict[str, dict[str, str]] = {
 what ``Architecture.refusal(stage, model)`` answers for a model as the workflow builds it (a
 vision tower in its classification class). A family not listed refuses no stage so."""
 
-WHAT_FAMILY_IS: dict[str, str] = {
-    "timm_swin": "a Swin Transformer",
-    "hf_swin": "a Swin Transformer",
-    "hf_moe": "a sparse mixture of experts",
-}
-"""How a family's refusal names what the model is (the others: "a text model")."""
-
-
-def stage_reason(family: str, stage: str) -> str | None:
-    """Why ``family`` refuses ``stage`` whatever the model's config (None: it does not)."""
-    reasons = STAGE_REFUSALS.get(family, {})
-    return reasons.get(stage)
-
 
 # --- config-dependent refusals -------------------------------------------------------------------
 
@@ -219,6 +206,15 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
 them: FalconConfig's and SwinConfig's, and what DebertaV2Model reads when its config has no
 ``conv_kernel_size`` (tests/models/test_refusals.py checks them against transformers)."""
 
+TIMM_SWIN_DEPTHS: dict[str, tuple[int, ...]] = {
+    "tiny": (2, 2, 6, 2),
+    "small": (2, 2, 18, 2),
+    "base": (2, 2, 18, 2),
+    "large": (2, 2, 18, 2),
+}
+"""The blocks per stage of timm's ``swin_<size>_patch4_window<w>_<image>`` models (timm's
+registered defaults; tests/models/test_refusals.py checks them)."""
+
 _TIMM_SWIN_NAME = re.compile(r"swin_\w*?patch(\d+)_window(\d+)_(\d+)")
 
 
@@ -276,16 +272,18 @@ def _pair(value: Any) -> tuple[int, int] | None:
 
 
 def timm_swin_padding(timm_id: str, kwargs: Mapping[str, Any]) -> str | None:
-    """:func:`swin_padding` of a timm Swin from its name (``..._patch4_window7_224``) and
-    ``kwargs`` (``img_size``, ``patch_size``, ``window_size``, ``depths``); None where they do
-    not tell (a name of another pattern, a value of another type)."""
+    """:func:`swin_padding` of a timm Swin from its name (``swin_tiny_patch4_window7_224``:
+    :data:`TIMM_SWIN_DEPTHS`) and ``kwargs`` (``img_size``, ``patch_size``, ``window_size``,
+    ``depths``); None where they do not tell (a name of another pattern, a value of another
+    type)."""
     named = _TIMM_SWIN_NAME.match(timm_id)
     patch, window, image = (int(g) for g in named.groups()) if named else (None, None, None)
     image_pair = _pair(kwargs.get("img_size", image))
     window_pair = _pair(kwargs.get("window_size", window))
     patch = kwargs.get("patch_size", patch)
-    depths = kwargs.get("depths", (2, 2, 6, 2) if "tiny" in timm_id else (2, 2, 18, 2))
-    if image_pair is None or window_pair is None or not isinstance(patch, int):
+    size = timm_id.split("_")[1] if "_" in timm_id else ""
+    depths = kwargs.get("depths", TIMM_SWIN_DEPTHS.get(size))
+    if image_pair is None or window_pair is None or not isinstance(patch, int) or depths is None:
         return None
     return swin_padding(image_pair, patch, window_pair, list(depths))
 

@@ -24,6 +24,9 @@ class Use:
     models: list[str]
     stages: tuple[str, ...]
     remedy: str
+    protocols_key: str | None = None
+    """For a plasticity stage's use: the key of its protocols, offered where the model's family
+    takes another protocol."""
 
 
 STAGE_NAMES: dict[str, str] = {
@@ -38,11 +41,22 @@ STAGE_NAMES: dict[str, str] = {
 """How a message names each stage a family may refuse."""
 
 
-def _protocols(block: Mapping[str, Any], key: str) -> tuple[tuple[str, ...], str]:
-    protocols = tuple(f"plasticity {p}" for p in block.get("protocols") or ["embedding"])
-    others = [p for p in ("embedding", "in_situ") if f"plasticity {p}" not in protocols]
-    remedy = f"use {key}.protocols: [{others[0]}] or drop the model" if others else ""
-    return protocols, remedy or "drop the model"
+PROTOCOLS = ("embedding", "in_situ")
+
+
+def _protocols(block: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(f"plasticity {p}" for p in block.get("protocols") or ["embedding"])
+
+
+def _remedy(use: Use, refusals: Mapping[str | None, str]) -> str:
+    """What to do about a refusal of ``use``: for a protocol, the protocols the family takes
+    (none: drop the model)."""
+    if use.protocols_key is None:
+        return use.remedy
+    taken = [p for p in PROTOCOLS if f"plasticity {p}" not in refusals]
+    if not taken:
+        return "drop the model (it takes neither protocol)"
+    return f"use {use.protocols_key}: [{', '.join(taken)}] or drop the model"
 
 
 def uses(config: Mapping[str, Any]) -> list[Use]:
@@ -52,9 +66,14 @@ def uses(config: Mapping[str, Any]) -> list[Use]:
     enabled) and its bounds models, the enabled experiments' (finetune, LoRA) and the text
     grid's."""
     plasticity = config["plasticity"]
-    protocols, remedy = _protocols(plasticity, "plasticity")
     found = [
-        Use("plasticity.models", plasticity["models"], protocols, remedy),
+        Use(
+            "plasticity.models",
+            plasticity["models"],
+            _protocols(plasticity),
+            "",
+            "plasticity.protocols",
+        ),
         Use(
             "plasticity.models",
             plasticity["models"],
@@ -76,8 +95,11 @@ def uses(config: Mapping[str, Any]) -> list[Use]:
     text = config.get("text_plasticity") or {}
     if text.get("enabled"):
         run = text.get("run_models") or []
-        protocols, remedy = _protocols(text, "text_plasticity")
-        found.append(Use("text_plasticity.run_models", run, protocols, remedy))
+        found.append(
+            Use(
+                "text_plasticity.run_models", run, _protocols(text), "", "text_plasticity.protocols"
+            )
+        )
         found.append(
             Use(
                 "text_plasticity.bounds_models",
@@ -140,7 +162,7 @@ def refusal_problems(config: Mapping[str, Any]) -> list[str]:
                 if stage in refusals:
                     problems.append(
                         f"{use.key}: {_described(name, entry)}: {entry_family(entry)} refuses "
-                        f"{STAGE_NAMES[stage]}: {refusals[stage]}; {use.remedy}"
+                        f"{STAGE_NAMES[stage]}: {refusals[stage]}; {_remedy(use, refusals)}"
                     )
     problems += [
         f"models.{name}: {_described(name, models[name])} is refused by every stage: {reason}; "
