@@ -107,7 +107,7 @@ class HFDebertaV2(HFBert):
         if getattr(bare.encoder, "conv", None) is not None:
             raise UnsupportedModel(
                 f"{name} has a convolution after its first layer (conv_kernel_size="
-                f"{bare.config.conv_kernel_size}): {DEBERTA_CONV_REASON}"
+                f"{bare.config.conv_kernel_size}: {DEBERTA_CONV_REASON})"
             )
         if getattr(bare, "z_steps", 0) > 1:
             raise UnsupportedModel(
