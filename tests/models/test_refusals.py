@@ -127,6 +127,7 @@ def test_timm_swin_depths_are_timms(size: str) -> None:
 def test_the_config_defaults_are_transformers() -> None:
     transformers = require_transformers()
     classes = {
+        "hf_bert": "BertConfig",
         "hf_falcon": "FalconConfig",
         "hf_deberta_v2": "DebertaV2Config",
         "hf_swin": "SwinConfig",
@@ -166,6 +167,13 @@ WHOLE_MODEL_CASES = [
         "FalconConfig",
         "FalconModel",
         {**FALCON, "new_decoder_architecture": True, "parallel_attn": False},
+    ),
+    ("bert-decoder", "BertConfig", "BertModel", {**ENCODER_TINY_CONFIG, "is_decoder": True}),
+    (
+        "roberta-chunks",
+        "RobertaConfig",
+        "RobertaModel",
+        {**ENCODER_TINY_CONFIG, "chunk_size_feed_forward": 4},
     ),
     (
         "deberta-conv",

@@ -208,6 +208,13 @@ CASES: list[tuple[str, Edit, list[str]]] = [
         ["models.m: 'm' (transformers tiny/deberta-v2) is refused by every stage: encoder.conv"],
     ),
     (
+        "bert-as-a-decoder",
+        lambda tmp: measured(tmp, random_text("bert", is_decoder=True)),
+        [
+            "models.m: 'm' (transformers tiny/bert) is refused by every stage: configured as a decoder"
+        ],
+    ),
+    (
         "text-grid-lr-twice",
         lambda tmp: text_grid(tmp, lrs=[1.0e-4, 1.0e-4]),
         ["text_finetune.lrs: 0.0001 is listed twice"],

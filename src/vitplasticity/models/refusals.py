@@ -92,6 +92,13 @@ DEBERTA_CONV_REASON = (
     "branch beside the layer that no component is"
 )
 """Why a DeBERTa-v2 with ``conv_kernel_size`` > 0 is refused by every stage."""
+BERT_DECODER_REASON = (
+    "configured as a decoder (is_decoder: causal attention, cross-attention): not the "
+    "bidirectional encoder this family describes"
+)
+"""Why a BERT or RoBERTa with ``is_decoder`` is refused by every stage."""
+BERT_CHUNKS_REASON = "FC1 and FC2 run once per chunk, not once per forward pass"
+"""Why a BERT or RoBERTa with ``chunk_size_feed_forward`` is refused by every stage."""
 
 STAGE_REFUSALS: dict[str, dict[str, str]] = {
     "timm_swin": SWIN_REFUSALS,
@@ -200,6 +207,7 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
         "num_ln_in_parallel_attn": None,
     },
     "hf_deberta_v2": {"conv_kernel_size": 0},
+    "hf_bert": {"is_decoder": False, "chunk_size_feed_forward": 0},
     "hf_swin": {"image_size": 224, "patch_size": 4, "window_size": 7, "depths": (2, 2, 6, 2)},
 }
 """The defaults of the keys a config-dependent refusal reads, where the entry does not state
@@ -303,6 +311,10 @@ def config_reason(family: str, config: Mapping[str, Any]) -> tuple[str, str | No
         return None if reason is None else (None, reason)
     if family == "hf_deberta_v2" and (values["conv_kernel_size"] or 0) > 0:
         return (None, DEBERTA_CONV_REASON)
+    if family == "hf_bert" and values["is_decoder"]:
+        return (None, BERT_DECODER_REASON)
+    if family == "hf_bert" and values["chunk_size_feed_forward"]:
+        return (None, BERT_CHUNKS_REASON)
     if family == "hf_swin":
         image, window = _pair(values["image_size"]), _pair(values["window_size"])
         if image is None or window is None or not isinstance(values["patch_size"], int):

@@ -50,7 +50,11 @@ from vitplasticity.models.architectures.base import (
     wrapper_head,
 )
 from vitplasticity.models.architectures.hf_text_common import HFText, check_fc2_width, is_linear
-from vitplasticity.models.refusals import ENCODER_REFUSALS
+from vitplasticity.models.refusals import (
+    BERT_CHUNKS_REASON,
+    BERT_DECODER_REASON,
+    ENCODER_REFUSALS,
+)
 
 BARE_CLASSES: tuple[str, ...] = ("BertModel", "RobertaModel")
 """The bare encoder classes of the family."""
@@ -111,15 +115,11 @@ class HFBert(HFText):
         bidirectional encoder of once-run components."""
         config, name = self.bare(model).config, type(model).__name__
         if config.is_decoder:
-            raise UnsupportedModel(
-                f"{name} is configured as a decoder (is_decoder: causal attention, "
-                "cross-attention): not the bidirectional encoder this family describes"
-            )
+            raise UnsupportedModel(f"{name} is {BERT_DECODER_REASON}")
         if config.chunk_size_feed_forward:
             raise UnsupportedModel(
                 f"{name} runs its MLP in chunks (chunk_size_feed_forward="
-                f"{config.chunk_size_feed_forward}): FC1 and FC2 run once per chunk, not once "
-                "per forward pass"
+                f"{config.chunk_size_feed_forward}): {BERT_CHUNKS_REASON}"
             )
 
     def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:
