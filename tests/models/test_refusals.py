@@ -26,13 +26,13 @@ from vitplasticity.models.architectures import architecture_for
 from vitplasticity.models.architectures.base import UnsupportedModel
 from vitplasticity.models.architectures.registry import ARCHITECTURES
 from vitplasticity.models.refusals import (
-    CLASS_FAMILIES,
+    CLASS_ARCHITECTURES,
     CONFIG_DEFAULTS,
-    MODEL_TYPE_FAMILIES,
+    MODEL_TYPE_ARCHITECTURES,
     STAGE_REFUSALS,
     TIMM_SWIN_DEPTHS,
-    class_family,
-    entry_family,
+    class_architecture,
+    entry_architecture,
     entry_refusals,
 )
 from vitplasticity.models.spec import TRANSFORMERS_MODEL_CLASSES
@@ -74,20 +74,20 @@ def test_the_table_refuses_each_stage_as_the_architecture_does(tiny: TinyModel) 
 
 def test_every_family_of_the_table_is_registered() -> None:
     assert set(STAGE_REFUSALS) <= set(ARCHITECTURES)
-    families = set(MODEL_TYPE_FAMILIES.values()) | set(CLASS_FAMILIES.values())
+    families = set(MODEL_TYPE_ARCHITECTURES.values()) | set(CLASS_ARCHITECTURES.values())
     assert families <= set(ARCHITECTURES)
 
 
 def test_model_types_are_the_architectures() -> None:
     """Every model type of a family with a refusal maps to it, and nothing else is mapped."""
-    mapped = set(MODEL_TYPE_FAMILIES.values())
+    mapped = set(MODEL_TYPE_ARCHITECTURES.values())
     expected = {
         model_type: architecture.name
         for architecture in ARCHITECTURES.values()
         if architecture.name in mapped
         for model_type in architecture.model_types
     }
-    assert expected == MODEL_TYPE_FAMILIES
+    assert expected == MODEL_TYPE_ARCHITECTURES
     assert set(STAGE_REFUSALS) - {"timm_swin"} <= mapped
 
 
@@ -96,7 +96,7 @@ def test_every_class_name_maps_as_its_model_type() -> None:
     transformers = require_transformers()
     for name in sorted(TRANSFORMERS_MODEL_CLASSES):
         model_type = getattr(transformers, name).config_class.model_type
-        assert class_family(name) == MODEL_TYPE_FAMILIES.get(model_type), name
+        assert class_architecture(name) == MODEL_TYPE_ARCHITECTURES.get(model_type), name
 
 
 @pytest.mark.parametrize("tiny", TINY_MODELS, ids=[t.id for t in TINY_MODELS])
@@ -111,8 +111,8 @@ def test_an_entry_names_its_family(tiny: TinyModel) -> None:
             "hf_id": "x/y",
             "model_class": type(tiny.build()).__name__,
         }
-    mapped = set(MODEL_TYPE_FAMILIES.values()) | {"timm_swin"}
-    assert entry_family(entry) == (tiny.family if tiny.family in mapped else None)
+    mapped = set(MODEL_TYPE_ARCHITECTURES.values()) | {"timm_swin"}
+    assert entry_architecture(entry) == (tiny.family if tiny.family in mapped else None)
 
 
 @pytest.mark.parametrize("size", sorted(TIMM_SWIN_DEPTHS))

@@ -93,7 +93,7 @@ CASES: list[tuple[str, Edit, list[str]]] = [
         "swin-embedding-protocol",
         lambda tmp: {"models": {"swin_t": SWIN}, "plasticity": {"models": ["swin_t"]}},
         [
-            "plasticity.models: 'swin_t' (timm swin_tiny_patch4_window7_224): timm_swin refuses "
+            "plasticity.models: 'swin_t' (swin_tiny_patch4_window7_224): timm_swin refuses "
             "the embedding protocol: its stages have different widths",
             "use plasticity.protocols: [in_situ] or drop the model",
         ],
@@ -105,7 +105,7 @@ CASES: list[tuple[str, Edit, list[str]]] = [
             "plasticity": {"models": ["swin_t"], "protocols": ["in_situ"]},
         },
         [
-            "plasticity.models: 'swin_t' (timm swin_tiny_patch4_window7_224): timm_swin refuses "
+            "plasticity.models: 'swin_t' (swin_tiny_patch4_window7_224): timm_swin refuses "
             "the bounds: its attention adds a learned relative position bias",
             "the bounds of every plasticity.models entry: drop the model",
         ],
@@ -117,7 +117,7 @@ CASES: list[tuple[str, Edit, list[str]]] = [
             "recommend": {"enabled": True, "models": ["swin_t"]},
         },
         [
-            "recommend.models (recommend.enabled): 'swin_t' (timm swin_tiny_patch4_window7_224): "
+            "recommend.models (recommend.enabled): 'swin_t' (swin_tiny_patch4_window7_224): "
             "timm_swin refuses recommend: recommend ranks by the embedding protocol's plasticity",
         ],
     ),
@@ -128,7 +128,7 @@ CASES: list[tuple[str, Edit, list[str]]] = [
             "plasticity": {"models": ["swin_t"], "protocols": ["in_situ"]},
         },
         [
-            "plasticity.models: 'swin_t' (timm swin_tiny_patch4_window7_224): timm_swin refuses "
+            "plasticity.models: 'swin_t' (swin_tiny_patch4_window7_224): timm_swin refuses "
             "the in_situ protocol: block 2's 3 x 3 grid is not a whole number of 2 x 2 windows",
             "drop the model (it takes neither protocol)",
         ],
@@ -145,14 +145,14 @@ CASES: list[tuple[str, Edit, list[str]]] = [
             },
             "plasticity": {"models": ["swin_hf"]},
         },
-        ["plasticity.models: 'swin_hf' (transformers microsoft/swin-tiny-patch4-window7-224)"],
+        ["plasticity.models: 'swin_hf' (microsoft/swin-tiny-patch4-window7-224)"],
     ),
     (
         "mixtral-recommend-text",
         lambda tmp: measured(tmp, random_text("mixtral"), recommend=True),
         [
             "text_plasticity.run_models (recommend-text: recommend.enabled ranks every text "
-            "model): 'm' (transformers tiny/mixtral): hf_moe refuses recommend: routed experts "
+            "model): 'm' (tiny/mixtral): hf_moe refuses recommend: routed experts "
             "are fused 3-D parameters",
             "or set recommend.enabled: false",
         ],
@@ -168,23 +168,23 @@ CASES: list[tuple[str, Edit, list[str]]] = [
             },
             recommend=True,
         ),
-        ["'m' (transformers Qwen/Qwen1.5-MoE-A2.7B): hf_moe refuses recommend"],
+        ["'m' (Qwen/Qwen1.5-MoE-A2.7B): hf_moe refuses recommend"],
     ),
     (
         "bert-recommend-text",
         lambda tmp: measured(tmp, random_text("bert"), recommend=True),
-        ["'m' (transformers tiny/bert): hf_bert refuses recommend:", "no next-token loss"],
+        ["'m' (tiny/bert): hf_bert refuses recommend:", "no next-token loss"],
     ),
     (
         "deberta-v2-recommend-text",
         lambda tmp: measured(tmp, random_text("deberta-v2"), recommend=True),
-        ["'m' (transformers tiny/deberta-v2): hf_deberta_v2 refuses recommend:"],
+        ["'m' (tiny/deberta-v2): hf_deberta_v2 refuses recommend:"],
     ),
     (
         "llama-text-bounds",
         lambda tmp: measured(tmp, random_text("llama"), bounds_models=["m"]),
         [
-            "text_plasticity.bounds_models: 'm' (transformers tiny/llama): hf_llama refuses "
+            "text_plasticity.bounds_models: 'm' (tiny/llama): hf_llama refuses "
             "the bounds: the paper's bounds are stated for LayerNorm (RMSNorm does not centre)",
             "drop it from text_plasticity.bounds_models",
         ],
@@ -192,7 +192,7 @@ CASES: list[tuple[str, Edit, list[str]]] = [
     (
         "falcon-alibi",
         lambda tmp: measured(tmp, random_text("falcon", alibi=True)),
-        ["models.m: 'm' (transformers tiny/falcon) is refused by every stage: ALiBi (alibi)"],
+        ["models.m: 'm' (tiny/falcon) is refused by every stage: ALiBi (alibi)"],
     ),
     (
         "falcon-one-norm",
@@ -200,19 +200,17 @@ CASES: list[tuple[str, Edit, list[str]]] = [
             tmp,
             random_text("falcon", new_decoder_architecture=True, num_ln_in_parallel_attn=1),
         ),
-        ["models.m: 'm' (transformers tiny/falcon) is refused by every stage: one norm"],
+        ["models.m: 'm' (tiny/falcon) is refused by every stage: one norm"],
     ),
     (
         "deberta-v2-convolution",
         lambda tmp: measured(tmp, random_text("deberta-v2", conv_kernel_size=3)),
-        ["models.m: 'm' (transformers tiny/deberta-v2) is refused by every stage: encoder.conv"],
+        ["models.m: 'm' (tiny/deberta-v2) is refused by every stage: encoder.conv"],
     ),
     (
         "bert-as-a-decoder",
         lambda tmp: measured(tmp, random_text("bert", is_decoder=True)),
-        [
-            "models.m: 'm' (transformers tiny/bert) is refused by every stage: configured as a decoder"
-        ],
+        ["models.m: 'm' (tiny/bert) is refused by every stage: configured as a decoder"],
     ),
     (
         "text-grid-lr-twice",
@@ -292,7 +290,7 @@ def test_snakemake_stops_at_parse_on_a_refusal(tmp_path: Path) -> None:
     result = dry_run(tmp_path, PAPER, edit=edit)
     out = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "plasticity.models: 'swin_t' (timm swin_tiny_patch4_window7_224)" in out, out
+    assert "plasticity.models: 'swin_t' (swin_tiny_patch4_window7_224)" in out, out
     assert "use plasticity.protocols: [in_situ] or drop the model" in out, out
     assert "Traceback" not in out and "Building DAG" not in out, out
     assert not (tmp_path / "results").exists()

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from vitplasticity.models.spec import known_family
 
 # --- the reasons (the architectures raise these) ------------------------------------------------
 
@@ -111,9 +113,10 @@ STAGE_REFUSALS: dict[str, dict[str, str]] = {
     "hf_bert": ENCODER_REFUSALS,
     "hf_deberta_v2": ENCODER_REFUSALS,
 }
-"""Per family (its registry name), the stages it refuses whatever the model's config, and why:
+"""Per architecture (its registry name), the stages it refuses whatever the model's config, and
+why:
 what ``Architecture.refusal(stage, model)`` answers for a model as the workflow builds it (a
-vision tower in its classification class). A family not listed refuses no stage so."""
+vision tower in its classification class). An architecture not listed refuses no stage so."""
 
 
 # --- config-dependent refusals -------------------------------------------------------------------
@@ -165,13 +168,13 @@ def swin_padding(
     return None
 
 
-# --- which family an entry is, at parse ----------------------------------------------------------
+# --- which architecture an entry is, at parse ----------------------------------------------------------
 
-TIMM_FAMILIES: dict[str, str] = {"swin": "timm_swin"}
+TIMM_ARCHITECTURES: dict[str, str] = {"swin": "timm_swin"}
 """timm architecture names (``timm_id`` before any ``.tag``) by their first word, for the
 families that refuse a stage (Swin v2, ``swinv2_*``, is another word: no family knows it)."""
 
-MODEL_TYPE_FAMILIES: dict[str, str] = {
+MODEL_TYPE_ARCHITECTURES: dict[str, str] = {
     "swin": "hf_swin",
     **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma"), "hf_llama"),
     **dict.fromkeys(("gemma2", "gemma3_text"), "hf_gemma"),
@@ -182,10 +185,10 @@ MODEL_TYPE_FAMILIES: dict[str, str] = {
     "deberta-v2": "hf_deberta_v2",
     "falcon": "hf_falcon",
 }
-"""config.json ``model_type`` -> family, for the families with a refusal (each architecture's
+"""config.json ``model_type`` -> architecture, for those with a refusal (each architecture's
 ``model_types``; tests/models/test_refusals.py checks the two agree)."""
 
-CLASS_FAMILIES: dict[str, str] = {
+CLASS_ARCHITECTURES: dict[str, str] = {
     "Swin": "hf_swin",
     **dict.fromkeys(("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma"), "hf_llama"),
     **dict.fromkeys(("Gemma2", "Gemma3"), "hf_gemma"),
@@ -197,7 +200,7 @@ CLASS_FAMILIES: dict[str, str] = {
     "Falcon": "hf_falcon",
 }
 """A transformers class name's model prefix (the longest that starts it: ``Qwen2Moe`` before
-``Qwen2``) -> family, for the families with a refusal."""
+``Qwen2``) -> architecture, for those with a refusal."""
 
 CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     "hf_falcon": {
@@ -226,10 +229,11 @@ registered defaults; tests/models/test_refusals.py checks them)."""
 _TIMM_SWIN_NAME = re.compile(r"swin_\w*?patch(\d+)_window(\d+)_(\d+)")
 
 
-def class_family(name: str) -> str | None:
-    """The family of a transformers class name (:data:`CLASS_FAMILIES`), None if none refuses."""
-    prefixes = [p for p in CLASS_FAMILIES if name.startswith(p)]
-    return CLASS_FAMILIES[max(prefixes, key=len)] if prefixes else None
+def class_architecture(name: str) -> str | None:
+    """The architecture of a transformers class name (:data:`CLASS_ARCHITECTURES`); None for
+    one that refuses nothing."""
+    prefixes = [p for p in CLASS_ARCHITECTURES if name.startswith(p)]
+    return CLASS_ARCHITECTURES[max(prefixes, key=len)] if prefixes else None
 
 
 def folder_config(entry: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -246,8 +250,8 @@ def folder_config(entry: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def known_config(entry: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
-    """The family of a transformers ``models:`` entry and the config its model is built with,
-    as far as the entry tells at parse: ``model_class`` or the model_type decide the family;
+    """The architecture of a transformers ``models:`` entry and the config its model is built
+    with, as far as the entry tells at parse: ``model_class`` or the model_type decide it;
     the config is a random init's own or a local folder's config.json, with the entry's
     overrides (None for a hub checkpoint: its config.json is fetched by the weights job)."""
     overrides = entry.get("config") if isinstance(entry.get("config"), Mapping) else {}
@@ -261,10 +265,10 @@ def known_config(entry: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] |
         architectures = config.get("architectures")
         if isinstance(architectures, list) and len(architectures) == 1:
             model_class = architectures[0]
-    family = class_family(model_class) if isinstance(model_class, str) else None
-    if family is None and config is not None:
-        family = MODEL_TYPE_FAMILIES.get(str(config.get("model_type")))
-    return family, config
+    architecture = class_architecture(model_class) if isinstance(model_class, str) else None
+    if architecture is None and config is not None:
+        architecture = MODEL_TYPE_ARCHITECTURES.get(str(config.get("model_type")))
+    return architecture, config
 
 
 def _pair(value: Any) -> tuple[int, int] | None:
@@ -296,62 +300,102 @@ def timm_swin_padding(timm_id: str, kwargs: Mapping[str, Any]) -> str | None:
     return swin_padding(image_pair, patch, window_pair, list(depths))
 
 
-def config_reason(family: str, config: Mapping[str, Any]) -> tuple[str, str | None] | None:
-    """A refusal that a transformers model's ``config`` (its known values; the config class's
-    defaults for the others) decides: (the stage refused, ``None`` for every stage; why), or
-    None."""
-    values = {**CONFIG_DEFAULTS.get(family, {}), **config}
-    if family == "hf_falcon":
-        reason = falcon_reason(
-            bool(values["alibi"]),
-            bool(values["parallel_attn"]),
-            bool(values["new_decoder_architecture"]),
-            values["num_ln_in_parallel_attn"],
-        )
-        return None if reason is None else (None, reason)
-    if family == "hf_deberta_v2" and (values["conv_kernel_size"] or 0) > 0:
-        return (None, DEBERTA_CONV_REASON)
-    if family == "hf_bert" and values["is_decoder"]:
+Refusal = tuple[str | None, str]
+"""A stage refused (``None``: every stage), and why."""
+
+
+def _falcon(values: Mapping[str, Any]) -> Refusal | None:
+    reason = falcon_reason(
+        bool(values["alibi"]),
+        bool(values["parallel_attn"]),
+        bool(values["new_decoder_architecture"]),
+        values["num_ln_in_parallel_attn"],
+    )
+    return None if reason is None else (None, reason)
+
+
+def _deberta_v2(values: Mapping[str, Any]) -> Refusal | None:
+    return (None, DEBERTA_CONV_REASON) if (values["conv_kernel_size"] or 0) > 0 else None
+
+
+def _bert(values: Mapping[str, Any]) -> Refusal | None:
+    if values["is_decoder"]:
         return (None, BERT_DECODER_REASON)
-    if family == "hf_bert" and values["chunk_size_feed_forward"]:
-        return (None, BERT_CHUNKS_REASON)
-    if family == "hf_swin":
-        image, window = _pair(values["image_size"]), _pair(values["window_size"])
-        if image is None or window is None or not isinstance(values["patch_size"], int):
-            return None
-        reason = swin_padding(image, values["patch_size"], window, list(values["depths"]))
-        return None if reason is None else ("plasticity in_situ", reason)
-    return None
+    return (None, BERT_CHUNKS_REASON) if values["chunk_size_feed_forward"] else None
 
 
-def entry_family(entry: Mapping[str, Any]) -> str | None:
-    """The family of a ``models:`` entry, where the entry tells and the family refuses a stage
-    (a timm entry by its ``timm_id``'s first word; a transformers one by :func:`known_config`);
-    None otherwise."""
-    if entry.get("family", "timm") == "timm":
-        timm_id = entry.get("timm_id")
-        if not isinstance(timm_id, str):
-            return None
-        return TIMM_FAMILIES.get(timm_id.split(".")[0].split("_")[0])
-    return known_config(entry)[0]
+def _hf_swin(values: Mapping[str, Any]) -> Refusal | None:
+    image, window, patch = (
+        _pair(values["image_size"]),
+        _pair(values["window_size"]),
+        values["patch_size"],
+    )
+    if image is None or window is None or not isinstance(patch, int):
+        return None
+    reason = swin_padding(image, patch, window, list(values["depths"]))
+    return None if reason is None else ("plasticity in_situ", reason)
+
+
+def _timm_swin(values: Mapping[str, Any]) -> Refusal | None:
+    reason = timm_swin_padding(values["timm_id"], values)
+    return None if reason is None else ("plasticity in_situ", reason)
+
+
+CONFIG_REFUSALS: dict[str, Callable[[Mapping[str, Any]], Refusal | None]] = {
+    "hf_falcon": _falcon,
+    "hf_deberta_v2": _deberta_v2,
+    "hf_bert": _bert,
+    "hf_swin": _hf_swin,
+    "timm_swin": _timm_swin,
+}
+"""Per architecture, the refusal its model's settings decide (a transformers config with
+:data:`CONFIG_DEFAULTS` under it; a timm entry's ``kwargs`` and ``timm_id``)."""
+
+
+def _timm_settings(entry: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    """The architecture of a timm entry (its ``timm_id``'s first word) and what it is built
+    with: its kwargs and its id without a pretrained tag."""
+    timm_id = entry.get("timm_id")
+    if not isinstance(timm_id, str):
+        return None, None
+    name = timm_id.split(".")[0]
+    kwargs = entry.get("kwargs") if isinstance(entry.get("kwargs"), Mapping) else {}
+    return TIMM_ARCHITECTURES.get(name.split("_")[0]), {**kwargs, "timm_id": name}
+
+
+SETTINGS_READERS: dict[str, Callable[[Mapping[str, Any]], tuple[str | None, Any]]] = {
+    "timm": _timm_settings,
+    "transformers": known_config,
+}
+"""Per ``family:`` of a ``models:`` entry, how its architecture and settings are read at
+parse."""
+
+
+def _read(entry: Mapping[str, Any]) -> tuple[str | None, Any]:
+    """:data:`SETTINGS_READERS` of the entry's spec family; (None, None) for an unknown one."""
+    spec = known_family(entry)
+    reader = SETTINGS_READERS.get(spec.family) if spec is not None else None
+    return (None, None) if reader is None else reader(entry)
+
+
+def entry_architecture(entry: Mapping[str, Any]) -> str | None:
+    """The architecture of a ``models:`` entry, where the entry tells and the architecture
+    refuses a stage (a timm entry by its ``timm_id``'s first word; a transformers one by
+    :func:`known_config`); None otherwise."""
+    return _read(entry)[0]
 
 
 def entry_refusals(entry: Mapping[str, Any]) -> dict[str | None, str]:
     """What the model of a ``models:`` entry refuses, known from the entry alone: per stage
     (``None``: every stage), why. Empty where the entry does not tell (a hub checkpoint's
-    config.json is read by its job) or the family refuses nothing."""
-    family = entry_family(entry)
-    if family is None:
+    config.json is read by its job) or its architecture refuses nothing."""
+    architecture, settings = _read(entry)
+    if architecture is None:
         return {}
-    found: dict[str | None, str] = dict(STAGE_REFUSALS.get(family, {}))
-    if family == "timm_swin":
-        kwargs = entry.get("kwargs") if isinstance(entry.get("kwargs"), Mapping) else {}
-        padding = timm_swin_padding(str(entry["timm_id"]).split(".")[0], kwargs)
-        if padding is not None:
-            found["plasticity in_situ"] = padding
-        return found
-    config = known_config(entry)[1]
-    refused = None if config is None else config_reason(family, config)
-    if refused is not None:
-        found[refused[0]] = refused[1]
+    found: dict[str | None, str] = dict(STAGE_REFUSALS.get(architecture, {}))
+    check = CONFIG_REFUSALS.get(architecture)
+    if check is not None and settings is not None:
+        refused = check({**CONFIG_DEFAULTS.get(architecture, {}), **settings})
+        if refused is not None:
+            found[refused[0]] = refused[1]
     return found

@@ -314,15 +314,11 @@ def lr_problems(key: str, lrs: list[Any]) -> list[str]:
                 f"{key}[{index}]: {lr!r} is outside the learning rates a run can use "
                 f"({low:g} to {high:g}): check its exponent"
             )
-    numbers = [lr for lr in lrs if isinstance(lr, int | float)]
-    for lr in _duplicates(float(lr) for lr in numbers):
-        problems.append(f"{key}: {lr!r} is listed twice: list each learning rate once")
-    return problems
+    return problems + listed_twice(key, [float(lr) for lr in lrs if isinstance(lr, int | float)])
 
 
 def listed_twice(key: str, values: Iterable[Any]) -> list[str]:
-    """One message per value of the list at ``key`` listed more than once (a grid's models,
-    datasets or seeds: two runs would write one folder)."""
+    """One message per value the list at ``key`` holds twice (two runs would write one folder)."""
     return [f"{key}: {value!r} is listed twice: list it once" for value in _duplicates(values)]
 
 

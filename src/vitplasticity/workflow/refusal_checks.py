@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vitplasticity.models.refusals import entry_family, entry_refusals
+from vitplasticity.models.refusals import entry_architecture, entry_refusals
 from vitplasticity.models.spec import known_family
 from vitplasticity.workflow.config import enabled_experiments
 
@@ -59,12 +59,9 @@ def _remedy(use: Use, refusals: Mapping[str | None, str]) -> str:
     return f"use {use.protocols_key}: [{', '.join(taken)}] or drop the model"
 
 
-def uses(config: Mapping[str, Any]) -> list[Use]:
-    """Every key of ``config`` that names models for a stage's jobs, with those stages: the
-    plasticity models (their protocols, and the bounds every one gets), recommend's (with
-    recommend enabled), text plasticity's (its protocols; recommend-text with recommend
-    enabled) and its bounds models, the enabled experiments' (finetune, LoRA) and the text
-    grid's."""
+def image_uses(config: Mapping[str, Any]) -> list[Use]:
+    """The image stages' uses: the plasticity models (their protocols, and the bounds every one
+    gets), recommend's (with recommend enabled), the enabled experiments' (finetune, LoRA)."""
     plasticity = config["plasticity"]
     found = [
         Use(
@@ -92,6 +89,20 @@ def uses(config: Mapping[str, Any]) -> list[Use]:
                 "rank other models in recommend.models, or set recommend.enabled: false",
             )
         )
+    for name in enabled_experiments(dict(config)):
+        exp = config["experiments"][name]
+        lora = any("lora" in str(c).split("+") for c in exp.get("configurations") or [])
+        stages = ("finetune", "lora") if lora else ("finetune",)
+        found.append(
+            Use(f"experiments.{name}.models", exp.get("models") or [], stages, "drop the model")
+        )
+    return found
+
+
+def text_uses(config: Mapping[str, Any]) -> list[Use]:
+    """The text stages' uses: text plasticity's models (its protocols; recommend-text with
+    recommend enabled) and its bounds models, the text grid's models."""
+    found = []
     text = config.get("text_plasticity") or {}
     if text.get("enabled"):
         run = text.get("run_models") or []
@@ -108,7 +119,7 @@ def uses(config: Mapping[str, Any]) -> list[Use]:
                 "drop it from text_plasticity.bounds_models",
             )
         )
-        if recommend.get("enabled"):
+        if (config.get("recommend") or {}).get("enabled"):
             found.append(
                 Use(
                     "text_plasticity.run_models (recommend-text: recommend.enabled ranks every "
@@ -119,13 +130,6 @@ def uses(config: Mapping[str, Any]) -> list[Use]:
                     "recommend.enabled: false",
                 )
             )
-    for name in enabled_experiments(dict(config)):
-        exp = config["experiments"][name]
-        lora = any("lora" in str(c).split("+") for c in exp.get("configurations") or [])
-        stages = ("finetune", "lora") if lora else ("finetune",)
-        found.append(
-            Use(f"experiments.{name}.models", exp.get("models") or [], stages, "drop the model")
-        )
     grid = config.get("text_finetune") or {}
     if grid.get("enabled"):
         found.append(
@@ -135,22 +139,20 @@ def uses(config: Mapping[str, Any]) -> list[Use]:
 
 
 def _described(name: str, entry: Mapping[str, Any]) -> str:
-    """How a message names model ``name``: its family and id (``timm swin_tiny_...``)."""
+    """How a message names model ``name``: with its id (``'swin_t' (swin_tiny_...)``)."""
     spec = known_family(entry)
-    if spec is None:
-        return repr(name)
-    return f"{name!r} ({spec.family} {entry.get(spec.id_key)})"
+    return repr(name) if spec is None else f"{name!r} ({entry.get(spec.id_key)})"
 
 
 def refusal_problems(config: Mapping[str, Any]) -> list[str]:
-    """One message per (key, model, stage) that a model's family refuses, known from the config
-    (:func:`vitplasticity.models.refusals.entry_refusals`), naming the key, the model, the
-    family's reason and what to do; and one per model that its family refuses whatever the
-    stage (a Falcon with ALiBi), at its ``models.<name>`` entry, when a stage uses it."""
+    """One message per (key, model, stage) that a model's architecture refuses, known from the
+    config (:func:`vitplasticity.models.refusals.entry_refusals`), naming the key, the model,
+    the architecture's reason and what to do; and one per model refused whatever the stage (a
+    Falcon with ALiBi), at its ``models.<name>`` entry, when a stage uses it."""
     models = config["models"]
     problems: list[str] = []
     whole: dict[str, str] = {}
-    for use in uses(config):
+    for use in image_uses(config) + text_uses(config):
         for name in dict.fromkeys(use.models):
             entry = models.get(name)
             if not isinstance(entry, Mapping):
@@ -161,7 +163,7 @@ def refusal_problems(config: Mapping[str, Any]) -> list[str]:
             for stage in use.stages:
                 if stage in refusals:
                     problems.append(
-                        f"{use.key}: {_described(name, entry)}: {entry_family(entry)} refuses "
+                        f"{use.key}: {_described(name, entry)}: {entry_architecture(entry)} refuses "
                         f"{STAGE_NAMES[stage]}: {refusals[stage]}; {_remedy(use, refusals)}"
                     )
     problems += [
