@@ -79,7 +79,7 @@ def test_a_disabled_block_is_neither_checked_nor_run(tmp_path: Path) -> None:
         ({"run_models": ["vit_base"]}, "text_finetune.run_models: 'vit_base' is an image model"),
         ({"datasets": {"gone": "/no/such.txt"}}, "text_finetune.datasets.gone: '/no/such.txt' is not a file"),
         ({"sequence_length": 20}, "text_finetune.sequence_length: 20 exceeds the 16 positions"),
-        ({"lrs": [1e-3, 1.0000001e-3]}, "text_finetune.lrs: 0.001 and 0.0010000001 share the path label"),
+        ({"lrs": [1e-3, 1.0000001e-3]}, "text_finetune.lrs: learning rates 0.001 and 0.0010000001 share the path label"),
         ({"steps": 2}, "finetune.warmup_steps: 2, not fewer than text_finetune.steps 2"),
     ],
 )  # fmt: skip

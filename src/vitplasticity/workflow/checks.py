@@ -301,34 +301,45 @@ def _duplicates(values: Iterable[Any]) -> list[Any]:
     return twice
 
 
-def grid_problems(config: Mapping[str, Any], experiments: Iterable[str]) -> list[str]:
-    """The grids of the ``experiments``: learning rates finite and within :data:`LR_RANGE`
-    (one outside it is a typo: 1e300, or 5 for 5e-5), no value twice (two runs would write
-    one folder)."""
+def lr_problems(key: str, lrs: list[Any]) -> list[str]:
+    """The learning rates of the grid at ``key``: each finite and within :data:`LR_RANGE` (one
+    outside it is a typo: 1e300, or 5 for 5e-5), none twice (two runs would write one folder)."""
     low, high = LR_RANGE
+    problems = []
+    for index, lr in enumerate(lrs):
+        if not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
+            problems.append(f"{key}: {lr!r} is not a learning rate (a finite number > 0)")
+        elif not low <= lr <= high:
+            problems.append(
+                f"{key}[{index}]: {lr!r} is outside the learning rates a run can use "
+                f"({low:g} to {high:g}): check its exponent"
+            )
+    return problems + listed_twice(key, [float(lr) for lr in lrs if isinstance(lr, int | float)])
+
+
+def listed_twice(key: str, values: Iterable[Any]) -> list[str]:
+    """One message per value the list at ``key`` holds twice (two runs would write one folder)."""
+    return [f"{key}: {value!r} is listed twice: list it once" for value in _duplicates(values)]
+
+
+def grid_problems(config: Mapping[str, Any], experiments: Iterable[str]) -> list[str]:
+    """The grids of the ``experiments`` (:func:`lr_problems` of each list of learning rates,
+    :func:`listed_twice` of the models and datasets) and of the text grid
+    (``text_finetune``, when enabled: the same of its lrs, run_models and seeds)."""
     problems = []
     for name in experiments:
         exp = config["experiments"][name]
         grids = {"lrs": exp.get("lrs") or []}
         grids |= {f"lrs_by_dataset.{d}": v for d, v in (exp.get("lrs_by_dataset") or {}).items()}
         for field, lrs in grids.items():
-            key = f"experiments.{name}.{field}"
-            for index, lr in enumerate(lrs):
-                if not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
-                    problems.append(f"{key}: {lr!r} is not a learning rate (a finite number > 0)")
-                elif not low <= lr <= high:
-                    problems.append(
-                        f"{key}[{index}]: {lr!r} is outside the learning rates a run can use "
-                        f"({low:g} to {high:g}): check its exponent"
-                    )
-            numbers = [lr for lr in lrs if isinstance(lr, int | float)]
-            for lr in _duplicates(float(lr) for lr in numbers):
-                problems.append(f"{key}: {lr!r} is listed twice: list each learning rate once")
-        for field in ("models", "datasets"):
-            for value in _duplicates(exp.get(field) or []):
-                problems.append(
-                    f"experiments.{name}.{field}: {value!r} is listed twice: list it once"
-                )
+            problems += lr_problems(f"experiments.{name}.{field}", lrs)
+        for field in ("models", "datasets"):  # seeds: the schema's uniqueItems
+            problems += listed_twice(f"experiments.{name}.{field}", exp.get(field) or [])
+    text = config.get("text_finetune") or {}
+    if text.get("enabled"):
+        problems += lr_problems("text_finetune.lrs", text.get("lrs") or [])
+        for field in ("run_models", "seeds"):
+            problems += listed_twice(f"text_finetune.{field}", text.get(field) or [])
     return problems
 
 

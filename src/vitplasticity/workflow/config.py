@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,6 +78,7 @@ SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoade
 schema and config are read again by every cluster job, and libyaml reads them ~10x faster."""
 
 MAPPING_EXPECTED = "expected a mapping"
+NOT_A_NAME = "not a name a path can hold"
 # Keys written for another one that string similarity cannot guess.
 KEY_HINTS: dict[str, str] = {"md5": "checksums", "sha256": "checksums", "hash": "checksums"}
 
@@ -144,6 +146,23 @@ def _family_branches(node: Mapping[str, Any], schema: Mapping[str, Any]) -> dict
     return branches
 
 
+def _name_problems(
+    value: Mapping[str, Any], node: Mapping[str, Any], schema: Mapping[str, Any], path: str
+) -> list[str]:
+    """One message per user-chosen name of ``value`` that the schema's ``propertyNames``
+    pattern refuses (a model, dataset or text dataset name: each names folders and files)."""
+    names = _resolve(node.get("propertyNames", {}), schema)
+    pattern = names.get("pattern") if isinstance(names, Mapping) else None
+    if not pattern:
+        return []
+    return [
+        f"{path}.{key}: {NOT_A_NAME} ({pattern}: it names folders and files): rename it, e.g. "
+        f"{re.sub(r'[^A-Za-z0-9_.-]', '_', str(key)).lstrip('_.-') or 'name'}"
+        for key in value
+        if not re.fullmatch(pattern, str(key))
+    ]
+
+
 def _walk(
     value: Any,
     node: Mapping[str, Any],
@@ -178,6 +197,7 @@ def _walk(
             return
         node = families[choice]
     node = _object_branch(node)
+    problems.extend(_name_problems(value, node, schema, path))
     properties: Mapping[str, Any] = node.get("properties", {})
     extra = node.get("additionalProperties", True)
     allowed = list(properties)
@@ -246,11 +266,14 @@ def check_keys(
     problems = unknown_keys(config, schema)
     if problems:
         mistyped = sum(MAPPING_EXPECTED in problem for problem in problems)
+        misnamed = sum(NOT_A_NAME in problem for problem in problems)
         counts = []
-        if len(problems) > mistyped:
-            counts.append(f"{len(problems) - mistyped} unknown or outdated key(s)")
+        if len(problems) > mistyped + misnamed:
+            counts.append(f"{len(problems) - mistyped - misnamed} unknown or outdated key(s)")
         if mistyped:
             counts.append(f"{mistyped} value(s) that must be a mapping")
+        if misnamed:
+            counts.append(f"{misnamed} name(s) that cannot be a path component")
         raise ConfigError(
             f"invalid config: {', '.join(counts)} (config.yaml with the presets, "
             "--configfile and --config merged over it):\n  " + "\n  ".join(problems)
@@ -288,22 +311,33 @@ def grid_lr(config: dict[str, Any], experiment: str, dataset: str, label: str) -
     return matches[0]
 
 
+def shared_label_problems(key: str, lrs: list[float], what: str = "") -> list[str]:
+    """One message per pair of the learning rates ``lrs`` (of the grid at ``key``; ``what``:
+    which of its lists, for the message) that share a path label: their runs would write one
+    folder."""
+    labels: dict[str, float] = {}
+    problems = []
+    for lr in lrs:
+        other = labels.setdefault(lr_label(lr), lr)
+        if other != lr:
+            problems.append(
+                f"{key}: learning rates {other!r} and {lr!r}{what} share the path label "
+                f"lr{lr_label(lr)} (differ within 6 significant digits)"
+            )
+    return problems
+
+
 def lr_label_problems(config: dict[str, Any], name: str) -> list[str]:
     """One message per pair of LRs of experiment ``name`` that share a path label (their runs
     would write one folder)."""
     exp = config["experiments"][name]
-    problems = []
-    for dataset in exp.get("datasets", []):
-        labels: dict[str, float] = {}
-        for lr in learning_rates(exp, dataset):
-            other = labels.setdefault(lr_label(lr), lr)
-            if other != lr:
-                problems.append(
-                    f"experiments.{name}: learning rates {other!r} and {lr!r} of dataset "
-                    f"{dataset!r} share the path label lr{lr_label(lr)} (differ within 6 "
-                    "significant digits)"
-                )
-    return problems
+    return [
+        problem
+        for dataset in exp.get("datasets", [])
+        for problem in shared_label_problems(
+            f"experiments.{name}", learning_rates(exp, dataset), f" of dataset {dataset!r}"
+        )
+    ]
 
 
 def experiment_runs(config: dict[str, Any], name: str) -> list[Run]:

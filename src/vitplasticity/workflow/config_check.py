@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vitplasticity.data.sources import registry
-from vitplasticity.workflow import checks, configuration_checks, model_entries
+from vitplasticity.workflow import checks, configuration_checks, model_entries, refusal_checks
 from vitplasticity.workflow.config import ConfigError, enabled_experiments, lr_label_problems
 from vitplasticity.workflow.text_finetune_jobs import text_finetune_problems
 from vitplasticity.workflow.time_cap import cap_problems
@@ -167,6 +167,7 @@ def config_problems(
     problems += recommend_problems(config)
     problems += checks.recommend_input_problems(config)
     problems += criteria_problems(config)
+    problems += refusal_checks.refusal_problems(config)
     for name, spec in config["datasets"].items():
         problems += checks.image_folder_problems(name, spec)
         if not file_problems:

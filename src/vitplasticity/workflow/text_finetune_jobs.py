@@ -20,7 +20,7 @@ from vitplasticity.finetune.text_settings import IMAGE_ONLY_TRAINING_FIELDS, Tex
 from vitplasticity.models.registry import family_inputs
 from vitplasticity.models.text import stated_positions
 from vitplasticity.settings.declaration import command_flags, rule_params
-from vitplasticity.workflow.config import ConfigError
+from vitplasticity.workflow.config import ConfigError, shared_label_problems
 from vitplasticity.workflow.model_entries import model_inputs
 from vitplasticity.workflow.params import Wildcards, demo_flag
 
@@ -74,13 +74,7 @@ def text_finetune_problems(config: Mapping[str, Any]) -> list[str]:
                 f"is {measured[name]!r}: one name, two files (the criteria check would score "
                 "one dataset's plasticity against another's runs); rename one"
             )
-    labels: dict[str, float] = {}
-    for lr in block.get("lrs") or []:
-        other = labels.setdefault(lr_label(lr), lr)
-        if other != lr:
-            problems.append(
-                f"text_finetune.lrs: {other!r} and {lr!r} share the path label lr{lr_label(lr)}"
-            )
+    problems += shared_label_problems("text_finetune.lrs", block.get("lrs") or [])
     warmup = (config.get("finetune") or {}).get("warmup_steps", 0)
     if warmup >= block.get("steps", 1):
         problems.append(

@@ -50,6 +50,11 @@ from vitplasticity.models.architectures.base import (
     wrapper_head,
 )
 from vitplasticity.models.architectures.hf_text_common import HFText, check_fc2_width, is_linear
+from vitplasticity.models.refusals import (
+    BERT_CHUNKS_REASON,
+    BERT_DECODER_REASON,
+    ENCODER_REFUSALS,
+)
 
 BARE_CLASSES: tuple[str, ...] = ("BertModel", "RobertaModel")
 """The bare encoder classes of the family."""
@@ -63,16 +68,6 @@ LAYER_LINEARS: tuple[str, ...] = (
     "output.dense",
 )
 LAYER_NORMS: tuple[str, ...] = ("attention.output.LayerNorm", "output.LayerNorm")
-
-_REFUSALS: dict[str, str] = {
-    "recommend": (
-        "recommend-text ranks a causal LM by its next-token loss, and an encoder attends to the "
-        "tokens after each one: it has no next-token loss (a masked-LM loss is not implemented)"
-    ),
-}
-"""The stages a BERT-family model is refused by, and why (plasticity, lora, the bounds on
-text, ``vitplasticity text-bounds``, and finetune on text with the masked-LM loss,
-``vitplasticity finetune-text``, are supported)."""
 
 
 def _tied_to(module: nn.Module, base: nn.Module) -> bool:
@@ -106,7 +101,7 @@ class HFBert(HFText):
     text_task = "masked"  # an encoder attends both ways: it has no next-token loss
     bare_classes = BARE_CLASSES  # a subclass's own: DeBERTa-v2's
     embedding_names = ("embeddings",)
-    text_refusals = _REFUSALS
+    text_refusals = ENCODER_REFUSALS
     layer_linears: tuple[str, ...] = LAYER_LINEARS
     """The linear layers every encoder layer has."""
 
@@ -120,15 +115,11 @@ class HFBert(HFText):
         bidirectional encoder of once-run components."""
         config, name = self.bare(model).config, type(model).__name__
         if config.is_decoder:
-            raise UnsupportedModel(
-                f"{name} is configured as a decoder (is_decoder: causal attention, "
-                "cross-attention): not the bidirectional encoder this family describes"
-            )
+            raise UnsupportedModel(f"{name} is {BERT_DECODER_REASON}")
         if config.chunk_size_feed_forward:
             raise UnsupportedModel(
                 f"{name} runs its MLP in chunks (chunk_size_feed_forward="
-                f"{config.chunk_size_feed_forward}): FC1 and FC2 run once per chunk, not once "
-                "per forward pass"
+                f"{config.chunk_size_feed_forward}): {BERT_CHUNKS_REASON}"
             )
 
     def check_block(self, block: nn.Module, index: int, model: nn.Module) -> None:

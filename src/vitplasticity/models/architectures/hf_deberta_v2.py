@@ -57,6 +57,7 @@ from vitplasticity.models.architectures.base import (
     UnsupportedModel,
 )
 from vitplasticity.models.architectures.hf_bert import HFBert
+from vitplasticity.models.refusals import DEBERTA_CONV_REASON
 
 ATTENTION_LINEARS: tuple[str, ...] = ("query_proj", "key_proj", "value_proj")
 """The content projections of ``attention.self``."""
@@ -106,9 +107,7 @@ class HFDebertaV2(HFBert):
         if getattr(bare.encoder, "conv", None) is not None:
             raise UnsupportedModel(
                 f"{name} has a convolution after its first layer (conv_kernel_size="
-                f"{bare.config.conv_kernel_size}: encoder.conv adds a convolution of the "
-                "embedding output to the first layer's output): a branch beside the layer that "
-                "no component is"
+                f"{bare.config.conv_kernel_size}: {DEBERTA_CONV_REASON})"
             )
         if getattr(bare, "z_steps", 0) > 1:
             raise UnsupportedModel(

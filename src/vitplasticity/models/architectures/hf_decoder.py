@@ -47,23 +47,13 @@ from vitplasticity.models.architectures.hf_text_common import (
     additive_mask,
     check_fc2_width,
 )
+from vitplasticity.models.refusals import DECODER_BOUNDS_REASON, DECODER_REFUSALS
 
 ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa")
 """The attention implementations an explicit float mask is exact for (flash and flex attention
 take no additive mask)."""
 
 ATTENTION_LINEARS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-_BOUNDS_REASON = (
-    "the paper's bounds are stated for LayerNorm (RMSNorm does not centre) and for attention "
-    "without rotary positions (these models rotate queries and keys by position)"
-)
-
-_REFUSALS: dict[str, str] = {
-    "bounds": _BOUNDS_REASON,
-}
-"""The stages a decoder language model is refused by, and why (plasticity, lora, finetune and
-recommend on text, ``vitplasticity finetune-text`` and ``recommend-text``, are supported)."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +102,7 @@ class HFDecoder(HFText):
     layers_name = "layers"
     final_norm_name = "norm"
     model_parts = ("rotary_emb",)
-    text_refusals = _REFUSALS
+    text_refusals = DECODER_REFUSALS
     ln1_name: str = "input_layernorm"
     """The layer's LN1: its norm before attention (OLMo2, which has none, the norm of the
     attention's output)."""
@@ -278,7 +268,7 @@ class HFDecoder(HFText):
     # --- other stages -------------------------------------------------------------------------
 
     def attention_weights(self, attention: nn.Module) -> AttentionWeights:
-        raise UndefinedStage(f"{self.title}: {_BOUNDS_REASON}")
+        raise UndefinedStage(f"{self.title}: {DECODER_BOUNDS_REASON}")
 
     def mha_bound_refusal(self, model: nn.Module) -> str | None:
         return (

@@ -35,32 +35,18 @@ from torch import nn
 
 from vitplasticity.models.architectures.base import UnsupportedModel
 from vitplasticity.models.architectures.hf_parallel import PARALLEL, SEQUENTIAL, HFParallel
-
-SHARED_NORM = (
-    "one norm (input_layernorm) feeds both the attention and the MLP, run in parallel "
-    "(parallel_attn without new_decoder_architecture, Falcon-7B's layout, or "
-    "num_ln_in_parallel_attn 1): no separate LN2, no LN1 and LN2 in the paper's sense"
-)
-ALIBI = (
-    "ALiBi (alibi) adds a per-head linear position bias to the attention logits through the "
-    "attention mask, outside the attention module: no family maps that attention to MHA"
-)
-NEW_SEQUENTIAL = (
-    "new_decoder_architecture without parallel_attn: transformers' FalconDecoderLayer does not "
-    "run that layout (its forward asks for norms the layer does not build)"
-)
+from vitplasticity.models.refusals import falcon_reason
 
 
 def refusal(config: Any) -> str | None:
     """Why a Falcon config's layers have no family layout (None: they are parallel with two
-    norms, or sequential)."""
-    if config.alibi:
-        return ALIBI
-    if not config.parallel_attn:
-        return NEW_SEQUENTIAL if config.new_decoder_architecture else None
-    if config.new_decoder_architecture and config.num_ln_in_parallel_attn == 2:
-        return None
-    return SHARED_NORM
+    norms, or sequential): :func:`vitplasticity.models.refusals.falcon_reason` of its values."""
+    return falcon_reason(
+        config.alibi,
+        config.parallel_attn,
+        config.new_decoder_architecture,
+        config.num_ln_in_parallel_attn,
+    )
 
 
 class HFFalcon(HFParallel):

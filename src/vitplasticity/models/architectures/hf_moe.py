@@ -61,15 +61,7 @@ from vitplasticity.models.architectures.base import (
     check_fc1_mode,
 )
 from vitplasticity.models.architectures.hf_decoder import HFDecoder, Variant
-
-_FUSED_REASON = (
-    "routed experts are fused 3-D parameters (experts.gate_up_proj, experts.down_proj: FC1 "
-    "and FC2 of every expert in one module), and the recommendation's export names 2-D "
-    "weights of modules (PEFT target_modules, Spectrum's per-matrix scores)"
-)
-
-ROUTED_REFUSALS: dict[str, str] = {"recommend": _FUSED_REASON, "export": _FUSED_REASON}
-"""The stages refused for an MoE beyond a decoder's, and why."""
+from vitplasticity.models.refusals import MOE_REFUSALS
 
 
 def _shared_linears(moe: nn.Module, names: tuple[str, ...]) -> list[nn.Module]:
@@ -350,7 +342,7 @@ class HFMoE(HFDecoder):
     # --- other stages -------------------------------------------------------------------------
 
     def refusal(self, stage: str, model: nn.Module) -> str | None:
-        reason = ROUTED_REFUSALS.get(stage)
+        reason = MOE_REFUSALS.get(stage)
         if reason is not None:
             return f"{type(model).__name__} is a sparse mixture of experts: {reason}"
         return super().refusal(stage, model)

@@ -39,24 +39,14 @@ from vitplasticity.models.architectures.base import (
     Parts,
     UndefinedStage,
 )
+from vitplasticity.models.refusals import (
+    SWIN_BOUNDS_REASON,
+    SWIN_EMBEDDING_REASON,
+    SWIN_REFUSALS,
+    swin_padding_reason,
+)
 
 Grid = tuple[int, int]
-
-EMBEDDING_REASON = (
-    "its stages have different widths: the embedding protocol, which feeds the patch embedding "
-    "to every block, is undefined (use the in_situ protocol)"
-)
-"""Why the embedding protocol is refused for a Swin."""
-RECOMMEND_REASON = (
-    "recommend ranks by the embedding protocol's plasticity, which is undefined for it: its "
-    "stages have different widths"
-)
-"""Why recommend is refused for a Swin."""
-BOUNDS_REASON = (
-    "its attention adds a learned relative position bias to the logits and attends within "
-    "(shifted) windows: the paper's bounds are stated for softmax(x A x^T) over all tokens"
-)
-"""Why the bounds are refused for a Swin."""
 
 
 @dataclass(frozen=True)
@@ -143,12 +133,7 @@ class SwinFamily(Architecture):
         for index, block in enumerate(self.block_list(model)):
             (h, w), (wh, ww) = self.block_window(block)
             if h % wh or w % ww:
-                return (
-                    f"block {index}'s {h} x {w} grid is not a whole number of {wh} x {ww} "
-                    "windows: its attention runs on zero-padded windows whose outputs the block "
-                    "drops, so MHA's in-situ plasticity is undefined (choose an image size whose "
-                    "grids the windows divide)"
-                )
+                return swin_padding_reason(index, (h, w), (wh, ww))
         return None
 
     def layout(self, model: nn.Module, grid: Grid) -> SwinLayout:
@@ -223,22 +208,18 @@ class SwinFamily(Architecture):
     def embedding_outputs(
         self, block: nn.Module, index: int, embedded: Embedded, fc1: str = "stage"
     ) -> tuple[Parts, ...]:
-        raise UndefinedStage(f"{self.title}: {EMBEDDING_REASON}")
+        raise UndefinedStage(f"{self.title}: {SWIN_EMBEDDING_REASON}")
 
     # --- other stages -------------------------------------------------------------------------
 
     def attention_weights(self, attention: nn.Module) -> AttentionWeights:
-        raise UndefinedStage(f"{self.title}: {BOUNDS_REASON}")
+        raise UndefinedStage(f"{self.title}: {SWIN_BOUNDS_REASON}")
 
     def mha_bound_refusal(self, model: nn.Module) -> str | None:
-        return BOUNDS_REASON
+        return SWIN_BOUNDS_REASON
 
     def refusal(self, stage: str, model: nn.Module) -> str | None:
-        reasons: dict[str, str | None] = {
-            "plasticity embedding": EMBEDDING_REASON,
-            "bounds": BOUNDS_REASON,
-            "recommend": RECOMMEND_REASON,
-        }
+        reasons: dict[str, str | None] = dict(SWIN_REFUSALS)
         if stage == "plasticity in_situ":
             reasons[stage] = self.padding_refusal(model)
         if reasons.get(stage) is not None:
