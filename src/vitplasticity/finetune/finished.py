@@ -12,11 +12,14 @@ run is trained again only when its folder, or its ``finished/``, is deleted.
 The code is what decides a run's numbers, not the repository's commit: the SHA-256 of the
 source file of every module of the package loaded in the training process when the copy is
 kept, and the installed version of each of the numeric dependencies it had loaded. A commit
-of the README or the docs, a config.yaml edit, or a module the run never imported (the report,
-the workflow) keeps the copies; a changed line of the training loop, or another torch, does
-not. The modules are read from the process, not declared, so a module the training comes to
-import is covered without a list to keep up; the copy is checked against those same files as
-they are now, so a rerun need not import them all before its first run's check.
+of the README or the docs, a config.yaml edit, or a module the run never imported (the
+workflow, the report's tables and figures) keeps the copies; a changed line of the training
+loop, or another torch, does not. The modules are read from the process, not declared, so a
+module the training comes to import is covered without a list to keep up; the set errs towards
+training again (the CLI loads every command module, the registry every architecture), which
+costs compute, where a declared list that missed a module would put back wrong numbers. The
+copy is checked against those same files as they are now, so a rerun need not have imported
+them all before its first run's check.
 """
 
 from __future__ import annotations
