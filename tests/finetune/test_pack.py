@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
 import yaml
 
+from tests.helpers.repo import REPO
 from tests.helpers.tiny_finetune import cli_args
 from tests.helpers.tiny_vit import TINY_SPEC
 from tests.helpers.workflow import PRESETS, merged, planned_jobs, snakemake
@@ -193,13 +198,15 @@ def argv(spec: TimmSpec, dataset: Path, runs: list[dict]) -> list[str]:
     return args
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """The command in a process group of its own (a job's group, to signal it whole)."""
+def start(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """The command in a process group of its own (a job's group, to signal it whole), with
+    the environment ``env`` (None: this one's)."""
     return subprocess.Popen(
         [sys.executable, "-c", CLI, *args],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env=env,
     )
 
 
@@ -288,7 +295,8 @@ def test_a_kept_run_with_other_settings_code_or_altered_files_is_trained_again(
     record = json.loads((kept[2] / finished.RECORD).read_text())
     (kept[2] / finished.RECORD).write_text(json.dumps({**record, "fingerprint": "other"}))
     record = json.loads((kept[3] / finished.RECORD).read_text())
-    older = {**record, "code": {**record["code"], "version": "0.0.1"}}
+    loop = "vitplasticity/finetune/loop.py"
+    older = {**record, "code": {**record["code"], "sources": {loop: "0" * 64}}}
     (kept[3] / finished.RECORD).write_text(json.dumps(older))
     for folder in folders:  # what Snakemake does to the outputs of an interrupted job
         for name in finished.OUTPUTS:
@@ -298,12 +306,167 @@ def test_a_kept_run_with_other_settings_code_or_altered_files_is_trained_again(
         assert cli.main(packed_args(tiny_spec, demo_dataset, runs)) == 0
     assert trained(caplog) == [str(f) for f in folders]
     assert "missing or altered" in caplog.text and "kept by other settings" in caplog.text
-    assert "kept by other code" in caplog.text
+    assert f"kept by other code ({loop} changed)" in caplog.text
     # Each copy now records this training, with this code.
     for folder, copy in zip(folders, kept, strict=True):
         record = json.loads((copy / finished.RECORD).read_text())
-        assert record["code"] == finished.code_identity() and record["fingerprint"] != "other"
+        assert finished.code_changes(record["code"]) == [] and record["fingerprint"] != "other"
         assert (copy / "summary.json").read_bytes() == (folder / "summary.json").read_bytes()
+
+
+# The clone's training-loop line a row changes (its logging: the numbers stay, the code not).
+LOOP = "vitplasticity/finetune/loop.py"
+LOOP_LINE = 'log.info("step %d loss %.4f grad %.4f lr %.3g", step'
+TRAINED_IN_LOG = re.compile(r"finetune\.setup: run (\S+):")
+
+
+def git(repo: Path, *args: str) -> None:
+    identity = ["-c", "user.name=test", "-c", "user.email=test@example.org"]
+    subprocess.run(["git", "-C", str(repo), *identity, *args], check=True, capture_output=True)
+
+
+def clone_env(repo: Path) -> dict[str, str]:
+    """This environment, importing vitplasticity from the clone ``repo`` alone."""
+    return {**os.environ, "PYTHONPATH": str(repo / "src")}
+
+
+@pytest.fixture(scope="module")
+def interrupted_clone(demo_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A git repository holding a copy of the package, its README and config.yaml, committed;
+    beside it (``packed/``) the pack of four runs trained by that copy and killed with two
+    runs finished and the third past a checkpoint, their outputs deleted as Snakemake deletes
+    an interrupted job's. Read only: each row copies it."""
+    root = tmp_path_factory.mktemp("interrupted_clone")
+    repo = root / "repo"
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "src/vitplasticity", repo / "src/vitplasticity", ignore=ignore)
+    (repo / "config").mkdir()
+    for name in ("README.md", "config/config.yaml"):
+        shutil.copyfile(REPO / name, repo / name)
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "the clone")
+    runs = pack(root / "packed")
+    folders = [Path(r["out_dir"]) for r in runs]
+    log = root / "first.log"
+    proc = start(argv(TINY_SPEC, demo_dataset, runs), log, clone_env(repo))
+    wait_until(lambda: (folders[2] / "checkpoint.pt").exists(), proc, log)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) != 0
+    assert [(f / finished.KEPT_DIR / finished.RECORD).is_file() for f in folders] == [
+        True,
+        True,
+        False,
+        False,
+    ], log.read_text()[-3000:]
+    for folder in folders[:2]:
+        for name in finished.OUTPUTS:
+            (folder / name).unlink()
+    return root
+
+
+def edit_readme(repo: Path) -> None:
+    readme = repo / "README.md"
+    readme.write_text(readme.read_text() + "\nA typo fixed.\n")
+
+
+def edit_config(repo: Path) -> None:
+    config = repo / "config/config.yaml"
+    config.write_text(config.read_text() + "\n# a comment\n")
+
+
+def edit_loop(repo: Path) -> None:
+    loop = repo / "src" / LOOP
+    text = loop.read_text()
+    assert text.count(LOOP_LINE) == 1
+    loop.write_text(text.replace(LOOP_LINE, LOOP_LINE.replace("step %d loss", "step %d: loss")))
+
+
+@pytest.mark.parametrize(
+    ("edit", "commit", "retrained"),
+    [
+        (edit_readme, True, False),
+        (edit_config, False, False),
+        (edit_loop, True, True),
+        (edit_loop, False, True),
+    ],
+    ids=[
+        "README_committed",
+        "config_edited_uncommitted",
+        "loop_line_committed",
+        "loop_line_uncommitted",
+    ],
+)
+def test_only_a_change_to_the_training_code_retrains_the_finished_runs(
+    demo_dataset: Path,
+    interrupted_clone: Path,
+    tmp_path: Path,
+    edit: Any,
+    commit: bool,
+    retrained: bool,
+) -> None:
+    """Issue 42: a pack interrupted after two finished runs, one change to the repository,
+    the same command again (from the changed clone): a README commit or a config.yaml edit
+    trains only the two unfinished runs; a changed line of the training loop, committed or
+    not, trains all four."""
+    root = tmp_path / "clone"
+    shutil.copytree(interrupted_clone, root, symlinks=True)
+    repo = root / "repo"
+    edit(repo)
+    if commit:
+        git(repo, "commit", "-qam", "the change")
+    runs = pack(root / "packed")
+    folders = [Path(r["out_dir"]) for r in runs]
+    rerun = subprocess.run(
+        [sys.executable, "-c", CLI, *argv(TINY_SPEC, demo_dataset, runs)],
+        env=clone_env(repo),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, output[-3000:]
+    expected = folders if retrained else folders[2:]
+    assert TRAINED_IN_LOG.findall(output) == [str(f) for f in expected], output[-3000:]
+    assert output.count("finished by an earlier job") == (0 if retrained else 2)
+    assert output.count(f"kept by other code ({LOOP} changed)") == (2 if retrained else 0)
+    assert all((f / "summary.json").is_file() for f in folders)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda code: code, []),
+        (
+            lambda code: {**code, "sources": {**code["sources"], LOOP: "0" * 64}},
+            [f"{LOOP} changed"],
+        ),
+        (
+            lambda code: {**code, "sources": {**code["sources"], "vitplasticity/gone.py": "0"}},
+            ["vitplasticity/gone.py is gone"],
+        ),
+        (
+            lambda code: {**code, "dependencies": {**code["dependencies"], "torch": "1.0"}},
+            [f"torch 1.0 is now {metadata.version('torch')}"],
+        ),
+        (
+            lambda code: {"version": code.get("version", "0.1.0"), "git_commit": "991194a"},
+            ["kept by a vitplasticity that recorded no source hashes"],
+        ),
+    ],
+    ids=["same_code", "loop_changed", "module_gone", "torch_upgraded", "commit_record"],
+)
+def test_a_copy_is_kept_by_other_code_when_a_source_or_dependency_differs(
+    change: Any, expected: list[str]
+) -> None:
+    """The record's code against the code installed now (the rerun's check): a loaded
+    module's file changed or gone, a numeric dependency of another version, or a record
+    keyed by the git commit (before the source hashes) each name what differs."""
+    import vitplasticity.finetune.loop  # noqa: F401 (the training loop, loaded as in a run)
+
+    code = finished.code_identity()
+    assert LOOP in code["sources"] and "torch" in code["dependencies"]
+    assert finished.code_changes(change(code)) == expected
 
 
 def test_a_finished_single_run_whose_outputs_were_deleted_is_put_back_not_trained(

@@ -101,8 +101,9 @@ def expected_minutes(
     """The wall time the job of `row` should have asked for on its `attempt`.
 
     The plugin's comment joins the wildcard values with "_" (names may contain "_" too), so a
-    job's (model, dataset) is the one pair whose names appear there, in order. A pack's is its
-    runs' together: every run of its cell (in `results`) when no time cap cuts it.
+    job's (model, dataset) is the one pair whose names appear there, in order. A pack's is one
+    start-up allowance and its runs' compute: every run of its cell (in `results`) when no
+    time cap cuts it.
     """
     rule, comment = job_rule(row), row["Comment"]
     if rule.startswith(PACK_PREFIX):
@@ -110,7 +111,13 @@ def expected_minutes(
         experiment = rule.removeprefix(PACK_PREFIX).rsplit("_", 1)[0]
         model, dataset = cell_of(comment, config)
         runs = len(list((results / "finetune" / experiment / model / dataset).glob("*/*/")))
-        return runs * finetune_minutes(config, model, dataset, attempt)
+        seconds = runtime.finetune_compute_seconds(
+            config["datasets"][dataset]["steps"],
+            config["finetune"]["batch_size"],
+            config["models"][model]["timm_id"],
+            config["finetune"]["precision"],
+        )
+        return runtime.pack_minutes([seconds] * runs, attempt)
     if rule in ("finetune", "plasticity"):
         model, dataset = cell_of(comment, config)
         if rule == "finetune":

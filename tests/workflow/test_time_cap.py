@@ -1,9 +1,12 @@
 """vitplasticity.workflow.time_cap: no job, packed either way (finetune.pack_runs or Snakemake
-groups), asks for more than scheduler.max_runtime_minutes; a cap below a run's start-up is
+groups), asks for more than scheduler.max_runtime_minutes, a job of several runs counting one
+start-up allowance and their compute; a cap that leaves a run no time past its start-up is
 refused naming the key."""
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,7 +18,7 @@ from snakemake.settings.types import GroupSettings
 
 from tests.helpers.configs import Configure
 from vitplasticity.workflow import runtime
-from vitplasticity.workflow.config import ConfigError, experiment_runs
+from vitplasticity.workflow.config import ConfigError
 from vitplasticity.workflow.config_check import check_config
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import finetune_packs
@@ -23,58 +26,93 @@ from vitplasticity.workflow.time_cap import (
     GroupFit,
     cap_fixed_runtimes,
     cut_packs,
-    experiment_run_minutes,
-    runs_per_job,
+    runs_that_fit,
 )
 
 
-def capped(demo_with: Configure, cap: int | None) -> dict[str, Any]:
-    return demo_with({"scheduler": {"max_runtime_minutes": cap}})
+def capped(demo_with: Configure, cap: int | None, stripes_steps: int = 48) -> dict[str, Any]:
+    """The demo under ``cap``, demo-stripes' runs ``stripes_steps`` long (13,530: 5 minutes)."""
+    return demo_with(
+        {
+            "scheduler": {"max_runtime_minutes": cap},
+            "datasets": {"demo-stripes": {"steps": stripes_steps}},
+        }
+    )
 
 
 @pytest.mark.parametrize(
-    ("minutes", "cap", "expected"),
-    [([15, 15], 20, 1), ([15, 15], 45, 3), ([15, 10], 31, 2), ([50], 20, 1), ([None, 5], 20, 1)],
+    ("compute_seconds", "cap", "most", "expected"),
+    [
+        # 15 + 5n <= 20: one run of five minutes; 15 + 5n <= 45: six.
+        ([300, 300], 20, 10, 1),
+        ([300, 300], 45, 10, 6),
+        # The longest run decides: 15 + 5n <= 45 with a one-minute run beside it.
+        ([60, 300], 45, 10, 6),
+        # floor(15 + n/2) <= 16: three half-minute runs (16.5 rounds down to 16), not four.
+        ([30], 16, 10, 3),
+        # The demo's 1.06 s runs: all 16 of a pack fit 20 minutes (15.28 -> 15).
+        ([Fraction(10645, 10000)] * 2, 20, 16, 16),
+        # A run longer than the cap still gets a job of its own; no estimate: the cap.
+        ([3600], 20, 10, 1),
+        ([None, 1], 1000, 10, 1),
+        ([60], 1000, 3, 3),
+    ],
 )
-def test_runs_per_job_is_the_cap_over_the_longest_run(
-    minutes: list[int | None], cap: int, expected: int
+def test_runs_that_fit_are_one_start_up_and_the_longest_runs_compute(
+    compute_seconds: list[Fraction | None], cap: int, most: int, expected: int
 ) -> None:
-    assert runs_per_job(minutes, cap) == expected
-    longest = max(cap if m is None else m for m in minutes)
-    # The largest count whose sum of the longest run fits, at least one run.
-    assert expected == max([1] + [n for n in range(1, 100) if n * longest <= cap])
+    assert runs_that_fit(compute_seconds, cap, most) == expected
+    if None not in compute_seconds:
+        # The largest count whose one allowance and compute, rounded down, fit; at least 1.
+        longest = max(Fraction(s) for s in compute_seconds)
+        fits = [n for n in range(1, most + 1) if math.floor(15 + n * longest / 60) <= cap]
+        assert expected == max([1, *fits])
 
 
-def test_no_cap_puts_no_limit_on_a_pack() -> None:
-    assert runs_per_job([15, 900], None) is None
-
-
-@pytest.mark.parametrize("cap", [1, runtime.FINETUNE_FIXED_MINUTES - 1])
-def test_a_cap_below_a_runs_start_up_is_refused_naming_the_key(
+@pytest.mark.parametrize("cap", [1, runtime.FINETUNE_FIXED_MINUTES])
+def test_a_cap_leaving_no_time_past_a_runs_start_up_is_refused_naming_the_key(
     demo_with: Configure, cap: int
 ) -> None:
     with pytest.raises(ConfigError, match=r"^scheduler\.max_runtime_minutes: ") as error:
         check_config(capped(demo_with, cap))
-    assert f"at least {runtime.FINETUNE_FIXED_MINUTES}" in str(error.value)
+    assert f"at least {runtime.FINETUNE_FIXED_MINUTES + 1}" in str(error.value)
 
 
-@pytest.mark.parametrize("cap", [None, runtime.FINETUNE_FIXED_MINUTES, 20])
-def test_a_cap_covering_a_runs_start_up_is_accepted(demo_with: Configure, cap: int | None) -> None:
+@pytest.mark.parametrize("cap", [None, runtime.FINETUNE_FIXED_MINUTES + 1, 20])
+def test_a_cap_past_a_runs_start_up_is_accepted(demo_with: Configure, cap: int | None) -> None:
     check_config(capped(demo_with, cap))
 
 
-@pytest.mark.parametrize("cap", [20, 31, 45, 1000])
-def test_cut_packs_fit_the_cap_and_keep_every_run_in_order(demo_with: Configure, cap: int) -> None:
-    config = capped(demo_with, cap)
+# The demo's packs cut to the cap, worked out by hand. A demo run computes 1.06 s (48 steps
+# of 32 images at ViT-Ti/16's 7.46 GFLOP, +30%, at 14 TFLOP/s); with demo-stripes at 13,530
+# steps its runs compute 300.04 s (5.0007 min). The packs: sgd's demo-stripes (16 runs, its
+# own LR grid), sgd's demo-blobs and demo-palette (8 runs), adam's three datasets (8 runs,
+# demo-stripes' the longest). A pack of n runs asks for floor(15 + n x compute).
+#
+# | stripes steps | cap | runs per pack | pack jobs (a pack's (model, dataset) each) |
+# |---|---|---|---|
+# | 48 | 20 | all: 15 + 16 x 1.06 s = 15.28 -> 15 | 1 + 2 + 3 = 6 (before: 56, one run each) |
+# | 13,530 | 20 | 1: 15 + 5.0007 = 20.0007 -> 20 | 16 + 2 + 8 x 3 = 42 |
+# | 13,530 | 31 | 3: 15 + 15.002 -> 30 | 6 + 2 + 3 x 3 = 17 |
+# | 13,530 | 45 | 6: 15 + 30.004 -> 45 | 3 + 2 + 2 x 3 = 11 |
+# | 13,530 | None | all | 6 |
+@pytest.mark.parametrize(
+    ("stripes_steps", "cap", "pack_jobs"),
+    [(48, 20, 6), (13_530, 20, 42), (13_530, 31, 17), (13_530, 45, 11), (13_530, None, 6)],
+)
+def test_cut_packs_fit_the_cap_and_keep_every_run_in_order(
+    demo_with: Configure, stripes_steps: int, cap: int | None, pack_jobs: int
+) -> None:
+    config = capped(demo_with, cap, stripes_steps)
     costs = JobRuntimes(config)
     packs = finetune_packs(config)
     cut = cut_packs(packs, config, costs)
+    assert sum(len(p.models) * len(p.datasets) for p in cut) == pack_jobs
     for pack in cut:
         for model in pack.models:
             for dataset in pack.datasets:
                 cell = Wildcards(fromdict={"model": model, "dataset": dataset})
-                one_run = costs.finetune(cell, 1)
-                assert len(pack.runs) * one_run <= cap
+                assert cap is None or costs.pack(pack)(cell, 1) <= cap
     # The same runs, in the same order, each pack's pieces one after another.
     for pack in packs:
         pieces = [
@@ -84,14 +122,6 @@ def test_cut_packs_fit_the_cap_and_keep_every_run_in_order(demo_with: Configure,
         ]
         assert [run for piece in pieces for run in piece.runs] == list(pack.runs)
     assert len({p.name for p in cut}) == len(cut)
-
-
-def test_the_demo_packs_are_longer_than_20_minutes_uncut(demo_with: Configure) -> None:
-    """The case the cut is for: a demo pack of 3 runs of 15 minutes asks for 45."""
-    config = capped(demo_with, None)
-    one_run = experiment_run_minutes(config, JobRuntimes(config))
-    assert max(one_run) == runtime.FINETUNE_FIXED_MINUTES
-    assert max(len(pack.runs) for pack in finetune_packs(config)) * max(one_run) > 20
 
 
 def test_without_a_cap_packs_stay_as_they_are(demo_with: Configure) -> None:
@@ -109,11 +139,17 @@ def grouped_workflow(components: int) -> SimpleNamespace:
     )
 
 
-@pytest.mark.parametrize(("cap", "requested", "fitted"), [(20, 3, 1), (31, 3, 2), (45, 3, 3)])
+# demo-stripes' runs of 13,530 steps compute 5.0007 min: a group of N asks for one allowance
+# and N x 5.0007 (each run floor(15 / N + 5.0007)): 3 fit 31 minutes (30.002), 2 fit 26
+# (25.001), 1 fits 20.
+@pytest.mark.parametrize(
+    ("cap", "requested", "fitted", "first_attempt"),
+    [(20, 3, 1, 20), (26, 3, 2, 12), (31, 3, 3, 10), (None, 3, 3, 10)],
+)
 def test_groups_are_lowered_to_fit_the_cap(
-    demo_with: Configure, cap: int, requested: int, fitted: int
+    demo_with: Configure, cap: int | None, requested: int, fitted: int, first_attempt: int
 ) -> None:
-    config = capped(demo_with, cap)
+    config = capped(demo_with, cap, stripes_steps=13_530)
     workflow = grouped_workflow(requested)
     messages: list[str] = []
     fit = GroupFit(workflow, config, JobRuntimes(config), report=messages.append)
@@ -122,13 +158,12 @@ def test_groups_are_lowered_to_fit_the_cap(
     assert len(messages) == (fitted < requested)
     if messages:
         assert f"finetune_pack={requested} lowered to finetune_pack={fitted}" in messages[0]
+    cell = Wildcards(fromdict={"model": "demo_vit", "dataset": "demo-stripes"})
+    # A grouped run's first attempt: its share of the one allowance and its compute.
+    assert fit.finetune(cell, 1) == first_attempt
     # Every attempt of a full group, its runs one after another, fits the cap.
-    run = next(iter(experiment_runs(config, "sgd")))
-    cell = Wildcards(fromdict={"model": run.model, "dataset": run.dataset})
     for attempt in (1, 2, 3):
-        assert fitted * fit.finetune(cell, attempt) <= cap
-    # The first attempt asks for its own estimate: the cut, not the share, made it fit.
-    assert fit.finetune(cell, 1) == JobRuntimes(config).finetune(cell, 1)
+        assert cap is None or fitted * fit.finetune(cell, attempt) <= cap
 
 
 def test_an_ungrouped_run_asks_for_its_own_capped_minutes(demo_with: Configure) -> None:
@@ -140,7 +175,7 @@ def test_an_ungrouped_run_asks_for_its_own_capped_minutes(demo_with: Configure) 
 
 
 def test_fitted_input_fits_the_groups_before_calling_the_input(demo_with: Configure) -> None:
-    config = capped(demo_with, 20)
+    config = capped(demo_with, 20, stripes_steps=13_530)
     workflow = grouped_workflow(3)
     fit = GroupFit(workflow, config, JobRuntimes(config), report=lambda _: None)
     assert fit.fitted_input(lambda wildcards: f"in-{wildcards}")("w") == "in-w"

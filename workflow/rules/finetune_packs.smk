@@ -3,12 +3,13 @@
 
 # A pack's rule is named by its content, so the workflow profile's set-resources cannot name
 # it: the Snakefile gives every pack what they give the one-run rule finetune (GPU, CPUs,
-# memory, --nice; vitplasticity.workflow.scheduling), and its wall time is its runs' together.
+# memory, --nice; vitplasticity.workflow.scheduling), and a wall time of one start-up allowance
+# and its runs' compute (vitplasticity.workflow.runtime.pack_minutes).
 
 # One rule per experiment and list of (configuration, lr, seed): datasets with their own
 # LR grid get their own rule, so that every output pattern is fixed. Its name comes from
 # its content (vitplasticity.workflow.packs), so it stays put when the config grows.
-# A pack whose runs would sum to more than scheduler.max_runtime_minutes is cut into several.
+# A pack that would ask for more than scheduler.max_runtime_minutes is cut into several.
 PACKS = cut_packs(finetune_packs(config), config, RUNTIMES)
 for pack in PACKS:
 

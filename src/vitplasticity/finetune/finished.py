@@ -8,6 +8,18 @@ fingerprint, the code that trained it and each file's SHA-256. A later job of th
 puts the files back from a copy that matches its settings, its code and its hashes instead of
 training the run again. The copy stays (it is not an output, so no clean-up removes it): a
 run is trained again only when its folder, or its ``finished/``, is deleted.
+
+The code is what decides a run's numbers, not the repository's commit: the SHA-256 of the
+source file of every module of the package loaded in the training process when the copy is
+kept, and the installed version of each of the numeric dependencies it had loaded. A commit
+of the README or the docs, a config.yaml edit, or a module the run never imported (the
+workflow, the report's tables and figures) keeps the copies; a changed line of the training
+loop, or another torch, does not. The modules are read from the process, not declared, so a
+module the training comes to import is covered without a list to keep up; the set errs towards
+training again (the CLI loads every command module, the registry every architecture), which
+costs compute, where a declared list that missed a module would put back wrong numbers. The
+copy is checked against those same files as they are now, so a rerun need not have imported
+them all before its first run's check.
 """
 
 from __future__ import annotations
@@ -16,18 +28,26 @@ import hashlib
 import json
 import logging
 import shutil
+import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from vitplasticity.provenance import git_commit
 from vitplasticity.utils.io import atomic_path, write_json
-from vitplasticity.version import __version__
 
 log = logging.getLogger(__name__)
 
 KEPT_DIR = "finished"
 OUTPUTS = ("summary.json", "metrics.parquet")
 RECORD = "record.json"  # written last: a copy without it is incomplete
+
+PACKAGE = "vitplasticity"
+# Source paths are recorded relative to the folder that holds the package (src/ in a clone,
+# site-packages in an install), so a copy kept by a clone is recognized by an install.
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+# The installed packages that compute a run's numbers (by their distribution names, which are
+# their module names): recorded where the training process had imported them.
+NUMERIC_DEPENDENCIES = ("numpy", "torch", "torchvision", "timm", "transformers", "peft")
 
 
 def _sha256(path: Path) -> str:
@@ -39,12 +59,54 @@ def _copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, tmp)
 
 
+def _installed_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def loaded_sources() -> dict[str, str]:
+    """The SHA-256 of the source file of every module of the package loaded in this process,
+    by its path below :data:`PACKAGE_PARENT` (``vitplasticity/finetune/loop.py``), sorted."""
+    sources = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file is None or (name != PACKAGE and not name.startswith(f"{PACKAGE}.")):
+            continue
+        path = Path(file).resolve()
+        sources[path.relative_to(PACKAGE_PARENT).as_posix()] = _sha256(path)
+    return dict(sorted(sources.items()))
+
+
 def code_identity() -> dict[str, Any]:
-    """The code that trains a run: a copy from other code is not put back (a forced rerun
-    after an update trains anew). The commit without its ``-dirty`` mark: a config.yaml
-    edited after an interruption must not cost the finished runs."""
-    commit = git_commit()
-    return {"version": __version__, "git_commit": commit and commit.removesuffix("-dirty")}
+    """The code that trains a run, as this process has it: ``sources`` (:func:`loaded_sources`)
+    and ``dependencies``, the installed version of each of :data:`NUMERIC_DEPENDENCIES` that
+    the process imported."""
+    dependencies = {
+        name: _installed_version(name) for name in NUMERIC_DEPENDENCIES if name in sys.modules
+    }
+    return {"sources": loaded_sources(), "dependencies": dependencies}
+
+
+def code_changes(recorded: Any) -> list[str]:
+    """What differs between the code a copy was kept by (its record's ``code``) and the code
+    installed now: each recorded source file changed or gone, each recorded dependency of
+    another version; empty when it is the same code."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("sources"), dict):
+        return ["kept by a vitplasticity that recorded no source hashes"]
+    changes = []
+    for relative, digest in recorded["sources"].items():
+        path = PACKAGE_PARENT / relative
+        if not path.is_file():
+            changes.append(f"{relative} is gone")
+        elif _sha256(path) != digest:
+            changes.append(f"{relative} changed")
+    for name, version in (recorded.get("dependencies") or {}).items():
+        installed = _installed_version(name)
+        if installed != version:
+            changes.append(f"{name} {version} is now {installed or 'not installed'}")
+    return changes
 
 
 def keep(out_dir: Path, key: str) -> None:
@@ -70,8 +132,9 @@ def restore(out_dir: Path, key: str) -> bool:
     if record.get("fingerprint") != key:
         log.warning("%s was kept by other settings; training the run", kept)
         return False
-    if record.get("code") != code_identity():
-        log.warning("%s was kept by other code (%s); training the run", kept, record.get("code"))
+    changes = code_changes(record.get("code"))
+    if changes:
+        log.warning("%s was kept by other code (%s); training the run", kept, "; ".join(changes))
         return False
     hashes = record.get("sha256", {})
     if any(not (kept / n).is_file() or _sha256(kept / n) != hashes.get(n) for n in OUTPUTS):

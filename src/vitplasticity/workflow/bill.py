@@ -148,6 +148,29 @@ def finetune_lines(config: dict[str, Any], run_minutes: RunMinutes) -> list[Bill
     return _by_model("finetune", config["finetune"]["precision"], cells, run_minutes)
 
 
+def pack_lines(
+    config: dict[str, Any], packs: list[FinetunePack], runtimes: JobRuntimes
+) -> list[BillLine]:
+    """One line per model of finetune.pack_runs' jobs (a pack's (model, dataset) each): their
+    runs, and each job's first-attempt minutes (JobRuntimes.pack: one start-up allowance and
+    its runs' compute); a job that asks for no runtime counts its runs as unestimated."""
+    runs: dict[str, int] = {}
+    minutes: dict[str, int] = {}
+    unestimated: dict[str, int] = {}
+    for pack in packs:
+        asked = runtimes.pack(pack)
+        for model, dataset in ((m, d) for m in pack.models for d in pack.datasets):
+            job = asked(_wildcards(model, dataset), 1)
+            runs[model] = runs.get(model, 0) + len(pack.runs)
+            minutes[model] = minutes.get(model, 0) + (job or 0)
+            unestimated[model] = unestimated.get(model, 0) + (0 if job else len(pack.runs))
+    precision = config["finetune"]["precision"]
+    return [
+        BillLine("finetune", model, precision, runs[model], minutes[model], unestimated[model])
+        for model in runs
+    ]
+
+
 def compute_bill(
     config: dict[str, Any],
     runtimes: JobRuntimes,
@@ -169,12 +192,12 @@ def compute_bill(
         jobs_at_once: the profile's ``jobs``.
         submissions_per_second: the profile's submission throttle.
     """
-    lines = finetune_lines(config, run_minutes or runtimes.finetune)
-    runs = sum(line.runs for line in lines)
     if packs is not None:
+        lines = pack_lines(config, packs, runtimes)
         finetune_jobs = sum(len(pack.models) * len(pack.datasets) for pack in packs)
     else:
-        finetune_jobs = math.ceil(runs / runs_per_group)
+        lines = finetune_lines(config, run_minutes or runtimes.finetune)
+        finetune_jobs = math.ceil(sum(line.runs for line in lines) / runs_per_group)
     p = config["plasticity"]
     plasticity = [(m, d) for m in p["models"] for d in p["datasets"]]
     lines += _by_model("plasticity", p["dtype"], plasticity, runtimes.plasticity)

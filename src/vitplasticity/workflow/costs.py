@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 from vitplasticity.workflow import calibration, runtime
@@ -51,31 +52,48 @@ class JobRuntimes:
             return self.max_minutes
         return runtime.capped(estimate(self.config["models"][model]["timm_id"]), self.max_minutes)
 
-    def _one_run(self, wildcards: Wildcards, attempt: int, timm_id: str) -> int:
+    def run_seconds(self, model: str, dataset: str) -> Fraction | None:
+        """The compute seconds of one finetuning run of ``model`` on ``dataset``, its start-up
+        left out (runtime.finetune_compute_seconds); None for a model whose family has no
+        estimate."""
+        if not self.models.spec_class(model).runtime_estimated:
+            return None
         finetune = self.config["finetune"]
-        return runtime.finetune_minutes(
-            self.config["datasets"][wildcards.dataset]["steps"],
+        return runtime.finetune_compute_seconds(
+            self.config["datasets"][dataset]["steps"],
             finetune["batch_size"],
-            timm_id,
+            self.config["models"][model]["timm_id"],
             finetune["precision"],
-            attempt,
             self.calibration,
         )
 
+    def runs_minutes(
+        self,
+        wildcards: Wildcards,
+        attempt: int,
+        runs: int = 1,
+        start_up_share: Fraction = Fraction(1),
+    ) -> int | None:
+        """Minutes a job of ``runs`` runs of the wildcards' model and dataset asks for, one
+        after another (runtime.pack_minutes: one start-up allowance, or ``start_up_share`` of
+        it, and their compute), capped; a model without an estimate asks as
+        :meth:`model_minutes` says."""
+        seconds = self.run_seconds(wildcards.model, wildcards.dataset)
+        if seconds is None:
+            return self.max_minutes
+        minutes = runtime.pack_minutes([seconds] * runs, attempt, start_up_share)
+        return runtime.capped(minutes, self.max_minutes)
+
     def finetune(self, wildcards: Wildcards, attempt: int) -> int | None:
         """Minutes for one finetuning run."""
-        return self.model_minutes(
-            wildcards.model, lambda timm_id: self._one_run(wildcards, attempt, timm_id)
-        )
+        return self.runs_minutes(wildcards, attempt)
 
     def pack(self, pack: FinetunePack) -> Callable[[Wildcards, int], int | None]:
-        """The runtime function of ``pack``'s rule: its runs one after another."""
+        """The runtime function of ``pack``'s rule: one start-up, then its runs one after
+        another."""
 
         def minutes(wildcards: Wildcards, attempt: int) -> int | None:
-            return self.model_minutes(
-                wildcards.model,
-                lambda timm_id: pack.runtime(self._one_run(wildcards, attempt, timm_id)),
-            )
+            return self.runs_minutes(wildcards, attempt, len(pack.runs))
 
         return minutes
 

@@ -89,10 +89,6 @@ class FinetunePack:
             for (c, lr, seed), run_dir in zip(self.runs, self.run_dirs, strict=True)
         ]
 
-    def runtime(self, run_minutes: int) -> int:
-        """Minutes the packed job asks for: its runs one after another, ``run_minutes`` each."""
-        return len(self.runs) * run_minutes
-
 
 def finetune_packs(config: dict[str, Any]) -> list[FinetunePack]:
     """One pack per enabled experiment and distinct run list; its datasets share that list.

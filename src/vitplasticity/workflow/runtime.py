@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 from fractions import Fraction
 
 from vitplasticity.workflow.calibration import Calibration, Throughput
@@ -95,7 +96,9 @@ SUSTAINED_TFLOPS: dict[str, Fraction] = {
 PRECISION_ALIASES = {"float32": "fp32"}
 
 # Finetuning: validation and test evaluations add ~30% to the training steps; start-up
-# (imports, loading the prepared dataset and the weights) gets a fixed allowance.
+# (imports, loading the prepared dataset and the weights) gets a fixed allowance, once per
+# job: a pack's runs share its process, and a Snakemake group's runs its node, so a job of
+# several runs asks for one allowance and their compute (pack_minutes).
 FINETUNE_EVAL_FACTOR = Fraction(13, 10)
 FINETUNE_FIXED_MINUTES = 15
 # Plasticity: one forward pass per image and protocol, a third of a training image's work
@@ -191,8 +194,46 @@ def finetune_step_seconds(batch_size: int, timm_id: str, precision: str) -> Frac
     return FINETUNE_EVAL_FACTOR * batch_size * image_seconds(timm_id, precision)
 
 
-def _minutes(fixed: int, seconds: Fraction, attempt: int) -> int:
+def _minutes(fixed: Fraction | int, seconds: Fraction, attempt: int) -> int:
     return math.floor(attempt * (fixed + seconds / 60))
+
+
+def finetune_compute_seconds(
+    steps: int,
+    batch_size: int,
+    timm_id: str,
+    precision: str,
+    calibration: Calibration | None = None,
+) -> Fraction:
+    """Seconds of one finetuning run's work, its start-up left out: steps x batch_size images
+    of training work, +30% for evaluation.
+
+    Args:
+        steps: the dataset's finetuning steps (``datasets.<name>.steps``).
+        batch_size: images per optimizer step (``finetune.batch_size``).
+        timm_id: the model's timm id (``models.<name>.timm_id``).
+        precision: ``finetune.precision`` (fp32, bf16 or tf32).
+        calibration: measured speeds, finished runs' first (:func:`throughput`).
+    """
+    per_image = throughput(timm_id, precision, calibration, training_run=True).image_seconds
+    return FINETUNE_EVAL_FACTOR * steps * batch_size * per_image
+
+
+def pack_minutes(
+    compute_seconds: Iterable[Fraction], attempt: int = 1, start_up_share: Fraction = Fraction(1)
+) -> int:
+    """Minutes a job of finetuning runs done one after another asks for: one start-up
+    allowance (15 min) plus every run's compute, times the attempt; rounded down. A run of
+    its own is a pack of one; a run of a Snakemake group of N asks for ``1/N`` of the
+    allowance and its compute, since Snakemake asks for the sum of its runs' minutes.
+
+    Args:
+        compute_seconds: each run's :func:`finetune_compute_seconds`.
+        attempt: the scheduler's attempt, 1 for the first submission.
+        start_up_share: the share of the allowance the job asks for (1: a job of its own).
+    """
+    seconds = sum(compute_seconds, Fraction(0))
+    return _minutes(FINETUNE_FIXED_MINUTES * start_up_share, seconds, attempt)
 
 
 def finetune_minutes(
@@ -204,20 +245,11 @@ def finetune_minutes(
     calibration: Calibration | None = None,
 ) -> int:
     """Minutes one finetuning run asks for: steps x batch_size images of training work,
-    +30% for evaluation, +15 min, times the attempt; rounded down.
-
-    Args:
-        steps: the dataset's finetuning steps (``datasets.<name>.steps``).
-        batch_size: images per optimizer step (``finetune.batch_size``).
-        timm_id: the model's timm id (``models.<name>.timm_id``).
-        precision: ``finetune.precision`` (fp32, bf16 or tf32).
-        attempt: the scheduler's attempt, 1 for the first submission.
-        calibration: measured speeds, finished runs' first (:func:`throughput`).
+    +30% for evaluation, +15 min, times the attempt; rounded down (:func:`pack_minutes` of
+    the run alone; the arguments are :func:`finetune_compute_seconds`'s).
     """
-    images = steps * batch_size
-    per_image = throughput(timm_id, precision, calibration, training_run=True).image_seconds
-    seconds = FINETUNE_EVAL_FACTOR * images * per_image
-    return _minutes(FINETUNE_FIXED_MINUTES, seconds, attempt)
+    seconds = finetune_compute_seconds(steps, batch_size, timm_id, precision, calibration)
+    return pack_minutes([seconds], attempt)
 
 
 def plasticity_minutes(

@@ -1,29 +1,31 @@
 """``scheduler.max_runtime_minutes`` against packing: no job, packed either way, asks for more.
 
 A finetuning run longer than the cap asks for the cap and resumes from its checkpoint on its
-retry (vitplasticity.workflow.costs). Packing puts several runs into one job whose wall time
-is the sum of theirs, so a pack of runs that each fit could still ask for more than the
-partition allows, and SLURM holds such a job PENDING (``PartitionTimeLimit``) forever or
-rejects it. Both ways of packing are cut here so that their sum fits:
+retry (vitplasticity.workflow.costs). Packing puts several runs into one job, which asks for
+one start-up allowance and their compute (vitplasticity.workflow.runtime.pack_minutes), so a
+pack of runs that each fit could still ask for more than the partition allows, and SLURM holds
+such a job PENDING (``PartitionTimeLimit``) forever or rejects it. Both ways of packing are cut
+here so that they fit, by that same count:
 
 - ``finetune.pack_runs`` (one process per pack): a pack is cut into packs of at most
-  :func:`runs_per_job` runs (each its own rule, named by its runs as every pack is).
+  :func:`runs_that_fit` runs (each its own rule, named by its runs as every pack is).
 - Snakemake groups (``--groups finetune=<group> --group-components <group>=N``, the packing
-  block of slurm/profile.yaml): N is lowered to :func:`runs_per_job`, and each grouped run
-  asks for at most its share of the cap, so a retried group (each run's estimate times the
-  attempt) fits too.
+  block of slurm/profile.yaml): N is lowered to :func:`runs_that_fit`, and each grouped run
+  asks for its share of the allowance and its compute, at most its share of the cap, so a
+  retried group (each run's minutes times the attempt) fits too.
 
-The smallest unit is one finetuning run: a cap below a run's fixed start-up allowance leaves
-no run any time to train, and is refused at parse, naming the key.
+The smallest unit is one finetuning run: a cap that leaves a run no compute time past its
+start-up allowance is refused at parse, naming the key.
 
 Plain Python, no torch import: the Snakefile calls it on every node.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from types import SimpleNamespace
+from fractions import Fraction
 from typing import Any
 
 from vitplasticity.workflow import runtime
@@ -34,75 +36,74 @@ from vitplasticity.workflow.params import Wildcards
 
 CAP_KEY = "scheduler.max_runtime_minutes"
 
-RunMinutes = Callable[[Wildcards, int], int | None]
-"""A finetuning run's ``runtime`` resource (JobRuntimes.finetune): wildcards, attempt."""
-
 
 def cap_problems(config: dict[str, Any]) -> list[str]:
     """Why ``scheduler.max_runtime_minutes`` leaves no finetuning run time to train: empty
-    when there is no cap, no enabled experiment, or the cap covers a run's start-up."""
+    when there is no cap, no enabled experiment, or the cap is longer than a run's start-up."""
     cap = config["scheduler"]["max_runtime_minutes"]
     if cap is None or not enabled_experiments(config):
         return []
-    if cap < runtime.FINETUNE_FIXED_MINUTES:
+    allowance = runtime.FINETUNE_FIXED_MINUTES
+    if cap <= allowance:
         return [
-            f"{CAP_KEY}: {cap} minutes is less than a finetuning run's start-up allowance "
-            f"({runtime.FINETUNE_FIXED_MINUTES} minutes: imports, the prepared dataset and the "
-            f"weights loaded), so no run could train before its limit; set it to at least "
-            f"{runtime.FINETUNE_FIXED_MINUTES} (your partition's MaxTime, sinfo -o '%P %l')"
+            f"{CAP_KEY}: {cap} minutes leaves a finetuning run no time to train past its "
+            f"start-up allowance ({allowance} minutes: imports, the prepared dataset and the "
+            f"weights loaded); set it to at least {allowance + 1} (your partition's MaxTime, "
+            "sinfo -o '%P %l')"
         ]
     return []
 
 
-def runs_per_job(run_minutes: Iterable[int | None], max_minutes: int | None) -> int | None:
-    """How many runs one packed job may hold so that their sum fits ``max_minutes``: the cap
-    over the longest run's minutes (at least 1: a run longer than the cap asks for the cap
-    and resumes). None: no cap, any number fits.
+def runs_that_fit(compute_seconds: Iterable[Fraction | None], cap: int, most: int) -> int:
+    """How many runs, at most ``most``, one job may hold so that it fits ``cap``: the longest
+    run's (runtime.pack_minutes: one start-up allowance and their compute, first attempt),
+    at least 1 (a run longer than the cap asks for the cap and resumes).
 
     Args:
-        run_minutes: each run's first-attempt minutes; None (a model without an estimate,
-            without a cap) counts as the cap.
-        max_minutes: scheduler.max_runtime_minutes (None: no cap).
+        compute_seconds: each run's compute (JobRuntimes.run_seconds); None, a model without
+            an estimate, asks for the cap: one run per job.
+        cap: scheduler.max_runtime_minutes.
+        most: the most runs wanted (the pack's runs, the group's components).
     """
-    if max_minutes is None:
-        return None
-    longest = max((max_minutes if m is None else m for m in run_minutes), default=1)
-    return max(1, max_minutes // max(1, longest))
+    seconds = list(compute_seconds)
+    if any(s is None for s in seconds):
+        return 1
+    longest = max(seconds, default=Fraction(0))
+    # pack_minutes grows with the runs: the count of those that fit, bisected.
+    fitting = bisect.bisect_right(
+        range(1, most + 1), cap, key=lambda n: runtime.pack_minutes([longest] * n)
+    )
+    return max(1, fitting)
 
 
-def _run_wildcards(model: str, dataset: str) -> Wildcards:
-    # JobRuntimes reads a run's model and dataset only.
-    return SimpleNamespace(model=model, dataset=dataset)
-
-
-def experiment_run_minutes(config: dict[str, Any], runtimes: JobRuntimes) -> list[int | None]:
-    """The first-attempt minutes (capped, as its job asks) of every run of every enabled
-    experiment, one entry per (model, dataset)."""
+def _experiment_cells(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (model, dataset) of every run of every enabled experiment, once each."""
     cells = {
         (run.model, run.dataset)
         for name in enabled_experiments(config)
         for run in experiment_runs(config, name)
     }
-    return [runtimes.finetune(_run_wildcards(m, d), 1) for m, d in sorted(cells)]
+    return sorted(cells)
 
 
 def cut_packs(
     packs: list[FinetunePack], config: dict[str, Any], runtimes: JobRuntimes
 ) -> list[FinetunePack]:
-    """``packs`` cut so that each one's runs, one after another, fit the cap: a pack longer
-    than the cap becomes several of at most :func:`runs_per_job` runs (its longest (model,
-    dataset)'s run decides), in run order. Unchanged without a cap or when it fits.
+    """``packs`` cut so that each one's job, one start-up and its runs one after another,
+    fits the cap: a pack longer than the cap becomes several of at most :func:`runs_that_fit`
+    runs (its longest (model, dataset)'s run decides), in run order. Unchanged without a cap
+    or when it fits.
 
     Raises:
         ConfigError: when two cut packs share a rule name (finetune_packs' digest clash).
     """
     cap = config["scheduler"]["max_runtime_minutes"]
+    if cap is None:
+        return packs
     cut: list[FinetunePack] = []
     for pack in packs:
-        minutes = [
-            runtimes.finetune(_run_wildcards(m, d), 1) for m in pack.models for d in pack.datasets
-        ]
-        size = runs_per_job(minutes, cap) or len(pack.runs)
+        seconds = [runtimes.run_seconds(m, d) for m in pack.models for d in pack.datasets]
+        size = runs_that_fit(seconds, cap, len(pack.runs))
         cut += [
             replace(pack, runs=pack.runs[start : start + size])
             for start in range(0, len(pack.runs), size)
@@ -159,8 +160,11 @@ class GroupFit:
             return 1
         components = dict(settings.group_components or {})
         requested = components.get(group, 1)
-        fits = runs_per_job(experiment_run_minutes(self.config, self.runtimes), self.cap)
-        if fits is None or fits >= requested:
+        if self.cap is None:
+            return requested
+        seconds = [self.runtimes.run_seconds(m, d) for m, d in _experiment_cells(self.config)]
+        fits = runs_that_fit(seconds, self.cap, requested)
+        if fits >= requested:
             return requested
         components[group] = fits
         settings.group_components = type(settings.group_components)(components)
@@ -181,9 +185,12 @@ class GroupFit:
         return inputs
 
     def finetune(self, wildcards: Wildcards, attempt: int) -> int | None:
-        """One grouped run's minutes: its own (JobRuntimes.finetune), at most its share of
-        the cap, so that a group of ``runs_per_group`` retried runs still fits."""
-        minutes = self.runtimes.finetune(wildcards, attempt)
+        """One grouped run's minutes: its share of the group's one start-up allowance and its
+        compute (JobRuntimes.runs_minutes: Snakemake asks for the sum of a group's runs), at
+        most its share of the cap, so that a group of ``runs_per_group`` retried runs still
+        fits. A run of no group asks for its own minutes."""
+        share = Fraction(1, self.runs_per_group)
+        minutes = self.runtimes.runs_minutes(wildcards, attempt, start_up_share=share)
         if self.cap is None or minutes is None:
             return minutes
         return min(minutes, self.cap // self.runs_per_group)
