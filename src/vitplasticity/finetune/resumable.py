@@ -12,13 +12,13 @@ from typing import Any
 
 from vitplasticity.data import loader
 from vitplasticity.finetune.checkpoint import (
-    fingerprint,
     load_checkpoint,
     restore_run,
     rng_states,
     save_checkpoint,
 )
 from vitplasticity.finetune.setup import RunContext
+from vitplasticity.finetune.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class ResumableState:
         """The state of a fresh run, or that of the checkpoint in the run's folder when one
         written with the same settings is there: its trained parameters, optimizer state and
         RNG states are restored into ``context``."""
-        state = cls(fingerprint(context.settings.fingerprint_fields()))
+        state = cls(context.key)
         # Loaded on the CPU: RNG states must stay CPU tensors; copy_ and the optimizer's
         # load_state_dict move the rest to the parameters' device.
         saved = load_checkpoint(context.checkpoint_path, state.key)
@@ -52,19 +52,12 @@ class ResumableState:
         )
         return state
 
-    def record(self, row: dict[str, Any]) -> None:
-        """Add a metrics row; a validation row with a higher accuracy than every earlier one
-        becomes the best (so ties keep the earliest)."""
+    def record(self, row: dict[str, Any], task: Task) -> None:
+        """Add a metrics row; a validation row better on the ``task``'s metric than every
+        earlier one becomes the best (so ties keep the earliest)."""
         self.rows.append(row)
-        if row["kind"] == "val" and (
-            self.best is None or row["val_accuracy"] > self.best["val_accuracy"]
-        ):
-            self.best = {
-                "step": row["step"],
-                "val_accuracy": row["val_accuracy"],
-                "val_loss": row["val_loss"],
-                "test_accuracy": row["test_accuracy"],
-            }
+        if row["kind"] == "val" and task.better(row, self.best):
+            self.best = {name: row[name] for name in task.best_fields}
 
     def save(self, context: RunContext, step: int) -> None:
         """Write the checkpoint of the run after ``step`` steps (atomically)."""
@@ -79,7 +72,7 @@ class ResumableState:
                 "best": self.best,
                 "wall_seconds": self.wall_seconds(context),
                 "data_position": loader.loader_position(
-                    step, context.settings.training.batch_size, context.train_size
+                    step, context.settings.training.batch_size, context.inputs.size
                 ),
             },
             self.key,

@@ -1,5 +1,6 @@
 """What a run prepares before its first step: the checks, the device, the model and
-optimizer, and the data (:class:`RunContext`).
+optimizer, its task and data (:class:`RunContext`), from its source: an image dataset here
+(:class:`ImageSource`), a text file in :mod:`vitplasticity.finetune.text_run`.
 """
 
 from __future__ import annotations
@@ -7,19 +8,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from vitplasticity.data import loader, store
 from vitplasticity.data.preprocessing import Preprocessing
-from vitplasticity.finetune.checkpoint import CHECKPOINT_NAME
+from vitplasticity.finetune.checkpoint import CHECKPOINT_NAME, fingerprint
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.model import RunModel, build_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.tasks import CLASSIFICATION, Batch, Task
 from vitplasticity.models.build import pick_device
 
 log = logging.getLogger(__name__)
@@ -32,26 +35,108 @@ def augment_on_device(settings: TrainingSettings, device: torch.device) -> bool:
     return settings.augment == "device"
 
 
+class StepInputs(Protocol):
+    """The training batches of a run, the batch of a step known from the step alone (so a
+    resumed run or a continued rung sees the batches an uninterrupted one sees)."""
+
+    size: int  # training samples: the data position a checkpoint records
+
+    def items(self, start_step: int, end: int) -> Iterator[Any]:
+        """What the batches of steps ``start_step, ..., end - 1`` are made of, in order
+        (prepared ahead by loader workers where there are)."""
+
+    def batch(self, item: Any) -> Batch:
+        """The batch of one step from its item (where needed, augmented on the device)."""
+
+
+class RunSource(Protocol):
+    """Where the runs of a job get their data and task: a prepared image dataset
+    (:class:`ImageSource`) or a text file (:class:`vitplasticity.finetune.text_run.TextSource`)."""
+
+    def check(self, training: TrainingSettings) -> torch.device:
+        """The device of the runs, after checking the data and the source's own settings."""
+
+    def key(self, settings: FinetuneSettings) -> str:
+        """Fingerprint of what shapes a run's numbers (its checkpoint and kept copy match it)."""
+
+    def setup(self, settings: FinetuneSettings, device: torch.device, out_dir: Path) -> RunContext:
+        """The run's model, optimizer, task and data on ``device``."""
+
+
 @dataclass
 class RunContext:
-    """What :func:`setup_run` prepares before the first step: model, optimizer, data, device."""
+    """What a source prepares before the first step: model, optimizer, task, data, device."""
 
     settings: FinetuneSettings
     out_dir: Path
     device: torch.device
     run_model: RunModel  # its model is the compiled one under ``compile``
     optimizer: torch.optim.Optimizer
-    batches: loader.TrainBatches  # DeviceTrainBatches when augmenting on the device
-    on_device: bool  # crops and flips on the device
-    train_size: int  # training images (the data position a checkpoint records)
-    val_set: loader.EvalSet
-    test_set: loader.EvalSet
+    task: Task
+    inputs: StepInputs
+    evaluation: Any  # the task's validation (and test) data
+    key: str  # :meth:`RunSource.key` of the run's settings
+    record: dict[str, Any]  # the settings the summary's provenance records
     resolved: dict[str, Any]  # what the settings resolved to on this machine (provenance)
     started: float  # time.perf_counter() when the run started
 
     @property
     def checkpoint_path(self) -> Path:
         return self.out_dir / CHECKPOINT_NAME
+
+
+@dataclass(frozen=True)
+class ImageInputs:
+    """The training batches of an image run (:class:`StepInputs`): from the loader, cropped
+    and flipped on the device when the run augments there."""
+
+    batches: loader.TrainBatches  # DeviceTrainBatches when augmenting on the device
+    on_device: bool
+    device: torch.device
+    num_workers: int
+
+    @property
+    def size(self) -> int:
+        return len(self.batches.bank)
+
+    def items(self, start_step: int, end: int) -> Iterator[Any]:
+        pin = self.device.type == "cuda"
+        return loader.train_batches(self.batches, start_step, end, self.num_workers, pin)
+
+    def batch(self, item: Any) -> Batch:
+        """The uint8 images and labels of one step."""
+        if not self.on_device:
+            return item
+        canvas, sizes, boxes, flips, labels = item
+        canvas = canvas.to(self.device, non_blocking=True)
+        input_size = self.batches.pre.input_size
+        return loader.augment_on_device(canvas, sizes, boxes, flips, input_size), labels
+
+
+@dataclass(frozen=True)
+class EvalSets:
+    """An image run's evaluation data: validation and test sets."""
+
+    val_set: loader.EvalSet
+    test_set: loader.EvalSet
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """The runs' data is a prepared image dataset; the task, :class:`Classification`."""
+
+    dataset_dir: Path
+
+    def check(self, training: TrainingSettings) -> torch.device:
+        """See :func:`checked_device`."""
+        return checked_device(training, self.dataset_dir)
+
+    def key(self, settings: FinetuneSettings) -> str:
+        return fingerprint(settings.fingerprint_fields())
+
+    def setup(self, settings: FinetuneSettings, device: torch.device, out_dir: Path) -> RunContext:
+        """See :func:`setup_run`."""
+        return setup_run(settings, device, self.dataset_dir, out_dir)
 
 
 def checked_device(training: TrainingSettings, dataset_dir: str | Path) -> torch.device:
@@ -65,6 +150,15 @@ def checked_device(training: TrainingSettings, dataset_dir: str | Path) -> torch
     if not dataset_dir.is_dir():
         raise FileNotFoundError(f"--dataset-dir: prepared dataset {dataset_dir} does not exist")
     store.read_meta(dataset_dir)  # names the folder when it is not a prepared dataset
+    return usable_device(training)
+
+
+def usable_device(training: TrainingSettings) -> torch.device:
+    """The device ``training`` asks for.
+
+    Raises:
+        ValueError: for a GPU device asked for where none is visible.
+    """
     device = pick_device(training.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device (finetune.device): {training.device!r} but no GPU is visible")
@@ -108,11 +202,11 @@ def setup_run(
         device=device,
         run_model=run_model,
         optimizer=optimizer,
-        batches=batches,
-        on_device=on_device,
-        train_size=len(bank),
-        val_set=val_set,
-        test_set=test_set,
+        task=CLASSIFICATION,
+        inputs=ImageInputs(batches, on_device, device, training.num_workers),
+        evaluation=EvalSets(val_set, test_set),
+        key=fingerprint(settings.fingerprint_fields()),
+        record=settings.record(),
         resolved=resolved,
         started=started,
     )
