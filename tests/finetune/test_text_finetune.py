@@ -30,7 +30,6 @@ from vitplasticity.finetune.text_loss import (
 )
 from vitplasticity.finetune.text_run import (
     TextSource,
-    setup_text_run,
     train_text_run,
 )
 from vitplasticity.finetune.text_settings import TextFinetuneSettings
@@ -220,7 +219,7 @@ def test_a_lora_run_trains_the_adapters_of_every_attention_linear_and_the_head(
 ) -> None:
     settings = FinetuneSettings(_run("lora"), _training(spec, steps=3, val_every=3))
     source = TextSource(TextFinetuneSettings(sequence_length=LENGTH), _pattern(tmp_path))
-    context = setup_text_run(settings, source, torch.device("cpu"), tmp_path / "run")
+    context = source.setup(settings, torch.device("cpu"), tmp_path / "run")
     model = context.run_model.model
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     train_steps(context, ResumableState.resume(context))

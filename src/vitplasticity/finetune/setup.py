@@ -128,29 +128,61 @@ class ImageSource:
     dataset_dir: Path
 
     def check(self, training: TrainingSettings) -> torch.device:
-        """See :func:`checked_device`."""
-        return checked_device(training, self.dataset_dir)
+        """The device of the runs, after checking the dataset folder and the device.
+
+        Raises:
+            FileNotFoundError: when ``dataset_dir`` is not a prepared dataset.
+            ValueError: for a GPU device asked for where none is visible.
+        """
+        if not self.dataset_dir.is_dir():
+            raise FileNotFoundError(
+                f"--dataset-dir: prepared dataset {self.dataset_dir} does not exist"
+            )
+        store.read_meta(self.dataset_dir)  # names the folder when it is not a prepared dataset
+        return usable_device(training)
 
     def key(self, settings: FinetuneSettings) -> str:
         return fingerprint(settings.fingerprint_fields())
 
     def setup(self, settings: FinetuneSettings, device: torch.device, out_dir: Path) -> RunContext:
-        """See :func:`setup_run`."""
-        return setup_run(settings, device, self.dataset_dir, out_dir)
+        """Build the run's model, optimizer and data on ``device`` (settings, dataset and
+        device checked already: :func:`vitplasticity.finetune.identity.check_runs`,
+        :meth:`check`).
 
-
-def checked_device(training: TrainingSettings, dataset_dir: str | Path) -> torch.device:
-    """The device of the runs, after checking the dataset folder and the device.
-
-    Raises:
-        FileNotFoundError: when ``dataset_dir`` is not a prepared dataset.
-        ValueError: for a GPU device asked for where none is visible.
-    """
-    dataset_dir = Path(dataset_dir)
-    if not dataset_dir.is_dir():
-        raise FileNotFoundError(f"--dataset-dir: prepared dataset {dataset_dir} does not exist")
-    store.read_meta(dataset_dir)  # names the folder when it is not a prepared dataset
-    return usable_device(training)
+        Raises:
+            UnsupportedModel: for a model its architecture refuses to finetune
+                (:func:`vitplasticity.finetune.model.build_run_model`).
+        """
+        training, started = settings.training, time.perf_counter()
+        seed = settings.run.seed
+        splits = loader.load_finetune_splits(self.dataset_dir, seed, training.val_fraction)
+        run_model = build_run_model(settings, splits.num_classes, device)
+        optimizer = build_optimizer(run_model.trainable, settings)
+        pre = run_model.preprocessing
+        bank = loader.ImageBank(splits.train.images)
+        on_device = augment_on_device(training, device)
+        batch_class = loader.DeviceTrainBatches if on_device else loader.TrainBatches
+        batches = batch_class(bank, splits.train.labels, pre, training.batch_size, seed)
+        if training.compile:
+            # The compiled module shares the parameters: optimizer and checkpoints unchanged.
+            run_model = dataclasses.replace(run_model, model=torch.compile(run_model.model))
+        val_set, test_set = loader.eval_set(splits.val, pre), loader.eval_set(splits.test, pre)
+        resolved = _resolved(device, splits, len(test_set), bank.decoded, on_device, pre)
+        log.info("run %s: %s", out_dir, resolved)
+        return RunContext(
+            settings=settings,
+            out_dir=out_dir,
+            device=device,
+            run_model=run_model,
+            optimizer=optimizer,
+            task=CLASSIFICATION,
+            inputs=ImageInputs(batches, on_device, device, training.num_workers),
+            evaluation=EvalSets(val_set, test_set),
+            key=self.key(settings),
+            record=settings.record(),
+            resolved=resolved,
+            started=started,
+        )
 
 
 def usable_device(training: TrainingSettings) -> torch.device:
@@ -163,53 +195,6 @@ def usable_device(training: TrainingSettings) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device (finetune.device): {training.device!r} but no GPU is visible")
     return device
-
-
-def setup_run(
-    settings: FinetuneSettings,
-    device: torch.device,
-    dataset_dir: str | Path,
-    out_dir: str | Path,
-) -> RunContext:
-    """Build the run's model, optimizer and data on ``device`` (settings, dataset and device
-    checked already: :func:`vitplasticity.finetune.identity.check_runs`,
-    :func:`checked_device`).
-
-    Raises:
-        UnsupportedModel: for a model its architecture refuses to finetune
-            (:func:`vitplasticity.finetune.model.build_run_model`).
-    """
-    dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
-    training = settings.training
-    started = time.perf_counter()
-    splits = loader.load_finetune_splits(dataset_dir, settings.run.seed, training.val_fraction)
-    run_model = build_run_model(settings, splits.num_classes, device)
-    optimizer = build_optimizer(run_model.trainable, settings)
-    pre = run_model.preprocessing
-    bank = loader.ImageBank(splits.train.images)
-    on_device = augment_on_device(training, device)
-    batch_class = loader.DeviceTrainBatches if on_device else loader.TrainBatches
-    batches = batch_class(bank, splits.train.labels, pre, training.batch_size, settings.run.seed)
-    if training.compile:
-        # The compiled module shares the parameters: optimizer and checkpoints are unchanged.
-        run_model = dataclasses.replace(run_model, model=torch.compile(run_model.model))
-    val_set, test_set = loader.eval_set(splits.val, pre), loader.eval_set(splits.test, pre)
-    resolved = _resolved(device, splits, len(test_set), bank.decoded, on_device, pre)
-    log.info("run %s: %s", out_dir, resolved)
-    return RunContext(
-        settings=settings,
-        out_dir=out_dir,
-        device=device,
-        run_model=run_model,
-        optimizer=optimizer,
-        task=CLASSIFICATION,
-        inputs=ImageInputs(batches, on_device, device, training.num_workers),
-        evaluation=EvalSets(val_set, test_set),
-        key=fingerprint(settings.fingerprint_fields()),
-        record=settings.record(),
-        resolved=resolved,
-        started=started,
-    )
 
 
 def _resolved(

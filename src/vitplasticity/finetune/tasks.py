@@ -45,7 +45,6 @@ EVAL_BATCH_FACTOR = 4
 class Task:
     """What differs between what runs learn; one subclass per task, no state but settings."""
 
-    name: ClassVar[str]  # the summary's ``task`` field (text runs)
     metric_columns: ClassVar[dict[str, pl.DataType]]  # the validation columns of metrics.parquet
     selection: ClassVar[str]  # the validation metric that selects the run's result
     higher_is_better: ClassVar[bool]
@@ -82,7 +81,6 @@ class Task:
 class Classification(Task):
     """Image classification: cross-entropy of the logits; select on validation accuracy."""
 
-    name = "classification"
     metric_columns: ClassVar[dict[str, pl.DataType]] = {
         "val_loss": pl.Float64(),
         "val_accuracy": pl.Float64(),
@@ -141,6 +139,8 @@ def evaluate(
 
 class _LanguageModelling(Task):
     """What the text tasks share: validation loss and perplexity, the lowest loss wins."""
+
+    name: ClassVar[str]  # the summary's ``task`` field: causal or masked
 
     metric_columns: ClassVar[dict[str, pl.DataType]] = {
         "val_loss": pl.Float64(),

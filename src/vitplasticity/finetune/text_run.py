@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -202,75 +203,81 @@ class TextSource:
         return fingerprint({**settings.fingerprint_fields(), **dataclasses.asdict(self.text)})
 
     def setup(self, settings: FinetuneSettings, device: torch.device, out_dir: Path) -> RunContext:
-        """See :func:`setup_text_run`."""
-        return setup_text_run(settings, self, device, out_dir)
+        """Build the run's LM (seeded by the run seed), adapt and freeze it for its
+        configuration, read and split the text, and make the optimizer.
 
-
-def setup_text_run(
-    settings: FinetuneSettings, source: TextSource, device: torch.device, out_dir: Path
-) -> RunContext:
-    """Build the run's LM (seeded by the run seed), freeze it but for its configuration, read
-    and split the text, and make the optimizer.
-
-    Raises:
-        UnsupportedModel: as :func:`build_text_lm`, or for LoRA where the model's
-            architecture refuses it (:func:`~vitplasticity.finetune.model.adapted_run_model`).
-        ValueError: for a sequence longer than the model's positions, or a text too short.
-    """
-    from vitplasticity.data.text import load_tokenizer, read_sequences, split_sequences
-    from vitplasticity.models.text import max_positions, text_model_spec, tokenizer_name
-
-    started = time.perf_counter()
-    run, training, text = settings.run, settings.training, source.text
-    torch.manual_seed(run.seed)
-    lm, kind = build_text_lm(run.model, training.model_spec)
-    limit = max_positions(lm.config)
-    if limit is not None and text.sequence_length > limit:
-        raise ValueError(
-            f"--sequence-length {text.sequence_length} exceeds the {limit} positions of model "
-            f"{run.model!r}"
+        Raises:
+            UnsupportedModel: as :func:`build_text_lm`, or for LoRA where the model's
+                architecture refuses it (:func:`~vitplasticity.finetune.model.adapted_run_model`).
+            ValueError: for a sequence longer than the model's positions, or a text too short.
+        """
+        started = time.perf_counter()
+        run, training, text = settings.run, settings.training, self.text
+        torch.manual_seed(run.seed)
+        lm, kind = build_text_lm(run.model, training.model_spec)
+        tokenizer, train_part, val_part = self._sequences(lm, settings)
+        val, val_mask, task = torch.from_numpy(val_part), None, CausalLM()
+        mask_id = mask_token_id(tokenizer, lm.config.vocab_size) if kind == MASKED else None
+        if mask_id is not None:
+            generator = torch.Generator().manual_seed(VAL_MASK_SEED)
+            val_mask = masked_positions(val.shape, text.mask_probability, generator)
+            task = MaskedLM(mask_id)
+        sample = torch.zeros(1, text.sequence_length, dtype=torch.int64)  # (1, L) token ids
+        run_model = adapted_run_model(lm, settings, sample, device)
+        resolved = {
+            "device": str(device),
+            "torch_threads": torch.get_num_threads(),
+            "task": kind,
+            "lm_class": type(lm).__name__,
+            "tokenizer": tokenizer,
+            "mask_token_id": mask_id,
+            "split_sizes": {"train": len(train_part), "val": len(val_part)},
+            "split_rule": "sequence i is val when floor((i+1)f) > floor(if), f = val_fraction",
+            "model_selection": "lowest validation loss (earliest)",
+        }
+        log.info("run %s: %s", out_dir, resolved)
+        probability = text.mask_probability if mask_id is not None else None
+        train = torch.from_numpy(train_part)
+        return RunContext(
+            settings=settings,
+            out_dir=out_dir,
+            device=device,
+            run_model=run_model,
+            optimizer=build_optimizer(run_model.trainable, settings),
+            task=task,
+            inputs=TextInputs(train, training.batch_size, run.seed, probability),
+            evaluation=TextValidation(val, val_mask),
+            key=self.key(settings),
+            record={**settings.record(), **dataclasses.asdict(text)},
+            resolved=resolved,
+            started=started,
         )
-    tokenizer = tokenizer_name(text.tokenizer, text_model_spec(run.model, training.model_spec))
-    vocab_size = lm.config.vocab_size
-    sequences = read_sequences(
-        source.path, load_tokenizer(tokenizer, vocab_size), text.sequence_length
-    )
-    train_part, val_part = split_sequences(sequences, training.val_fraction)
-    val, val_mask, task = torch.from_numpy(val_part), None, CausalLM()
-    mask_id = mask_token_id(tokenizer, vocab_size) if kind == MASKED else None
-    if mask_id is not None:
-        generator = torch.Generator().manual_seed(VAL_MASK_SEED)
-        val_mask = masked_positions(val.shape, text.mask_probability, generator)
-        task = MaskedLM(mask_id)
-    sample = torch.zeros(1, text.sequence_length, dtype=torch.int64)  # (1, L) token ids
-    run_model = adapted_run_model(lm, settings, sample, device)
-    resolved = {
-        "device": str(device),
-        "torch_threads": torch.get_num_threads(),
-        "task": kind,
-        "lm_class": type(lm).__name__,
-        "tokenizer": tokenizer,
-        "mask_token_id": mask_id,
-        "split_sizes": {"train": len(train_part), "val": len(val_part)},
-        "split_rule": "sequence i is val when floor((i+1)f) > floor(if), f = val_fraction",
-        "model_selection": "lowest validation loss (earliest)",
-    }
-    log.info("run %s: %s", out_dir, resolved)
-    probability = text.mask_probability if mask_id is not None else None
-    return RunContext(
-        settings=settings,
-        out_dir=out_dir,
-        device=device,
-        run_model=run_model,
-        optimizer=build_optimizer(run_model.trainable, settings),
-        task=task,
-        inputs=TextInputs(torch.from_numpy(train_part), training.batch_size, run.seed, probability),
-        evaluation=TextValidation(val, val_mask),
-        key=source.key(settings),
-        record={**settings.record(), **dataclasses.asdict(text)},
-        resolved=resolved,
-        started=started,
-    )
+
+    def _sequences(
+        self, lm: nn.Module, settings: FinetuneSettings
+    ) -> tuple[str, np.ndarray, np.ndarray]:
+        """(the tokenizer's name, the training and the validation sequences (N, L) of the
+        text, as numpy int64 arrays).
+
+        Raises:
+            ValueError: for a sequence longer than the model's positions, or a text too short.
+        """
+        from vitplasticity.data.text import load_tokenizer, read_sequences, split_sequences
+        from vitplasticity.models.text import max_positions, text_model_spec, tokenizer_name
+
+        run, training, length = settings.run, settings.training, self.text.sequence_length
+        limit = max_positions(lm.config)
+        if limit is not None and length > limit:
+            raise ValueError(
+                f"--sequence-length {length} exceeds the {limit} positions of model {run.model!r}"
+            )
+        spec = text_model_spec(run.model, training.model_spec)
+        tokenizer = tokenizer_name(self.text.tokenizer, spec)
+        loaded = load_tokenizer(tokenizer, lm.config.vocab_size)
+        train, val = split_sequences(
+            read_sequences(self.path, loaded, length), training.val_fraction
+        )
+        return tokenizer, train, val
 
 
 def train_text_run(
