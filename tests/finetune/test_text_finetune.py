@@ -21,17 +21,13 @@ from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.finetune.text_loss import (
+from vitplasticity.finetune.tasks import (
     masked_inputs,
     masked_lm_loss,
-    masked_positions,
     next_token_loss,
     perplexity,
 )
-from vitplasticity.finetune.text_run import (
-    TextSource,
-    train_text_run,
-)
+from vitplasticity.finetune.text_run import TextSource, masked_positions, train_text_run
 from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.models.architectures import UnsupportedModel
 

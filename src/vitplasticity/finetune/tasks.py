@@ -6,8 +6,9 @@ metric that selects the run's result and the summary's result fields. The traini
   accuracy, test accuracy; the result is the test accuracy at the highest validation
   accuracy (the earliest on ties).
 - :class:`CausalLM` (a decoder): the next-token loss; :class:`MaskedLM` (an encoder): the
-  masked-token loss on fixed validation masks. Both: validation loss and perplexity; the
-  result is the lowest validation loss (the earliest on ties). Text has no test split.
+  masked-token loss on fixed validation masks. Both are means over the predicted tokens;
+  validation loss and perplexity (``exp`` of the mean token loss); the result is the lowest
+  validation loss (the earliest on ties). Text has no test split.
 
 A batch is a tuple of tensors whose first dimension is the batch (images and labels; token
 ids, and an encoder's masked positions); the loop cuts it into micro-batches.
@@ -15,6 +16,7 @@ ids, and an encoder's masked positions); the loop cuts it into micro-batches.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -26,14 +28,6 @@ from vitplasticity.data.transforms import normalize
 from vitplasticity.finetune.model import RunModel
 from vitplasticity.finetune.precision import autocast
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.finetune.text_loss import (
-    CAUSAL,
-    MASKED,
-    masked_inputs,
-    masked_lm_loss,
-    next_token_loss,
-    perplexity,
-)
 
 Batch = tuple[torch.Tensor, ...]
 """The tensors of a batch, each (B, ...): cut into micro-batches along the first dimension."""
@@ -135,6 +129,50 @@ def evaluate(
             correct += int((logits.argmax(dim=1) == labels).sum())
     model.train()
     return loss_sum / len(data), correct / len(data)
+
+
+CAUSAL = "causal"
+"""The task of a decoder: predict token t + 1 from the tokens up to t."""
+
+MASKED = "masked"
+"""The task of an encoder: predict the masked tokens from the whole sequence."""
+
+
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting ``ids[:, t + 1]`` from ``logits[:, t]``.
+
+    Args:
+        logits: (B, L, V) the LM's output on ``ids``.
+        ids: (B, L) the token ids.
+    """
+    predicted = logits[:, :-1].reshape(-1, logits.shape[-1]).float()  # (B (L - 1), V)
+    return functional.cross_entropy(predicted, ids[:, 1:].reshape(-1))
+
+
+def masked_inputs(ids: torch.Tensor, mask: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """``ids`` with every masked position replaced by ``mask_id`` (BERT's [MASK] token; the
+    80/10/10 replacement of its pre-training is not used: finetuning here measures how well a
+    configuration learns the text, and the masked tokens are the ones scored)."""
+    return torch.where(mask, torch.full_like(ids, mask_id), ids)
+
+
+def masked_lm_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the original ``ids`` at the ``mask`` positions.
+
+    Args:
+        logits: (B, L, V) the encoder's MLM output on the masked inputs.
+        ids: (B, L) the original token ids.
+        mask: (B, L) which positions were masked (at least one).
+    """
+    return functional.cross_entropy(logits[mask].float(), ids[mask])  # (masked, V) vs (masked,)
+
+
+def perplexity(mean_loss: float) -> float:
+    """``exp`` of a mean token cross-entropy (inf past float range)."""
+    try:
+        return math.exp(mean_loss)
+    except OverflowError:
+        return math.inf
 
 
 class _LanguageModelling(Task):

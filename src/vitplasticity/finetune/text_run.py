@@ -18,15 +18,12 @@ What this module adds:
   tokens (:func:`vitplasticity.data.text.read_sequences`), split by
   :func:`vitplasticity.data.text.split_sequences` (fixed, not seeded). Step s trains on
   positions s * B ... (s + 1) * B - 1 of a stream of permutations of the training
-  sequences, permutation e drawn from (seed, e), as the images' order
-  (:func:`vitplasticity.data.loader.batch_indices`): the batch of a step is known from the
-  step.
-- **Masks** (encoders): a fixed count of positions per sequence
-  (:func:`~vitplasticity.finetune.text_loss.masked_positions`), drawn from (seed, step) for
-  training and from a constant for validation, so every run is validated on the same masks.
-- **Task** (:mod:`vitplasticity.finetune.tasks`): :class:`CausalLM` or :class:`MaskedLM`;
-  validation loss (mean token cross-entropy) and perplexity; the run's result is the lowest
-  validation loss (the earliest on ties). There is no test split: the text has none.
+  sequences, permutation e drawn from (seed, e), as for images
+  (:func:`vitplasticity.data.loader.batch_indices`).
+- **Masks** (encoders): a fixed count of positions per sequence (:func:`masked_positions`),
+  drawn from (seed, step) for training and from a constant for validation, so every run is
+  validated on the same masks.
+- **Task**: :class:`CausalLM` or :class:`MaskedLM` (:mod:`vitplasticity.finetune.tasks`).
 
 The image loader's settings (``augment``, ``num_workers``) do not apply, and ``compile`` is
 refused (not implemented for text).
@@ -54,8 +51,7 @@ from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.finetune.setup import RunContext, usable_device
-from vitplasticity.finetune.tasks import Batch, CausalLM, MaskedLM
-from vitplasticity.finetune.text_loss import CAUSAL, MASKED, masked_positions
+from vitplasticity.finetune.tasks import CAUSAL, MASKED, Batch, CausalLM, MaskedLM
 from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.finetune.train import train_runs
 from vitplasticity.models.architectures import UnsupportedModel, architecture_for
@@ -124,6 +120,24 @@ def mask_token_id(tokenizer: str, vocab_size: int) -> int:
 
 
 # --- data -----------------------------------------------------------------------------------
+
+
+def masked_positions(
+    shape: torch.Size, probability: float, generator: torch.Generator
+) -> torch.Tensor:
+    """A boolean mask (B, L) with exactly ``max(1, round(probability * L))`` masked positions
+    per sequence, drawn from ``generator``.
+
+    A fixed count per sequence (not BERT's independent coin per token) keeps every batch's
+    loss defined: a sequence with no masked token would make it 0 / 0.
+    """
+    batch, length = shape
+    count = max(1, round(probability * length))
+    scores = torch.rand(batch, length, generator=generator)
+    chosen = scores.argsort(dim=1)[:, :count]  # (B, count)
+    mask = torch.zeros(batch, length, dtype=torch.bool)
+    mask[torch.arange(batch)[:, None], chosen] = True
+    return mask
 
 
 def train_mask(shape: torch.Size, probability: float, seed: int, step_index: int) -> torch.Tensor:
