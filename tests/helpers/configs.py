@@ -4,7 +4,6 @@ and `snakemake -n` on the repository's Snakefile."""
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import subprocess
 import sys
@@ -75,34 +74,3 @@ def dry_run(
     ]
     command += ["--directory", str(workdir), *options, "--configfile", *files]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-
-
-def checked(config: dict[str, Any]) -> None:
-    """The Snakefile's passes that can name a problem in one line: strict keys (names
-    included), then the cross-checks (timm models with kwargs built on the meta device)."""
-    from vitplasticity.workflow.config import check_keys
-    from vitplasticity.workflow.config_check import check_config
-
-    check_keys(config, _schema())
-    check_config(config, build_models=True)
-
-
-@functools.cache
-def _schema() -> dict[str, Any]:
-    from vitplasticity.workflow.config import load_schema
-
-    return load_schema(SCHEMA)
-
-
-def assert_refused_at_parse(config: dict[str, Any], words: Sequence[str]) -> None:
-    """:func:`checked` refuses ``config`` with a message holding every one of ``words``."""
-    from vitplasticity.workflow.config import ConfigError
-
-    try:
-        checked(config)
-    except ConfigError as error:
-        message = str(error)
-    else:
-        raise AssertionError("the config passed the parse-time checks")
-    for word in words:
-        assert word in message, f"{word!r} not in:\n{message}"

@@ -17,17 +17,19 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.configs import (
-    PAPER,
-    assert_refused_at_parse,
-    checked,
-    dry_run,
-    load_config,
-    merged,
-)
+from tests.helpers.configs import PAPER, SCHEMA, dry_run, load_config, merged
+from vitplasticity.workflow.config import ConfigError, check_keys, load_schema
+from vitplasticity.workflow.config_check import check_config
 
+SCHEMA_DICT = load_schema(SCHEMA)
 SWIN = {"family": "timm", "timm_id": "swin_tiny_patch4_window7_224", "weights": "random"}
 TINY_SWIN_KWARGS = {"embed_dim": 12, "depths": [2, 2], "num_heads": [2, 4], "window_size": 2}
+
+
+def checked(config: dict[str, Any]) -> None:
+    """The Snakefile's passes: strict keys (names included), then the cross-checks."""
+    check_keys(config, SCHEMA_DICT)
+    check_config(config, build_models=True)
 
 
 def random_text(model_type: str, **config: Any) -> dict[str, Any]:
@@ -260,7 +262,12 @@ CASES: list[tuple[str, Edit, list[str]]] = [
 def test_a_refusal_the_config_decides_is_named_at_parse(
     tmp_path: Path, edit: Edit, words: list[str]
 ) -> None:
-    assert_refused_at_parse(merged(load_config(PAPER), edit(tmp_path)), words)
+    config = merged(load_config(PAPER), edit(tmp_path))
+    with pytest.raises(ConfigError) as error:
+        checked(config)
+    message = str(error.value)
+    for word in words:
+        assert word in message, f"{word!r} not in:\n{message}"
 
 
 def test_what_the_config_does_not_decide_is_left_to_the_job(tmp_path: Path) -> None:
