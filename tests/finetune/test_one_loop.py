@@ -15,7 +15,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from tests.finetune.test_text_finetune import BERT_MLM, GPT2, LENGTH
+from tests.helpers.text_entries import BERT_MLM, GPT2, LENGTH
 from tests.helpers.tiny_finetune import settings_for
 from tests.helpers.tiny_vit import TINY_SPEC
 from vitplasticity.finetune import loop

@@ -12,7 +12,8 @@ import polars as pl
 import pytest
 import torch
 
-from tests.helpers.tiny_models import ENCODER_TINY_CONFIG, GPT2_TINY_CONFIG
+from tests.helpers.text_entries import BERT_MLM, GPT2, LENGTH
+from tests.helpers.tiny_models import ENCODER_TINY_CONFIG
 from vitplasticity.data.loader import batch_indices
 from vitplasticity.data.text import split_sequences
 from vitplasticity.finetune.identity import FinetuneSettings
@@ -31,19 +32,6 @@ from vitplasticity.finetune.text_run import TextSource, masked_positions, train_
 from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.models.architectures import UnsupportedModel
 
-GPT2 = {
-    "family": "transformers",
-    "hf_id": "tiny-gpt2",
-    "weights": "random",
-    "config": {"model_type": "gpt2", **GPT2_TINY_CONFIG},
-}
-BERT_MLM = {
-    "family": "transformers",
-    "hf_id": "tiny-bert",
-    "weights": "random",
-    "model_class": "BertForMaskedLM",
-    "config": {"model_type": "bert", **ENCODER_TINY_CONFIG},
-}
 DEBERTA_V2_MLM = {
     "family": "transformers",
     "hf_id": "tiny-deberta-v2",
@@ -56,7 +44,6 @@ DEBERTA_V2_MLM = {
         "pos_att_type": ["p2c", "c2p"],
     },
 }
-LENGTH = 12  # tokens per sequence (the tiny configs have 16 positions)
 ATTENTION_LINEARS = (  # BERT's attention linears, LoRA's targets
     "attention.self.query",
     "attention.self.key",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.helpers.tiny_models import ENCODER_TINY_CONFIG, GPT2_TINY_CONFIG
+
 
 def gpt2_entry(weights: str = "hub", hf_id: str = "gpt2", config: dict | None = None) -> dict:
     """A ``family: transformers`` entry whose model is a ``GPT2Model``: ``weights`` "hub",
@@ -19,3 +21,21 @@ def gpt2_entry(weights: str = "hub", hf_id: str = "gpt2", config: dict | None = 
         "config": settings,
         "model_class": "GPT2Model",
     }
+
+
+# The tiny language models text finetuning trains (a causal LM and a masked LM), and the
+# tokens per sequence their runs use (the tiny configs have 16 positions).
+GPT2 = {
+    "family": "transformers",
+    "hf_id": "tiny-gpt2",
+    "weights": "random",
+    "config": {"model_type": "gpt2", **GPT2_TINY_CONFIG},
+}
+BERT_MLM = {
+    "family": "transformers",
+    "hf_id": "tiny-bert",
+    "weights": "random",
+    "model_class": "BertForMaskedLM",
+    "config": {"model_type": "bert", **ENCODER_TINY_CONFIG},
+}
+LENGTH = 12  # tokens per sequence (the tiny configs have 16 positions)

@@ -7,7 +7,7 @@ import argparse
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -197,3 +197,23 @@ def write_bounds(args: argparse.Namespace, result: BoundsResult) -> None:
         stats.n_sequences,
         "".join(f"; no bound for {c}: {reason}" for c, reason in result.undefined.items()),
     )
+
+
+def check_out_prefix(prefix: str, suffixes: Iterable[str]) -> None:
+    """Raise unless every output ``prefix``<suffix> can be written (checked when the command
+    starts, not after the measurement).
+
+    Raises:
+        ValueError: for a prefix that names a folder (the outputs are files beside it).
+        WriteError: for an output that cannot be written, naming it and the reason.
+    """
+    from vitplasticity.utils.io import check_writable
+
+    path = Path(prefix)
+    if str(prefix).endswith("/") or path.name in ("", ".", "..") or path.is_dir():
+        raise ValueError(
+            f"--out-prefix {prefix}: a folder, but the outputs are files PREFIX.md, "
+            f"PREFIX.json, ...: give the folder and a name, e.g. {path / 'NAME'}"
+        )
+    for suffix in suffixes:
+        check_writable(f"{prefix}{suffix}", "--out-prefix")

@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import logging
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vitplasticity.commands import track_summary
+from vitplasticity.commands import check_out_prefix, track_summary
 from vitplasticity.plasticity.settings import DTYPES
 from vitplasticity.recommend.settings import (
     REFERENCE_FALLBACKS,
@@ -34,7 +33,6 @@ from vitplasticity.settings.declaration import (
     settings_from_args,
 )
 from vitplasticity.settings.tracking import add_tracking_arguments, tracking_from_args
-from vitplasticity.utils.io import check_writable
 
 if TYPE_CHECKING:
     from vitplasticity.recommend.pipeline import RecommendInputs, Result
@@ -213,24 +211,6 @@ def check_image_files(root: Path) -> None:
             f"({' '.join(sorted(IMAGE_SUFFIXES))}): {shown}; remove them, or give a folder of "
             "images only"
         )
-
-
-def check_out_prefix(prefix: str, suffixes: Iterable[str]) -> None:
-    """Raise unless every output ``prefix``<suffix> can be written (checked when the command
-    starts, not after the measurement).
-
-    Raises:
-        ValueError: for a prefix that names a folder (the outputs are files beside it).
-        WriteError: for an output that cannot be written, naming it and the reason.
-    """
-    path = Path(prefix)
-    if str(prefix).endswith("/") or path.name in ("", ".", "..") or path.is_dir():
-        raise ValueError(
-            f"--out-prefix {prefix}: a folder, but the outputs are files PREFIX.md, "
-            f"PREFIX.json, ...: give the folder and a name, e.g. {path / 'NAME'}"
-        )
-    for suffix in suffixes:
-        check_writable(f"{prefix}{suffix}", "--out-prefix")
 
 
 def run_recommend(args: argparse.Namespace) -> int:

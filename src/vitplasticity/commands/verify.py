@@ -7,7 +7,7 @@ import argparse
 import logging
 from fractions import Fraction
 
-from vitplasticity.commands.recommend import check_out_prefix
+from vitplasticity.commands import check_out_prefix
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.recommend.verify_plan import BASELINES, VERIFIED_FORMATS, VerifyPlan
 from vitplasticity.settings.declaration import add_settings_arguments, settings_from_args
