@@ -94,15 +94,18 @@ def test_a_cancelled_group_job_keeps_its_finished_runs(
         return running[0] if running else None
 
     deadline = time.monotonic() + 900
-    job = None
-    while job is None or not caught():  # cancelled the moment it is caught
+    job, finished_first, interrupted_runs = None, [], []
+    while job is None or not interrupted_runs:  # cancelled the moment it is caught
         assert proc.poll() is None, first_log.read_text()[-3000:]
         assert len(done()) <= 2, "the group ran past its third run before it was caught"
         assert time.monotonic() < deadline, "the group's third run wrote no checkpoint"
         job = job or group_job()
+        # What was caught is kept as it was seen: once cancelled, Snakemake deletes the
+        # group's outputs, so a second look may find no run done.
+        finished_first, interrupted_runs = done(), caught()
         time.sleep(0.05)
     subprocess.run(["scancel", job], check=True)
-    finished_first, (interrupted,) = done(), caught()
+    (interrupted,) = interrupted_runs
     assert proc.wait(timeout=300) != 0
     # Snakemake deleted the outputs of the whole group, the finished runs' too; their copies
     # stay, outside the outputs.
