@@ -9,6 +9,8 @@ and trains the rest; the results equal an uninterrupted run's."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -42,6 +44,34 @@ FOUR_RUNS = {
     },
 }
 CELL = "finetune/sgd/demo_vit/demo-stripes"
+
+
+def freeze_processes_of(run_folder: Path) -> list[int]:
+    """Stop (SIGSTOP) every process whose command line names `run_folder` (the run's finetune
+    process and its shell) and wait until each is stopped; their PIDs."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(run_folder).encode() in cmdline.read_bytes():
+                pid = int(cmdline.parent.name)
+                os.kill(pid, signal.SIGSTOP)
+                pids.append(pid)
+        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+            continue
+    deadline = time.monotonic() + 30
+    while any(process_state(pid) not in ("T", None) for pid in pids):
+        assert time.monotonic() < deadline, "a stopped process did not stop"
+        time.sleep(0.01)
+    return pids
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of /proc/<pid>/stat ("T" when stopped), None once the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
 
 
 def one_group_profile(folder: Path) -> Path:
@@ -94,18 +124,26 @@ def test_a_cancelled_group_job_keeps_its_finished_runs(
         return running[0] if running else None
 
     deadline = time.monotonic() + 900
-    job, finished_first, interrupted_runs = None, [], []
-    while job is None or not interrupted_runs:  # cancelled the moment it is caught
+    job, interrupted_runs = None, []
+    while job is None or not interrupted_runs:  # frozen the moment it is caught
         assert proc.poll() is None, first_log.read_text()[-3000:]
         assert len(done()) <= 2, "the group ran past its third run before it was caught"
         assert time.monotonic() < deadline, "the group's third run wrote no checkpoint"
         job = job or group_job()
-        # What was caught is kept as it was seen: once cancelled, Snakemake deletes the
-        # group's outputs, so a second look may find no run done.
-        finished_first, interrupted_runs = done(), caught()
+        interrupted_runs = caught() if job else []
         time.sleep(0.05)
-    subprocess.run(["scancel", job], check=True)
     (interrupted,) = interrupted_runs
+    # The run is stopped (SIGSTOP) before it is looked at and cancelled: scancel reaches it
+    # after a delay that a loaded machine stretches past the run's remaining steps (CI saw the
+    # caught run finish before its cancel). Stopped, it cannot finish; scancel's SIGCONT and
+    # SIGTERM then let it write its checkpoint and stop.
+    stopped = freeze_processes_of(folders[interrupted])
+    assert stopped, f"no process of {folders[interrupted]} to stop"
+    # What was caught is kept as it was seen: once cancelled, Snakemake deletes the group's
+    # outputs, so a second look finds no run done.
+    finished_first = done()
+    assert len(finished_first) == 2 and interrupted not in finished_first, finished_first
+    subprocess.run(["scancel", job], check=True)
     assert proc.wait(timeout=300) != 0
     # Snakemake deleted the outputs of the whole group, the finished runs' too; their copies
     # stay, outside the outputs.
