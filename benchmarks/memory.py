@@ -123,7 +123,7 @@ def measure_configuration(
     else:
         reset = _reset_peak_rss()
         before = _rss_bytes()
-    training_step(run_model, opt, images, labels, 0, settings, device)
+    training_step(run_model, opt, (images, labels), 0, settings, device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)

@@ -177,7 +177,7 @@ def bench_finetune(split: store.Split, spec: dict[str, Any], args, device) -> di
                 else:
                     images, labels = item
                 deferred_training_step(
-                    run_model, optimizer, images, labels, counter[precision], settings, device
+                    run_model, optimizer, (images, labels), counter[precision], settings, device
                 )
                 counter[precision] += 1
 

@@ -124,7 +124,9 @@ def test_frozen_parameters_get_no_gradient_and_no_state(
     opt = build_optimizer(run_model.trainable, settings)
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
     for step in range(2):
-        training_step(run_model, opt, images, torch.arange(4), step, settings, torch.device("cpu"))
+        training_step(
+            run_model, opt, (images, torch.arange(4)), step, settings, torch.device("cpu")
+        )
     trained = {id(p) for _, p in run_model.trainable}
     frozen = [p for p in run_model.model.parameters() if id(p) not in trained]
     assert frozen and all(p.grad is None and not p.requires_grad for p in frozen)

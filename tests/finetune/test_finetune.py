@@ -97,7 +97,7 @@ def test_frozen_parameters_stay_bit_identical(
     optimizer = build_optimizer(run_model.trainable, settings)
     for step in range(3):
         images, labels = first_batch(demo_dataset, settings, run_model.preprocessing, step)
-        training_step(run_model, optimizer, images, labels, step, settings, torch.device("cpu"))
+        training_step(run_model, optimizer, (images, labels), step, settings, torch.device("cpu"))
     trained = {name for name, _ in run_model.trainable}
     assert trained == parameter_map(run_model.model).trained_names(configuration)
     for name, parameter in run_model.model.named_parameters():
@@ -122,7 +122,7 @@ def test_step_loss_gradient_and_sgd_update(tiny_spec: TimmSpec, demo_dataset: Pa
         expected_loss = float(functional.cross_entropy(reference(inputs), labels))
     before = {n: p.detach().double().clone() for n, p in run_model.trainable}
     optimizer = build_optimizer(run_model.trainable, settings)
-    result = training_step(run_model, optimizer, images, labels, 0, settings, device, True)
+    result = training_step(run_model, optimizer, (images, labels), 0, settings, device, True)
     assert result.loss == pytest.approx(expected_loss, rel=1e-5)
     assert result.lr == pytest.approx(0.1)  # no warmup: the peak at step 0
     # Per-group norms (before clipping) add up to the total norm; every group is present.
@@ -151,7 +151,7 @@ def test_micro_batches_accumulate_the_batch_gradient(
         run_model = build_run_model(settings, 4, device)
         images, labels = first_batch(demo_dataset, settings, run_model.preprocessing)
         optimizer = build_optimizer(run_model.trainable, settings)
-        results.append(training_step(run_model, optimizer, images, labels, 0, settings, device))
+        results.append(training_step(run_model, optimizer, (images, labels), 0, settings, device))
         grads.append(torch.cat([p.grad.flatten() for _, p in run_model.trainable]))
     for result, grad in zip(results[1:], grads[1:], strict=True):
         assert result.loss == pytest.approx(results[0].loss, rel=1e-5)

@@ -110,7 +110,7 @@ def test_gradient_norm_groups_follow_the_components(demo_dataset: Path) -> None:
     run_model = build_run_model(settings, CLASSES, CPU)
     optimizer = build_optimizer(run_model.trainable, settings)
     images, labels = first_batch(demo_dataset, settings, run_model.preprocessing)
-    result = training_step(run_model, optimizer, images, labels, 0, settings, CPU, True)
+    result = training_step(run_model, optimizer, (images, labels), 0, settings, CPU, True)
     patterns = {
         "emb": r"cls_token|reg_token|patch_embed\..+",
         "ln1": r"blocks\.\d+\.norm1\..+",
@@ -166,7 +166,7 @@ def test_swin_components_and_patch_merging(demo_dataset: Path) -> None:
     run_model = build_run_model(settings, CLASSES, CPU)
     optimizer = build_optimizer(run_model.trainable, settings)
     images, labels = first_batch(demo_dataset, settings, run_model.preprocessing)
-    result = training_step(run_model, optimizer, images, labels, 0, settings, CPU, True)
+    result = training_step(run_model, optimizer, (images, labels), 0, settings, CPU, True)
     # Trained by full, logged in no column (GROUPS: the configurations' own groups).
     assert set(result.group_norms) == {"emb", "ln1", "mha", "ln2", "fc1", "fc2", "head"}
     assert all(norm > 0 for norm in result.group_norms.values())
@@ -226,7 +226,7 @@ def test_lora_reaches_qkv_despite_separate_biases(model_spec: TimmSpec, demo_dat
     run_model = build_run_model(settings, CLASSES, CPU)
     optimizer = build_optimizer(run_model.trainable, settings)
     images, labels = first_batch(demo_dataset, settings, run_model.preprocessing)
-    training_step(run_model, optimizer, images, labels, 0, settings, CPU)
+    training_step(run_model, optimizer, (images, labels), 0, settings, CPU)
     grads = dict(run_model.trainable)
     for block in range(2):
         gradient = grads[f"blocks.{block}.attn.qkv.lora_B.default.weight"].grad
@@ -248,7 +248,7 @@ def test_lora_step_reaches_every_adapter(demo_dataset: Path) -> None:
     run_model = build_run_model(settings, CLASSES, CPU)
     optimizer = build_optimizer(run_model.trainable, settings)
     images, labels = first_batch(demo_dataset, settings, run_model.preprocessing)
-    training_step(run_model, optimizer, images, labels, 0, settings, CPU)
+    training_step(run_model, optimizer, (images, labels), 0, settings, CPU)
     adapters = {name: parameter.grad for name, parameter in run_model.trainable if ".lora_" in name}
     assert sorted(adapters) == sorted(
         f"blocks.{block}.attn.{linear}.lora_{matrix}.default.weight"

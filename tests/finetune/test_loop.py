@@ -71,7 +71,7 @@ def test_deferred_read_back_changes_no_result(
 
 
 # What the loop calls per step: the step itself, the device crop, the joint read-back.
-STEP_FUNCTIONS = ("training_step", "deferred_training_step", "_first_nonfinite", "_step_images")
+STEP_FUNCTIONS = ("training_step", "deferred_training_step", "_first_nonfinite", "_step_batch")
 
 
 @contextlib.contextmanager

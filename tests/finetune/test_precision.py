@@ -61,7 +61,7 @@ def test_bf16_step_within_tolerance_of_fp32(tiny_spec: TimmSpec, demo_dataset: P
             run_model.preprocessing, settings.training.batch_size, settings.run.seed,
         )  # fmt: skip
         results = [
-            training_step(run_model, optimizer, *batches[s], s, settings, device) for s in range(3)
+            training_step(run_model, optimizer, batches[s], s, settings, device) for s in range(3)
         ]
         update = torch.cat([(p.detach() - initial[n]).flatten() for n, p in run_model.trainable])
         outcomes[precision] = (results, update)

@@ -1,11 +1,10 @@
 """Text finetuning (vitplasticity.finetune.text_run): the train/val split, the losses against
-computations written out here, the data order, resume, and the refusals before compute."""
+computations written out here, the data order, and the refusals before compute (resume, rungs
+and packs of text runs: tests/finetune/test_one_loop.py)."""
 
 from __future__ import annotations
 
 import math
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -15,21 +14,21 @@ import torch
 
 from tests.helpers.text_entries import BERT_MLM, GPT2, LENGTH
 from tests.helpers.tiny_models import ENCODER_TINY_CONFIG
+from vitplasticity.data.loader import batch_indices
 from vitplasticity.data.text import split_sequences
-from vitplasticity.finetune import text_run
 from vitplasticity.finetune.identity import FinetuneSettings
-from vitplasticity.finetune.loop import Preempted
+from vitplasticity.finetune.loop import train_steps
 from vitplasticity.finetune.model import build_run_model
+from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.finetune.text_loss import (
+from vitplasticity.finetune.tasks import (
     masked_inputs,
     masked_lm_loss,
-    masked_positions,
     next_token_loss,
     perplexity,
 )
-from vitplasticity.finetune.text_run import batch_indices, train_text_run
+from vitplasticity.finetune.text_run import TextSource, masked_positions, train_text_run
 from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.models.architectures import UnsupportedModel
 
@@ -45,6 +44,12 @@ DEBERTA_V2_MLM = {
         "pos_att_type": ["p2c", "c2p"],
     },
 }
+ATTENTION_LINEARS = (  # BERT's attention linears, LoRA's targets
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+)
 
 
 def _pattern(tmp_path: Path, lines: int = 40) -> Path:
@@ -171,35 +176,6 @@ def test_a_run_trains_its_configuration_and_selects_the_lowest_validation_loss(
     assert not (tmp_path / "run/checkpoint.pt").exists()
 
 
-def test_a_run_stopped_by_sigterm_resumes_to_the_same_numbers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SIGTERM after step 7 (between checkpoints): the run writes its checkpoint and stops;
-    the next process resumes it and ends with the uninterrupted run's rows."""
-    text = _pattern(tmp_path)
-    settings = (_run(), _training(BERT_MLM), TextFinetuneSettings(sequence_length=LENGTH), text)
-    whole = train_text_run(*settings, tmp_path / "whole")
-    step = text_run.training_step
-
-    def stopped_after_seven(context, step_index):  # the real step, then the signal
-        result = step(context, step_index)
-        if step_index == 6:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return result
-
-    monkeypatch.setattr(text_run, "training_step", stopped_after_seven)
-    with pytest.raises(Preempted, match="after step 7"):
-        train_text_run(*settings, tmp_path / "split")
-    assert (tmp_path / "split/checkpoint.pt").is_file()
-    monkeypatch.setattr(text_run, "training_step", step)
-    resumed = train_text_run(*settings, tmp_path / "split")
-    assert resumed["resumed"] is True
-    assert pl.read_parquet(tmp_path / "split/metrics.parquet").equals(
-        pl.read_parquet(tmp_path / "whole/metrics.parquet")
-    )
-    assert resumed["best_val_loss"] == whole["best_val_loss"]
-
-
 def test_an_encoder_without_its_masked_lm_head_is_refused_naming_the_class(tmp_path: Path) -> None:
     bare = {key: value for key, value in BERT_MLM.items() if key != "model_class"}
     with pytest.raises(UnsupportedModel, match=r"BertModel.*model_class: BertForMaskedLM"):
@@ -218,13 +194,34 @@ def test_an_image_model_is_refused_before_it_is_built(tmp_path: Path) -> None:
         )  # fmt: skip
 
 
-def test_lora_compile_and_a_sequence_beyond_the_positions_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("spec", "adapted"), [(GPT2, ("attn.c_attn", "attn.c_proj")), (BERT_MLM, ATTENTION_LINEARS)]
+)
+def test_a_lora_run_trains_the_adapters_of_every_attention_linear_and_the_head(
+    tmp_path: Path, spec: dict, adapted: tuple[str, ...]
+) -> None:
+    settings = FinetuneSettings(_run("lora"), _training(spec, steps=3, val_every=3))
+    source = TextSource(TextFinetuneSettings(sequence_length=LENGTH), _pattern(tmp_path))
+    context = source.setup(settings, torch.device("cpu"), tmp_path / "run")
+    model = context.run_model.model
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    train_steps(context, ResumableState.resume(context))
+    trained = {name for name, _ in context.run_model.trainable}
+    blocks = spec["config"].get("n_layer", spec["config"].get("num_hidden_layers"))
+    prefix = "transformer.h" if spec is GPT2 else "bert.encoder.layer"
+    adapters = {
+        f"{prefix}.{block}.{linear}.lora_{side}.default.weight"
+        for block in range(blocks)
+        for linear in adapted
+        for side in "AB"
+    }
+    assert {n for n in trained if ".lora_" in n} == adapters
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == trained  # every adapter learned (B starts at zero); nothing else moved
+
+
+def test_compile_and_a_sequence_beyond_the_positions_are_refused(tmp_path: Path) -> None:
     text = _pattern(tmp_path)
-    with pytest.raises(UnsupportedModel, match="LoRA is not offered for text"):
-        train_text_run(
-            _run("lora"), _training(GPT2), TextFinetuneSettings(sequence_length=LENGTH), text,
-            tmp_path / "lora",
-        )  # fmt: skip
     with pytest.raises(ValueError, match=r"^--compile \(finetune.compile\): not implemented"):
         train_text_run(
             _run(), _training(GPT2, compile=True), TextFinetuneSettings(sequence_length=LENGTH),

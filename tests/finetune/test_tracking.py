@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from tests.helpers.tiny_finetune import settings_for
 from tests.helpers.tiny_models import GPT2_TINY_CONFIG
 from tests.helpers.wandb_records import offline_runs, read_offline_run
-from vitplasticity.finetune import text_run
+from vitplasticity.finetune import loop, text_run
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.loop import Preempted
 from vitplasticity.finetune.settings import TrainingSettings
@@ -198,18 +198,18 @@ def test_a_preempted_text_run_resumes_its_mlflow_run_with_each_step_once(
         text,
         tmp_path / "run",
     )
-    step = text_run.training_step
+    step_batch, taken = loop._step_batch, []
 
-    def stopped_after_seven(context, step_index):  # the real step, then the signal
-        result = step(context, step_index)
-        if step_index == 6:
+    def stopped_at_seven(context, item):  # the signal as step 7's batch is taken
+        taken.append(item)
+        if len(taken) == 7:
             os.kill(os.getpid(), signal.SIGTERM)
-        return result
+        return step_batch(context, item)
 
-    monkeypatch.setattr(text_run, "training_step", stopped_after_seven)
-    with pytest.raises(Preempted):
+    monkeypatch.setattr(loop, "_step_batch", stopped_at_seven)
+    with pytest.raises(Preempted, match="after step 7"):
         text_run.train_text_run(*arguments, tracking_options=options)
-    monkeypatch.setattr(text_run, "training_step", step)
+    monkeypatch.setattr(loop, "_step_batch", step_batch)
     summary = text_run.train_text_run(*arguments, tracking_options=options)
     assert summary["resumed"] is True
 

@@ -418,7 +418,7 @@ def test_a_step_trains_exactly_the_configuration(
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     optimizer = build_optimizer(run_model.trainable, settings)
     batch, labels = first_batch(demo_dataset, settings, run_model.preprocessing)
-    result = training_step(run_model, optimizer, batch, labels, 1, settings, CPU, True)
+    result = training_step(run_model, optimizer, (batch, labels), 1, settings, CPU, True)
     assert result.finite and result.lr > 0
     assert set(result.group_norms) == {configuration, "head"}
     for name, parameter in model.named_parameters():
@@ -440,7 +440,7 @@ def test_lora_adapts_the_transformers_attention(demo_dataset: Path) -> None:
     run_model = build_run_model(settings, CLASSES, CPU)
     optimizer = build_optimizer(run_model.trainable, settings)
     batch, labels = first_batch(demo_dataset, settings, run_model.preprocessing)
-    training_step(run_model, optimizer, batch, labels, 0, settings, CPU)
+    training_step(run_model, optimizer, (batch, labels), 0, settings, CPU)
     trained = dict(run_model.trainable)
     adapters = sorted(
         f"dinov2.encoder.layer.{block}.attention.{p}_proj.lora_{m}.default.weight"

@@ -117,12 +117,8 @@ def _text_lm(model: nn.Module) -> tuple[nn.Module, Callable[[nn.Module, torch.Te
         MODEL_FOR_MASKED_LM_MAPPING,
     )
 
-    from vitplasticity.finetune.text_loss import (
-        masked_inputs,
-        masked_lm_loss,
-        masked_positions,
-        next_token_loss,
-    )
+    from vitplasticity.finetune.tasks import masked_inputs, masked_lm_loss, next_token_loss
+    from vitplasticity.finetune.text_run import masked_positions
     from vitplasticity.models.text import causal_lm
 
     if architecture_for(model).text_task == "masked":

@@ -66,7 +66,9 @@ def run_finetune_text(args: argparse.Namespace) -> int:
         raise ValueError(f"--out-dir {args.out_dir}: a file, not a folder; give a folder")
     check_writable(args.out_dir, "--out-dir", folder=True)
     try:
-        train_text_run(run, training, text, args.text, args.out_dir, tracking_options)
+        train_text_run(
+            run, training, text, args.text, args.out_dir, tracking_options=tracking_options
+        )
     except Preempted as stop:
         log.warning("%s; rerun to resume", stop)
         return PREEMPTED_EXIT

@@ -19,10 +19,12 @@ to an uninterrupted run; the checkpoint is deleted when the run completes. A run
 or gradient norm becomes non-finite stops and is recorded as diverged.
 
 :func:`vitplasticity.finetune.train.train_runs` takes the runs of one job (each a
-:class:`vitplasticity.finetune.run.Run` and its output folder) and the
-:class:`~vitplasticity.finetune.settings.TrainingSettings` they share, checks them all once
+:class:`vitplasticity.finetune.run.Run` and its output folder), the
+:class:`~vitplasticity.finetune.settings.TrainingSettings` they share and their source (an
+image dataset, or a text file: :mod:`~vitplasticity.finetune.text_run`), checks them all once
 (:mod:`~vitplasticity.finetune.identity`), then takes each run through four pieces, one module
-each: :mod:`~vitplasticity.finetune.setup` (model, optimizer, data),
+each, whatever its task (:mod:`~vitplasticity.finetune.tasks`):
+:mod:`~vitplasticity.finetune.setup` (model, optimizer, task, data),
 :mod:`~vitplasticity.finetune.resumable` (resume), :mod:`~vitplasticity.finetune.loop`
 (the steps of :mod:`~vitplasticity.finetune.step`) and :mod:`~vitplasticity.finetune.outputs`
 (summary and files). :func:`~vitplasticity.finetune.train.train` is one run of it.

@@ -1,5 +1,6 @@
-"""The steps of a run: train, log, validate (model selection on validation accuracy), and
-checkpoint every ``checkpoint_every`` steps and on SIGTERM.
+"""The steps of a run, whatever its task (:mod:`vitplasticity.finetune.tasks`): train, log,
+validate (model selection on the task's metric), and checkpoint every ``checkpoint_every``
+steps and on SIGTERM.
 
 Host synchronisation: a step that logs, validates, checkpoints or ends the run reads its loss
 and gradient norm back (:func:`training_step`); every other step leaves them on the device
@@ -23,14 +24,12 @@ from typing import Any
 
 import torch
 
-from vitplasticity.data import loader
 from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.setup import RunContext
 from vitplasticity.finetune.step import (
     PendingStep,
     StepResult,
     deferred_training_step,
-    evaluate,
     training_step,
 )
 
@@ -72,24 +71,13 @@ def train_row(step: int, result: StepResult) -> dict[str, Any]:
 
 
 def evaluation_point(context: RunContext, step: int, lr: float) -> dict[str, Any]:
-    """The metrics row of a validation point: loss and accuracy on val, accuracy on test."""
-    model, pre = context.run_model.model, context.run_model.preprocessing
-    architecture = context.run_model.architecture
-    val_loss, val_accuracy = evaluate(
-        model, architecture, context.val_set, pre, context.device, context.settings.training
+    """The metrics row of a validation point: the task's metrics on the run's evaluation
+    data (for images: loss and accuracy on val, accuracy on test)."""
+    row = context.task.evaluation_row(
+        context.run_model, context.evaluation, context.device, context.settings.training
     )
-    _, test_accuracy = evaluate(
-        model, architecture, context.test_set, pre, context.device, context.settings.training
-    )
-    log.info("step %d val %.4f test %.4f", step, val_accuracy, test_accuracy)
-    return {
-        "step": step,
-        "kind": "val",
-        "lr": lr,
-        "val_loss": val_loss,
-        "val_accuracy": val_accuracy,
-        "test_accuracy": test_accuracy,
-    }
+    log.info("step %d %s", step, " ".join(f"{name} {value:.4g}" for name, value in row.items()))
+    return {"step": step, "kind": "val", "lr": lr, **row}
 
 
 @dataclass(frozen=True)
@@ -101,15 +89,10 @@ class TrainingOutcome:
     train_seconds: float  # time spent in this process's steps (data included)
 
 
-def _step_images(context: RunContext, item: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """The uint8 images and labels of one batch from the loader (cropped on the device when
-    the run augments there)."""
-    if not context.on_device:
-        return item
-    canvas, sizes, boxes, flips, labels = item
-    canvas = canvas.to(context.device, non_blocking=True)
-    input_size = context.run_model.preprocessing.input_size
-    return loader.augment_on_device(canvas, sizes, boxes, flips, input_size), labels
+def _step_batch(context: RunContext, item: Any) -> tuple[torch.Tensor, ...]:
+    """The batch of one step from its item (for images, cropped on the device when the run
+    augments there)."""
+    return context.inputs.batch(item)
 
 
 def _synchronous(
@@ -129,8 +112,8 @@ def _synchronous(
     )
 
 
-def _record_step(state: ResumableState, step: int, result: StepResult) -> None:
-    state.record(train_row(step, result))
+def _record_step(context: RunContext, state: ResumableState, step: int, result: StepResult) -> None:
+    state.record(train_row(step, result), context.task)
     log.info("step %d loss %.4f grad %.4f lr %.3g", step, result.loss, result.grad_norm, result.lr)
     if not result.finite:
         log.warning("step %d: non-finite loss or gradient; the run diverged", step)
@@ -164,20 +147,14 @@ def train_steps(
     pending: list[tuple[int, PendingStep]] = []
     end = training.steps if stop_at is None else min(stop_at, training.steps)
     with sigterm_flag() as sigterm:
-        stream = loader.train_batches(
-            context.batches,
-            state.start_step,
-            end,
-            training.num_workers,
-            device.type == "cuda",
-        )
+        stream = context.inputs.items(state.start_step, end)
         for step_index, item in enumerate(stream, start=state.start_step):
             tick = time.perf_counter()
-            images, labels = _step_images(context, item)
+            batch = _step_batch(context, item)
             step = step_index + 1
-            arguments = (context.run_model, context.optimizer, images, labels, step_index)
+            arguments = (context.run_model, context.optimizer, batch, step_index, settings, device)
             if not _synchronous(training, step, end, len(pending), sigterm):
-                pending.append((step, deferred_training_step(*arguments, settings, device)))
+                pending.append((step, deferred_training_step(*arguments, context.task)))
                 train_seconds += time.perf_counter() - tick
                 continue
             failed = _first_nonfinite(pending)
@@ -185,15 +162,15 @@ def train_steps(
             if failed is not None:  # an earlier step diverged: the run stops there
                 train_seconds += time.perf_counter() - tick
                 step = failed[0]
-                _record_step(state, *failed)
+                _record_step(context, state, *failed)
                 diverged = True
                 break
             logged = step == 1 or step % training.log_every == 0 or step == training.steps
-            result = training_step(*arguments, settings, device, logged)
+            result = training_step(*arguments, logged, context.task)
             train_seconds += time.perf_counter() - tick
             diverged = not result.finite
             if logged or diverged:
-                _record_step(state, step, result)
+                _record_step(context, state, step, result)
             if diverged:
                 break
             _after_step(context, state, step, result.lr, sigterm)
@@ -210,7 +187,7 @@ def _after_step(
     """
     training = context.settings.training
     if step % training.val_every == 0 or step == training.steps:
-        state.record(evaluation_point(context, step, lr))
+        state.record(evaluation_point(context, step, lr), context.task)
     if step < training.steps and sigterm.is_set():
         state.save(context, step)
         raise Preempted(f"SIGTERM after step {step}: checkpoint {context.checkpoint_path} written")

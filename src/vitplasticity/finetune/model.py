@@ -39,7 +39,7 @@ class RunModel:
 
     model: nn.Module
     trainable: list[tuple[str, nn.Parameter]]
-    preprocessing: Preprocessing
+    preprocessing: Preprocessing | None  # None for a text model
     parameters: ParameterMap
 
     @property
@@ -64,17 +64,44 @@ def build_run_model(settings: FinetuneSettings, num_classes: int, device: torch.
     spec = settings.training.spec
     torch.manual_seed(settings.run.seed)
     model = build_model(spec, num_classes=num_classes)
-    architecture = architecture_for(model)
-    lora = "lora" in parse_configuration(settings.run.configuration)
-    for stage in ("finetune", "lora") if lora else ("finetune",):
-        refusal = architecture.refusal(stage, model)
-        if refusal is not None:
-            raise UnsupportedModel(f"{stage} of {type(model).__name__}: {refusal}")
+    refusal = architecture_for(model).refusal("finetune", model)
+    if refusal is not None:
+        raise UnsupportedModel(f"finetune of {type(model).__name__}: {refusal}")
     pre = preprocessing(model, spec)
-    if lora:
+    sample = torch.zeros(1, 3, pre.input_size, pre.input_size)  # (1, 3, S, S)
+    return adapted_run_model(model, settings, sample, device, pre)
+
+
+def adapted_run_model(
+    model: nn.Module,
+    settings: FinetuneSettings,
+    sample: torch.Tensor,
+    device: torch.device,
+    pre: Preprocessing | None = None,
+) -> RunModel:
+    """``model`` (built seeded already) LoRA-adapted when its configuration asks for it,
+    frozen but for what its configuration trains, on ``device``.
+
+    Args:
+        model: an image model or a text LM.
+        settings: the run's settings.
+        sample: an input of the model's kind (zeros of one image, or of a few token ids):
+            LoRA's check that the forward pass goes through every adapter.
+        device: where the run trains.
+        pre: an image model's preprocessing (None for a text model).
+
+    Raises:
+        UnsupportedModel: for a model whose architecture refuses LoRA or whose forward pass
+            bypasses an adapter, or with a parameter its architecture cannot account for.
+    """
+    architecture = architecture_for(model)
+    if "lora" in parse_configuration(settings.run.configuration):
+        refusal = architecture.refusal("lora", model)
+        if refusal is not None:
+            raise UnsupportedModel(f"lora of {type(model).__name__}: {refusal}")
         # After the head, so the head's init is that of every other configuration.
         apply_lora(model, settings.training.lora_rank, settings.training.lora_alpha)
-        check_adapters_used(model, torch.zeros(1, 3, pre.input_size, pre.input_size))
+        check_adapters_used(model, sample)
     parameters = ParameterMap(architecture, model)
     trained = freeze(model, parameters, settings.run.configuration)
     model.to(device).train()

@@ -12,13 +12,13 @@ from typing import Any
 
 from vitplasticity.data import loader
 from vitplasticity.finetune.checkpoint import (
-    fingerprint,
     load_checkpoint,
     restore_run,
     rng_states,
     save_checkpoint,
 )
 from vitplasticity.finetune.setup import RunContext
+from vitplasticity.finetune.tasks import Task
 from vitplasticity.utils.tracking import NO_TRACKER, Tracker
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class ResumableState:
         """The state of a fresh run, or that of the checkpoint in the run's folder when one
         written with the same settings is there: its trained parameters, optimizer state and
         RNG states are restored into ``context``."""
-        state = cls(fingerprint(context.settings.fingerprint_fields()))
+        state = cls(context.key)
         # Loaded on the CPU: RNG states must stay CPU tensors; copy_ and the optimizer's
         # load_state_dict move the rest to the parameters' device.
         saved = load_checkpoint(context.checkpoint_path, state.key)
@@ -57,20 +57,14 @@ class ResumableState:
         )
         return state
 
-    def record(self, row: dict[str, Any]) -> None:
-        """Add a metrics row; a validation row with a higher accuracy than every earlier one
-        becomes the best (so ties keep the earliest); the row goes to the tracker too."""
+    def record(self, row: dict[str, Any], task: Task) -> None:
+        """Add a metrics row; a validation row better on the ``task``'s metric than every
+        earlier one becomes the best (so ties keep the earliest); the row goes to the tracker
+        too."""
         self.rows.append(row)
         self.tracker.log_row(row)
-        if row["kind"] == "val" and (
-            self.best is None or row["val_accuracy"] > self.best["val_accuracy"]
-        ):
-            self.best = {
-                "step": row["step"],
-                "val_accuracy": row["val_accuracy"],
-                "val_loss": row["val_loss"],
-                "test_accuracy": row["test_accuracy"],
-            }
+        if row["kind"] == "val" and task.better(row, self.best):
+            self.best = {name: row[name] for name in task.best_fields}
 
     def save(self, context: RunContext, step: int) -> None:
         """Write the checkpoint of the run after ``step`` steps (atomically)."""
@@ -86,7 +80,7 @@ class ResumableState:
                 "wall_seconds": self.wall_seconds(context),
                 "tracker_runs": {**self.tracker_runs, **self.tracker.run_ids()},
                 "data_position": loader.loader_position(
-                    step, context.settings.training.batch_size, context.train_size
+                    step, context.settings.training.batch_size, context.inputs.size
                 ),
             },
             self.key,

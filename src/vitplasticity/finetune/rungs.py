@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vitplasticity.finetune.tasks import Task
 from vitplasticity.utils.io import write_json
 
 
@@ -21,10 +22,11 @@ def rung_record_path(out_dir: str | Path, stop_at: int) -> Path:
 
 
 def rung_record(
-    rows: list[dict[str, Any]], stop_at: int, steps: int, status: str, final_step: int
+    rows: list[dict[str, Any]], stop_at: int, steps: int, status: str, final_step: int, task: Task
 ) -> dict[str, Any]:
     """The record of a run at the rung ending at ``stop_at``: its best validation point up
-    to that step (ties keep the earliest, as the run's own model selection does).
+    to that step on the ``task``'s metric (``best_val_accuracy`` for images, ``best_val_loss``
+    for text; ties keep the earliest, as the run's own model selection does).
 
     Args:
         rows: the run's metric rows so far (train and val).
@@ -32,12 +34,13 @@ def rung_record(
         steps: the run's full budget (its schedule's length).
         status: ``paused`` (checkpoint at the rung), ``completed`` or ``diverged``.
         final_step: the last step the run has taken.
+        task: what the run learns (its selection metric).
     """
     best: dict[str, Any] | None = None
     for row in rows:
         if row["kind"] != "val" or row["step"] > stop_at:
             continue
-        if best is None or row["val_accuracy"] > best["val_accuracy"]:
+        if task.better(row, best):
             best = row
     return {
         "rung_step": stop_at,
@@ -45,7 +48,7 @@ def rung_record(
         "status": status,
         "final_step": final_step,
         "best_step": best["step"] if best else None,
-        "best_val_accuracy": best["val_accuracy"] if best else None,
+        f"best_{task.selection}": best[task.selection] if best else None,
     }
 
 

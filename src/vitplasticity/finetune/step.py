@@ -1,5 +1,6 @@
-"""One optimizer update (gradients accumulated over micro-batches, clipped, applied at the
-scheduled learning rate) and one evaluation pass (loss and accuracy).
+"""One optimizer update: gradients of the task's loss accumulated over micro-batches,
+clipped, applied at the scheduled learning rate (:mod:`vitplasticity.finetune.tasks` says
+what the loss is).
 """
 
 from __future__ import annotations
@@ -8,44 +9,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as functional
-from torch import nn
 
-from vitplasticity.data import loader
-from vitplasticity.data.preprocessing import Preprocessing
-from vitplasticity.data.transforms import normalize
 from vitplasticity.finetune.gradients import group_grad_norms
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.model import RunModel
-from vitplasticity.finetune.precision import autocast
 from vitplasticity.finetune.schedule import warmup_cosine_lr
-from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.models.architectures import Architecture
-
-EVAL_BATCH_FACTOR = 4
-"""Eval batches hold this many micro-batches: without stored activations they fit."""
-
-
-def evaluate(
-    model: nn.Module,
-    architecture: Architecture,
-    data: loader.EvalSet,
-    pre: Preprocessing,
-    device: torch.device,
-    training: TrainingSettings,
-) -> tuple[float, float]:
-    """(mean cross-entropy, top-1 accuracy) of ``model`` on ``data``."""
-    model.eval()
-    loss_sum, correct = 0.0, 0
-    with torch.inference_mode(), autocast(device, training.precision):
-        for images, labels in data.batches(EVAL_BATCH_FACTOR * training.micro_batch_size):
-            images = normalize(images.to(device), pre)
-            logits = architecture.logits(model, images).float()  # (B, classes)
-            labels = labels.to(device)
-            loss_sum += float(functional.cross_entropy(logits, labels, reduction="sum"))
-            correct += int((logits.argmax(dim=1) == labels).sum())
-    model.train()
-    return loss_sum / len(data), correct / len(data)
+from vitplasticity.finetune.tasks import CLASSIFICATION, Batch, Task
 
 
 @dataclass(frozen=True)
@@ -87,31 +56,28 @@ class PendingStep:
 def _gradients(
     run_model: RunModel,
     optimizer: torch.optim.Optimizer,
-    images: torch.Tensor,
-    labels: torch.Tensor,
+    batch: Batch,
     settings: FinetuneSettings,
     device: torch.device,
     group_norms: bool,
+    task: Task,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The batch's accumulated gradients, clipped: (loss and norm before clipping as one
     (2,) fp32 tensor on the device, per-group norms when asked). Synchronises only for the
     group norms."""
-    model, pre = run_model.model, run_model.preprocessing
     training = settings.training
     parameters = [parameter for _, parameter in run_model.trainable]
     optimizer.zero_grad(set_to_none=True)
-    images = normalize(images.to(device, non_blocking=True), pre)  # (B, 3, S, S)
-    labels = labels.to(device, non_blocking=True)
+    batch = task.on_device(run_model, batch, device)
     total = torch.zeros((), device=device)
     for start in range(0, training.batch_size, training.micro_batch_size):
         chunk = slice(start, start + training.micro_batch_size)
-        with autocast(device, training.precision):
-            logits = run_model.architecture.logits(model, images[chunk]).float()  # (m, classes)
-        loss = functional.cross_entropy(logits, labels[chunk]) * (
+        micro = tuple(part[chunk] for part in batch)
+        loss = task.loss(run_model, micro, training) * (
             training.micro_batch_size / training.batch_size
         )
         loss.backward()
-        total += loss.detach()
+        total += loss.detach()  # on the device: no synchronisation per micro-batch
     norms = group_grad_norms(run_model.trainable, run_model.parameters) if group_norms else {}
     grad_norm = torch.nn.utils.clip_grad_norm_(parameters, training.clip_grad_norm)
     return torch.stack([total, grad_norm.to(total.dtype)]), norms
@@ -133,21 +99,21 @@ def _apply(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def training_step(
     run_model: RunModel,
     optimizer: torch.optim.Optimizer,
-    images: torch.Tensor,
-    labels: torch.Tensor,
+    batch: Batch,
     step_index: int,
     settings: FinetuneSettings,
     device: torch.device,
     group_norms: bool = False,
+    task: Task = CLASSIFICATION,
 ) -> StepResult:
-    """One optimizer update on one batch of uint8 images (B, 3, S, S).
+    """One optimizer update on one batch (for images: uint8 images (B, 3, S, S) and labels).
 
     Gradients are accumulated over micro-batches, each micro-batch's mean loss weighted by
     its share of the batch (so the gradient is that of the batch's mean loss), clipped to
     ``clip_grad_norm``, and applied at the scheduled learning rate. A non-finite loss or
     gradient skips the update. Reads the loss and norm back: one synchronisation.
     """
-    values, norms = _gradients(run_model, optimizer, images, labels, settings, device, group_norms)
+    values, norms = _gradients(run_model, optimizer, batch, settings, device, group_norms, task)
     lr = scheduled_lr(step_index, settings)
     # One device-to-host copy for both numbers (one synchronisation per step, not two).
     loss_value, norm_value = values.tolist()
@@ -160,11 +126,11 @@ def training_step(
 def deferred_training_step(
     run_model: RunModel,
     optimizer: torch.optim.Optimizer,
-    images: torch.Tensor,
-    labels: torch.Tensor,
+    batch: Batch,
     step_index: int,
     settings: FinetuneSettings,
     device: torch.device,
+    task: Task = CLASSIFICATION,
 ) -> PendingStep:
     """:func:`training_step`'s update without reading anything back (no synchronisation):
     the GPU queues the next steps while this one computes.
@@ -175,7 +141,7 @@ def deferred_training_step(
     evaluation, a checkpoint), and stop the run at the first non-finite step, as
     training_step's caller does; the weights after it are then never used.
     """
-    values, _ = _gradients(run_model, optimizer, images, labels, settings, device, False)
+    values, _ = _gradients(run_model, optimizer, batch, settings, device, False, task)
     lr = scheduled_lr(step_index, settings)
     _apply(optimizer, lr)
     return PendingStep(values, lr)

@@ -1,11 +1,11 @@
 """Single-component finetuning of a text model on the user's text file: a causal LM with the
 next-token loss, an encoder (BERT, RoBERTa, DeBERTa-v2) with the masked-LM loss.
 
-The run is the image run's (:mod:`vitplasticity.finetune.train`) with a language-modelling
-task in place of the classifier: the same run identity, settings checks, optimizer, warm-up
-and cosine schedule, gradient accumulation and clipping, checkpoints (every
-``checkpoint_every`` steps and on SIGTERM, resumed bit for bit on the CPU), folder lock and
-kept copy of a finished run. What differs:
+A text run is a run of the one training loop (:func:`vitplasticity.finetune.train.train_runs`
+with a :class:`TextSource`): the same run identity, settings checks, optimizer, warm-up and
+cosine schedule, gradient accumulation and clipping, deferred read-backs, checkpoints
+(resumed bit for bit on the CPU), rungs, packs, folder lock and kept copy of a finished run.
+What this module adds:
 
 - **Model**: the LM of the ``models:`` entry, its own LM head included
   (:func:`build_text_lm`): a decoder as its causal LM (a bare one inside its causal-LM class,
@@ -14,97 +14,58 @@ kept copy of a finished run. What differs:
   Configurations select parameters as for images (:class:`ParameterMap`): every
   configuration trains the head (an LM head tied to the token embedding adds no parameter
   of its own; BERT's MLM transform and output bias are its head) and the final norm.
-- **Data**: the text file cut into sequences of ``sequence_length`` tokens
-  (:func:`vitplasticity.data.text.read_sequences`), split by
+- **Data** (:class:`TextInputs`): the text file cut into sequences of ``sequence_length``
+  tokens (:func:`vitplasticity.data.text.read_sequences`), split by
   :func:`vitplasticity.data.text.split_sequences` (fixed, not seeded). Step s trains on
   positions s * B ... (s + 1) * B - 1 of a stream of permutations of the training
-  sequences, permutation e drawn from (seed, e): the batch of a step is known from the step.
-- **Masks** (encoders): a fixed count of positions per sequence
-  (:func:`~vitplasticity.finetune.text_loss.masked_positions`), drawn from (seed, step) for
-  training and from a constant for validation, so every run is validated on the same masks.
-- **Metric and model selection**: validation loss (mean token cross-entropy) and perplexity;
-  the run's result is the lowest validation loss (the earliest on ties). There is no test
-  split: the text has none.
+  sequences, permutation e drawn from (seed, e), as for images
+  (:func:`vitplasticity.data.loader.batch_indices`).
+- **Masks** (encoders): a fixed count of positions per sequence (:func:`masked_positions`),
+  drawn from (seed, step) for training and from a constant for validation, so every run is
+  validated on the same masks.
+- **Task**: :class:`CausalLM` or :class:`MaskedLM` (:mod:`vitplasticity.finetune.tasks`).
 
-Every step reads its loss back (no deferred steps as images have): a text run here is small.
-The image loader's settings (``augment``, ``num_workers``) and LoRA's do not apply (nor are they
-recorded in the summary's settings), and ``compile`` is
+The image loader's settings (``augment``, ``num_workers``) do not apply (nor are they recorded in
+the summary's settings), and ``compile`` is
 refused (not implemented for text).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import torch
 from torch import nn
 
-from vitplasticity.finetune import finished
-from vitplasticity.finetune.checkpoint import (
-    CHECKPOINT_NAME,
-    fingerprint,
-    load_checkpoint,
-    remove_checkpoint,
-    restore_run,
-    rng_states,
-    save_checkpoint,
-)
-from vitplasticity.finetune.identity import FinetuneSettings, check_runs, tracked_job
-from vitplasticity.finetune.loop import Preempted, sigterm_flag
-from vitplasticity.finetune.model import freeze
+from vitplasticity.data import loader
+from vitplasticity.finetune.checkpoint import fingerprint
+from vitplasticity.finetune.identity import FinetuneSettings
+from vitplasticity.finetune.model import adapted_run_model
 from vitplasticity.finetune.optim import build_optimizer
-from vitplasticity.finetune.precision import autocast
 from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.finetune.step import scheduled_lr
-from vitplasticity.finetune.text_loss import (
-    CAUSAL,
-    MASKED,
-    masked_inputs,
-    masked_lm_loss,
-    masked_positions,
-    next_token_loss,
-    perplexity,
-)
+from vitplasticity.finetune.setup import RunContext, usable_device
+from vitplasticity.finetune.tasks import CAUSAL, MASKED, Batch, CausalLM, MaskedLM
 from vitplasticity.finetune.text_settings import IMAGE_ONLY_TRAINING_FIELDS, TextFinetuneSettings
+from vitplasticity.finetune.train import train_runs
 from vitplasticity.models.architectures import (
-    ParameterMap,
     UnsupportedModel,
     architecture_for,
     parse_configuration,
 )
-from vitplasticity.models.build import pick_device
-from vitplasticity.provenance import provenance
-from vitplasticity.utils.folder_lock import hold_folder
-from vitplasticity.utils.io import remove_stale_temporaries, write_json, write_parquet
-from vitplasticity.utils.tracking import NO_TRACKER, Tracker, TrackingOptions, tracking
+from vitplasticity.utils.tracking import TrackingOptions
 
 log = logging.getLogger(__name__)
 
 VAL_MASK_SEED = 0
 """The seed of the validation masks: one constant, so every run scores the same tokens."""
-
-METRICS_SCHEMA: dict[str, pl.DataType] = {
-    "step": pl.Int64(),
-    "kind": pl.String(),
-    "lr": pl.Float64(),
-    "train_loss": pl.Float64(),
-    "grad_norm": pl.Float64(),
-    "val_loss": pl.Float64(),
-    "val_perplexity": pl.Float64(),
-}
-"""Columns of a text run's metrics.parquet: one row per logged train step and per validation
-point."""
-
 
 # --- model --------------------------------------------------------------------------------
 
@@ -167,22 +128,22 @@ def mask_token_id(tokenizer: str, vocab_size: int) -> int:
 # --- data -----------------------------------------------------------------------------------
 
 
-def batch_indices(step_index: int, batch_size: int, n_train: int, seed: int) -> np.ndarray:
-    """The training sequences of update ``step_index`` (0-based): positions
-    ``step_index * batch_size`` on of a stream of permutations of ``range(n_train)``,
-    permutation e drawn from ``(seed, e)``."""
-    positions = np.arange(step_index * batch_size, (step_index + 1) * batch_size)
-    epochs, offsets = positions // n_train, positions % n_train
-    return np.array(
-        [_permutation(seed, int(e), n_train)[o] for e, o in zip(epochs, offsets, strict=True)]
-    )
+def masked_positions(
+    shape: torch.Size, probability: float, generator: torch.Generator
+) -> torch.Tensor:
+    """A boolean mask (B, L) with exactly ``max(1, round(probability * L))`` masked positions
+    per sequence, drawn from ``generator``.
 
-
-@functools.lru_cache(maxsize=2)
-def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
-    """Permutation ``epoch`` of ``range(n)`` (kept: the steps of an epoch share it; two, for
-    the batch that spans two epochs)."""
-    return np.random.default_rng([seed, epoch]).permutation(n)
+    A fixed count per sequence (not BERT's independent coin per token) keeps every batch's
+    loss defined: a sequence with no masked token would make it 0 / 0.
+    """
+    batch, length = shape
+    count = max(1, round(probability * length))
+    scores = torch.rand(batch, length, generator=generator)
+    chosen = scores.argsort(dim=1)[:, :count]  # (B, count)
+    mask = torch.zeros(batch, length, dtype=torch.bool)
+    mask[torch.arange(batch)[:, None], chosen] = True
+    return mask
 
 
 def train_mask(shape: torch.Size, probability: float, seed: int, step_index: int) -> torch.Tensor:
@@ -191,315 +152,163 @@ def train_mask(shape: torch.Size, probability: float, seed: int, step_index: int
     return masked_positions(shape, probability, generator)
 
 
-# --- the run ------------------------------------------------------------------------------
+# --- the run ----------------------------------------------------------------------------
 
 
-@dataclass
-class TextRunContext:
-    """What a text run prepares before its first step."""
+@dataclass(frozen=True)
+class TextInputs:
+    """The training batches of a text run (:class:`~vitplasticity.finetune.setup.StepInputs`):
+    (ids,) for a decoder, (ids, masked positions) for an encoder."""
 
-    settings: FinetuneSettings
-    text: TextFinetuneSettings
-    out_dir: Path
-    device: torch.device
-    lm: nn.Module
-    kind: str  # CAUSAL | MASKED
-    mask_id: int | None
-    trainable: list[tuple[str, nn.Parameter]]
-    optimizer: torch.optim.Optimizer
     train: torch.Tensor  # (N, L) int64, on the CPU
-    val: torch.Tensor  # (M, L) int64
-    val_mask: torch.Tensor | None  # (M, L) bool, encoders only
-    resolved: dict[str, Any]
-    started: float
+    batch_size: int
+    seed: int
+    mask_probability: float | None  # None: a decoder (no masks)
 
     @property
-    def checkpoint_path(self) -> Path:
-        return self.out_dir / CHECKPOINT_NAME
+    def size(self) -> int:
+        return len(self.train)
 
-    def key(self) -> str:
-        """The settings a checkpoint and the kept copy must match."""
-        return run_key(self.settings, self.text)
+    def items(self, start_step: int, end: int) -> Iterator[int]:
+        return iter(range(start_step, end))
 
-
-def run_key(settings: FinetuneSettings, text: TextFinetuneSettings) -> str:
-    """The fingerprint of the settings that shape a text run's numbers (what a checkpoint and
-    the kept copy of a finished run must match)."""
-    return fingerprint({**settings.fingerprint_fields(), **dataclasses.asdict(text)})
-
-
-def setup_text_run(
-    settings: FinetuneSettings,
-    text: TextFinetuneSettings,
-    text_path: str | Path,
-    device: torch.device,
-    out_dir: Path,
-) -> TextRunContext:
-    """Build the run's LM (seeded by the run seed), freeze it but for its configuration, read
-    and split the text, and make the optimizer.
-
-    Raises:
-        UnsupportedModel: as :func:`build_text_lm`, or for a configuration the model's
-            architecture refuses ("lora" is not offered for text here).
-        ValueError: for a sequence longer than the model's positions, or a text too short.
-    """
-    from vitplasticity.data.text import load_tokenizer, read_sequences, split_sequences
-    from vitplasticity.models.text import max_positions, text_model_spec, tokenizer_name
-
-    started = time.perf_counter()
-    run, training = settings.run, settings.training
-    if "lora" in parse_configuration(run.configuration):
-        raise UnsupportedModel(f"--configuration {run.configuration}: LoRA is not offered for text")
-    torch.manual_seed(run.seed)
-    lm, kind = build_text_lm(run.model, training.model_spec)
-    limit = max_positions(lm.config)
-    if limit is not None and text.sequence_length > limit:
-        raise ValueError(
-            f"--sequence-length {text.sequence_length} exceeds the {limit} positions of model "
-            f"{run.model!r}"
-        )
-    tokenizer = tokenizer_name(text.tokenizer, text_model_spec(run.model, training.model_spec))
-    vocab_size = lm.config.vocab_size
-    sequences = read_sequences(
-        text_path, load_tokenizer(tokenizer, vocab_size), text.sequence_length
-    )
-    train_part, val_part = split_sequences(sequences, training.val_fraction)
-    mask_id = mask_token_id(tokenizer, vocab_size) if kind == MASKED else None
-    val = torch.from_numpy(val_part)
-    val_mask = None
-    if kind == MASKED:
-        generator = torch.Generator().manual_seed(VAL_MASK_SEED)
-        val_mask = masked_positions(val.shape, text.mask_probability, generator)
-    parameters = ParameterMap(architecture_for(lm), lm)
-    trained = freeze(lm, parameters, run.configuration)
-    lm.to(device).train()
-    trainable = [(n, p) for n, p in lm.named_parameters() if n in trained]
-    resolved = {
-        "device": str(device),
-        "torch_threads": torch.get_num_threads(),
-        "task": kind,
-        "lm_class": type(lm).__name__,
-        "tokenizer": tokenizer,
-        "mask_token_id": mask_id,
-        "split_sizes": {"train": len(train_part), "val": len(val_part)},
-        "split_rule": "sequence i is val when floor((i+1)f) > floor(if), f = val_fraction",
-        "model_selection": "lowest validation loss (earliest)",
-    }
-    log.info("run %s: %s", out_dir, resolved)
-    return TextRunContext(
-        settings=settings,
-        text=text,
-        out_dir=out_dir,
-        device=device,
-        lm=lm,
-        kind=kind,
-        mask_id=mask_id,
-        trainable=trainable,
-        optimizer=build_optimizer(trainable, settings),
-        train=torch.from_numpy(train_part),
-        val=val,
-        val_mask=val_mask,
-        resolved=resolved,
-        started=started,
-    )
+    def batch(self, item: int) -> Batch:
+        """The batch of update ``item`` (its 0-based step index)."""
+        index = loader.batch_indices(item, self.batch_size, len(self.train), self.seed)
+        ids = self.train[torch.from_numpy(index)]  # (B, L)
+        if self.mask_probability is None:
+            return (ids,)
+        return ids, train_mask(ids.shape, self.mask_probability, self.seed, item)
 
 
-def lm_loss(context: TextRunContext, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The mean token loss of the LM on the sequences ``ids`` (B, L), on the device; ``mask``
-    (B, L) the masked positions of an encoder."""
-    ids = ids.to(context.device)
-    with autocast(context.device, context.settings.training.precision):
-        if context.kind == CAUSAL:
-            logits = context.lm(input_ids=ids, use_cache=False).logits  # (B, L, V)
-            return next_token_loss(logits, ids)
-        mask = mask.to(context.device)
-        logits = context.lm(input_ids=masked_inputs(ids, mask, context.mask_id)).logits
-        return masked_lm_loss(logits, ids, mask)
+@dataclass(frozen=True)
+class TextValidation:
+    """A text run's validation sequences (and an encoder's fixed masks)."""
+
+    val: torch.Tensor  # (M, L) int64
+    mask: torch.Tensor | None  # (M, L) bool, encoders only
+
+    def batches(self, size: int) -> Iterator[Batch]:
+        for start in range(0, len(self.val), size):
+            part = slice(start, start + size)
+            yield (self.val[part],) if self.mask is None else (self.val[part], self.mask[part])
 
 
-def validation_loss(context: TextRunContext) -> float:
-    """Mean token cross-entropy over the validation sequences (each predicts as many tokens
-    as the others, so the mean of the per-batch means weighted by their sizes is exact)."""
-    context.lm.eval()
-    size = 4 * context.settings.training.micro_batch_size
-    total = 0.0
-    with torch.inference_mode():
-        for start in range(0, len(context.val), size):
-            ids = context.val[start : start + size]
-            mask = None if context.val_mask is None else context.val_mask[start : start + size]
-            total += float(lm_loss(context, ids, mask)) * len(ids)
-    context.lm.train()
-    return total / len(context.val)
+@dataclass(frozen=True)
+class TextSource:
+    """The runs' data is the text file ``path`` with the ``text`` settings; the task, the
+    model's (:class:`CausalLM` or :class:`MaskedLM`)."""
 
+    text: TextFinetuneSettings
+    path: Path
 
-def training_step(context: TextRunContext, step_index: int) -> tuple[float, float, float]:
-    """One update (gradients accumulated over micro-batches, clipped, applied at the
-    scheduled rate unless non-finite): (loss, gradient norm before clipping, lr)."""
-    training, run = context.settings.training, context.settings.run
-    index = batch_indices(step_index, training.batch_size, len(context.train), run.seed)
-    ids = context.train[torch.from_numpy(index)]  # (B, L)
-    mask = None
-    if context.kind == MASKED:
-        mask = train_mask(ids.shape, context.text.mask_probability, run.seed, step_index)
-    context.optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=context.device)
-    share = training.micro_batch_size / training.batch_size
-    for start in range(0, training.batch_size, training.micro_batch_size):
-        chunk = slice(start, start + training.micro_batch_size)
-        loss = lm_loss(context, ids[chunk], None if mask is None else mask[chunk]) * share
-        loss.backward()
-        total += loss.detach()  # on the device: no synchronisation per micro-batch
-    parameters = [p for _, p in context.trainable]
-    norm = torch.nn.utils.clip_grad_norm_(parameters, training.clip_grad_norm)
-    # One device-to-host copy for both numbers.
-    total, norm = torch.stack([total, norm.to(total.dtype)]).tolist()
-    lr = scheduled_lr(step_index, context.settings)
-    if np.isfinite(total) and np.isfinite(norm):
-        for group in context.optimizer.param_groups:
-            group["lr"] = lr
-        context.optimizer.step()
-    return total, norm, lr
+    def check(self, training: TrainingSettings) -> torch.device:
+        """The device of the runs, after checking the text settings and file.
 
+        Raises:
+            ValueError: for a bad text setting or ``compile``, or a GPU asked for where none
+                is visible.
+            FileNotFoundError: for a missing text file.
+        """
+        from vitplasticity.settings.declaration import bad_setting, check_settings
 
-@dataclass
-class TextRunState:
-    """What a text run has done so far (saved in its checkpoint)."""
+        check_settings(self.text)
+        if training.compile:
+            raise bad_setting("--compile", "finetune.compile", "not implemented for text runs")
+        if not self.path.is_file():
+            raise FileNotFoundError(f"--text: text file not found: {self.path}")
+        return usable_device(training)
 
-    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    best: dict[str, Any] | None = None
-    start_step: int = 0
-    wall_before: float = 0.0
-    resumed: bool = False
-    tracker: Tracker = dataclasses.field(default=NO_TRACKER, repr=False)
-    tracker_runs: dict[str, str] = dataclasses.field(default_factory=dict)
+    def key(self, settings: FinetuneSettings) -> str:
+        return fingerprint({**settings.fingerprint_fields(), **dataclasses.asdict(self.text)})
 
-    def record(self, row: dict[str, Any]) -> None:
-        """Add a row (and log it to the tracker); a validation loss lower than every earlier
-        one becomes the best (ties keep the earliest)."""
-        self.rows.append(row)
-        self.tracker.log_row(row)
-        if row["kind"] == "val" and (self.best is None or row["val_loss"] < self.best["val_loss"]):
-            self.best = {k: row[k] for k in ("step", "val_loss", "val_perplexity")}
+    def setup(self, settings: FinetuneSettings, device: torch.device, out_dir: Path) -> RunContext:
+        """Build the run's LM (seeded by the run seed), adapt and freeze it for its
+        configuration, read and split the text, and make the optimizer.
 
-    def save(self, context: TextRunContext, step: int) -> None:
-        save_checkpoint(
-            context.checkpoint_path,
-            {
-                "step": step,
-                "trainable": {name: p.detach() for name, p in context.trainable},
-                "optimizer": context.optimizer.state_dict(),
-                "rng": rng_states(),
-                "rows": self.rows,
-                "best": self.best,
-                "wall_seconds": self.wall_seconds(context),
-                "tracker_runs": {**self.tracker_runs, **self.tracker.run_ids()},
-            },
-            context.key(),
+        Raises:
+            UnsupportedModel: as :func:`build_text_lm`, or for LoRA where the model's
+                architecture refuses it (:func:`~vitplasticity.finetune.model.adapted_run_model`).
+            ValueError: for a sequence longer than the model's positions, or a text too short.
+        """
+        started = time.perf_counter()
+        run, training, text = settings.run, settings.training, self.text
+        torch.manual_seed(run.seed)
+        lm, kind = build_text_lm(run.model, training.model_spec)
+        tokenizer, train_part, val_part = self._sequences(lm, settings)
+        val, val_mask, task = torch.from_numpy(val_part), None, CausalLM()
+        mask_id = mask_token_id(tokenizer, lm.config.vocab_size) if kind == MASKED else None
+        if mask_id is not None:
+            generator = torch.Generator().manual_seed(VAL_MASK_SEED)
+            val_mask = masked_positions(val.shape, text.mask_probability, generator)
+            task = MaskedLM(mask_id)
+        sample = torch.zeros(1, text.sequence_length, dtype=torch.int64)  # (1, L) token ids
+        run_model = adapted_run_model(lm, settings, sample, device)
+        resolved = {
+            "device": str(device),
+            "torch_threads": torch.get_num_threads(),
+            "task": kind,
+            "lm_class": type(lm).__name__,
+            "tokenizer": tokenizer,
+            "mask_token_id": mask_id,
+            "split_sizes": {"train": len(train_part), "val": len(val_part)},
+            "split_rule": "sequence i is val when floor((i+1)f) > floor(if), f = val_fraction",
+            "model_selection": "lowest validation loss (earliest)",
+        }
+        log.info("run %s: %s", out_dir, resolved)
+        probability = text.mask_probability if mask_id is not None else None
+        train = torch.from_numpy(train_part)
+        return RunContext(
+            settings=settings,
+            out_dir=out_dir,
+            device=device,
+            run_model=run_model,
+            optimizer=build_optimizer(run_model.trainable, settings),
+            task=task,
+            inputs=TextInputs(train, training.batch_size, run.seed, probability),
+            evaluation=TextValidation(val, val_mask),
+            key=self.key(settings),
+            record={**_used_settings(settings), **dataclasses.asdict(text)},
+            resolved=resolved,
+            started=started,
         )
 
-    def wall_seconds(self, context: TextRunContext) -> float:
-        return self.wall_before + time.perf_counter() - context.started
+    def _sequences(
+        self, lm: nn.Module, settings: FinetuneSettings
+    ) -> tuple[str, np.ndarray, np.ndarray]:
+        """(the tokenizer's name, the training and the validation sequences (N, L) of the
+        text, as numpy int64 arrays).
 
-    @classmethod
-    def resume(cls, context: TextRunContext) -> TextRunState:
-        """A fresh state, or the checkpoint's (restored into ``context``) when one written
-        with the same settings is in the run's folder."""
-        state = cls()
-        saved = load_checkpoint(context.checkpoint_path, context.key())
-        if saved is None:
-            return state
-        restore_run(state, saved, context.trainable, context.optimizer, context.checkpoint_path)
-        return state
+        Raises:
+            ValueError: for a sequence longer than the model's positions, or a text too short.
+        """
+        from vitplasticity.data.text import load_tokenizer, read_sequences, split_sequences
+        from vitplasticity.models.text import max_positions, text_model_spec, tokenizer_name
 
-
-def _validation_row(context: TextRunContext, step: int, lr: float) -> dict[str, Any]:
-    loss = validation_loss(context)
-    log.info("step %d val loss %.4f perplexity %.4g", step, loss, perplexity(loss))
-    return {
-        "step": step,
-        "kind": "val",
-        "lr": lr,
-        "val_loss": loss,
-        "val_perplexity": perplexity(loss),
-    }
-
-
-def train_text_steps(context: TextRunContext, state: TextRunState) -> tuple[bool, int]:
-    """The steps from ``state.start_step`` to the last: (diverged, the last step taken).
-
-    Raises:
-        Preempted: when SIGTERM arrived; the checkpoint is written first.
-    """
-    training = context.settings.training
-    step = state.start_step
-    with sigterm_flag() as sigterm:
-        for step_index in range(state.start_step, training.steps):
-            step = step_index + 1
-            loss, norm, lr = training_step(context, step_index)
-            diverged = not (np.isfinite(loss) and np.isfinite(norm))
-            if diverged or step == 1 or step % training.log_every == 0 or step == training.steps:
-                state.record(
-                    {"step": step, "kind": "train", "lr": lr, "train_loss": loss, "grad_norm": norm}
-                )
-                log.info("step %d loss %.4f grad %.4f lr %.3g", step, loss, norm, lr)
-            if diverged:
-                log.warning("step %d: non-finite loss or gradient; the run diverged", step)
-                return True, step
-            if step % training.val_every == 0 or step == training.steps:
-                state.record(_validation_row(context, step, lr))
-            if step < training.steps and sigterm.is_set():
-                state.save(context, step)
-                raise Preempted(
-                    f"SIGTERM after step {step}: checkpoint {context.checkpoint_path} written"
-                )
-            if step < training.steps and step % training.checkpoint_every == 0:
-                state.save(context, step)
-    return False, step
+        run, training, length = settings.run, settings.training, self.text.sequence_length
+        limit = max_positions(lm.config)
+        if limit is not None and length > limit:
+            raise ValueError(
+                f"--sequence-length {length} exceeds the {limit} positions of model {run.model!r}"
+            )
+        spec = text_model_spec(run.model, training.model_spec)
+        tokenizer = tokenizer_name(self.text.tokenizer, spec)
+        loaded = load_tokenizer(tokenizer, lm.config.vocab_size)
+        train, val = split_sequences(
+            read_sequences(self.path, loaded, length), training.val_fraction
+        )
+        return tokenizer, train, val
 
 
-def text_summary(
-    context: TextRunContext, state: TextRunState, diverged: bool, final_step: int
-) -> dict[str, Any]:
-    """What summary.json holds: the run's identity, its result (lowest validation loss and
-    its perplexity), parameter counts and provenance."""
-    run, training, best = context.settings.run, context.settings.training, state.best
-    return {
-        "experiment": run.experiment,
-        "model": run.model,
-        "dataset": run.dataset,
-        "configuration": run.configuration,
-        "task": context.kind,
-        "optimizer": training.optimizer,
-        "lr": float(run.lr),
-        "seed": int(run.seed),
-        "status": "diverged" if diverged else "completed",
-        "diverged": diverged,
-        "best_step": best["step"] if best else None,
-        "best_val_loss": best["val_loss"] if best else None,
-        "best_val_perplexity": best["val_perplexity"] if best else None,
-        "final_step": final_step,
-        "steps": training.steps,
-        "demo": training.demo,
-        "trainable_parameters": sum(p.numel() for _, p in context.trainable),
-        "total_parameters": sum(p.numel() for p in context.lm.parameters()),
-        "wall_seconds": state.wall_seconds(context),
-        "resumed": state.resumed,
-        **provenance(
-            {
-                **_used_settings(context.settings.record()),
-                **dataclasses.asdict(context.text),
-                "resolved": context.resolved,
-            },
-            context.device,
-        ),
-    }
-
-
-def _used_settings(record: dict[str, Any]) -> dict[str, Any]:
+def _used_settings(settings: FinetuneSettings) -> dict[str, Any]:
     """The run's settings without those a text run does not use
-    (:data:`~vitplasticity.finetune.text_settings.IMAGE_ONLY_TRAINING_FIELDS`): their values
-    are the flags' defaults, not what the config said (the workflow passes them none)."""
-    return {k: v for k, v in record.items() if k not in IMAGE_ONLY_TRAINING_FIELDS}
+    (:data:`~vitplasticity.finetune.text_settings.IMAGE_ONLY_TRAINING_FIELDS`, LoRA's kept for a
+    LoRA run): their values are the flags' defaults, not what the config said (the workflow
+    passes them none)."""
+    unused = set(IMAGE_ONLY_TRAINING_FIELDS)
+    if "lora" in parse_configuration(settings.run.configuration):
+        unused -= {"lora_rank", "lora_alpha"}
+    return {k: v for k, v in settings.record().items() if k not in unused}
 
 
 def train_text_run(
@@ -508,11 +317,13 @@ def train_text_run(
     text: TextFinetuneSettings,
     text_path: str | Path,
     out_dir: str | Path,
+    stop_at: int | None = None,
     tracking_options: TrackingOptions | None = None,
 ) -> dict[str, Any]:
-    """Finetune ``run`` on the text file ``text_path``; write metrics.parquet and summary.json
-    into ``out_dir``; return the summary. With ``tracking_options``, the run's config, rows
-    and summary also go to a tracker (as an image run's: :func:`vitplasticity.finetune.train.train_runs`).
+    """Finetune ``run`` on the text file ``text_path`` (:func:`train_runs` of one run with a
+    :class:`TextSource`); write metrics.parquet and summary.json into ``out_dir``; return the
+    summary (the rung record when paused at ``stop_at``). With ``tracking_options``, the run's
+    config, rows and summary also go to a tracker, as an image run's.
 
     Raises:
         ValueError: for a bad setting (naming its flag and config key), a GPU asked for where
@@ -520,50 +331,7 @@ def train_text_run(
         FileNotFoundError: for a missing text file.
         UnsupportedModel: as :func:`build_text_lm`.
         Preempted: when SIGTERM arrived; the checkpoint is written.
-        FolderBusy: when another process holds ``out_dir``.
+        RunsRefused: when another process holds ``out_dir``.
     """
-    from vitplasticity.settings.declaration import bad_setting, check_settings
-
-    check_runs([run], training)
-    check_settings(text)
-    if training.compile:
-        raise bad_setting("--compile", "finetune.compile", "not implemented for text runs")
-    if not Path(text_path).is_file():
-        raise FileNotFoundError(f"--text: text file not found: {text_path}")
-    device = pick_device(training.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device (finetune.device): {training.device!r} but no GPU is visible")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with hold_folder(out_dir):
-        for stale in remove_stale_temporaries(out_dir):
-            log.info("removed %s, left by a run killed while writing it", stale)
-        settings = FinetuneSettings(run, training)
-        key = run_key(settings, text)
-        if finished.restore(out_dir, key):
-            log.info("%s: finished by an earlier job, put back from %s", out_dir, finished.KEPT_DIR)
-            remove_checkpoint(out_dir / CHECKPOINT_NAME)
-            return json.loads((out_dir / "summary.json").read_text())
-        context = setup_text_run(settings, text, text_path, device, out_dir)
-        state = TextRunState.resume(context)
-        job = tracked_job(settings, "finetune_text")
-        with tracking(tracking_options, job, state.tracker_runs) as tracker:
-            state.tracker = tracker
-            diverged, final_step = train_text_steps(context, state)
-            run_summary = text_summary(context, state, diverged, final_step)
-            rows = {name: [row.get(name) for row in state.rows] for name in METRICS_SCHEMA}
-            frame = pl.DataFrame(rows, schema=METRICS_SCHEMA)
-            write_parquet(out_dir / "metrics.parquet", frame, metadata={"summary": run_summary})
-            write_json(out_dir / "summary.json", run_summary)
-            tracker.log_summary(run_summary)
-        finished.keep(out_dir, key)
-        remove_checkpoint(context.checkpoint_path)
-    log.info(
-        "%s: %s at step %s, best val loss %s (step %s)",
-        out_dir,
-        run_summary["status"],
-        final_step,
-        run_summary["best_val_loss"],
-        run_summary["best_step"],
-    )
-    return run_summary
+    source = TextSource(text, Path(text_path))
+    return train_runs([(run, out_dir)], training, source, stop_at, tracking_options)[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,7 @@ from typing import Any
 import torch
 
 from vitplasticity.finetune import finished
-from vitplasticity.finetune.checkpoint import (
-    CHECKPOINT_NAME,
-    fingerprint,
-    remove_checkpoint,
-)
+from vitplasticity.finetune.checkpoint import CHECKPOINT_NAME, remove_checkpoint
 from vitplasticity.finetune.identity import FinetuneSettings, check_runs, tracked_job
 from vitplasticity.finetune.loop import train_steps
 from vitplasticity.finetune.outputs import summary, write_outputs
@@ -24,7 +21,7 @@ from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.run import Run
 from vitplasticity.finetune.rungs import rung_record, write_rung_record
 from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.finetune.setup import checked_device, setup_run
+from vitplasticity.finetune.setup import ImageSource, RunSource
 from vitplasticity.utils.folder_lock import FolderBusy, hold_folder
 from vitplasticity.utils.io import remove_stale_temporaries
 from vitplasticity.utils.tracking import TrackingOptions, tracking
@@ -40,14 +37,16 @@ class RunsRefused(RuntimeError):
 def train_runs(
     runs: Sequence[tuple[Run, str | Path]],
     training: TrainingSettings,
-    dataset_dir: str | Path,
+    source: RunSource | str | os.PathLike[str],
     stop_at: int | None = None,
     tracking_options: TrackingOptions | None = None,
 ) -> list[dict[str, Any]]:
-    """Finetune each ``(run, out_dir)`` in turn with ``training``; write metrics.parquet and
+    """Finetune each ``(run, out_dir)`` in turn with ``training`` on ``source`` (a prepared
+    image dataset's folder, or a :class:`~vitplasticity.finetune.setup.RunSource`: a text
+    file's :class:`~vitplasticity.finetune.text_run.TextSource`); write metrics.parquet and
     summary.json into each ``out_dir``.
 
-    Every run, the settings, the dataset and the device are checked once, before the first
+    Every run, the settings, the data and the device are checked once, before the first
     run starts. Each run's folder is locked while it is worked on
     (:func:`vitplasticity.utils.folder_lock.hold_folder`); a run whose folder another process
     holds is skipped, and the others are done. A run resumes from ``out_dir/checkpoint.pt``
@@ -72,14 +71,16 @@ def train_runs(
     Raises:
         ValueError: for a bad setting, naming its flag and config key, or a GPU device
             asked for where none is visible.
-        FileNotFoundError: when ``dataset_dir`` is not a prepared dataset.
+        FileNotFoundError: when ``source`` is not a prepared dataset (or text file).
         Preempted: when SIGTERM arrived; the checkpoint of the run it stopped is written.
         RunsRefused: after the other runs, naming each run whose folder another process held.
     """
+    if isinstance(source, str | os.PathLike):
+        source = ImageSource(Path(source))
     check_runs([run for run, _ in runs], training)
     if stop_at is not None and stop_at < 1:
         raise ValueError(f"--stop-at-step: must be >= 1, got {stop_at}")
-    device = checked_device(training, dataset_dir)
+    device = source.check(training)
     summaries, refused = [], []
     for run, out_dir in runs:
         try:
@@ -90,7 +91,7 @@ def train_runs(
                     log.info("removed %s, left by a run killed while writing it", stale)
                 summaries.append(
                     _finished_run(
-                        run, training, device, dataset_dir, Path(out_dir), stop_at, tracking_options
+                        run, training, device, source, Path(out_dir), stop_at, tracking_options
                     )
                 )
         except FolderBusy as busy:
@@ -105,7 +106,7 @@ def _finished_run(
     run: Run,
     training: TrainingSettings,
     device: torch.device,
-    dataset_dir: str | Path,
+    source: RunSource,
     out_dir: Path,
     stop_at: int | None = None,
     tracking_options: TrackingOptions | None = None,
@@ -113,19 +114,21 @@ def _finished_run(
     """The summary of ``run`` trained into ``out_dir`` (or put back from the copy an earlier
     job of the run kept); the rung record of a run paused at ``stop_at``."""
     settings = FinetuneSettings(run, training)
-    key = fingerprint(settings.fingerprint_fields())
+    key = source.key(settings)
     if finished.restore(out_dir, key):
         log.info("%s: finished by an earlier job, put back from %s", out_dir, finished.KEPT_DIR)
         remove_checkpoint(out_dir / CHECKPOINT_NAME)  # left by a job killed after the copy
         return json.loads((out_dir / "summary.json").read_text())
-    context = setup_run(settings, device, dataset_dir, out_dir)
+    context = source.setup(settings, device, out_dir)
     state = ResumableState.resume(context)
     with tracking(tracking_options, tracked_job(settings), state.tracker_runs) as tracker:
         state.tracker = tracker
         outcome = train_steps(context, state, stop_at)
         if stop_at is not None and not outcome.diverged and outcome.final_step < training.steps:
             state.save(context, outcome.final_step)
-            record = rung_record(state.rows, stop_at, training.steps, "paused", outcome.final_step)
+            record = rung_record(
+                state.rows, stop_at, training.steps, "paused", outcome.final_step, context.task
+            )
             log.info(
                 "%s: paused at step %d (rung), checkpoint written", out_dir, outcome.final_step
             )
@@ -141,24 +144,20 @@ def _finished_run(
     if stop_at is not None:
         status = run_summary["status"]
         write_rung_record(
-            out_dir, rung_record(state.rows, stop_at, training.steps, status, outcome.final_step)
+            out_dir,
+            rung_record(
+                state.rows, stop_at, training.steps, status, outcome.final_step, context.task
+            ),
         )
-    log.info(
-        "%s: %s at step %s, best val %s (step %s), test %s",
-        out_dir,
-        run_summary["status"],
-        run_summary["final_step"],
-        run_summary["best_val_accuracy"],
-        run_summary["best_step"],
-        run_summary["test_accuracy"],
-    )
+    result = {k: v for k, v in context.task.result_fields(state.best).items() if k != "task"}
+    log.info("%s: %s at step %s, %s", out_dir, run_summary["status"], outcome.final_step, result)
     return run_summary
 
 
 def train(
     run: Run,
     training: TrainingSettings,
-    dataset_dir: str | Path,
+    source: RunSource | str | os.PathLike[str],
     out_dir: str | Path,
     stop_at: int | None = None,
     tracking_options: TrackingOptions | None = None,
@@ -169,4 +168,4 @@ def train(
     Raises:
         ValueError, FileNotFoundError, Preempted, RunsRefused: as :func:`train_runs`.
     """
-    return train_runs([(run, out_dir)], training, dataset_dir, stop_at, tracking_options)[0]
+    return train_runs([(run, out_dir)], training, source, stop_at, tracking_options)[0]
