@@ -11,12 +11,12 @@ so that an elapsed time is the job's own, not a share of the node.
 
     .ci/start_local_slurm.sh "$PWD/.slurm-local"
     python -m benchmarks.job_startup --checkout ../before --checkout . --runs 4
-    python -m benchmarks.job_startup --packing none groups pack_runs --steps 400   # packing
+    python -m benchmarks.job_startup --packing none pack_runs --steps 400   # packing
 
-Packing (``--packing``): ``none``, one SLURM job per run; ``groups``, slurm/profile.yaml's
-packing block (Snakemake job groups) uncommented, with all the runs in one group job, each run
-still its own process; ``pack_runs``, ``finetune.pack_runs: true``, the runs in one job and
-one process.
+Packing (``--packing``): ``none``, one SLURM job per run; ``pack_runs``,
+``finetune.pack_runs: true``, the runs in one job and one process. (Snakemake job groups, the
+third way measured in docs/benchmarks.md, each run still its own process, were removed after
+that measurement.)
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from tests.helpers.demo_workflow import outputs
 from tests.helpers.slurm_harness import (
     FAST_POLLING,
     VENV_BIN,
-    packing_block,
     run_uuids,
     sacct_jobs,
     snakemake_env,
@@ -47,7 +46,7 @@ CONFIGURATIONS = ["mha", "ln1", "ln2", "fc1", "fc2", "head", "emb", "full"]
 DATASET = "demo-stripes"
 
 
-PACKINGS = ("none", "groups", "pack_runs")
+PACKINGS = ("none", "pack_runs")
 
 
 @dataclass(frozen=True)
@@ -87,20 +86,6 @@ def grid(runs: int, steps: int, pack_runs: bool = False) -> dict:
             "adam": {"enabled": False},
         },
     }
-
-
-def profile_folder(contender: Contender, runs: int, workdir: Path) -> Path:
-    """The checkout's slurm/ profile; packed by groups, with its packing block uncommented and
-    every run in one group job."""
-    shipped = contender.checkout / "slurm"
-    if contender.packing != "groups":
-        return shipped
-    text = (shipped / "profile.yaml").read_text()
-    block = packing_block(text) | {"group-components": [f"finetune_pack={runs}"]}
-    folder = workdir / "packed_profile"
-    folder.mkdir()
-    (folder / "profile.yaml").write_text(yaml.safe_dump(yaml.safe_load(text) | block))
-    return folder
 
 
 def snakemake(contender: Contender, workdir: Path, options: list[str]) -> str:
@@ -149,7 +134,7 @@ def measure(contender: Contender, runs: int, steps: int) -> dict[str, float]:
         (workdir / "grid.yaml").write_text(yaml.safe_dump(grid(runs, steps, packed)))
         dataset = str(workdir / "resources/datasets" / DATASET)
         snakemake(contender, workdir, ["--cores", "2", dataset])  # the data, locally
-        profile = ["--profile", str(profile_folder(contender, runs, workdir)), "--jobs", "1"]
+        profile = ["--profile", str(contender.checkout / "slurm"), "--jobs", "1"]
         output = snakemake(
             contender, workdir, [*profile, "--latency-wait", "10", *FAST_POLLING, "finetune_all"]
         )
@@ -188,7 +173,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         choices=PACKINGS,
         default=["none"],
         help="ways to run the runs, each measured per checkout: one job per run (none), one"
-        " group job (groups), one job and process (pack_runs)",
+        " job and process (pack_runs)",
     )
     args = parser.parse_args(argv)
     if not 1 <= args.runs <= len(CONFIGURATIONS):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from benchmarks import job_startup
 from benchmarks import run as bench
 from benchmarks import tracking as tracking_bench
@@ -153,16 +152,11 @@ def test_job_startup_refuses_bad_arguments_naming_them(tmp_path: Path) -> None:
     assert job_startup.parse(["--checkout", str(REPO), "--runs", "2"]).runs == 2
 
 
-def test_job_startup_packs_every_run_into_one_group_job(tmp_path: Path) -> None:
-    for packing in ("none", "pack_runs"):  # the shipped profile; pack_runs is the config's
-        shipped = job_startup.profile_folder(job_startup.Contender(REPO, packing), 4, tmp_path)
-        assert shipped == REPO / "slurm"
+def test_job_startup_packs_the_runs_through_the_config(tmp_path: Path) -> None:
     assert job_startup.grid(4, 48, pack_runs=True)["finetune"]["pack_runs"] is True
-    packed = job_startup.profile_folder(job_startup.Contender(REPO, "groups"), 4, tmp_path)
-    profile = yaml.safe_load((packed / "profile.yaml").read_text())
-    assert profile["groups"] == ["finetune=finetune_pack"]
-    assert profile["group-components"] == ["finetune_pack=4"]
-    assert profile["executor"] == "slurm"
+    assert job_startup.grid(4, 48)["finetune"]["pack_runs"] is False
+    with pytest.raises(SystemExit):  # Snakemake groups, removed, are no way of packing here
+        job_startup.parse(["--packing", "groups"])
 
 
 def test_tracking_benchmark_writes_every_key(tmp_path: Path) -> None:

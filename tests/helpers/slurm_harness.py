@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from tests.helpers.repo import REPO
 
 VENV_BIN = Path(sys.executable).parent
@@ -271,22 +269,3 @@ def running_jobs(job_name: str, comment_prefix: str) -> list[str]:
     )
     rows = [line.split(maxsplit=1) for line in out.stdout.splitlines() if line.strip()]
     return [row[0] for row in rows if len(row) == 2 and row[1].startswith(comment_prefix)]
-
-
-PACKING_HEADER = "# Packing several short runs into one SLURM job"
-
-
-def packing_block(profile_text: str) -> dict:
-    """The commented-out packing block at the end of slurm/profile.yaml, uncommented and parsed:
-    the lines after PACKING_HEADER that are YAML once their leading "# " is removed (keys and
-    list items), without their trailing comments."""
-    lines = profile_text[profile_text.index(PACKING_HEADER) :].splitlines()
-    block = [
-        line.removeprefix("# ").split("  #")[0]
-        for line in lines
-        if re.match(r"# ([a-z-]+:\s*$|\s+- )", line)
-    ]
-    parsed = yaml.safe_load("\n".join(block))
-    if not isinstance(parsed, dict) or "groups" not in parsed:
-        raise ValueError(f"no packing block after {PACKING_HEADER!r} in slurm/profile.yaml")
-    return parsed

@@ -12,9 +12,6 @@
 - A finetuning job cancelled twice is retried by the same run (the profile's retries) and
   finishes on its third attempt, resuming from its checkpoint each time, every attempt asking
   for memory the node has (the profile's, not growing with the attempt).
-- Many small jobs: the finetuning runs packed into SLURM jobs by the packing block at the end
-  of slurm/profile.yaml (uncommented as shipped), against one SLURM job per run: the same
-  results, fewer jobs, and the per-job overhead and wall time of both printed.
 
 The cluster comes from tests/helpers/slurm_harness.py (started here when needed, stopped at the end
 by PID); its node advertises stand-in GPUs and a GPU node's CPUs and memory, so the shipped
@@ -28,22 +25,18 @@ import json
 import re
 import subprocess
 import time
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.compare_results import compare_trees
-from tests.helpers.demo_workflow import merged_config, outputs, summaries, tables, workflow_args
+from tests.helpers.demo_workflow import merged_config, summaries, tables, workflow_args
 from tests.helpers.slurm_harness import (
-    GLOBAL_PROFILE,
     REPO,
     WORKFLOW_PROFILE,
     LocalSlurm,
     alloc_tres,
     node_memory_mb,
-    packing_block,
     run_snakemake,
     run_uuids,
     running_jobs,
@@ -53,7 +46,6 @@ from tests.helpers.slurm_harness import (
     wait_for_accounting,
 )
 from vitplasticity.workflow import runtime
-from vitplasticity.workflow.resolved import FILENAME as RESOLVED_CONFIG
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -327,77 +319,3 @@ def test_finetune_job_cancelled_twice_finishes_on_its_third_attempt_within_the_n
         f"\nattempts: {[(r['JobID'], r['State'], r['AllocTRES'], r['Timelimit']) for r in rows]};"
         f" resumed from steps {second_from} and {third_from}; node {node_memory_mb()} MB"
     )
-
-
-def seconds_between(start: str, end: str) -> float:
-    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
-
-
-# Six short finetuning runs on one dataset: two packs of three with the shipped packing block.
-SIX_RUNS = {
-    "experiments": {
-        "sgd": {"configurations": ["full", "emb", "ln1", "mha", "ln2", "fc1"]},
-    },
-}
-
-
-def test_packing_block_packs_the_runs_into_fewer_jobs_with_the_same_results(
-    local_slurm: LocalSlurm, tmp_path: Path
-) -> None:
-    """The finetuning runs as one SLURM job each (the shipped profile), then packed by the
-    shipped packing block (slurm/profile.yaml's commented end, uncommented), back to back:
-    the same results, packs of three in sacct, each asking for one GPU; the per-run overhead
-    and the wall time of both are printed."""
-    shipped = yaml.safe_load((GLOBAL_PROFILE / "profile.yaml").read_text())
-    packed_profile = tmp_path / "packed_profile"
-    packed_profile.mkdir()
-    block = packing_block((GLOBAL_PROFILE / "profile.yaml").read_text())
-    (packed_profile / "profile.yaml").write_text(yaml.safe_dump({**shipped, **block}))
-
-    measured = {}
-    for mode, profile in {"unpacked": GLOBAL_PROFILE, "packed": packed_profile}.items():
-        workdir = tmp_path / mode
-        workdir.mkdir()
-        args = [*workflow_args(workdir, SIX_RUNS), *shipped_profile_args(jobs=2, profile=profile)]
-        t0 = time.monotonic()
-        proc = run_snakemake([*args, "finetune_all"], REPO, timeout=1200)
-        wall = time.monotonic() - t0
-        (uuid,) = run_uuids(proc.stdout)
-        n_jobs = proc.stdout.count("has been submitted with SLURM jobid")
-        rows = wait_for_accounting(uuid, n_jobs)
-        assert len(rows) == n_jobs and {r["State"] for r in rows} == {"COMPLETED"}, rows
-        finetune_rows = [r for r in rows if job_rule(r) != "prepare"]
-        runs = summaries(workdir / "results")
-        assert len(runs) == 6
-        compute = sum(
-            json.loads(p.read_text())["wall_seconds"]
-            for p in outputs(workdir / "results", "summary.json")
-        )
-        slurm_seconds = sum(seconds_between(r["Submit"], r["End"]) for r in finetune_rows)
-        measured[mode] = {
-            "finetune_slurm_jobs": len(finetune_rows),
-            "runs": len(runs),
-            "workflow_wall_s": round(wall, 1),
-            "queue_wait_s": [seconds_between(r["Submit"], r["Start"]) for r in finetune_rows],
-            "submit_to_end_s": [seconds_between(r["Submit"], r["End"]) for r in finetune_rows],
-            "runs_compute_s": round(compute, 1),
-            "overhead_per_run_s": round((slurm_seconds - compute) / len(runs), 1),
-        }
-        if mode == "packed":
-            assert len(finetune_rows) == 2, finetune_rows
-            assert all("finetune_pack" in r["Comment"] for r in finetune_rows), finetune_rows
-            for row in finetune_rows:  # one GPU per pack, its runs one after another
-                tres = alloc_tres(row)
-                assert tres["gres/gpu"] == 1 and tres["mem"] <= node_memory_mb(), row
-        else:
-            assert len(finetune_rows) == 6 and {job_rule(r) for r in finetune_rows} == {"finetune"}
-    # The resolved config records finetune.pack_runs, the one key the two runs set apart.
-    differences = [
-        (name, verdict)
-        for name, verdict in compare_trees(
-            tmp_path / "unpacked" / "results", tmp_path / "packed" / "results"
-        )
-        if verdict != "same" and name != RESOLVED_CONFIG
-    ]
-    assert not differences
-    print("\nfinetune runs packed and unpacked on the local SLURM:", json.dumps(measured, indent=1))

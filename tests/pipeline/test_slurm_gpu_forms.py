@@ -7,9 +7,9 @@ with the one edit a user makes (tests/helpers/gpu_requests.py) and a finetuning 
 through snakemake-executor-plugin-slurm: sacct shows that its job asked for and got one GPU
 (``ReqTRES``/``AllocTRES`` ``gres/gpu=1``, ``gres/gpu:<type>=1`` for the typed form) and the
 form's 8 CPUs, and that the CPU-only job got none. The test cluster's node declares typed GPUs
-(``gpu:tesla:2``: .ci/start_local_slurm.sh), which every form may take. The packing block of
-slurm/profile.yaml with a ``gres`` form still runs a group's runs one after another on one GPU:
-the group job asks for one run's GPU, CPUs and memory, not their sum.
+(``gpu:tesla:2``: .ci/start_local_slurm.sh), which every form may take. A pack of runs
+(``finetune.pack_runs``) with a ``gres`` form runs its runs one after another on one GPU: the
+pack's job asks for one run's GPU, CPUs and memory, not their sum.
 """
 
 from __future__ import annotations
@@ -23,12 +23,10 @@ import yaml
 from tests.helpers.demo_workflow import summaries, workflow_args
 from tests.helpers.gpu_requests import gpu_request_forms, with_gpu_request
 from tests.helpers.slurm_harness import (
-    GLOBAL_PROFILE,
     REPO,
     WORKFLOW_PROFILE,
     LocalSlurm,
     alloc_tres,
-    packing_block,
     run_snakemake,
     run_uuids,
     shipped_profile_args,
@@ -131,21 +129,17 @@ def test_each_gpu_request_form_gets_the_finetune_job_its_gpu(
     assert len(summaries(tmp_path / "results")) == 1
 
 
-def test_packing_block_with_a_gres_request_runs_a_groups_runs_on_one_gpu(
+def test_a_pack_with_a_gres_request_runs_its_runs_on_one_gpu(
     local_slurm: LocalSlurm, tmp_path: Path
 ) -> None:
-    """Three runs in one group job under the typed gres form: it asks for one GPU, 8 CPUs and
-    one run's memory (Snakemake ran them in series: in parallel it would ask for 3 x 8 CPUs
-    and 3 x the memory), and all three runs finish."""
+    """Three runs in one pack (finetune.pack_runs) under the typed gres form: its job asks for
+    one GPU, 8 CPUs and one run's memory (the pack's rule gets the one-run rule's resources),
+    and all three runs finish."""
     (form,) = [f for f in FORMS if gpu_type(f)]
-    shipped = yaml.safe_load((GLOBAL_PROFILE / "profile.yaml").read_text())
-    block = packing_block((GLOBAL_PROFILE / "profile.yaml").read_text())
-    packed = tmp_path / "packed_profile"
-    packed.mkdir()
-    (packed / "profile.yaml").write_text(yaml.safe_dump({**shipped, **block}))
+    packed = {**runs("head", "mha", "fc1"), "finetune": {"pack_runs": True}}
     args = [
-        *workflow_args(tmp_path, runs("head", "mha", "fc1")),
-        *shipped_profile_args(jobs=2, profile=packed),
+        *workflow_args(tmp_path, packed),
+        *shipped_profile_args(jobs=2),
         "--workflow-profile",
         str(workflow_profile(tmp_path / "workflow_profile", form)),
         "finetune_all",
@@ -153,7 +147,7 @@ def test_packing_block_with_a_gres_request_runs_a_groups_runs_on_one_gpu(
     proc = run_snakemake(args, REPO, timeout=1200)
     rows = submitted_jobs(proc)
     assert {r["State"] for r in rows} == {"COMPLETED"}, rows
-    groups = [r for r in rows if "finetune_pack" in r["Comment"]]
-    assert len(groups) == 1, rows
-    check_gpu_job(groups[0], form)
+    packs = [r for r in rows if "finetune_pack" in r["Comment"]]
+    assert len(packs) == 1, rows
+    check_gpu_job(packs[0], form)
     assert len(summaries(tmp_path / "results")) == 3

@@ -1,26 +1,23 @@
 """The bill of rule all (vitplasticity.workflow.bill) is what the jobs ask for: its GPU jobs and
 their minutes equal the jobs asking for a GPU (``gpu=1`` or ``gres=gpu:...``) and their
-``runtime`` resources in Snakemake's own dry run, for the demo and the paper; packs and
-Snakemake groups are counted as one job."""
+``runtime`` resources in Snakemake's own dry run, for the demo and the paper; a pack is
+counted as one job."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
-import immutables
 import pytest
-from snakemake.settings.types import GroupSettings
 
 from tests.helpers.configs import DEMO, PAPER, Configure, dry_run
 from vitplasticity.workflow.bill import Bill, BillLine, BillNotice, compute_bill
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import finetune_packs
 from vitplasticity.workflow.scheduling import asks_for_gpu
-from vitplasticity.workflow.time_cap import GroupFit, cut_packs
+from vitplasticity.workflow.time_cap import cut_packs
 
 DEMO_SLURM = DEMO.parent / "demo_slurm.yaml"
 
@@ -89,10 +86,9 @@ def test_the_bill_sums_each_rules_runtime_function(demo_with: Configure) -> None
     assert bill.slurm_jobs == sum(line.runs for line in bill.lines)
 
 
-def test_packs_and_groups_are_one_job_each(demo_with: Configure) -> None:
+def test_a_pack_is_one_job(demo_with: Configure) -> None:
     """The demo's 56 runs under a 31-minute cap, each of 1.06 s compute: alone, 15 minutes
-    each (56 x 15 = 840); packed, 6 pack jobs of one allowance each (6 x 15 = 90); in
-    Snakemake groups of 3, a third of the allowance each (56 x 5 = 280)."""
+    each (56 x 15 = 840); packed, 6 pack jobs of one allowance each (6 x 15 = 90)."""
     config = demo_with({"scheduler": {"max_runtime_minutes": 31}})
     runtimes = JobRuntimes(config)
     unpacked = compute_bill(config, runtimes)
@@ -105,19 +101,6 @@ def test_packs_and_groups_are_one_job_each(demo_with: Configure) -> None:
     assert cells == 6 and packed.slurm_jobs == cells + others
     assert bill_minutes(packed, "finetune") == 90
     assert sum(line.runs for line in packed.lines if line.rule == "finetune") == runs
-    workflow = SimpleNamespace(
-        group_settings=GroupSettings(
-            overwrite_groups=immutables.Map({"finetune": "grid"}),
-            group_components=immutables.Map({"grid": 3}),
-        )
-    )
-    fit = GroupFit(workflow, config, runtimes, report=lambda _: None)
-    grouped = compute_bill(
-        config, runtimes, runs_per_group=fit.runs_per_group, run_minutes=fit.finetune
-    )
-    assert fit.runs_per_group == 3  # one allowance and three runs' seconds fit 31 minutes
-    assert grouped.slurm_jobs == math.ceil(runs / 3) + others
-    assert bill_minutes(grouped, "finetune") == 280
 
 
 def test_transformers_models_without_a_cap_are_billed_apart() -> None:
@@ -148,7 +131,6 @@ def test_the_notice_prints_and_writes_once(demo_with: Configure, tmp_path: Path)
         workflow,
         config,
         runtimes,
-        GroupFit(workflow, config, runtimes),
         lambda: None,
         target,
         report=said.append,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,14 +17,14 @@ from snakemake.iocontainers import Wildcards
 from snakemake.resources import Resources
 from snakemake.settings.types import GroupSettings
 
-from tests.helpers.configs import Configure
+from tests.helpers.configs import DEMO, PAPER, Configure, dry_run
 from vitplasticity.workflow import runtime
 from vitplasticity.workflow.config import ConfigError
 from vitplasticity.workflow.config_check import check_config
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import finetune_packs
 from vitplasticity.workflow.time_cap import (
-    GroupFit,
+    UngroupedFinetune,
     cap_fixed_runtimes,
     cut_packs,
     runs_that_fit,
@@ -139,47 +140,52 @@ def grouped_workflow(components: int) -> SimpleNamespace:
     )
 
 
-# demo-stripes' runs of 13,530 steps compute 5.0007 min: a group of N asks for one allowance
-# and N x 5.0007 (each run floor(15 / N + 5.0007)): 3 fit 31 minutes (30.002), 2 fit 26
-# (25.001), 1 fits 20.
+def test_a_group_of_the_finetune_rule_is_refused_before_its_input_is_read() -> None:
+    """The old packing block (Snakemake groups of runs) ends the run with what to write
+    instead, before the rule's input function runs; finetune.pack_runs packs the runs."""
+    called: list[object] = []
+    checked = UngroupedFinetune(grouped_workflow(3)).checked_input(called.append)
+    with pytest.raises(SystemExit) as stopped:
+        checked("w")
+    message = str(stopped.value)
+    assert "--groups finetune=finetune_pack" in message and "finetune.pack_runs: true" in message
+    assert called == []
+
+
+def test_a_dry_run_grouping_the_finetune_rule_stops_with_what_to_write(tmp_path: Path) -> None:
+    """Snakemake's own group settings reach the refusal: the run ends with its message alone,
+    no traceback, before any job."""
+    proc = dry_run(
+        tmp_path,
+        PAPER,
+        DEMO,
+        edit={"finetune": {"pack_runs": False}},  # the one-run rule: what the groups grouped
+        options=["--groups", "finetune=pack", "--group-components", "pack=3"],
+    )
+    assert proc.returncode == 1
+    assert "--groups finetune=pack) are no longer supported" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize(
-    ("cap", "requested", "fitted", "first_attempt"),
-    [(20, 3, 1, 20), (26, 3, 2, 12), (31, 3, 3, 10), (None, 3, 3, 10)],
+    "workflow",
+    [
+        SimpleNamespace(group_settings=None),
+        SimpleNamespace(group_settings=GroupSettings()),
+        SimpleNamespace(
+            group_settings=GroupSettings(overwrite_groups=immutables.Map({"prepare": "data"}))
+        ),
+    ],
+    ids=["no settings", "no groups", "another rule grouped"],
 )
-def test_groups_are_lowered_to_fit_the_cap(
-    demo_with: Configure, cap: int | None, requested: int, fitted: int, first_attempt: int
-) -> None:
-    config = capped(demo_with, cap, stripes_steps=13_530)
-    workflow = grouped_workflow(requested)
-    messages: list[str] = []
-    fit = GroupFit(workflow, config, JobRuntimes(config), report=messages.append)
-    assert fit.runs_per_group == fitted
-    assert workflow.group_settings.group_components["finetune_pack"] == fitted
-    assert len(messages) == (fitted < requested)
-    if messages:
-        assert f"finetune_pack={requested} lowered to finetune_pack={fitted}" in messages[0]
-    cell = Wildcards(fromdict={"model": "demo_vit", "dataset": "demo-stripes"})
-    # A grouped run's first attempt: its share of the one allowance and its compute.
-    assert fit.finetune(cell, 1) == first_attempt
-    # Every attempt of a full group, its runs one after another, fits the cap.
-    for attempt in (1, 2, 3):
-        assert cap is None or fitted * fit.finetune(cell, attempt) <= cap
+def test_an_ungrouped_finetune_rule_reads_its_input(workflow: SimpleNamespace) -> None:
+    assert UngroupedFinetune(workflow).checked_input(lambda w: f"in-{w}")("w") == "in-w"
 
 
 def test_an_ungrouped_run_asks_for_its_own_capped_minutes(demo_with: Configure) -> None:
     config = capped(demo_with, 20)
-    fit = GroupFit(SimpleNamespace(group_settings=None), config, JobRuntimes(config))
     cell = Wildcards(fromdict={"model": "demo_vit", "dataset": "demo-stripes"})
-    assert fit.runs_per_group == 1
-    assert fit.finetune(cell, 3) == 20
-
-
-def test_fitted_input_fits_the_groups_before_calling_the_input(demo_with: Configure) -> None:
-    config = capped(demo_with, 20, stripes_steps=13_530)
-    workflow = grouped_workflow(3)
-    fit = GroupFit(workflow, config, JobRuntimes(config), report=lambda _: None)
-    assert fit.fitted_input(lambda wildcards: f"in-{wildcards}")("w") == "in-w"
-    assert workflow.group_settings.group_components["finetune_pack"] == 1
+    assert JobRuntimes(config).finetune(cell, 3) == 20
 
 
 def rule_with_runtime(name: str, runtime_resource: Any) -> SimpleNamespace:

@@ -2,7 +2,6 @@
 # params and wall time, all bound to the config here and computed in vitplasticity.workflow.
 # Keep this file free of torch imports: the SLURM plugin re-parses it on every node.
 import os
-import sys
 from functools import partial
 
 from snakemake.exceptions import WorkflowError
@@ -22,7 +21,7 @@ from vitplasticity.workflow.report import FIGURE_FLAGS, ReportFiles
 from vitplasticity.workflow.resolved import save_resolved_config
 from vitplasticity.workflow.results import ResultFiles
 from vitplasticity.workflow.targets import Targets
-from vitplasticity.workflow.time_cap import GroupFit, cut_packs
+from vitplasticity.workflow.time_cap import UngroupedFinetune, cut_packs
 from vitplasticity.settings.declaration import command_flags
 from vitplasticity.plasticity.settings import (
     BoundsSettings,
@@ -57,17 +56,15 @@ DATA = DatasetJobs(config)
 FILES = ResultFiles(config)
 REPORT_FILES = ReportFiles(config)
 RUNTIMES = JobRuntimes(config)
-# No job, packed either way, asks for more than scheduler.max_runtime_minutes (a cap that
-# leaves a run no time past its start-up is refused by check_config, in the Snakefile):
-# Snakemake groups of finetune runs are cut to fit it (vitplasticity.workflow.time_cap;
-# finetune_packs.smk cuts the packs).
-GROUP_FIT = GroupFit(workflow, config, RUNTIMES, report=partial(print, file=sys.stderr))
+# Snakemake groups of finetune runs are refused: finetune.pack_runs packs them
+# (vitplasticity.workflow.time_cap, which cuts the packs to scheduler.max_runtime_minutes).
+UNGROUPED = UngroupedFinetune(workflow)
 # finetune.pack_runs' packs as cut to the cap (finetune_packs.smk sets them); None: unpacked.
 PACKS = None
 # The bill of rule all: the GPU-hours its jobs ask for, by rule, model and precision, and the
 # SLURM jobs they make, printed by every dry run or start of `all` and written to
 # .snakemake/vitplasticity/bill.md (vitplasticity.workflow.bill; docs/slurm.md).
-BILL = BillNotice(workflow, config, RUNTIMES, GROUP_FIT, lambda: PACKS, ".snakemake/vitplasticity/bill.md")
+BILL = BillNotice(workflow, config, RUNTIMES, lambda: PACKS, ".snakemake/vitplasticity/bill.md")
 FINETUNE = FinetuneJobs(config)
 TARGETS = Targets(config)
 DEMO_FLAG = demo_flag(config)

@@ -3,9 +3,8 @@
 
 rule finetune:
     input:
-        # Snakemake groups of this rule are cut to fit scheduler.max_runtime_minutes before
-        # they are formed (GroupFit).
-        dataset=GROUP_FIT.fitted_input(DATA.dataset),
+        # Refuses Snakemake groups of this rule before any job (finetune.pack_runs packs).
+        dataset=UNGROUPED.checked_input(DATA.dataset),
         weights=MODELS.weights,
     output:
         summary=f"{RESULTS}/finetune/{{experiment}}/{{model}}/{{dataset}}/{{configuration}}/lr{{lr}}_seed{{seed}}/summary.json",
@@ -25,8 +24,7 @@ rule finetune:
         # Empty for every configuration without "lora": editing finetune.lora reruns LoRA runs only.
         lora_flags=FINETUNE.lora_flags,
     resources:
-        # Its share of the cap when Snakemake groups finetune runs (GroupFit).
-        runtime=GROUP_FIT.finetune,
+        runtime=RUNTIMES.finetune,
     conda:
         ENV
     shell:

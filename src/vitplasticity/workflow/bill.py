@@ -1,5 +1,5 @@
 """The bill of ``rule all`` before anything is submitted: the GPU-hours its GPU jobs ask for, by
-rule, model and precision, how many SLURM jobs they are (packs and Snakemake groups counted),
+rule, model and precision, how many SLURM jobs they are (a pack counted once),
 and how long submitting them takes. The minutes are the ``runtime`` resources the jobs ask
 SLURM for (vitplasticity.workflow.costs and time_cap, first attempt), so the bill is what is
 asked, not a separate guess; it covers the whole config, done or not (a rerun's finished runs
@@ -7,7 +7,6 @@ are not submitted again)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,6 @@ from vitplasticity.workflow.config import enabled_experiments, experiment_runs
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import FinetunePack
 from vitplasticity.workflow.recommend_jobs import recommend_value
-from vitplasticity.workflow.time_cap import GroupFit
 
 # The workflow profile gives text_plasticity and finetune_text no runtime of their own: they ask for
 # slurm/profile.yaml's default-resources runtime (lowered to the cap like every fixed one).
@@ -139,7 +137,7 @@ def _by_model(
 
 def finetune_lines(config: dict[str, Any], run_minutes: RunMinutes) -> list[BillLine]:
     """One line per model of the enabled experiments' runs, each run's first-attempt minutes
-    from ``run_minutes`` (a grouped run's share of the cap, as its job asks)."""
+    from ``run_minutes``."""
     cells = [
         (run.model, run.dataset)
         for name in enabled_experiments(config)
@@ -176,8 +174,6 @@ def compute_bill(
     runtimes: JobRuntimes,
     *,
     packs: list[FinetunePack] | None = None,
-    runs_per_group: int = 1,
-    run_minutes: RunMinutes | None = None,
     jobs_at_once: int = SHIPPED_JOBS_AT_ONCE,
     submissions_per_second: float = SHIPPED_SUBMISSIONS_PER_SECOND,
 ) -> Bill:
@@ -187,8 +183,6 @@ def compute_bill(
         config: the validated config.
         runtimes: its jobs' runtimes (the rules' own ``runtime`` functions).
         packs: finetune.pack_runs' packs as the workflow cut them (None: runs unpacked).
-        runs_per_group: finetuning runs per Snakemake group job (1: not grouped).
-        run_minutes: one grouped run's runtime function (default: ``runtimes.finetune``).
         jobs_at_once: the profile's ``jobs``.
         submissions_per_second: the profile's submission throttle.
     """
@@ -196,8 +190,8 @@ def compute_bill(
         lines = pack_lines(config, packs, runtimes)
         finetune_jobs = sum(len(pack.models) * len(pack.datasets) for pack in packs)
     else:
-        lines = finetune_lines(config, run_minutes or runtimes.finetune)
-        finetune_jobs = math.ceil(sum(line.runs for line in lines) / runs_per_group)
+        lines = finetune_lines(config, runtimes.finetune)
+        finetune_jobs = sum(line.runs for line in lines)
     p = config["plasticity"]
     plasticity = [(m, d) for m in p["models"] for d in p["datasets"]]
     lines += _by_model("plasticity", p["dtype"], plasticity, runtimes.plasticity)
@@ -251,14 +245,12 @@ class BillNotice:
     """``rule all``'s input function that prints the bill once and writes it to ``path``.
 
     Snakemake evaluates it while it builds the DAG of ``all`` (a dry run or a start, in the
-    main process only), after it has set the job groups of the command line: the bill then
-    counts the groups as the submission will form them.
+    main process only).
 
     Args:
         workflow: Snakemake's workflow object (executor, profile throttle).
         config: the validated config.
         runtimes: its jobs' runtimes.
-        group_fit: the finetune rule's groups within the cap.
         packs: called for finetune.pack_runs' cut packs (None: runs unpacked).
         path: the file the bill is written to.
         report: called with the bill's text.
@@ -269,13 +261,12 @@ class BillNotice:
         workflow: Any,
         config: dict[str, Any],
         runtimes: JobRuntimes,
-        group_fit: GroupFit,
         packs: Callable[[], list[FinetunePack] | None],
         path: str | Path,
         report: Callable[[str], None] = print,
     ) -> None:
         self.workflow, self.config, self.runtimes = workflow, config, runtimes
-        self.group_fit, self.packs = group_fit, packs
+        self.packs = packs
         self.path, self.report = Path(path), report
         self.bill: Bill | None = None
 
@@ -287,8 +278,6 @@ class BillNotice:
                 self.config,
                 self.runtimes,
                 packs=self.packs(),
-                runs_per_group=self.group_fit.runs_per_group,
-                run_minutes=self.group_fit.finetune,
                 jobs_at_once=jobs_at_once,
                 submissions_per_second=per_second,
             )

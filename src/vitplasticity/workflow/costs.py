@@ -72,16 +72,14 @@ class JobRuntimes:
         wildcards: Wildcards,
         attempt: int,
         runs: int = 1,
-        start_up_share: Fraction = Fraction(1),
     ) -> int | None:
         """Minutes a job of ``runs`` runs of the wildcards' model and dataset asks for, one
-        after another (runtime.pack_minutes: one start-up allowance, or ``start_up_share`` of
-        it, and their compute), capped; a model without an estimate asks as
-        :meth:`model_minutes` says."""
+        after another (runtime.pack_minutes: one start-up allowance and their compute),
+        capped; a model without an estimate asks as :meth:`model_minutes` says."""
         seconds = self.run_seconds(wildcards.model, wildcards.dataset)
         if seconds is None:
             return self.max_minutes
-        minutes = runtime.pack_minutes([seconds] * runs, attempt, start_up_share)
+        minutes = runtime.pack_minutes([seconds] * runs, attempt)
         return runtime.capped(minutes, self.max_minutes)
 
     def finetune(self, wildcards: Wildcards, attempt: int) -> int | None:

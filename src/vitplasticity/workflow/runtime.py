@@ -97,8 +97,8 @@ PRECISION_ALIASES = {"float32": "fp32"}
 
 # Finetuning: validation and test evaluations add ~30% to the training steps; start-up
 # (imports, loading the prepared dataset and the weights) gets a fixed allowance, once per
-# job: a pack's runs share its process, and a Snakemake group's runs its node, so a job of
-# several runs asks for one allowance and their compute (pack_minutes).
+# job: a pack's runs share its process, so a job of several runs asks for one allowance and
+# their compute (pack_minutes).
 FINETUNE_EVAL_FACTOR = Fraction(13, 10)
 FINETUNE_FIXED_MINUTES = 15
 # Plasticity: one forward pass per image and protocol, a third of a training image's work
@@ -219,21 +219,17 @@ def finetune_compute_seconds(
     return FINETUNE_EVAL_FACTOR * steps * batch_size * per_image
 
 
-def pack_minutes(
-    compute_seconds: Iterable[Fraction], attempt: int = 1, start_up_share: Fraction = Fraction(1)
-) -> int:
+def pack_minutes(compute_seconds: Iterable[Fraction], attempt: int = 1) -> int:
     """Minutes a job of finetuning runs done one after another asks for: one start-up
     allowance (15 min) plus every run's compute, times the attempt; rounded down. A run of
-    its own is a pack of one; a run of a Snakemake group of N asks for ``1/N`` of the
-    allowance and its compute, since Snakemake asks for the sum of its runs' minutes.
+    its own is a pack of one.
 
     Args:
         compute_seconds: each run's :func:`finetune_compute_seconds`.
         attempt: the scheduler's attempt, 1 for the first submission.
-        start_up_share: the share of the allowance the job asks for (1: a job of its own).
     """
     seconds = sum(compute_seconds, Fraction(0))
-    return _minutes(FINETUNE_FIXED_MINUTES * start_up_share, seconds, attempt)
+    return _minutes(FINETUNE_FIXED_MINUTES, seconds, attempt)
 
 
 def finetune_minutes(

@@ -15,9 +15,8 @@ bounds, the reference set and their figures and tables) before the finetuning gr
   ``gpu: 1`` (``--gpus=1``), ``gpu_model`` (``--gpus=<model>:1``) or a ``gres`` naming
   ``gpu`` (``--gres=gpu:1``, ``--gres=gpu:<type>:1``) (:func:`asks_for_gpu`); the workflow
   profile writes it once for every GPU rule. Each such rule also counts as one GPU job for
-  Snakemake itself (:data:`GPU_JOBS`), whatever the form: the packing block of
-  slurm/profile.yaml limits that count within a group, so a group's runs take its one GPU in
-  turn with ``gres`` as with ``gpu``.
+  Snakemake itself (:data:`GPU_JOBS`), whatever the form, so that ``--resources gpu_jobs=N``
+  limits the GPU jobs at once with ``gres`` as with ``gpu``.
 - Order: the rules of :data:`FIRST_RESULT_RULES` get Snakemake priority
   :data:`FIRST_RESULTS_PRIORITY` (0 for every other rule): among the jobs ready at once,
   Snakemake submits them first. SLURM then orders its queue by its own priority; the
@@ -61,8 +60,8 @@ ONE_RUN_RULE = "finetune"
 
 GPU_JOBS = "gpu_jobs"
 """The resource (1) of every rule that asks for a GPU, in whichever form: Snakemake's own count
-of GPU jobs. slurm/profile.yaml's packing block gives each group ``gpu_jobs=1`` (scope
-``local``), so that its runs take the group's one GPU one after another; SLURM never sees it."""
+of GPU jobs, which ``--resources gpu_jobs=N`` limits (a local run on N GPUs); SLURM never
+sees it."""
 
 # The plugin's GPU resources (snakemake_executor_plugin_slurm.utils.set_gres_string): `gpu`
 # (with `gpu_model`: --gpus=<model>:<gpu>, gpu defaulting to 1) and `gres` (--gres=<gres>).

@@ -1,18 +1,15 @@
-"""``scheduler.max_runtime_minutes`` against packing: no job, packed either way, asks for more.
+"""``scheduler.max_runtime_minutes`` against packing: no job, packed or not, asks for more.
 
 A finetuning run longer than the cap asks for the cap and resumes from its checkpoint on its
 retry (vitplasticity.workflow.costs). Packing puts several runs into one job, which asks for
 one start-up allowance and their compute (vitplasticity.workflow.runtime.pack_minutes), so a
 pack of runs that each fit could still ask for more than the partition allows, and SLURM holds
-such a job PENDING (``PartitionTimeLimit``) forever or rejects it. Both ways of packing are cut
-here so that they fit, by that same count:
+such a job PENDING (``PartitionTimeLimit``) forever or rejects it. So a
+``finetune.pack_runs`` pack is cut here, by that same count, into packs of at most
+:func:`runs_that_fit` runs (each its own rule, named by its runs as every pack is).
 
-- ``finetune.pack_runs`` (one process per pack): a pack is cut into packs of at most
-  :func:`runs_that_fit` runs (each its own rule, named by its runs as every pack is).
-- Snakemake groups (``--groups finetune=<group> --group-components <group>=N``, the packing
-  block of slurm/profile.yaml): N is lowered to :func:`runs_that_fit`, and each grouped run
-  asks for its share of the allowance and its compute, at most its share of the cap, so a
-  retried group (each run's minutes times the attempt) fits too.
+Snakemake groups of the finetune rule, another way of packing that the measurement put behind
+``finetune.pack_runs`` (docs/benchmarks.md), are refused (:class:`UngroupedFinetune`).
 
 The smallest unit is one finetuning run: a cap that leaves a run no compute time past its
 start-up allowance is refused at parse, naming the key.
@@ -29,7 +26,11 @@ from fractions import Fraction
 from typing import Any
 
 from vitplasticity.workflow import runtime
-from vitplasticity.workflow.config import enabled_experiments, experiment_runs
+from vitplasticity.workflow.config import (
+    ConfigError,
+    config_errors_end_the_run,
+    enabled_experiments,
+)
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import FinetunePack, check_distinct_names
 from vitplasticity.workflow.params import Wildcards
@@ -63,7 +64,7 @@ def runs_that_fit(compute_seconds: Iterable[Fraction | None], cap: int, most: in
         compute_seconds: each run's compute (JobRuntimes.run_seconds); None, a model without
             an estimate, asks for the cap: one run per job.
         cap: scheduler.max_runtime_minutes.
-        most: the most runs wanted (the pack's runs, the group's components).
+        most: the most runs wanted (the pack's runs).
     """
     seconds = list(compute_seconds)
     if any(s is None for s in seconds):
@@ -74,16 +75,6 @@ def runs_that_fit(compute_seconds: Iterable[Fraction | None], cap: int, most: in
         range(1, most + 1), cap, key=lambda n: runtime.pack_minutes([longest] * n)
     )
     return max(1, fitting)
-
-
-def _experiment_cells(config: dict[str, Any]) -> list[tuple[str, str]]:
-    """The (model, dataset) of every run of every enabled experiment, once each."""
-    cells = {
-        (run.model, run.dataset)
-        for name in enabled_experiments(config)
-        for run in experiment_runs(config, name)
-    }
-    return sorted(cells)
 
 
 def cut_packs(
@@ -112,88 +103,51 @@ def cut_packs(
     return cut
 
 
-class GroupFit:
-    """Snakemake's job groups of the finetune rule kept within the cap.
+GROUPS_REMOVED = (
+    "Snakemake groups of finetuning runs ({option}) are no longer supported: pack the runs "
+    "with finetune.pack_runs: true in the config instead (one process per pack: 0.53x the "
+    "GPU-job time of one job per run on the test cluster, the groups 0.93x; "
+    "docs/benchmarks.md), and remove the group of rule finetune from the profile or command "
+    "line"
+)
+"""Why the finetune rule is never grouped: one way of packing runs, the one that wins."""
 
-    Snakemake sets its group settings (``--groups``, ``--group-components``) on the workflow
-    after the Snakefile is parsed and forms the groups once every job's inputs are known, so
-    the groups are fitted when the rule's first input function is called
-    (:meth:`fitted_input`), in between.
+
+class UngroupedFinetune:
+    """Refuses Snakemake job groups of the finetune rule (``--groups finetune=<group>``, the
+    old packing block of slurm/profile.yaml): ``finetune.pack_runs`` packs runs instead.
+
+    Snakemake sets its group settings on the workflow after the Snakefile is parsed and forms
+    the groups once every job's inputs are known, so the check runs when the rule's first input
+    function is called (:meth:`checked_input`), in between, before any job starts.
 
     Args:
         workflow: Snakemake's ``workflow`` object (its ``group_settings``; None: no groups).
-            The ``group_components`` of the grouped rule's group is lowered in place when its
-            runs would sum to more than the cap.
-        config: the validated config.
-        runtimes: the jobs' runtimes bound to ``config``.
-        rule: the grouped rule's name.
-        report: called with the message saying that the group was cut.
+        rule: the rule that must not be grouped.
     """
 
-    def __init__(
-        self,
-        workflow: Any,
-        config: dict[str, Any],
-        runtimes: JobRuntimes,
-        rule: str = "finetune",
-        report: Callable[[str], None] = print,
-    ) -> None:
+    def __init__(self, workflow: Any, rule: str = "finetune") -> None:
         self.workflow = workflow
-        self.config = config
-        self.cap: int | None = config["scheduler"]["max_runtime_minutes"]
-        self.runtimes = runtimes
         self.rule = rule
-        self.report = report
-        self._runs_per_group: int | None = None
 
-    @property
-    def runs_per_group(self) -> int:
-        """Runs in one group job of the rule once fitted (1 when the rule is not grouped)."""
-        if self._runs_per_group is None:
-            self._runs_per_group = self._fit()
-        return self._runs_per_group
-
-    def _fit(self) -> int:
+    def check(self) -> None:
+        """Raise ConfigError when the rule is in a Snakemake group."""
         settings = getattr(self.workflow, "group_settings", None)
         group = (getattr(settings, "overwrite_groups", None) or {}).get(self.rule)
-        if group is None:
-            return 1
-        components = dict(settings.group_components or {})
-        requested = components.get(group, 1)
-        if self.cap is None:
-            return requested
-        seconds = [self.runtimes.run_seconds(m, d) for m, d in _experiment_cells(self.config)]
-        fits = runs_that_fit(seconds, self.cap, requested)
-        if fits >= requested:
-            return requested
-        components[group] = fits
-        settings.group_components = type(settings.group_components)(components)
-        self.report(
-            f"--group-components {group}={requested} lowered to {group}={fits}: "
-            f"{requested} runs one after another would ask for more than {CAP_KEY} "
-            f"({self.cap} minutes)"
-        )
-        return fits
+        if group is not None:
+            option = f"--groups {self.rule}={group}"
+            raise ConfigError(GROUPS_REMOVED.format(option=option))
 
-    def fitted_input(self, function: Callable[[Wildcards], Any]) -> Callable[[Wildcards], Any]:
-        """``function``, an input function of the grouped rule, fitting the groups first."""
+    def checked_input(self, function: Callable[[Wildcards], Any]) -> Callable[[Wildcards], Any]:
+        """``function``, an input function of the rule, checking the groups first (a refusal
+        ends the run with its message alone, before any job)."""
 
         def inputs(wildcards: Wildcards) -> Any:
-            self.runs_per_group  # noqa: B018 (fits the groups on first use)
+            with config_errors_end_the_run():
+                self.check()
             return function(wildcards)
 
         return inputs
-
-    def finetune(self, wildcards: Wildcards, attempt: int) -> int | None:
-        """One grouped run's minutes: its share of the group's one start-up allowance and its
-        compute (JobRuntimes.runs_minutes: Snakemake asks for the sum of a group's runs), at
-        most its share of the cap, so that a group of ``runs_per_group`` retried runs still
-        fits. A run of no group asks for its own minutes."""
-        share = Fraction(1, self.runs_per_group)
-        minutes = self.runtimes.runs_minutes(wildcards, attempt, start_up_share=share)
-        if self.cap is None or minutes is None:
-            return minutes
-        return min(minutes, self.cap // self.runs_per_group)
 
 
 def cap_fixed_runtimes(rules: Iterable[Any], max_minutes: int | None) -> list[str]:
