@@ -4,7 +4,6 @@ scheduler's cap, and a transformers model's fallback to the cap."""
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -83,34 +82,27 @@ def test_recommend_measures_the_plasticity_pairs_unless_it_has_its_own(
 
 
 # A pack's minutes, worked out by hand: one start-up allowance (15 min) and its runs' compute,
-# times the attempt, rounded down; a run of a Snakemake group of 3 asks for a third of the
-# allowance and its compute. The paper's ViT-B/16 CIFAR-10 fp32 run computes 10,000 steps x
-# 512 images x 105.147 GFLOP x 1.3 / 14 TFLOP/s = 49,989.96 s = 833.166 min; the demo's run
+# times the attempt, rounded down. The paper's ViT-B/16 CIFAR-10 fp32 run computes 10,000 steps
+# x 512 images x 105.147 GFLOP x 1.3 / 14 TFLOP/s = 49,989.96 s = 833.166 min; the demo's run
 # 48 x 32 x 7.463 GFLOP x 1.3 / 14 TFLOP/s = 1.0645 s = 0.0177 min.
 #
-# | cell | runs | attempt | share | minutes | before (each run its own allowance) |
-# |---|---:|---:|---|---|---|
-# | vit_base / cifar10 | 1 | 1 | 1 | 15 + 833.166 = 848.17 -> 848 | 848 |
-# | vit_base / cifar10 | 3 | 1 | 1 | 15 + 2,499.50 = 2,514.50 -> 2,514 | 3 x 848 = 2,544 |
-# | vit_base / cifar10 | 7 | 1 | 1 | 15 + 5,832.16 = 5,847.16 -> 5,847 | 7 x 848 = 5,936 |
-# | vit_base / cifar10 | 3 | 2 | 1 | 2 x 2,514.50 = 5,029.0 -> 5,028 | 3 x 1,696 = 5,088 |
-# | vit_base / cifar10 | 1 | 1 | 1/3 | 5 + 833.166 = 838.17 -> 838 | 848 |
-# | demo_vit / demo-stripes | 16 | 1 | 1 | 15 + 0.284 = 15.28 -> 15 | 16 x 15 = 240 |
-# | demo_vit / demo-stripes | 1 | 1 | 1/3 | 5 + 0.0177 -> 5 | 15 |
+# | cell | runs | attempt | minutes | before (each run its own allowance) |
+# |---|---:|---:|---|---|
+# | vit_base / cifar10 | 1 | 1 | 15 + 833.166 = 848.17 -> 848 | 848 |
+# | vit_base / cifar10 | 3 | 1 | 15 + 2,499.50 = 2,514.50 -> 2,514 | 3 x 848 = 2,544 |
+# | vit_base / cifar10 | 7 | 1 | 15 + 5,832.16 = 5,847.16 -> 5,847 | 7 x 848 = 5,936 |
+# | vit_base / cifar10 | 3 | 2 | 2 x 2,514.50 = 5,029.0 -> 5,028 | 3 x 1,696 = 5,088 |
+# | demo_vit / demo-stripes | 16 | 1 | 15 + 0.284 = 15.28 -> 15 | 16 x 15 = 240 |
 PACK_MINUTES = [
-    ("paper", "vit_base", "cifar10", 1, 1, Fraction(1), 848),
-    ("paper", "vit_base", "cifar10", 3, 1, Fraction(1), 2514),
-    ("paper", "vit_base", "cifar10", 7, 1, Fraction(1), 5847),
-    ("paper", "vit_base", "cifar10", 3, 2, Fraction(1), 5028),
-    ("paper", "vit_base", "cifar10", 1, 1, Fraction(1, 3), 838),
-    ("demo", "demo_vit", "demo-stripes", 16, 1, Fraction(1), 15),
-    ("demo", "demo_vit", "demo-stripes", 1, 1, Fraction(1, 3), 5),
+    ("paper", "vit_base", "cifar10", 1, 1, 848),
+    ("paper", "vit_base", "cifar10", 3, 1, 2514),
+    ("paper", "vit_base", "cifar10", 7, 1, 5847),
+    ("paper", "vit_base", "cifar10", 3, 2, 5028),
+    ("demo", "demo_vit", "demo-stripes", 16, 1, 15),
 ]
 
 
-@pytest.mark.parametrize(
-    ("preset", "model", "dataset", "runs", "attempt", "share", "minutes"), PACK_MINUTES
-)
+@pytest.mark.parametrize(("preset", "model", "dataset", "runs", "attempt", "minutes"), PACK_MINUTES)
 def test_a_pack_asks_for_one_start_up_and_its_runs_compute(
     request: pytest.FixtureRequest,
     preset: str,
@@ -118,16 +110,14 @@ def test_a_pack_asks_for_one_start_up_and_its_runs_compute(
     dataset: str,
     runs: int,
     attempt: int,
-    share: Fraction,
     minutes: int,
 ) -> None:
     config = request.getfixturevalue(preset)
     costs = JobRuntimes(config)
     cell = of(model=model, dataset=dataset)
-    assert costs.runs_minutes(cell, attempt, runs, share) == minutes
-    if share == 1:
-        pack = FinetunePack("sgd", (model,), (dataset,), (("head", 0.01, 0),) * runs)
-        assert costs.pack(pack)(cell, attempt) == minutes
+    assert costs.runs_minutes(cell, attempt, runs) == minutes
+    pack = FinetunePack("sgd", (model,), (dataset,), (("head", 0.01, 0),) * runs)
+    assert costs.pack(pack)(cell, attempt) == minutes
 
 
 def test_a_pack_asks_for_at_most_the_cap(demo: dict[str, Any]) -> None:
