@@ -14,7 +14,7 @@ rule finetune:
     benchmark:
         f"{RESULTS}/benchmarks/finetune/{{experiment}}/{{model}}/{{dataset}}/{{configuration}}/lr{{lr}}_seed{{seed}}.tsv"
     wildcard_constraints:
-        experiment=ONE_RUN_EXPERIMENTS,
+        experiment=FINETUNE.one_run_experiments,
     params:
         **FINETUNE_PARAMS,
         out_dir=output_folder("summary"),

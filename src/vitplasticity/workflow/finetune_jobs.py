@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,31 @@ class FinetuneJobs:
         self.config = config
         self.results = config["paths"]["results"]
         self.models = ModelJobs(config)
+
+    @property
+    def packed(self) -> bool:
+        """Whether the experiments' runs are packed (``finetune.pack_runs``)."""
+        return bool(self.config["finetune"]["pack_runs"])
+
+    @property
+    def one_run_rule(self) -> bool:
+        """Whether the one-run rule is needed: for every experiment unpacked; packed, for the
+        experiment of ``recommend.verify``, whose runs are chosen as the verification goes,
+        not a fixed grid to pack."""
+        return not self.packed or self._verified
+
+    @property
+    def one_run_experiments(self) -> str:
+        """The one-run rule's ``experiment`` wildcard pattern: any experiment, or packed, the
+        verification's only."""
+        if self.packed and self._verified:
+            return re.escape(self.config["recommend"]["verify"]["experiment"])
+        return r"[A-Za-z0-9_]+"
+
+    @property
+    def _verified(self) -> bool:
+        recommend = self.config["recommend"]
+        return bool(recommend["enabled"] and recommend["verify"]["enabled"])
 
     def params(self) -> dict[str, Any]:
         """The params every run gets (the one-run rule's and every pack rule's), in the order
