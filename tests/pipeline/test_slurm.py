@@ -142,8 +142,11 @@ def cell_of(comment: str, config: dict) -> tuple[str, str]:
 def check_requests(
     rows: list[dict[str, str]], config: dict, attempt: int = 1, results: Path | None = None
 ) -> None:
-    """Every job got what the shipped workflow profile and the rules ask for on `attempt`
-    (sacct rows), and no more memory than the node has (`results`: a packed run's results)."""
+    """Every job asked for and got what the shipped workflow profile and the rules ask for on
+    `attempt` (sacct rows), and no more memory than the node has (`results`: a packed run's
+    results). A GPU job's request is the shipped form, {gpu: 1, cpus_per_gpu: 8}: this is the
+    check of that form on the cluster (tests/pipeline/test_slurm_gpu_forms.py submits the
+    others)."""
     profile = yaml.safe_load(WORKFLOW_PROFILE.read_text())
     node_mb = node_memory_mb()
     for row in rows:
@@ -156,7 +159,11 @@ def check_requests(
         if rule in ("finetune", "plasticity"):
             assert wanted["gpu"] == 1, f"the shipped profile asks no GPU for {rule}"
         if wanted.get("gpu"):
-            assert tres.get("gres/gpu") == wanted["gpu"], row
+            # Asked for (ReqTRES: sbatch --gpus=1 --cpus-per-gpu=8) and got (AllocTRES) one GPU.
+            for column in ("ReqTRES", "AllocTRES"):
+                asked_got = alloc_tres(row, column)
+                assert asked_got.get("gres/gpu") == wanted["gpu"], (column, row)
+                assert asked_got["mem"] == mem_mb, (column, row)
             assert tres["cpu"] == wanted["gpu"] * wanted["cpus_per_gpu"], row
         else:
             assert "gres/gpu" not in tres and tres["cpu"] == 1, row
