@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import time
 from datetime import datetime
@@ -49,6 +50,7 @@ from tests.helpers.slurm_harness import (
     run_uuids,
     running_jobs,
     shipped_profile_args,
+    signal_group,
     start_snakemake,
     timelimit_minutes,
     wait_for_accounting,
@@ -233,9 +235,28 @@ def test_finetune_job_cancelled_twice_finishes_on_its_third_attempt_within_the_n
     but the finetuning job is retried (the dataset's prepare job ran once), and the run's
     numbers equal an uninterrupted run's."""
     args = [*slurm_workflow_args(tmp_path, ONE_LONGER_RUN), "finetune_all"]
+    proc = start_snakemake(args, REPO, tmp_path / "snakemake.log")
+    # The uninterrupted run to compare with, made locally meanwhile: most of this test waits on
+    # SLURM (submissions, status polls, cancellations), and a slower cluster job is only easier
+    # to catch between its checkpoints.
+    clean = tmp_path / "uninterrupted"
+    clean.mkdir()
+    clean_args = [*workflow_args(clean, ONE_LONGER_RUN), "--cores", "2", "finetune_all"]
+    uninterrupted = start_snakemake(clean_args, REPO, tmp_path / "uninterrupted.log")
+    try:
+        check_cancelled_twice(proc, tmp_path)
+    except BaseException:
+        if uninterrupted.poll() is None:  # not left running after a failure
+            signal_group(uninterrupted, signal.SIGTERM)
+        raise
+    assert uninterrupted.wait(timeout=600) == 0, (tmp_path / "uninterrupted.log").read_text()
+    assert summaries(tmp_path / "results") == summaries(clean / "results")
+
+
+def check_cancelled_twice(proc: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """The checks of the test above on its SLURM run `proc` (in `tmp_path`)."""
     run_dir = tmp_path / "results" / RUN
     log = tmp_path / f"results/logs/{RUN}.log"
-    proc = start_snakemake(args, REPO, tmp_path / "snakemake.log")
 
     def wait_for(condition, what: str) -> None:
         deadline = time.monotonic() + 300
@@ -288,12 +309,6 @@ def test_finetune_job_cancelled_twice_finishes_on_its_third_attempt_within_the_n
     check_requests(others, config)
     for attempt, row in enumerate(rows, start=1):
         check_requests([row], config, attempt)  # memory within the node; wall time grows
-
-    # The twice-resumed run's numbers are those of an uninterrupted one (run locally here).
-    clean = tmp_path / "uninterrupted"
-    clean.mkdir()
-    run_snakemake([*workflow_args(clean, ONE_LONGER_RUN), "--cores", "2", "finetune_all"], REPO)
-    assert summaries(tmp_path / "results") == summaries(clean / "results")
     print(
         f"\nattempts: {[(r['JobID'], r['State'], r['AllocTRES'], r['Timelimit']) for r in rows]};"
         f" resumed from steps {second_from} and {third_from}; node {node_memory_mb()} MB"
