@@ -5,7 +5,8 @@ SLURM of tests/helpers/slurm_harness.py.
 Snakemake deletes the outputs of every job of a failed group job, the finished runs' too; each
 finished run's verified copy (vitplasticity.finetune.finished, outside the declared outputs)
 survives, so the rerun puts those runs back, resumes the interrupted one from its checkpoint
-and trains the rest; the results equal an uninterrupted run's."""
+and trains the rest, and nothing else reruns (its SLURM jobs are the group's); the results equal
+an uninterrupted run's."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tests.helpers.slurm_harness import (
     run_uuids,
     shipped_profile_args,
     start_snakemake,
+    wait_for_accounting,
 )
 from vitplasticity.finetune import finished
 
@@ -154,6 +156,11 @@ def test_a_cancelled_group_job_keeps_its_finished_runs(
 
     rerun = run_snakemake(args, REPO, timeout=900)  # the same command
     assert "Error" not in rerun.stdout, rerun.stdout[-3000:]
+    # Nothing else reruns: the rerun's SLURM jobs are the group's alone (not the prepare job).
+    (rerun_uuid,) = run_uuids(rerun.stdout)
+    submitted = rerun.stdout.count("has been submitted with SLURM jobid")
+    rerun_rows = wait_for_accounting(rerun_uuid, submitted)
+    assert rerun_rows and all("finetune_pack" in r["Comment"] for r in rerun_rows), rerun_rows
     texts = {c: logs[c].read_text() for c in CONFIGURATIONS}
     trained = sorted(c for c, text in texts.items() if "finetune.setup: run " in text)
     put_back = sorted(c for c, text in texts.items() if "finished by an earlier job" in text)
