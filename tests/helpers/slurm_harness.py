@@ -129,7 +129,8 @@ class LocalSlurm:
 
 
 def sacct_jobs(job_name: str) -> list[dict[str, str]]:
-    """Accounting rows (allocations only, not steps) of every job named `job_name`.
+    """Accounting rows (allocations only, not steps) of every job named `job_name`: what each
+    job asked for (ReqTRES) and got (AllocTRES), its state, times and comment.
 
     The SLURM plugin names every job of one Snakemake invocation after its run UUID.
     """
@@ -142,6 +143,7 @@ def sacct_jobs(job_name: str) -> list[dict[str, str]]:
         "End",
         "Timelimit",
         "AllocTRES",
+        "ReqTRES",
         "Comment",
     ]
     out = subprocess.run(
@@ -155,11 +157,12 @@ def sacct_jobs(job_name: str) -> list[dict[str, str]]:
     return [row for row in rows if row.get("JobID")]
 
 
-def alloc_tres(row: dict[str, str]) -> dict[str, float]:
-    """A sacct row's AllocTRES as numbers: {"cpu": 8, "gres/gpu": 1, "mem": 48000 (MB), ...}."""
+def alloc_tres(row: dict[str, str], column: str = "AllocTRES") -> dict[str, float]:
+    """A sacct row's AllocTRES (or another TRES `column`, e.g. ReqTRES) as numbers:
+    {"cpu": 8, "gres/gpu": 1, "mem": 48000 (MB), ...}."""
     units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
     tres = {}
-    for item in filter(None, row["AllocTRES"].split(",")):
+    for item in filter(None, row[column].split(",")):
         name, value = item.split("=", 1)
         scale = units.get(value[-1], 1)
         tres[name] = float(value.rstrip("KMGT")) * scale

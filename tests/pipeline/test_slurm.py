@@ -6,12 +6,14 @@
   with the profile's requests (each pack those of one finetune run, plasticity one GPU each
   and 8 CPUs per GPU, CPU-only rules no GPU; memory; wall time from the rules' runtime
   formulas, a pack's its runs' together), and the results identical to a local unpacked run.
-- A finetuning job cancelled mid-run (scancel) is resumed by a rerun from its checkpoint, and
-  nothing else reruns; its numbers equal an uninterrupted run's. The profile's squeue status
-  command is what lets the first run see the cancellation (plugin 2.4.0-2.8.0, slurm/profile.yaml).
-- A finetuning job cancelled twice is retried by the same run (the profile's retries) and
-  finishes on its third attempt, resuming from its checkpoint each time, every attempt asking
-  for memory the node has (the profile's, not growing with the attempt).
+- A finetuning job cancelled twice mid-run (scancel) is retried by the same run (the profile's
+  retries) and finishes on its third attempt, resuming from its checkpoint each time, every
+  attempt asking for memory the node has (the profile's, not growing with the attempt); nothing
+  else reruns, and its numbers equal an uninterrupted run's. The profile's squeue status command
+  is what lets the run see each cancellation (plugin 2.4.0-2.8.0, slurm/profile.yaml). A rerun
+  of the same command after a cancellation that failed the run (--retries 0) starts the job
+  the way a retry does and finds the same checkpoint (tests/pipeline/test_faults.py reruns an
+  interrupted local run; tests/pipeline/test_pack_interrupted.py an interrupted pack).
 
 The cluster comes from tests/helpers/slurm_harness.py (started here when needed, stopped at the end
 by PID); its node advertises stand-in GPUs and a GPU node's CPUs and memory, so the shipped
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -41,6 +44,7 @@ from tests.helpers.slurm_harness import (
     run_uuids,
     running_jobs,
     shipped_profile_args,
+    signal_group,
     start_snakemake,
     timelimit_minutes,
     wait_for_accounting,
@@ -133,8 +137,11 @@ def cell_of(comment: str, config: dict) -> tuple[str, str]:
 def check_requests(
     rows: list[dict[str, str]], config: dict, attempt: int = 1, results: Path | None = None
 ) -> None:
-    """Every job got what the shipped workflow profile and the rules ask for on `attempt`
-    (sacct rows), and no more memory than the node has (`results`: a packed run's results)."""
+    """Every job asked for and got what the shipped workflow profile and the rules ask for on
+    `attempt` (sacct rows), and no more memory than the node has (`results`: a packed run's
+    results). A GPU job's request is the shipped form, {gpu: 1, cpus_per_gpu: 8}: this is the
+    check of that form on the cluster (tests/pipeline/test_slurm_gpu_forms.py submits the
+    others)."""
     profile = yaml.safe_load(WORKFLOW_PROFILE.read_text())
     node_mb = node_memory_mb()
     for row in rows:
@@ -147,7 +154,11 @@ def check_requests(
         if rule in ("finetune", "plasticity"):
             assert wanted["gpu"] == 1, f"the shipped profile asks no GPU for {rule}"
         if wanted.get("gpu"):
-            assert tres.get("gres/gpu") == wanted["gpu"], row
+            # Asked for (ReqTRES: sbatch --gpus=1 --cpus-per-gpu=8) and got (AllocTRES) one GPU.
+            for column in ("ReqTRES", "AllocTRES"):
+                asked_got = alloc_tres(row, column)
+                assert asked_got.get("gres/gpu") == wanted["gpu"], (column, row)
+                assert asked_got["mem"] == mem_mb, (column, row)
             assert tres["cpu"] == wanted["gpu"] * wanted["cpus_per_gpu"], row
         else:
             assert "gres/gpu" not in tres and tres["cpu"] == 1, row
@@ -205,54 +216,6 @@ ONE_LONGER_RUN = {
 RUN = "finetune/sgd/demo_vit/demo-stripes/head/lr0.05_seed0"
 
 
-def test_cancelled_finetune_job_resumes_from_its_checkpoint(
-    local_slurm: LocalSlurm, tmp_path: Path
-) -> None:
-    # No retry, so that the cancelled job fails the first run. The profile polls with squeue:
-    # with sacct, plugins 2.4.0-2.8.0 read "CANCELLED by <uid>" as still running and the
-    # first run would wait forever (docs/slurm.md, "Resume").
-    args = [*slurm_workflow_args(tmp_path, ONE_LONGER_RUN), "--retries", "0", "finetune_all"]
-    run_dir = tmp_path / "results" / RUN
-    proc = start_snakemake(args, REPO, tmp_path / "first.log")
-    deadline = time.monotonic() + 300
-    while not (run_dir / "checkpoint.pt").exists():
-        assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.2)
-    (uuid,) = run_uuids((tmp_path / "first.log").read_text())
-    running = running_jobs(uuid, "rule_finetune")
-    assert len(running) == 1, running
-    subprocess.run(["scancel", running[0]], check=True)
-    assert proc.wait(timeout=300) != 0
-    first_log = (tmp_path / "first.log").read_text()
-    assert "CANCELLED" in first_log, first_log[-3000:]
-    # The first run's jobs: the dataset's prepare (COMPLETED) and the cancelled finetune.
-    first_rows = wait_for_accounting(uuid, 2)
-    states = {r["JobID"]: r["State"] for r in first_rows}
-    assert sorted(map(job_rule, first_rows)) == ["finetune", "prepare"], first_rows
-    assert states[running[0]].startswith("CANCELLED"), first_rows
-    check_requests(first_rows, merged_config(ONE_LONGER_RUN))
-    assert not (run_dir / "summary.json").exists()
-    assert (run_dir / "checkpoint.pt").exists()
-
-    rerun = run_snakemake(args, REPO, timeout=600)
-    (uuid2,) = run_uuids(rerun.stdout)
-    rows = wait_for_accounting(uuid2, 1)
-    assert [r["Comment"].split("_wildcards")[0] for r in rows] == ["rule_finetune"], rows
-    assert rows[0]["State"] == "COMPLETED"
-    check_requests(rows, merged_config(ONE_LONGER_RUN))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["resumed"] is True and summary["status"] == "completed"
-    log = tmp_path / f"results/logs/{RUN}.log"
-    assert "resuming" in log.read_text()
-
-    # The resumed run's numbers are those of an uninterrupted one (run locally here).
-    clean = tmp_path / "uninterrupted"
-    clean.mkdir()
-    run_snakemake([*workflow_args(clean, ONE_LONGER_RUN), "--cores", "2", "finetune_all"], REPO)
-    assert summaries(tmp_path / "results") == summaries(clean / "results")
-
-
 RESUMED_AT = re.compile(r"resuming \S+ from step (\d+)")
 
 
@@ -261,11 +224,32 @@ def test_finetune_job_cancelled_twice_finishes_on_its_third_attempt_within_the_n
 ) -> None:
     """The profile's retries (2) in one run: attempt 1 and 2 are cancelled after a checkpoint,
     attempt 3 completes. Each retry resumes from the checkpoint its predecessor left, and every
-    attempt's memory request is the profile's, within the node (sinfo's RealMemory)."""
+    attempt's memory request is the profile's, within the node (sinfo's RealMemory). Nothing
+    but the finetuning job is retried (the dataset's prepare job ran once), and the run's
+    numbers equal an uninterrupted run's."""
     args = [*slurm_workflow_args(tmp_path, ONE_LONGER_RUN), "finetune_all"]
+    proc = start_snakemake(args, REPO, tmp_path / "snakemake.log")
+    # The uninterrupted run to compare with, made locally meanwhile: most of this test waits on
+    # SLURM (submissions, status polls, cancellations), and a slower cluster job is only easier
+    # to catch between its checkpoints.
+    clean = tmp_path / "uninterrupted"
+    clean.mkdir()
+    clean_args = [*workflow_args(clean, ONE_LONGER_RUN), "--cores", "2", "finetune_all"]
+    uninterrupted = start_snakemake(clean_args, REPO, tmp_path / "uninterrupted.log")
+    try:
+        check_cancelled_twice(proc, tmp_path)
+    except BaseException:
+        if uninterrupted.poll() is None:  # not left running after a failure
+            signal_group(uninterrupted, signal.SIGTERM)
+        raise
+    assert uninterrupted.wait(timeout=600) == 0, (tmp_path / "uninterrupted.log").read_text()
+    assert summaries(tmp_path / "results") == summaries(clean / "results")
+
+
+def check_cancelled_twice(proc: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """The checks of the test above on its SLURM run `proc` (in `tmp_path`)."""
     run_dir = tmp_path / "results" / RUN
     log = tmp_path / f"results/logs/{RUN}.log"
-    proc = start_snakemake(args, REPO, tmp_path / "snakemake.log")
 
     def wait_for(condition, what: str) -> None:
         deadline = time.monotonic() + 300
@@ -306,13 +290,16 @@ def test_finetune_job_cancelled_twice_finishes_on_its_third_attempt_within_the_n
     assert summary["resumed"] is True and summary["status"] == "completed"
 
     (uuid,) = run_uuids((tmp_path / "snakemake.log").read_text())
-    rows = sorted(
-        (r for r in wait_for_accounting(uuid, 4) if job_rule(r) == "finetune"),
-        key=lambda r: int(r["JobID"]),
-    )
+    all_rows = wait_for_accounting(uuid, 4)
+    rows = sorted((r for r in all_rows if job_rule(r) == "finetune"), key=lambda r: int(r["JobID"]))
     assert [r["JobID"] for r in rows[:2]] == cancelled, rows
     assert [r["State"].split()[0] for r in rows] == ["CANCELLED", "CANCELLED", "COMPLETED"], rows
+    # Nothing else ran again: the run's one other job, the dataset's prepare, ran once.
+    others = [r for r in all_rows if job_rule(r) != "finetune"]
+    assert [job_rule(r) for r in others] == ["prepare"], all_rows
+    assert others[0]["State"] == "COMPLETED", others
     config = merged_config(ONE_LONGER_RUN)
+    check_requests(others, config)
     for attempt, row in enumerate(rows, start=1):
         check_requests([row], config, attempt)  # memory within the node; wall time grows
     print(

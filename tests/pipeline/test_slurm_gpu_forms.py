@@ -2,11 +2,16 @@
 
 workflow/profiles/default/profile.yaml writes its GPU request once (``&gpu_request``) and lists
 the forms a site may need instead: ``gpu`` (``sbatch --gpus=1``), ``gres: gpu:1`` and a typed
-``gres: gpu:<type>:1`` (``--gres``, for sites that reject ``--gpus``). Here each form is put in
-with the one edit a user makes (tests/helpers/gpu_requests.py) and a finetuning run submitted
-through snakemake-executor-plugin-slurm: sacct shows that its job asked for and got one GPU
-(``ReqTRES``/``AllocTRES`` ``gres/gpu=1``, ``gres/gpu:<type>=1`` for the typed form) and the
-form's 8 CPUs, and that the CPU-only job got none. The test cluster's node declares typed GPUs
+``gres: gpu:<type>:1`` (``--gres``, for sites that reject ``--gpus``). Here each form other
+than the shipped one is put in with the one edit a user makes (tests/helpers/gpu_requests.py)
+and a finetuning run submitted through snakemake-executor-plugin-slurm: sacct shows that its
+job asked for and got one GPU (``ReqTRES``/``AllocTRES`` ``gres/gpu=1``, ``gres/gpu:<type>=1``
+for the typed form) and the form's 8 CPUs, and that the CPU-only job got none. The shipped
+form (``{gpu: 1, cpus_per_gpu: 8}``, the first listed) is not submitted again here:
+tests/pipeline/test_slurm.py runs the shipped profile unmodified and its check_requests
+checks the same in sacct (ReqTRES and AllocTRES ``gres/gpu=1``, the profile's memory, 8 CPUs;
+none for the CPU-only jobs) on every finetuning job, single (its cancelled-twice test) or
+packed, and every plasticity job (its demo test). The test cluster's node declares typed GPUs
 (``gpu:tesla:2``: .ci/start_local_slurm.sh), which every form may take. A pack of runs
 (``finetune.pack_runs``) with a ``gres`` form runs its runs one after another on one GPU: the
 pack's job asks for one run's GPU, CPUs and memory, not their sum.
@@ -21,7 +26,7 @@ import pytest
 import yaml
 
 from tests.helpers.demo_workflow import summaries, workflow_args
-from tests.helpers.gpu_requests import gpu_request_forms, with_gpu_request
+from tests.helpers.gpu_requests import gpu_request_forms, shipped_gpu_request, with_gpu_request
 from tests.helpers.slurm_harness import (
     REPO,
     WORKFLOW_PROFILE,
@@ -35,7 +40,9 @@ from tests.helpers.slurm_harness import (
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-FORMS = gpu_request_forms(WORKFLOW_PROFILE.read_text())
+SHIPPED, *FORMS = gpu_request_forms(WORKFLOW_PROFILE.read_text())
+# The shipped form, listed first, is tests/pipeline/test_slurm.py's (see above).
+assert SHIPPED == shipped_gpu_request(WORKFLOW_PROFILE.read_text()) == {"gpu": 1, "cpus_per_gpu": 8}
 FINETUNE_MEM_MB = yaml.safe_load(WORKFLOW_PROFILE.read_text())["set-resources"]["finetune"][
     "mem_mb"
 ]
@@ -64,18 +71,6 @@ def workflow_profile(folder: Path, form: dict) -> Path:
     return folder
 
 
-def requested_tres(job_name: str) -> dict[str, str]:
-    """Each job's ReqTRES (what sbatch asked for) by JobID."""
-    out = subprocess.run(
-        ["sacct", "-X", "-P", "-n", "--name", job_name, "-o", "JobID,ReqTRES"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    )
-    return dict(line.split("|", 1) for line in out.stdout.splitlines() if line)
-
-
 def tres_numbers(tres: str) -> dict[str, float]:
     return alloc_tres({"AllocTRES": tres})
 
@@ -89,9 +84,7 @@ def gpu_type(form: dict) -> str | None:
 def submitted_jobs(proc: subprocess.CompletedProcess[str]) -> list[dict[str, str]]:
     """The sacct rows of a Snakemake run's SLURM jobs, once all are accounted."""
     (uuid,) = run_uuids(proc.stdout)
-    rows = wait_for_accounting(uuid, proc.stdout.count("has been submitted with SLURM jobid"))
-    requested = requested_tres(uuid)
-    return [{**row, "ReqTRES": requested[row["JobID"]]} for row in rows]
+    return wait_for_accounting(uuid, proc.stdout.count("has been submitted with SLURM jobid"))
 
 
 def check_gpu_job(row: dict[str, str], form: dict) -> None:
