@@ -245,3 +245,16 @@ def test_meta_is_checked_when_read(tmp_path: Path, meta: object, says: str) -> N
     assert f"{tmp_path / 'meta.json'}: {says}; delete the folder {tmp_path} and rerun" in str(
         error.value
     )
+
+
+def test_prepare_cli_says_a_text_dataset_is_read_as_it_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = {"source": "text_file", "path": str(tmp_path / "wiki.txt")}
+    args = ["prepare", "--dataset", "wiki", "--spec", json.dumps(spec)]
+    code = cli_main([*args, "--out", str(tmp_path / "wiki")])
+    assert (
+        code == 2
+        and "datasets.wiki: a text dataset (source: text_file) is not prepared" in caplog.text
+    )
+    assert not (tmp_path / "wiki").exists()

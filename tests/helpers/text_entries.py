@@ -39,3 +39,9 @@ BERT_MLM = {
     "config": {"model_type": "bert", **ENCODER_TINY_CONFIG},
 }
 LENGTH = 12  # tokens per sequence (the tiny configs have 16 positions)
+
+
+def text_dataset(path: object, **keys: Any) -> dict:
+    """A ``datasets:`` entry of a text dataset (``source: text_file``) reading ``path``, with
+    ``keys`` (tokenizer, sequence_length, steps, val_every) over short-run defaults."""
+    return {"source": "text_file", "path": str(path), "steps": 10, "val_every": 5, **keys}

@@ -323,12 +323,13 @@ experiments:
   sgd: {{models: [hub_dino], datasets: [demo-stripes], configurations: [mha]}}
   adam: {{enabled: false}}
 recommend: {{enabled: true, models: [hub_dino], datasets: [demo-stripes]}}
+datasets:
+  wiki: {{source: text_file, path: {reference}, sequence_length: 16, steps: 10, val_every: 5}}
 text_plasticity:
   enabled: true
   run_models: [hub_gpt2]
-  reference: {reference}
-  datasets: {{wiki: {reference}}}
-  sequence_length: 16
+  reference: wiki
+  datasets: [wiki]
   n_pairs: 4
 """
     online = hub_env(hub.url, tmp_path / "hf-login")

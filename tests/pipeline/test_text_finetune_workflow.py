@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 import yaml
 
+from tests.helpers.text_entries import text_dataset
 from tests.helpers.tiny_models import ENCODER_TINY_CONFIG, GPT2_TINY_CONFIG
 from tests.helpers.workflow import planned_jobs, snakemake
 
@@ -40,16 +41,14 @@ def _override(tmp_path: Path, enabled: bool = True) -> Path:
     text.write_text(("abcdefgh" * 3 + "\n") * 40)
     override = {
         "models": MODELS,
+        "datasets": {"pattern": text_dataset(text, steps=20, val_every=5, sequence_length=12)},
         "text_finetune": {
             "enabled": enabled,
             "run_models": list(MODELS),
-            "datasets": {"pattern": str(text)},
+            "datasets": ["pattern"],
             "configurations": CONFIGURATIONS,
             "lrs": [0.01],
             "seeds": [0],
-            "steps": 20,
-            "val_every": 5,
-            "sequence_length": 12,
         },
     }
     path = tmp_path / f"text_finetune_{'on' if enabled else 'off'}.yaml"
@@ -105,17 +104,17 @@ def test_the_workflow_finetunes_each_component_of_a_causal_lm_and_an_encoder(
     assert "## tiny_gpt2 on pattern" in (stats / "criteria.md").read_text()
 
 
-def _criteria_override(tmp_path: Path, plasticity_file: Path) -> Path:
+def _criteria_override(tmp_path: Path) -> Path:
     """The text grid's model and dataset measured by text_plasticity and recommend-text too."""
     reference = tmp_path / "reference.txt"
     reference.write_text("the quick brown fox\n" * 20)
     override = yaml.safe_load(_override(tmp_path).read_text())
+    override["datasets"]["reference"] = text_dataset(reference, sequence_length=12)
     override["text_plasticity"] = {
         "enabled": True,
         "run_models": ["tiny_gpt2"],
-        "reference": str(reference),
-        "datasets": {"pattern": str(plasticity_file)},
-        "sequence_length": 12,
+        "reference": "reference",
+        "datasets": ["pattern"],
         "n_pairs": 4,
     }
     override["recommend"] = {"enabled": True}
@@ -127,10 +126,9 @@ def _criteria_override(tmp_path: Path, plasticity_file: Path) -> Path:
 def test_the_criteria_check_scores_recommend_text_and_text_plasticity_of_the_same_cells(
     tmp_path: Path,
 ) -> None:
-    """Where text_plasticity measures a model and dataset of the grid (same entry, same name
-    and file), text_criteria reads their plasticity summary and recommend-text table; a name
-    that means two files is refused before any job."""
-    override = _criteria_override(tmp_path, tmp_path / "pattern.txt")
+    """Where text_plasticity measures a model and dataset of the grid (the same entries),
+    text_criteria reads their plasticity summary and recommend-text table."""
+    override = _criteria_override(tmp_path)
     dry = snakemake(tmp_path, "-n", "-p", "text_finetune_all", extra_configfiles=(override,))
     output = dry.stdout + dry.stderr
     assert dry.returncode == 0, output[-4000:]
@@ -139,16 +137,3 @@ def test_the_criteria_check_scores_recommend_text_and_text_plasticity_of_the_sam
     assert "recommend_text/tiny_gpt2/pattern.parquet" in command
     assert "plasticity_text/tiny_gpt2/pattern_summary.parquet" in command
     assert "recommend_text/tiny_bert" not in command  # text_plasticity does not measure it
-
-    other = tmp_path / "other.txt"
-    other.write_text("another text\n" * 10)
-    clash = snakemake(
-        tmp_path,
-        "-n",
-        "text_finetune_all",
-        extra_configfiles=(_criteria_override(tmp_path, other),),
-    )
-    assert clash.returncode != 0
-    assert (
-        "text_finetune.datasets.pattern" in clash.stderr and "one name, two files" in clash.stderr
-    )

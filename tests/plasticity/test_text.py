@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from tests.helpers.repo import REPO
+from tests.helpers.text_entries import text_dataset
 from vitplasticity.cli import main
 from vitplasticity.data.text import byte_tokenizer, cycled, load_tokenizer, read_sequences
 from vitplasticity.plasticity.measure import PAIR_SCHEMA, measure
@@ -245,7 +246,7 @@ def test_random_init_depends_on_init_seed_alone(tmp_path: Path) -> None:
         (["--sequence-length", "65"], "exceeds the 64 positions of model 'tiny'"),
         (
             ["--sequence-length", "0"],
-            r"--sequence-length \(text_plasticity\.sequence_length\): must be >= 1",
+            r"--sequence-length \(datasets\.<name>\.sequence_length\): must be >= 2",
         ),
         (["--protocols", "nope"], r"--protocols \(text_plasticity\.protocols\): 'nope' not "),
     ],
@@ -354,16 +355,20 @@ def test_dry_run_lists_the_text_jobs_when_enabled(tmp_path: Path) -> None:
     reference = write(tmp_path / "wiki.txt", REFERENCE_TEXT)
     override = {
         "models": {"tiny_gpt2": random_entry()},
+        "datasets": {
+            name: text_dataset(path, sequence_length=16)
+            for name, path in {
+                "wiki": reference,
+                "news": write(tmp_path / "news.txt", DOWNSTREAM_TEXT),
+                "code": write(tmp_path / "code.txt", DOWNSTREAM_TEXT),
+            }.items()
+        },
         "text_plasticity": {
             "enabled": True,
             "run_models": ["tiny_gpt2"],
             "bounds_models": ["tiny_gpt2"],
-            "reference": str(reference),
-            "datasets": {
-                "news": str(write(tmp_path / "news.txt", DOWNSTREAM_TEXT)),
-                "code": str(write(tmp_path / "code.txt", DOWNSTREAM_TEXT)),
-            },
-            "sequence_length": 16,
+            "reference": "wiki",
+            "datasets": ["news", "code"],
             "n_pairs": 4,
         },
     }
@@ -391,7 +396,7 @@ def test_dry_run_lists_the_text_jobs_when_enabled(tmp_path: Path) -> None:
     command = "HF_HUB_OFFLINE=1 vitplasticity text-plasticity --model tiny_gpt2 --model-spec"
     assert f"{command} '{json.dumps(spec, sort_keys=True)}'" in output
 
-    # Naming an undefined model, or enabled without a reference file: the workflow stops
+    # Naming an undefined model, or enabled without a reference dataset: the workflow stops
     # naming the key.
     override["text_plasticity"]["run_models"] = ["gpt3"]
     result = dry_run(tmp_path, override, "text_plasticity_all")
@@ -403,4 +408,4 @@ def test_dry_run_lists_the_text_jobs_when_enabled(tmp_path: Path) -> None:
     result = dry_run(tmp_path, override, "text_plasticity_all")
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "text_plasticity.reference: no reference text file" in output
+    assert "text_plasticity.reference: no reference dataset" in output

@@ -24,6 +24,7 @@ import pytest
 from tests.helpers.cli_errors import refusal
 from tests.helpers.configs import DEMO, PAPER, dry_run, load_config, merged, validated
 from tests.helpers.images import image_folder
+from tests.helpers.text_entries import text_dataset
 from tests.helpers.tiny_models import GPT2_TINY_CONFIG, HF_TEXT_TINY_CONFIG
 from tests.helpers.tiny_vit import TINY_VIT_KWARGS
 from vitplasticity.recommend.criteria import CRITERIA
@@ -315,9 +316,14 @@ def test_finetune_refuses_an_out_dir_it_cannot_write(build, tmp_path, demo_datas
 def _text_block(tmp_path: Path, model: dict, **text: Any) -> dict[str, Any]:
     """The demo config's edit enabling text plasticity (and so recommend-text) on ``model``."""
     reference, user = _write_texts(tmp_path / "text")
-    block = {"enabled": True, "run_models": ["tiny_lm"], "reference": str(reference)}
-    block |= {"datasets": {"notes": str(user)}, "sequence_length": 8, **text}
-    return {"models": {"tiny_lm": model}, "text_plasticity": block}
+    length = text.pop("sequence_length", 8)
+    datasets = {
+        "wiki": text_dataset(reference, sequence_length=length),
+        "notes": text_dataset(user, sequence_length=length),
+    }
+    block = {"enabled": True, "run_models": ["tiny_lm"], "reference": "wiki"}
+    block |= {"datasets": ["notes"], **text}
+    return {"models": {"tiny_lm": model}, "datasets": datasets, "text_plasticity": block}
 
 
 def combine_without_a_budget(tmp_path: Path) -> tuple[dict, str]:
@@ -327,7 +333,7 @@ def combine_without_a_budget(tmp_path: Path) -> tuple[dict, str]:
 def sequence_length_beyond_stated_positions(tmp_path: Path) -> tuple[dict, str]:
     return (
         _text_block(tmp_path, RANDOM_GPT2, sequence_length=32),
-        "text_plasticity.sequence_length: 32 exceeds the 16 positions that "
+        "datasets.wiki.sequence_length: 32 exceeds the 16 positions that "
         "models.tiny_lm.config states",
     )
 

@@ -27,6 +27,7 @@ import yaml
 from polars.testing import assert_frame_equal
 
 from tests.helpers.repo import REPO
+from tests.helpers.text_entries import text_dataset
 from tests.helpers.tiny_models import (
     GPT2_TINY_CONFIG,
     HF_TEXT_TINY_CONFIG,
@@ -568,7 +569,11 @@ def test_the_text_families_no_longer_refuse_recommend() -> None:
         ({"short": True}, ValueError, r"short\.txt: 4 tokens, fewer than one sequence of 12"),
         ({"n_pairs": 500}, ValueError, r"--reference .*reference\.txt: \d+ sequences of 12 "),
         ({"sequence_length": 32}, ValueError, "--sequence-length 32 exceeds the 16 positions"),
-        ({"sequence_length": 1}, ValueError, "--sequence-length must be >= 2"),
+        (
+            {"sequence_length": 1},
+            ValueError,
+            r"--sequence-length \(datasets\.<name>\.sequence_length\): must be >= 2",
+        ),
         ({"batches": 1}, ValueError, r"--batches \(recommend\.batches\): must be >= 2"),
         ({"texts": ("missing.txt",)}, FileNotFoundError, "--text: text file not found"),
         ({"configurations": ("full",)}, ValueError, "cannot be ranked"),
@@ -633,12 +638,15 @@ def _text_override(tmp_path: Path, enabled: bool) -> dict:
     reference, users = _write_texts(tmp_path / "text")
     return {
         "models": {"tiny_gpt2": GPT2_ENTRY, "tiny_llama": LLAMA_ENTRY},
+        "datasets": {
+            name: text_dataset(path, sequence_length=LENGTH)
+            for name, path in {"wiki": reference, "notes": users[0], "mail": users[1]}.items()
+        },
         "text_plasticity": {
             "enabled": True,
             "run_models": ["tiny_gpt2", "tiny_llama"],
-            "reference": str(reference),
-            "datasets": {"notes": str(users[0]), "mail": str(users[1])},
-            "sequence_length": LENGTH,
+            "reference": "wiki",
+            "datasets": ["notes", "mail"],
             "n_pairs": 6,
             "batch_size": 4,
         },

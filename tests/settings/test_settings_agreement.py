@@ -42,6 +42,7 @@ from vitplasticity.settings.declaration import (
     setting_fields,
     settings_from_args,
 )
+from vitplasticity.settings.sequences import SEQUENCE_DEFAULTS, sequence_settings
 from vitplasticity.settings.tracking import TrackingSettings
 from vitplasticity.workflow.config import load_schema
 
@@ -431,6 +432,10 @@ STAGE_FIELDS = [
     for field, declared, annotation in setting_fields(stage.settings)
 ]
 STAGE_FIELD_IDS = [f"{stage.command}-{field.name}" for stage, field, _, _ in STAGE_FIELDS]
+DATASET_KEY = "datasets.<name>."
+"""The prefix of the settings that are keys of a text dataset's entry (tokenizer, length)."""
+TEXT_DATASET = "notes"
+"""The text dataset the command-line test cuts its text as."""
 NULL_MEANS_ANOTHER_KEY = {"recommend.n_pairs": "plasticity.n_pairs or text_plasticity.n_pairs"}
 """Keys whose schema default is null, which the workflow resolves to another key's value."""
 
@@ -482,6 +487,11 @@ def test_stage_schema_default_is_the_field_default_is_the_cli_default(
     assert plain(action.default) == plain(field.default)
     if declared.key in NULL_MEANS_ANOTHER_KEY:
         assert node["default"] is None
+    elif declared.key.startswith(DATASET_KEY):
+        # A dataset entry's key: a schema default would fill every image entry too; the
+        # workflow fills a text entry's from SEQUENCE_DEFAULTS.
+        assert "default" not in node
+        assert SEQUENCE_DEFAULTS[declared.key.removeprefix(DATASET_KEY)] == field.default
     else:
         assert node["default"] == plain(field.default)
 
@@ -559,6 +569,8 @@ def stage_params(stage: Stage, config: dict) -> dict[str, Any]:
         for part in block.split("."):
             values = values[part]
         params.update(rule_params(stage.settings, values, block))
+    if any(d.key.startswith(DATASET_KEY) for _, d, _ in setting_fields(stage.settings)):
+        params.update(sequence_settings(config["datasets"][TEXT_DATASET]))
     if "demo" not in {field.name for field in dataclasses.fields(stage.settings)}:
         return params  # finetune-text: its --demo is TrainingSettings'
     return {**params, "demo_flag": "--demo" if config["demo"] else ""}
@@ -574,6 +586,14 @@ def test_the_stage_command_line_carries_every_setting_and_parses_back(
     config["demo"] = True
     config["recommend"].update(n_pairs=77, budget=28000, combine=True)
     config["report"]["criteria"]["parameters"] = False
+    config["datasets"][TEXT_DATASET] = {
+        "source": "text_file",
+        "path": "notes.txt",
+        "steps": 10,
+        "val_every": 5,
+        "tokenizer": "bytes",
+        "sequence_length": 77,
+    }
     params = stage_params(stage, config)
     text = command_flags(stage.settings, list(params))
     for field, declared, _ in setting_fields(stage.settings):
@@ -593,7 +613,7 @@ def test_the_stage_command_line_carries_every_setting_and_parses_back(
     argv = [stage.command, *(part for pair in required for part in pair), *filled.split()]
     args = build_parser().parse_args(argv)
     for field, declared, _ in setting_fields(stage.settings):
-        *parents, key = declared.key.split(".")
+        *parents, key = declared.key.replace("<name>", TEXT_DATASET).split(".")
         block: Any = config
         for part in parents:
             block = block[part]

@@ -17,20 +17,22 @@ import pytest
 
 from tests.helpers.configs import DEMO, PAPER, dry_run, load_config, merged, validated
 from tests.helpers.repo import REPO
-from tests.helpers.text_entries import gpt2_entry
+from tests.helpers.text_entries import gpt2_entry, text_dataset
 from vitplasticity.workflow.config import ConfigError
 from vitplasticity.workflow.config_check import check_config
 
 
 def text_files(tmp: Path, reference: Path, dataset: Path) -> dict[str, Any]:
-    """An enabled text_plasticity on a tiny random GPT2 reading ``reference`` and ``dataset``."""
+    """An enabled text_plasticity on a tiny random GPT2: its reference dataset reads
+    ``reference``, its dataset ``wiki`` reads ``dataset``."""
     return {
         "models": {"tiny_gpt2": gpt2_entry("random", config={"n_layer": 1, "n_embd": 8})},
+        "datasets": {"ref": text_dataset(reference), "wiki": text_dataset(dataset)},
         "text_plasticity": {
             "enabled": True,
             "run_models": ["tiny_gpt2"],
-            "reference": str(reference),
-            "datasets": {"wiki": str(dataset)},
+            "reference": "ref",
+            "datasets": ["wiki"],
         },
     }
 
@@ -95,12 +97,38 @@ CASES: list[tuple[str, Edit, list[str]]] = [
     (
         "text-reference-a-folder",
         lambda tmp: text_files(tmp, tmp, a_text_file(tmp)),
-        ["text_plasticity.reference:", "is a folder: give the path of a text file"],
+        ["datasets.ref.path:", "is a folder: give a text file, one document per line"],
     ),
     (
         "text-dataset-missing",
         lambda tmp: text_files(tmp, a_text_file(tmp), tmp / "wiki.txt"),
-        ["text_plasticity.datasets.wiki:", "wiki.txt' does not exist"],
+        ["datasets.wiki.path:", "wiki.txt' does not exist"],
+    ),
+    (
+        "text-reference-an-old-file-path",
+        lambda tmp: merged(
+            text_files(tmp, a_text_file(tmp), a_text_file(tmp)),
+            {"text_plasticity": {"reference": str(a_text_file(tmp))}},
+        ),
+        ["text_plasticity.reference:", "is a file, not a dataset name: text files are datasets:"],
+    ),
+    (
+        "text-datasets-cut-otherwise-than-the-reference",
+        lambda tmp: merged(
+            text_files(tmp, a_text_file(tmp), a_text_file(tmp)),
+            {"datasets": {"wiki": {"sequence_length": 64}}},
+        ),
+        [
+            "datasets.wiki.sequence_length: 64, but the reference datasets.ref.sequence_length is 128"
+        ],
+    ),
+    (
+        "an-image-stage-names-a-text-dataset",
+        lambda tmp: merged(
+            text_files(tmp, a_text_file(tmp), a_text_file(tmp)),
+            {"plasticity": {"datasets": ["wiki"]}},
+        ),
+        ["plasticity.datasets: 'wiki' is a text dataset (source: text_file)"],
     ),
 ]
 

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.helpers.configs import DEMO, PAPER, Configure, dry_run
+from tests.helpers.text_entries import text_dataset
 from vitplasticity.workflow.bill import Bill, BillLine, BillNotice, compute_bill
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import finetune_packs
@@ -142,12 +143,13 @@ def test_the_notice_prints_and_writes_once(demo_with: Configure, tmp_path: Path)
 
 def test_the_text_finetuning_runs_are_billed_one_job_each(demo_with: Configure) -> None:
     grid = {"configurations": ["mha", "fc1"], "lrs": [1e-3, 1e-4], "seeds": [0, 1, 2]}
-    text = {"enabled": True, "run_models": ["gpt2"], "datasets": {"a": "a.txt", "b": "b.txt"}}
-    config = demo_with({"text_finetune": {**text, **grid}})
+    text = {"enabled": True, "run_models": ["gpt2"], "datasets": ["a", "b"]}
+    datasets = {"datasets": {name: text_dataset(f"{name}.txt") for name in ("a", "b")}}
+    config = demo_with({**datasets, "text_finetune": {**text, **grid}})
     bill = compute_bill(config, JobRuntimes(config))
     (line,) = [line for line in bill.lines if line.rule == "finetune_text"]
     assert (line.model, line.runs) == ("gpt2", 2 * 2 * 2 * 3)  # datasets x grid
-    off = demo_with({"text_finetune": {**text, **grid, "enabled": False}})
+    off = demo_with({**datasets, "text_finetune": {**text, **grid, "enabled": False}})
     assert not [
         line for line in compute_bill(off, JobRuntimes(off)).lines if line.rule == "finetune_text"
     ]

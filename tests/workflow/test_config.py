@@ -221,9 +221,9 @@ DINOV2 = {"family": "transformers", "hf_id": "facebook/dinov2-small", "revision"
         ({"reference": {"n_image": 5}}, "reference.n_image", "n_images"),
         ({"plasticity": {"n_pair": 5}}, "plasticity.n_pair", "n_pairs"),
         (
-            {"text_plasticity": {"sequence_len": 5}},
-            "text_plasticity.sequence_len",
-            "sequence_length",
+            {"text_plasticity": {"n_pair": 5}},
+            "text_plasticity.n_pair",
+            "n_pairs",
         ),
         (
             {"models": {"dino": {**DINOV2, "hfid": "facebook/dinov2-small"}}},
@@ -561,7 +561,7 @@ def test_an_absent_optional_block_gets_its_defaults(paper_config: dict) -> None:
     validate(config, SCHEMA)
     assert config["finetune"]["lora"] == paper_config["finetune"]["lora"]  # r 8, alpha 16
     text = config["text_plasticity"]
-    assert text["enabled"] is False and text["run_models"] == [] and text["datasets"] == {}
+    assert text["enabled"] is False and text["run_models"] == [] and text["datasets"] == []
     assert text["protocols"] == ["embedding"] and text["n_pairs"] == 12800
 
 
@@ -748,6 +748,37 @@ def test_old_keys_are_rejected_naming_the_replacement(
     assert unknown_keys(config, SCHEMA_DICT) == messages
     with pytest.raises(ConfigError, match=re.escape(messages[0])):
         check_keys(config, SCHEMA_DICT)
+
+
+OLD_TEXT_KEYS = [
+    ("text_plasticity", "tokenizer", "auto"),
+    ("text_plasticity", "sequence_length", 64),
+    ("text_finetune", "tokenizer", "bytes"),
+    ("text_finetune", "sequence_length", 64),
+    ("text_finetune", "steps", 100),
+    ("text_finetune", "val_every", 10),
+]
+
+
+@pytest.mark.parametrize(("block", "key", "value"), OLD_TEXT_KEYS)
+def test_an_old_text_block_key_says_it_moved_into_the_text_dataset_entry(
+    paper_config: dict, block: str, key: str, value: object
+) -> None:
+    config = merged(paper_config, {block: {key: value}})
+    (message,) = unknown_keys(config, SCHEMA_DICT)
+    assert message.startswith(f"{block}.{key}: no longer a key: text files are datasets: entries")
+    assert f"and {key} is a key of each: datasets: {{<name>: {{source: text_file" in message
+
+
+@pytest.mark.parametrize("block", ["text_plasticity", "text_finetune"])
+def test_an_old_text_file_map_says_datasets_are_names_now(paper_config: dict, block: str) -> None:
+    config = merged(paper_config, {block: {"datasets": {"wiki": "wiki.txt"}}})
+    messages = unknown_keys(config, SCHEMA_DICT)
+    assert messages == [
+        f"{block}.datasets.wiki: no longer a key: {block}.datasets is a list of dataset names "
+        "now: move each file into datasets: as {<name>: {source: text_file, path: <file>, "
+        f"steps: <n>, val_every: <n>}}}} and write {block}.datasets: [<name>, ...]"
+    ]
 
 
 def test_the_old_layout_stops_snakemake_before_planning(tmp_path: Path) -> None:

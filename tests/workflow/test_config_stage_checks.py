@@ -13,6 +13,7 @@ import yaml
 from snakemake.utils import validate
 
 from tests.helpers.repo import REPO
+from tests.helpers.text_entries import text_dataset
 from vitplasticity.workflow.config import ConfigError
 from vitplasticity.workflow.config_check import check_config
 
@@ -46,7 +47,8 @@ def test_the_paper_config_passes() -> None:
 def test_enabled_text_plasticity_needs_a_reference_models_and_datasets(tmp_path: Path) -> None:
     config = paper_with(text_plasticity={"enabled": True})
     assert [line.strip() for line in problems_of(config)] == [
-        "text_plasticity.reference: no reference text file (text_plasticity.enabled is true)",
+        "text_plasticity.reference: no reference dataset (a datasets: entry of source "
+        "text_file) (text_plasticity.enabled is true)",
         "text_plasticity.run_models: no model (text_plasticity.enabled is true)",
         "text_plasticity.datasets: no dataset (text_plasticity.enabled is true)",
     ]
@@ -57,12 +59,14 @@ def test_enabled_text_plasticity_needs_a_reference_models_and_datasets(tmp_path:
     config = paper_with(
         text_plasticity={
             "enabled": True,
-            "reference": str(tmp_path / "ref.txt"),
+            "reference": "ref",
             "run_models": ["tiny"],
-            "datasets": {"news": str(tmp_path / "news.txt")},
+            "datasets": ["news"],
         }
     )
     config["models"]["tiny"] = TINY_TEXT_MODEL
+    for name in ("ref", "news"):
+        config["datasets"][name] = text_dataset(tmp_path / f"{name}.txt")
     check_config(config)
     # The text bounds sit beside the model's text plasticity: bounds_models within run_models.
     config["text_plasticity"]["bounds_models"] = ["tiny"]

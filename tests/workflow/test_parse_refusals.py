@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.configs import PAPER, SCHEMA, dry_run, load_config, merged
+from tests.helpers.text_entries import text_dataset
 from vitplasticity.workflow.config import ConfigError, check_keys, load_schema
 from vitplasticity.workflow.config_check import check_config
 
@@ -53,11 +54,12 @@ def measured(tmp: Path, entry: dict[str, Any], recommend: bool = False, **text: 
     ``recommend``)."""
     edit: dict[str, Any] = {
         "models": {"m": entry},
+        "datasets": {"ref": text_dataset(text_file(tmp)), "wiki": text_dataset(text_file(tmp))},
         "text_plasticity": {
             "enabled": True,
             "run_models": ["m"],
-            "reference": text_file(tmp),
-            "datasets": {"wiki": text_file(tmp)},
+            "reference": "ref",
+            "datasets": ["wiki"],
             **text,
         },
     }
@@ -78,12 +80,8 @@ def text_grid(tmp: Path, **grid: Any) -> dict[str, Any]:
     """The text grid enabled on a tiny GPT2, with ``grid`` over its keys."""
     return {
         "models": {"g": random_text("gpt2", n_positions=256)},
-        "text_finetune": {
-            "enabled": True,
-            "run_models": ["g"],
-            "datasets": {"wiki": text_file(tmp)},
-            **grid,
-        },
+        "datasets": {"wiki": text_dataset(text_file(tmp))},
+        "text_finetune": {"enabled": True, "run_models": ["g"], "datasets": ["wiki"], **grid},
     }
 
 
@@ -247,13 +245,22 @@ CASES: list[tuple[str, Edit, list[str]]] = [
     ),
     (
         "text-grid-dataset-with-slash",
-        lambda tmp: merged(text_grid(tmp), {"text_finetune": {"datasets": {"wiki/2": "x.txt"}}}),
-        ["text_finetune.datasets.wiki/2: not a name a path can hold", "rename it, e.g. wiki_2"],
+        lambda tmp: merged(
+            text_grid(tmp),
+            {
+                "datasets": {"wiki/2": text_dataset(text_file(tmp))},
+                "text_finetune": {"datasets": ["wiki/2"]},
+            },
+        ),
+        ["datasets.wiki/2: not a name a path can hold", "rename it, e.g. wiki_2"],
     ),
     (
         "text-plasticity-dataset-with-slash",
-        lambda tmp: measured(tmp, random_text("gpt2"), datasets={"../up": text_file(tmp)}),
-        ["text_plasticity.datasets.../up: not a name a path can hold"],
+        lambda tmp: merged(
+            measured(tmp, random_text("gpt2"), datasets=["../up"]),
+            {"datasets": {"../up": text_dataset(text_file(tmp))}},
+        ),
+        ["datasets.../up: not a name a path can hold"],
     ),
 ]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.helpers.text_entries import text_dataset
 from vitplasticity.recommend.settings import RecommendImageSettings, RecommendTextSettings
 from vitplasticity.settings.declaration import rule_params
 from vitplasticity.workflow.recommend_jobs import (
@@ -36,7 +37,8 @@ def test_the_image_recommend_measures_the_plasticity_pairs(demo: dict[str, Any])
 
 
 def test_the_text_recommend_cuts_text_as_text_plasticity_does(demo: dict[str, Any]) -> None:
-    demo["text_plasticity"].update(sequence_length=64, tokenizer="bytes")
+    demo["datasets"]["wiki"] = text_dataset("wiki.txt", sequence_length=64, tokenizer="bytes")
+    demo["text_plasticity"].update(reference="wiki")
     params = recommend_text_params(demo, RecommendTextSettings)
     assert (params["sequence_length"], params["tokenizer"]) == (64, "bytes")
     assert params["n_pairs"] == demo["text_plasticity"]["n_pairs"]

@@ -6,16 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from tests.helpers.configs import Configure
+from tests.helpers.text_entries import text_dataset
 from vitplasticity.workflow.config import experiment_runs
 from vitplasticity.workflow.targets import Targets
 
 GPT2 = {"family": "transformers", "hf_id": "gpt2", "weights": "hub"}
-TEXT = {
-    "enabled": True,
-    "run_models": ["gpt2"],
-    "reference": "wiki.txt",
-    "datasets": {"code": "code.txt", "news": "news.txt"},
-}
+TEXT = {"enabled": True, "run_models": ["gpt2"], "reference": "wiki", "datasets": ["code", "news"]}
+TEXT_DATASETS = {name: text_dataset(f"{name}.txt") for name in ("wiki", "code", "news")}
 
 
 def test_the_paper_finetunes_its_1560_runs(paper: dict[str, Any]) -> None:
@@ -50,13 +47,17 @@ def test_weights_are_fetched_for_the_hub_models_in_use(paper: dict[str, Any]) ->
 def test_text_models_weights_are_fetched_when_text_plasticity_is_on(
     demo_with: Configure,
 ) -> None:
-    config = demo_with({"models": {"gpt2": GPT2}, "text_plasticity": TEXT})
+    config = demo_with(
+        {"models": {"gpt2": GPT2}, "datasets": TEXT_DATASETS, "text_plasticity": TEXT}
+    )
     assert Targets(config).weights() == ["resources/demo/weights/gpt2/weights.json"]
     assert Targets(demo_with({"models": {"gpt2": GPT2}})).weights() == []
 
 
 def test_text_plasticity_and_text_recommend_need_their_blocks_enabled(demo_with: Configure) -> None:
-    config = demo_with({"models": {"gpt2": GPT2}, "text_plasticity": TEXT})
+    config = demo_with(
+        {"models": {"gpt2": GPT2}, "datasets": TEXT_DATASETS, "text_plasticity": TEXT}
+    )
     text = Targets(config).text_plasticity()
     assert len(text) == 2 * 2 and "results/demo/plasticity_text/gpt2/news_summary.parquet" in text
     recommended = Targets(config).recommend_text()
@@ -74,10 +75,16 @@ def test_text_plasticity_and_text_recommend_need_their_blocks_enabled(demo_with:
 def test_text_bounds_of_the_bounds_models_when_text_plasticity_is_on(
     demo_with: Configure,
 ) -> None:
-    config = demo_with({"models": {"gpt2": GPT2}, "text_plasticity": TEXT})
+    config = demo_with(
+        {"models": {"gpt2": GPT2}, "datasets": TEXT_DATASETS, "text_plasticity": TEXT}
+    )
     assert Targets(config).text_bounds() == []  # bounds_models defaults to none
     config = demo_with(
-        {"models": {"gpt2": GPT2}, "text_plasticity": {**TEXT, "bounds_models": ["gpt2"]}}
+        {
+            "models": {"gpt2": GPT2},
+            "datasets": TEXT_DATASETS,
+            "text_plasticity": {**TEXT, "bounds_models": ["gpt2"]},
+        }
     )
     assert Targets(config).text_bounds() == ["results/demo/bounds_text/gpt2.parquet"]
     config["text_plasticity"]["enabled"] = False

@@ -110,9 +110,10 @@ onerror:
 PLASTICITY_PARAMS = stage_params(config, PlasticitySettings, "plasticity")
 # The bounds' images are the plasticity pairs' reference images (plasticity.n_pairs).
 BOUNDS_PARAMS = stage_params(config, BoundsSettings, "plasticity")
-TEXT_PLASTICITY_PARAMS = stage_params(config, TextPlasticitySettings, "text_plasticity")
+# Text is cut into sequences as the reference dataset's entry says (its tokenizer and length).
+TEXT_PLASTICITY_PARAMS = DATA.reference_sequences() | stage_params(config, TextPlasticitySettings, "text_plasticity")
 # The text bounds' sequences are the text pairs' reference sequences (text_plasticity.n_pairs).
-TEXT_BOUNDS_PARAMS = stage_params(config, TextBoundsSettings, "text_plasticity")
+TEXT_BOUNDS_PARAMS = DATA.reference_sequences() | stage_params(config, TextBoundsSettings, "text_plasticity")
 
 # The finetune settings every run of the grid gets, each its own params entry (shared by the
 # one-run rule of finetune_runs.smk and the packed rules of finetune_packs.smk). The finetune.<key> entries

@@ -8,6 +8,7 @@ from typing import Any
 
 from vitplasticity.data.imagefolder import prepare_image_folder
 from vitplasticity.data.synthetic import prepare_synthetic
+from vitplasticity.settings.sequences import TEXT_SOURCE
 
 
 def prepare_dataset(
@@ -23,6 +24,11 @@ def prepare_dataset(
         ValueError: for an unknown source, naming the dataset and the known sources.
     """
     source = spec.get("source")
+    if source == TEXT_SOURCE:
+        raise ValueError(
+            f"datasets.{name}: a text dataset (source: {TEXT_SOURCE}) is not prepared: the text "
+            "stages read its path as it is"
+        )
     if source == "synthetic":
         return prepare_synthetic(out_dir, name, spec)
     if source == "image_folder":
@@ -32,6 +38,6 @@ def prepare_dataset(
     from vitplasticity.data import sources
 
     if source not in sources.SOURCES:
-        known = ["synthetic", "image_folder", *sources.SOURCES]
+        known = ["synthetic", "image_folder", *sources.SOURCES, TEXT_SOURCE]
         raise ValueError(f"datasets.{name}.source: unknown source {source!r}; known: {known}")
     return sources.SOURCES[source].prepare(name, spec, Path(out_dir), Path(downloads))

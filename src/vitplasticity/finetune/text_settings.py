@@ -1,10 +1,10 @@
-"""The settings of text finetuning beyond the finetune block's (config ``text_finetune``):
-how the text becomes sequences and how an encoder's tokens are masked. Torch-free: the
-Snakefile imports it.
+"""The settings of text finetuning beyond the finetune block's: how the text becomes
+sequences (its dataset entry's, :mod:`vitplasticity.settings.sequences`) and how an encoder's
+tokens are masked (``text_finetune``). Torch-free: the Snakefile imports it.
 
 A text run trains with the :class:`~vitplasticity.finetune.settings.TrainingSettings` of
-the ``finetune`` block (batch size, warm-up, clipping, precision, checkpoints...), its steps,
-validation period and optimizer from ``text_finetune``, and these.
+the ``finetune`` block (batch size, warm-up, clipping, precision, checkpoints...), its steps
+and validation period from its dataset entry, its optimizer from ``text_finetune``, and these.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vitplasticity.settings.declaration import setting
+from vitplasticity.settings.sequences import sequence_length_setting, tokenizer_setting
 
 __all__ = ["IMAGE_ONLY_TRAINING_FIELDS", "TEXT_FINETUNE_RUN_KEYS", "TextFinetuneSettings"]
 
@@ -35,31 +36,18 @@ TEXT_FINETUNE_RUN_KEYS: tuple[str, ...] = (
     "lrs",
     "seeds",
     "optimizer",
-    "steps",
-    "val_every",
 )
-"""Keys of the text_finetune block that say which runs and how long, not a setting of this
-class (the grid, and the TrainingSettings flags --optimizer, --steps, --val-every)."""
+"""Keys of the text_finetune block that say which runs, not a setting of this class (the grid,
+and the TrainingSettings flag --optimizer)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class TextFinetuneSettings:
     """How ``vitplasticity finetune-text`` turns a text file into training and validation
-    sequences, and masks an encoder's (config ``text_finetune``)."""
+    sequences (its dataset entry's keys), and masks an encoder's (``text_finetune``)."""
 
-    tokenizer: str = setting(
-        "auto",
-        help="auto (bytes for a random-init model, else the model's own: its weights folder), "
-        "bytes, or a tokenizer folder",
-        key="text_finetune.tokenizer",
-        quote=True,
-    )
-    sequence_length: int = setting(
-        128,
-        help="tokens per training and validation sequence",
-        key="text_finetune.sequence_length",
-        minimum=2,
-    )
+    tokenizer: str = tokenizer_setting()
+    sequence_length: int = sequence_length_setting()
     mask_probability: float = setting(
         0.15,
         help="share of each sequence's tokens masked for an encoder's masked-LM loss (BERT: 0.15)",

@@ -11,8 +11,8 @@ flags, their checks, the workflow rule's params and its command line
   sequences).
 
 A setting several stages share (the pairs, the pass size, the protocols, the device, the
-dtype, the text's tokenizer and sequence length, the demo label) is written once, as a
-function that declares it for a given config block; the recommend and criteria settings
+dtype, the demo label) is written once, as a function that declares it for a given config
+block (a text dataset's tokenizer and sequence length: :mod:`vitplasticity.settings.sequences`); the recommend and criteria settings
 (:mod:`vitplasticity.recommend.settings`, :mod:`vitplasticity.report.settings`) use them too.
 The schema restates each default; tests/settings/test_settings_agreement.py fails while the
 two disagree. Torch-free: the Snakefile and every ``--help`` import it.
@@ -25,6 +25,7 @@ from typing import Any
 
 from vitplasticity.components import FC1_MODES
 from vitplasticity.settings.declaration import setting
+from vitplasticity.settings.sequences import sequence_length_setting, tokenizer_setting
 
 __all__ = [
     "DTYPES",
@@ -36,8 +37,6 @@ __all__ = [
     "batch_size_setting",
     "demo_setting",
     "device_setting",
-    "sequence_length_setting",
-    "tokenizer_setting",
 ]
 
 PROTOCOLS: tuple[str, ...] = ("embedding", "in_situ")
@@ -86,18 +85,6 @@ def _dtype(block: str) -> Any:
     )
 
 
-def tokenizer_setting(help: str) -> Any:
-    """The declaration of ``text_plasticity.tokenizer``, with the stage's own ``help``."""
-    return setting("auto", help=help, key="text_plasticity.tokenizer", quote=True)
-
-
-def sequence_length_setting() -> Any:
-    """The declaration of ``text_plasticity.sequence_length``: tokens per sequence."""
-    return setting(
-        128, help="tokens per sequence", key="text_plasticity.sequence_length", minimum=1
-    )
-
-
 def demo_setting() -> Any:
     """The declaration of the config's ``demo``: the switch that labels a stage's outputs."""
     return setting(False, help="label the outputs as a demo", key="demo", switch=True)
@@ -135,10 +122,7 @@ class TextPlasticitySettings:
     """How ``vitplasticity text-plasticity`` measures one (model, text dataset) (config
     ``text_plasticity``)."""
 
-    tokenizer: str = tokenizer_setting(
-        "auto (bytes for a random-init model, else the model's own: its weights folder), "
-        "bytes, or a tokenizer folder"
-    )
+    tokenizer: str = tokenizer_setting()
     sequence_length: int = sequence_length_setting()
     n_pairs: int = _n_pairs("text_plasticity", "sequence pairs")
     batch_size: int = batch_size_setting("text_plasticity")
@@ -165,10 +149,7 @@ class TextBoundsSettings:
     sequences of the text plasticity stage's pairs, cut as that stage cuts them (config
     ``text_plasticity``)."""
 
-    tokenizer: str = tokenizer_setting(
-        "auto (bytes for a random-init model, else the model's own: its weights folder), "
-        "bytes, or a tokenizer folder"
-    )
+    tokenizer: str = tokenizer_setting()
     sequence_length: int = sequence_length_setting()
     n_sequences: int = _n_pairs(
         "text_plasticity", "reference sequences whose tokens set sigma, r, E"

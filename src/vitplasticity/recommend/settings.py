@@ -22,10 +22,9 @@ from vitplasticity.plasticity.settings import (
     batch_size_setting,
     demo_setting,
     device_setting,
-    sequence_length_setting,
-    tokenizer_setting,
 )
 from vitplasticity.settings.declaration import setting
+from vitplasticity.settings.sequences import sequence_length_setting, tokenizer_setting
 
 __all__ = [
     "CRITERIA",
@@ -188,12 +187,10 @@ class RecommendImageSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RecommendTextSettings:
-    """``vitplasticity recommend-text``'s settings: the text plasticity's sequences
-    (``text_plasticity``) and the ranking's (``recommend``)."""
+    """``vitplasticity recommend-text``'s settings: the text plasticity's sequences (those of
+    its reference dataset, ``text_plasticity.reference``) and the ranking's (``recommend``)."""
 
-    tokenizer: str = tokenizer_setting(
-        "auto (bytes for a random-init model, else its hf_id), bytes, a hub id or folder"
-    )
+    tokenizer: str = tokenizer_setting()
     sequence_length: int = sequence_length_setting()
     n_pairs: int = _ranking("n_pairs")
     batch_size: int = _batch_size()

@@ -21,6 +21,7 @@ from vitplasticity.data.imagenet_layouts import IMAGENET_ENV, IMAGENET_LAYOUTS
 from vitplasticity.data.sources import registry
 from vitplasticity.models.spec import known_family
 from vitplasticity.models.text import stated_positions, untied_bare_model
+from vitplasticity.settings.sequences import sequence_settings
 
 # The ImageNet-1k validation set: 50 images of each of 1000 classes (docs/protocol.md).
 IMAGENET_VAL_IMAGES = 50_000
@@ -59,21 +60,11 @@ def path_problems(config: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _missing_file(key: str, value: Any, what: str) -> str | None:
-    """The message for a config value that should name an existing file, or None."""
-    path = Path(os.path.expanduser(str(value)))
-    if path.is_dir():
-        return f"{key}: {str(value)!r} is a folder: give the path of {what}"
-    if not path.exists():
-        return f"{key}: {str(value)!r} does not exist: give the path of {what}"
-    return None
-
-
 def input_file_problems(config: Mapping[str, Any]) -> list[str]:
     """The files a stage will read, by a stat: ImageNet val (``paths.imagenet``, or the
     environment variable that overrides it) while the reference set it makes is still to be
-    made (once made, a run elsewhere needs no ImageNet), and the text files of an enabled
-    text_plasticity (files, not folders)."""
+    made (once made, a run elsewhere needs no ImageNet); text datasets' files:
+    :func:`vitplasticity.workflow.dataset_kinds.text_dataset_problems`."""
     problems = []
     # the reference job's output (vitplasticity.workflow.datasets.DatasetJobs.reference_file)
     reference_file = Path(
@@ -95,16 +86,6 @@ def input_file_problems(config: Mapping[str, Any]) -> list[str]:
                 f"{key}: {str(imagenet)!r} does not exist: give ImageNet-1k val "
                 f"({'; '.join(IMAGENET_LAYOUTS)})"
             )
-    text = config.get("text_plasticity") or {}
-    if text.get("enabled"):
-        files = {"text_plasticity.reference": text.get("reference")}
-        files |= {
-            f"text_plasticity.datasets.{n}": f for n, f in (text.get("datasets") or {}).items()
-        }
-        for key, value in files.items():
-            problem = value and _missing_file(key, value, "a text file, one document per line")
-            if problem:
-                problems.append(problem)
     return problems
 
 
@@ -463,8 +444,8 @@ def model_kwargs_problems(
 
 def recommend_input_problems(config: Mapping[str, Any]) -> list[str]:
     """What the recommend and text stages would refuse when their jobs start, known from the
-    config alone: ``recommend.combine`` without ``recommend.budget``; a
-    ``text_plasticity.sequence_length`` beyond the positions a random text model's config
+    config alone: ``recommend.combine`` without ``recommend.budget``; a text plasticity
+    reference dataset's ``sequence_length`` beyond the positions a random text model's config
     states; and, for recommend-text, a bare text model whose config unties its LM head."""
     problems = []
     recommend = config.get("recommend") or {}
@@ -476,7 +457,8 @@ def recommend_input_problems(config: Mapping[str, Any]) -> list[str]:
     text = config.get("text_plasticity") or {}
     if not text.get("enabled"):
         return problems
-    length = text.get("sequence_length")
+    reference = (config.get("datasets") or {}).get(text.get("reference"))
+    length = sequence_settings(reference)["sequence_length"] if reference else None
     for name in text.get("run_models") or []:
         entry = config["models"].get(name)
         if not isinstance(entry, Mapping):
@@ -484,8 +466,9 @@ def recommend_input_problems(config: Mapping[str, Any]) -> list[str]:
         limit = stated_positions(entry)
         if isinstance(length, int) and limit is not None and length > limit:
             problems.append(
-                f"text_plasticity.sequence_length: {length} exceeds the {limit} positions that "
-                f"models.{name}.config states: at most {limit}, or give the model more positions"
+                f"datasets.{text['reference']}.sequence_length: {length} exceeds the {limit} "
+                f"positions that models.{name}.config states (text_plasticity measures it on "
+                f"sequences of that length): at most {limit}, or give the model more positions"
             )
         bare = untied_bare_model(entry)
         if recommend.get("enabled") and bare is not None:

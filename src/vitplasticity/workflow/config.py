@@ -71,6 +71,7 @@ DATASET_KEYS: dict[str, tuple[str, ...]] = {
     "domainnet": (*_DATASET_COMMON, "domain", "split", *_DOWNLOADED),
     "flowers102": (*_DATASET_COMMON, *_DOWNLOADED),
     "pet": (*_DATASET_COMMON, *_DOWNLOADED),
+    "text_file": (*_DATASET_COMMON, "path", "tokenizer", "sequence_length"),
 }
 # How check_keys names a value that should be a mapping (and counts such problems).
 SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -97,6 +98,26 @@ REPLACED_KEYS: dict[str, str] = {
         "the old text-model key: write weights: hub | random | <saved model folder> "
         "(with family: transformers)"
     ),
+    **{
+        f"{block}.{key}": (
+            f"text files are datasets: entries now, and {key} is a key of each: "
+            "datasets: {<name>: {source: text_file, path: <file>, steps: <n>, val_every: <n>, "
+            f"tokenizer: auto, sequence_length: 128}}}}; name them in {block}.datasets"
+        )
+        for block, keys in (
+            ("text_plasticity", ("tokenizer", "sequence_length")),
+            ("text_finetune", ("tokenizer", "sequence_length", "steps", "val_every")),
+        )
+        for key in keys
+    },
+    **{
+        f"{block}.datasets.*": (
+            f"{block}.datasets is a list of dataset names now: move each file into datasets: "
+            "as {<name>: {source: text_file, path: <file>, steps: <n>, val_every: <n>}} and "
+            f"write {block}.datasets: [<name>, ...]"
+        )
+        for block in ("text_plasticity", "text_finetune")
+    },
 }
 
 
@@ -174,6 +195,11 @@ def _walk(
     """Append a message for every key below ``value`` that ``node`` does not define
     (``pattern``: ``path`` with user-chosen names as ``*``)."""
     node = _resolve(node, schema)
+    replaced = REPLACED_KEYS.get(f"{pattern}.*")
+    if node.get("type") == "array" and isinstance(value, Mapping) and replaced:
+        # a mapping of an earlier layout where a list is wanted now (name -> file)
+        problems.extend(f"{path}.{key}: no longer a key: {replaced}" for key in value)
+        return
     if node.get("type") == "object" and not isinstance(value, Mapping):
         # Named here, in one line among the others: the schema would dump itself instead.
         about = f" ({node['description']})" if node.get("description") else ""

@@ -18,7 +18,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from vitplasticity.data.sources import registry
-from vitplasticity.workflow import checks, configuration_checks, model_entries, refusal_checks
+from vitplasticity.workflow import (
+    checks,
+    configuration_checks,
+    dataset_kinds,
+    model_entries,
+    refusal_checks,
+)
 from vitplasticity.workflow.config import ConfigError, enabled_experiments, lr_label_problems
 from vitplasticity.workflow.text_finetune_jobs import text_finetune_problems
 from vitplasticity.workflow.time_cap import cap_problems
@@ -51,7 +57,7 @@ def text_plasticity_problems(config: Mapping[str, Any]) -> list[str]:
     problems = [
         f"text_plasticity.{key}: {what} (text_plasticity.enabled is true)"
         for key, what in (
-            ("reference", "no reference text file"),
+            ("reference", "no reference dataset (a datasets: entry of source text_file)"),
             ("run_models", "no model"),
             ("datasets", "no dataset"),
         )
@@ -163,6 +169,7 @@ def config_problems(
     # Only valid overrides can be compared across the datasets that share a download.
     problems += file_problems or registry.shared_download_problems(config["datasets"])
     problems += text_plasticity_problems(config)
+    problems += dataset_kinds.text_dataset_problems(config)
     problems += checks.input_file_problems(config)
     problems += recommend_problems(config)
     problems += checks.recommend_input_problems(config)

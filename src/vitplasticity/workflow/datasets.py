@@ -1,11 +1,14 @@
 """The data a job reads: downloads, prepared datasets, the plasticity reference set and the
-text files of text plasticity, below ``<resources>`` or where the config names them."""
+text datasets' files (``source: text_file``, read where their entry names them), below
+``<resources>`` or where the config names them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vitplasticity.data.sources import registry
+from vitplasticity.settings.sequences import sequence_settings
 from vitplasticity.workflow.config import imagenet_path
 from vitplasticity.workflow.jobs import names_pattern
 from vitplasticity.workflow.params import Wildcards, as_json
@@ -74,9 +77,25 @@ class DatasetJobs:
         return input[0] if input else ""
 
     def text_reference(self, wildcards: Wildcards) -> str:
-        """Input function: text plasticity's reference text (``text_plasticity.reference``)."""
-        return self.config["text_plasticity"]["reference"]
+        """Input function: the text file of text plasticity's reference dataset
+        (``datasets.<text_plasticity.reference>.path``)."""
+        return self.datasets[self.config["text_plasticity"]["reference"]]["path"]
 
     def text_file(self, wildcards: Wildcards) -> str:
-        """Input function: the text file of the job's text dataset."""
-        return self.config["text_plasticity"]["datasets"][wildcards.dataset]
+        """Input function: the text file of the job's text dataset (``datasets.<name>.path``)."""
+        return self.datasets[wildcards.dataset]["path"]
+
+    def reference_sequences(self) -> dict[str, Any]:
+        """The tokenizer and sequence length of text plasticity's reference dataset, as
+        params: the text stages cut every dataset as they cut the reference (check_config
+        refuses a dataset cut otherwise)."""
+        reference = self.config["text_plasticity"]["reference"]
+        return sequence_settings(self.datasets.get(reference) or {})  # none: stage disabled
+
+    def sequence_param(self, key: str) -> Callable[[Wildcards], Any]:
+        """A params function: the job's text dataset's ``tokenizer`` or ``sequence_length``."""
+
+        def value(wildcards: Wildcards) -> Any:
+            return sequence_settings(self.datasets[wildcards.dataset])[key]
+
+        return value

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitplasticity.settings.declaration import rule_params
+from vitplasticity.settings.sequences import sequence_settings
 from vitplasticity.workflow.params import stage_params
 
 
@@ -32,11 +32,13 @@ def recommend_params(config: dict[str, Any], settings: type) -> dict[str, Any]:
 
 
 def recommend_text_params(config: dict[str, Any], settings: type) -> dict[str, Any]:
-    """The recommend_text rule's params: the settings of ``settings`` (the text recommend's
-    class) that text_plasticity holds (how text is cut into sequences), then those of the
-    recommend block and the demo switch, and the resolved pairs."""
+    """The recommend_text rule's params: how text is cut into sequences (text plasticity's
+    reference dataset's tokenizer and sequence length), then the settings of ``settings`` (the
+    text recommend's class) that the recommend block holds, the demo switch, and the resolved
+    pairs."""
+    reference = config["text_plasticity"]["reference"]
     return {
-        **rule_params(settings, config["text_plasticity"], "text_plasticity"),
+        **sequence_settings(config["datasets"].get(reference) or {}),
         **stage_params(config, settings, "recommend"),
         "n_pairs": recommend_text_n_pairs(config),
     }

@@ -10,8 +10,7 @@ validation loss).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vitplasticity.finetune.run import lr_label
@@ -20,6 +19,7 @@ from vitplasticity.finetune.text_settings import IMAGE_ONLY_TRAINING_FIELDS, Tex
 from vitplasticity.models.registry import family_inputs
 from vitplasticity.models.text import stated_positions
 from vitplasticity.settings.declaration import command_flags, rule_params
+from vitplasticity.settings.sequences import SEQUENCE_DEFAULTS, TEXT_SOURCE, sequence_settings
 from vitplasticity.workflow.config import ConfigError, shared_label_problems
 from vitplasticity.workflow.model_entries import model_inputs
 from vitplasticity.workflow.params import Wildcards, demo_flag
@@ -30,8 +30,9 @@ TEXT_EXPERIMENT = "text_finetune"
 
 def text_finetune_problems(config: Mapping[str, Any]) -> list[str]:
     """With text_finetune.enabled true, one message per missing list, unknown or image model,
-    missing text file, pair of LRs sharing a path label, warm-up as long as the run, or
-    sequence longer than a random-init model's stated positions."""
+    pair of LRs sharing a path label, dataset whose run is no longer than the warm-up, or
+    dataset's sequence longer than a random-init model's stated positions (the datasets
+    themselves: :func:`vitplasticity.workflow.checks.text_dataset_problems`)."""
     block = config.get("text_finetune") or {}
     if not block.get("enabled"):
         return []
@@ -53,35 +54,41 @@ def text_finetune_problems(config: Mapping[str, Any]) -> list[str]:
             )
         else:
             limit = stated_positions(models[name])
-            length = block.get("sequence_length", 0)
-            if limit is not None and length > limit:
-                problems.append(
-                    f"text_finetune.sequence_length: {length} exceeds the {limit} positions that "
-                    f"models.{name}.config states"
-                )
-    for name, path in (block.get("datasets") or {}).items():
-        if not Path(path).is_file():
-            problems.append(
-                f"text_finetune.datasets.{name}: {path!r} is not a file (a text file, one "
-                "document per line)"
-            )
-    text = config.get("text_plasticity") or {}
-    measured = text.get("datasets") or {} if text.get("enabled") else {}
-    for name, path in (block.get("datasets") or {}).items():
-        if name in measured and Path(measured[name]) != Path(path):
-            problems.append(
-                f"text_finetune.datasets.{name}: {path!r}, but text_plasticity.datasets.{name} "
-                f"is {measured[name]!r}: one name, two files (the criteria check would score "
-                "one dataset's plasticity against another's runs); rename one"
-            )
+            problems += [
+                f"datasets.{dataset}.sequence_length: {length} exceeds the {limit} positions "
+                f"that models.{name}.config states (text_finetune finetunes it on {dataset})"
+                for dataset, length in _sequence_lengths(config, block)
+                if limit is not None and length > limit
+            ]
     problems += shared_label_problems("text_finetune.lrs", block.get("lrs") or [])
     warmup = (config.get("finetune") or {}).get("warmup_steps", 0)
-    if warmup >= block.get("steps", 1):
-        problems.append(
-            f"finetune.warmup_steps: {warmup}, not fewer than text_finetune.steps "
-            f"{block.get('steps')}: the text runs would never reach their learning rate"
-        )
+    for dataset in _text_datasets(config, block):
+        steps = config["datasets"][dataset].get("steps", 1)
+        if warmup >= steps:
+            problems.append(
+                f"finetune.warmup_steps: {warmup}, not fewer than datasets.{dataset}.steps "
+                f"{steps}: its text runs would never reach their learning rate"
+            )
     return problems
+
+
+def _text_datasets(config: Mapping[str, Any], block: Mapping[str, Any]) -> list[str]:
+    """The text grid's datasets that are text datasets of the config (others are named by
+    :func:`vitplasticity.workflow.checks.text_dataset_problems`)."""
+    datasets = config.get("datasets") or {}
+    return [
+        name
+        for name in block.get("datasets") or []
+        if isinstance(datasets.get(name), Mapping) and datasets[name].get("source") == TEXT_SOURCE
+    ]
+
+
+def _sequence_lengths(config: Mapping[str, Any], block: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(dataset, sequence length) of the text grid's text datasets."""
+    return [
+        (name, sequence_settings(config["datasets"][name])["sequence_length"])
+        for name in _text_datasets(config, block)
+    ]
 
 
 class TextFinetuneJobs:
@@ -162,22 +169,36 @@ class TextFinetuneJobs:
 
     def params(self) -> dict[str, Any]:
         """The params of every run, in the order of the command's flags: the grid's optimizer,
-        steps and validation period, the finetune keys a text run takes, the text settings,
-        the demo switch. Each its own entry: editing one key reruns only what it changes."""
+        the dataset's steps and validation period, the finetune keys a text run takes, the
+        text settings (the dataset's tokenizer and sequence length, the grid's mask
+        probability), the demo switch. Each its own entry: editing one key reruns only what
+        it changes."""
         return {**self._training_params(), **self._text_params()}
 
     def _training_params(self) -> dict[str, Any]:
         finetune = rule_params(TrainingSettings, self.config["finetune"], "finetune")
         return {
             "optimizer": self.block["optimizer"],
-            "steps": self.block["steps"],
-            "val_every": self.block["val_every"],
+            "steps": self._dataset_value("steps"),
+            "val_every": self._dataset_value("val_every"),
             **{k: v for k, v in finetune.items() if k not in IMAGE_ONLY_TRAINING_FIELDS},
             "demo_flag": demo_flag(self.config),
         }
 
     def _text_params(self) -> dict[str, Any]:
-        return rule_params(TextFinetuneSettings, self.block, "text_finetune")
+        return {
+            **{key: self._dataset_value(key) for key in SEQUENCE_DEFAULTS},
+            **rule_params(TextFinetuneSettings, self.block, "text_finetune"),
+        }
+
+    def _dataset_value(self, key: str) -> Callable[[Wildcards], Any]:
+        """A params function: ``key`` of the job's dataset entry (its default when absent)."""
+
+        def value(wildcards: Wildcards) -> Any:
+            entry = self.config["datasets"][wildcards.dataset]
+            return {**SEQUENCE_DEFAULTS, **entry}[key]
+
+        return value
 
     def command_flags(self) -> str:
         """The command's flags of :meth:`params`, each ``--flag {params.<name>}``."""
@@ -186,8 +207,8 @@ class TextFinetuneJobs:
         )
 
     def text_file(self, wildcards: Wildcards) -> str:
-        """Input function: the job's text file (``text_finetune.datasets.<name>``)."""
-        return self.block["datasets"][wildcards.dataset]
+        """Input function: the job's text file (``datasets.<name>.path``)."""
+        return self.config["datasets"][wildcards.dataset]["path"]
 
     def lr(self, wildcards: Wildcards) -> float:
         """The grid's exact LR of the job (the {lr} wildcard is its 6-digit path label).

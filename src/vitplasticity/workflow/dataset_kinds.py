@@ -1,0 +1,139 @@
+"""Image datasets and text datasets in one ``datasets:`` block, each stage taking its kind.
+
+A dataset entry of ``source: text_file`` is a text dataset: its ``path`` is a text file, one
+document per line, cut into sequences as its ``tokenizer`` and ``sequence_length`` say
+(:mod:`vitplasticity.settings.sequences`). Every other source is an image dataset. The text
+stages (``text_plasticity``: its reference and datasets; ``text_finetune``: its datasets)
+take text datasets only, the image stages (``plasticity``, the experiments, ``recommend``,
+the reference set) image datasets only; a mismatch is named at parse time, the key with the
+dataset and its source. Plain Python, no torch: the Snakefile checks the config with it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from vitplasticity.settings.sequences import TEXT_SOURCE, sequence_settings
+
+_TEXT_ENTRY = (
+    "datasets: {<name>: {source: text_file, path: <file, one document per line>, steps: <n>, "
+    "val_every: <n>}}"
+)
+
+
+def is_text_dataset(entry: Any) -> bool:
+    """Whether a ``datasets:`` entry is a text dataset (``source: text_file``)."""
+    return isinstance(entry, Mapping) and entry.get("source") == TEXT_SOURCE
+
+
+def _image_stage_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(config key, dataset name) of every dataset an image stage takes."""
+    for name in (config.get("plasticity") or {}).get("datasets") or []:
+        yield "plasticity.datasets", name
+    reference = config.get("reference") or {}
+    if reference.get("source") == "dataset" and reference.get("dataset"):
+        yield "reference.dataset", reference["dataset"]
+    for experiment, block in (config.get("experiments") or {}).items():
+        if isinstance(block, Mapping) and block.get("enabled", True):
+            for name in block.get("datasets") or []:
+                yield f"experiments.{experiment}.datasets", name
+    recommend = config.get("recommend") or {}
+    if recommend.get("enabled"):
+        for name in recommend.get("datasets") or []:
+            yield "recommend.datasets", name
+
+
+def _text_stage_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(config key, dataset name) of every dataset an enabled text stage takes."""
+    text = config.get("text_plasticity") or {}
+    if text.get("enabled"):
+        if text.get("reference"):
+            yield "text_plasticity.reference", text["reference"]
+        for name in text.get("datasets") or []:
+            yield "text_plasticity.datasets", name
+    tuned = config.get("text_finetune") or {}
+    if tuned.get("enabled"):
+        for name in tuned.get("datasets") or []:
+            yield "text_finetune.datasets", name
+
+
+def text_dataset_problems(config: Mapping[str, Any]) -> list[str]:
+    """One message per text dataset entry without a readable ``path`` file, per dataset a
+    stage takes that is of the other kind or undefined (an old text stage's file path given
+    for a name says where files go now), and per text plasticity dataset cut otherwise than
+    its reference (the pairs would pair sequences of different lengths or tokens)."""
+    datasets = config.get("datasets") or {}
+    problems = [
+        problem
+        for name, entry in datasets.items()
+        if is_text_dataset(entry)
+        for problem in _path_problems(name, entry)
+    ]
+    for key, name in _image_stage_names(config):
+        if is_text_dataset(datasets.get(name)):
+            problems.append(
+                f"{key}: {name!r} is a text dataset (source: text_file): this stage takes "
+                "image datasets; text datasets go to text_plasticity.datasets or "
+                "text_finetune.datasets"
+            )
+    for key, name in _text_stage_names(config):
+        entry = datasets.get(name)
+        if entry is None:
+            problems.append(_undefined_text_dataset(key, name, datasets))
+        elif not is_text_dataset(entry):
+            source = entry.get("source") if isinstance(entry, Mapping) else None
+            problems.append(
+                f"{key}: {name!r} is an image dataset (source: {source}): this stage takes text "
+                f"datasets, {_TEXT_ENTRY}"
+            )
+    return problems + _cut_problems(config)
+
+
+def _path_problems(name: str, entry: Mapping[str, Any]) -> list[str]:
+    key = f"datasets.{name}.path"
+    if not entry.get("path"):
+        return [f"{key}: missing: a text_file dataset reads its text from path: <file>"]
+    path = Path(os.path.expanduser(str(entry["path"])))
+    if path.is_dir():
+        return [f"{key}: {entry['path']!r} is a folder: give a text file, one document per line"]
+    if not path.is_file():
+        return [f"{key}: {entry['path']!r} does not exist: give a text file, one document per line"]
+    return []
+
+
+def _undefined_text_dataset(key: str, name: str, datasets: Mapping[str, Any]) -> str:
+    """The message for a text stage naming no dataset: a file path (the old layout) is told
+    where text files go now."""
+    defined = ", ".join(sorted(datasets)) or "none"
+    if "/" in name or "." in name or Path(os.path.expanduser(name)).is_file():
+        return (
+            f"{key}: {name!r} is a file, not a dataset name: text files are datasets: entries "
+            f"now, {_TEXT_ENTRY}; name the entry here"
+        )
+    return f"{key}: unknown dataset {name!r} (defined: {defined})"
+
+
+def _cut_problems(config: Mapping[str, Any]) -> list[str]:
+    """Text plasticity pairs reference sequence i with downstream sequence i: every dataset it
+    measures must be cut as its reference is."""
+    text = config.get("text_plasticity") or {}
+    datasets = config.get("datasets") or {}
+    reference = datasets.get(text.get("reference"))
+    if not text.get("enabled") or not is_text_dataset(reference):
+        return []
+    expected = sequence_settings(reference)
+    problems = []
+    for name in text.get("datasets") or []:
+        if not is_text_dataset(datasets.get(name)):
+            continue
+        for key, value in sequence_settings(datasets[name]).items():
+            if value != expected[key]:
+                problems.append(
+                    f"datasets.{name}.{key}: {value!r}, but the reference "
+                    f"datasets.{text['reference']}.{key} is {expected[key]!r}: text plasticity "
+                    "pairs sequences cut alike; give both the same"
+                )
+    return problems
