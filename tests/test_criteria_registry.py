@@ -55,3 +55,7 @@ def test_an_entry_that_contradicts_itself_is_refused() -> None:
         Criterion("x", "x", "x", "recommend")  # measured by recommend, but no items
     with pytest.raises(ValueError, match="'x': recommend's criteria"):
         Criterion("x", "x", "x", "plasticity", items=Items("pairs", "ratio"))
+    with pytest.raises(ValueError, match=r"'x': recommend's criteria .* state their basis"):
+        Criterion("x", "x", "x", "recommend", items=Items("pairs", "ratio"))  # no basis
+    with pytest.raises(ValueError, match=r"'x': recommend's criteria .* state their basis"):
+        Criterion("x", "x", "x", "plasticity", basis="a heuristic")

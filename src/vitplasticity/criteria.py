@@ -79,6 +79,9 @@ class Criterion:
     it n/a); None: it always has one there."""
     items: Items | None = None
     """What recommend measures and pools; None for a criterion recommend does not measure."""
+    basis: str | None = None
+    """What a recommendation by it rests on, completing "This is ...": the heuristic and its
+    source (recommend's criteria, and only they, have one)."""
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -88,6 +91,10 @@ class Criterion:
         if (self.items is not None) != (self.source == "recommend"):
             raise ValueError(
                 f"criterion {self.name!r}: recommend's criteria (and only they) name their items"
+            )
+        if (self.basis is not None) != (self.source == "recommend"):
+            raise ValueError(
+                f"criterion {self.name!r}: recommend's criteria (and only they) state their basis"
             )
 
     @property
@@ -102,6 +109,10 @@ class Criterion:
 
 
 _NO_MATRIX = "a norm holds no weight matrix, so it has no"
+_PAPER = (
+    "a heuristic from the paper's finding that components of higher plasticity gain more from "
+    "finetuning (Odonnat et al., arXiv 2602.06883)"
+)
 
 REGISTRY: Mapping[str, Criterion] = MappingProxyType(
     {
@@ -114,6 +125,7 @@ REGISTRY: Mapping[str, Criterion] = MappingProxyType(
                 "Plast. (rec.)",
                 "recommend",
                 items=Items("pairs", "ratio", interval=True),
+                basis=_PAPER,
             ),
             # Auto-RGN (Lee et al. 2023, Surgical Fine-Tuning): ||g|| / ||w|| per tensor.
             Criterion(
@@ -122,6 +134,11 @@ REGISTRY: Mapping[str, Criterion] = MappingProxyType(
                 "Rel. grad.",
                 "recommend",
                 items=Items("tensors", "relative_gradient_norm"),
+                basis=(
+                    "Surgical Fine-Tuning's Auto-RGN heuristic that the tensors of largest "
+                    "gradient norm relative to their weight norm gain most from finetuning "
+                    "(Lee et al., ICLR 2023)"
+                ),
             ),
             Criterion(
                 "gradient_snr",
@@ -129,6 +146,10 @@ REGISTRY: Mapping[str, Criterion] = MappingProxyType(
                 "Grad. SNR",
                 "recommend",
                 items=Items("tensors", "gradient_snr"),
+                basis=(
+                    "the heuristic that the tensors whose gradient agrees most across batches "
+                    "(highest gradient signal-to-noise ratio) learn the task most readily"
+                ),
             ),
             # The weight factor of the paper's Section 4 bounds, per (block, component).
             Criterion(
@@ -137,6 +158,11 @@ REGISTRY: Mapping[str, Criterion] = MappingProxyType(
                 "Spectral",
                 "recommend",
                 items=Items("weights", "weight_spectral", drop_undefined=False),
+                basis=(
+                    "a heuristic from the paper's bounds, in which a component's weight "
+                    "spectral norm bounds its plasticity (Odonnat et al., arXiv 2602.06883, "
+                    "Section 4)"
+                ),
             ),
             # PLoP (Hayou et al., ICLR 2026) places its adapters on the modules of lowest NFN,
             # the least aligned with the task's inputs, and shows the highest (its PLoP^-1)
@@ -150,6 +176,10 @@ REGISTRY: Mapping[str, Criterion] = MappingProxyType(
                 norms_na="a norm holds no linear map, so it has no NFN",
                 linear_na="no linear map of it had an input of nonzero norm, so it has no NFN",
                 items=Items("features", "nfn"),
+                basis=(
+                    "PLoP's heuristic that the modules least aligned with the task's inputs "
+                    "(lowest NFN) gain most from adaptation (Hayou et al., ICLR 2026)"
+                ),
             ),
             # Spectrum (Hartford et al. 2024): recommend/matrix_criteria.py says why per matrix.
             Criterion(
@@ -166,6 +196,10 @@ REGISTRY: Mapping[str, Criterion] = MappingProxyType(
                     "(recommend/matrix_criteria.py)"
                 ),
                 items=Items("matrices", "spectrum_snr"),
+                basis=(
+                    "Spectrum's heuristic that the weight matrices of highest signal-to-noise "
+                    "ratio carry the most to finetune (Hartford et al., 2024)"
+                ),
             ),
             # KappaTune (Ludwig 2025) finetunes the tensors of lowest condition number, the
             # least anisotropic.
@@ -180,6 +214,11 @@ REGISTRY: Mapping[str, Criterion] = MappingProxyType(
                     "every weight matrix of it is zero or singular, so it has no condition number"
                 ),
                 items=Items("matrices", "kappa"),
+                basis=(
+                    "KappaTune's heuristic that the weight tensors of lowest condition number, "
+                    "the least anisotropic, can be finetuned with the least forgetting "
+                    "(Ludwig, 2025)"
+                ),
             ),
             # The measured plasticity summaries (the paper's reading: more plasticity, better).
             Criterion(PAPER_PLASTICITY, "plasticity (paper)", "Plast. (paper)", "plasticity"),

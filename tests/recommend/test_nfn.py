@@ -19,6 +19,7 @@ from torch import nn
 from tests.helpers.latex import compile_tables, needs_latex
 from tests.helpers.tiny_models import TINY_MODELS, perturbed
 from vitplasticity.components import COMPONENTS
+from vitplasticity.criteria import RECOMMEND_CRITERIA, REGISTRY
 from vitplasticity.models.architectures import UnsupportedModel
 from vitplasticity.recommend.criteria import CRITERIA, Measurements, pooled_estimate
 from vitplasticity.recommend.nfn import NFN_SCHEMA, feature_norm_statistics
@@ -470,3 +471,21 @@ def test_the_criteria_figure_names_what_nfn_leaves_out(tmp_path: Path) -> None:
 def test_the_criteria_table_with_nfn_compiles(tmp_path: Path) -> None:
     result = C.analyse(C.recommend_criteria(_recommend_nfn(DATASETS)), _selected(DATASETS))
     compile_tables(tmp_path, {"criteria": criteria_table(result, demo=True)})
+
+
+@pytest.mark.parametrize("criterion", RECOMMEND_CRITERIA)
+def test_the_recommendation_rests_on_its_own_criterions_heuristic(criterion: str) -> None:
+    """KappaTune's recommendation cites KappaTune, not PLoP (both rank their lowest first)."""
+    table = build_table(
+        _measurements(NFN_VALUES), ["ln1", "mha", "fc2", "ln1+ln2"], model="m", dataset="d"
+    )
+    text = markdown(
+        table,
+        select(table, criterion, None),
+        model="vit_x",
+        dataset="pets",
+        reference="r",
+        always_trained=7,
+    )
+    said = [entry.basis for entry in REGISTRY.values() if entry.basis and entry.basis in text]
+    assert said == [REGISTRY[criterion].basis], said

@@ -63,10 +63,11 @@ def register_image(subparsers: argparse._SubParsersAction) -> None:
         description="Rank ln1, mha, ln2, fc1, fc2 (and '+' combinations) of a vision "
         "transformer (of a family vitplasticity knows) for finetuning on a dataset: measured "
         "plasticity (mean, 95%% CI), relative gradient norm and gradient SNR after a head "
-        "warm-up, a data-free weight statistic, and PLoP's normalised feature norm (NFN, lowest "
-        "first); recommend the best configuration under a trainable-parameter budget. A "
-        "heuristic from the paper's finding (higher plasticity, better finetuning), not a "
-        "finetuning result.",
+        "warm-up, a data-free weight statistic, PLoP's normalised feature norm (NFN, lowest "
+        "first), Spectrum's SNR and KappaTune's condition number (lowest first); recommend the "
+        "best configuration by --criterion under a trainable-parameter budget. A heuristic (the "
+        "report names the criterion's source; the default, plasticity, rests on the paper's "
+        "finding: higher plasticity, better finetuning), not a finetuning result.",
     )
     add_model_arguments(parser)
     data = parser.add_argument_group("dataset (one of --dataset-dir, --image-folder)")

@@ -321,19 +321,12 @@ def _table_lines(
     return lines
 
 
-def _heuristic(lower: bool) -> str:
-    """What the recommendation rests on, and that it is no finetuning result: PLoP's
-    heuristic for a criterion ranking its ``lower`` end first, else the paper's."""
-    if lower:
-        return (
-            "This is PLoP's heuristic that the modules least aligned with the task's inputs "
-            "(lowest NFN) gain most from adaptation (Hayou et al., ICLR 2026), not a finetuning "
-            "result: confirm it with a short run, above all when the criteria disagree."
-        )
+def _heuristic(criterion: str) -> str:
+    """What a recommendation by ``criterion`` rests on (its registry entry's basis), and that
+    it is no finetuning result."""
     return (
-        "This is a heuristic from the paper's finding that components of higher plasticity "
-        "gain more from finetuning (Odonnat et al., arXiv 2602.06883), not a finetuning "
-        "result: confirm it with a short run, above all when the criteria disagree."
+        f"This is {REGISTRY[criterion].basis}, not a finetuning result: confirm it with a "
+        "short run, above all when the criteria disagree."
     )
 
 
@@ -362,7 +355,7 @@ def _recommendation_text(
 ) -> str:
     criterion = REGISTRY[recommendation.criterion].label
     lower = REGISTRY[recommendation.criterion].lower_first
-    heuristic = _heuristic(lower)
+    heuristic = _heuristic(recommendation.criterion)
     if recommendation.configuration is None:
         return _nothing_recommended(recommendation.budget, criterion, always_trained, heuristic)
     name = configuration_label(recommendation.configuration)
