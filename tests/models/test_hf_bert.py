@@ -8,14 +8,16 @@ models and stages refused by name (DeBERTa-v2: tests/models/test_hf_deberta_v2.p
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
+import re
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from tests.helpers.numpy_reference import (
     check_against,
@@ -200,6 +202,51 @@ def test_parameter_groups() -> None:
         "embeddings.LayerNorm.bias",
     }
     assert groups["head"] == {"pooler.dense.weight", "pooler.dense.bias"}
+
+
+def _saved_without(tmp_path: Path, dropped: tuple[str, ...]) -> Path:
+    """A tiny BertModel saved as a transformers folder, the tensors whose names start with
+    ``dropped`` taken out of its model.safetensors."""
+    config = transformers.BertConfig(**ENCODER_TINY_CONFIG)
+    folder = tmp_path / "bert"
+    transformers.BertModel(config).save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    kept = {k: v for k, v in load_file(weights).items() if not k.startswith(dropped)}
+    save_file(kept, weights, metadata={"format": "pt"})
+    return folder
+
+
+def test_a_checkpoint_without_the_unused_pooler_loads_without_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An encoder checkpoint saved without the pooler (as a ...ForMaskedLM or
+    sentence-transformers saves one) loads: no stage reads the pooled output, so the model is
+    built without its pooler, and the log says so once; every other tensor is the file's."""
+    folder = _saved_without(tmp_path, ("pooler.",))
+    entry = {"family": "transformers", "hf_id": "tiny-bert", "weights": str(folder)}
+    with caplog.at_level(logging.INFO):
+        model = build_model(text_model_spec("bert", entry))
+    assert model.pooler is None
+    said = [r.getMessage() for r in caplog.records if "holds no pooler" in r.getMessage()]
+    assert len(said) == 1 and "BertModel is built without it" in said[0]
+    stored = load_file(folder / "model.safetensors")
+    assert set(dict(model.named_parameters())) == set(stored)
+    # The trainable-parameter counts see no pooler: a bare model without it has no head.
+    assert "head" not in _groups(model)
+
+
+@pytest.mark.parametrize(
+    "dropped",
+    [("pooler.dense.weight",), ("encoder.layer.1.output.dense.weight",)],
+    ids=["part of the pooler", "a backbone weight"],
+)
+def test_a_checkpoint_missing_a_used_weight_is_refused_by_name(
+    tmp_path: Path, dropped: tuple[str, ...]
+) -> None:
+    folder = _saved_without(tmp_path, dropped)
+    entry = {"family": "transformers", "hf_id": "tiny-bert", "weights": str(folder)}
+    with pytest.raises(ValueError, match=rf"1 missing weight\(s\): {re.escape(dropped[0])}"):
+        build_model(text_model_spec("bert", entry))
 
 
 def test_a_masked_lm_head_leaves_its_tied_decoder_to_the_embedding() -> None:

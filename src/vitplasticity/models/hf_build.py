@@ -283,8 +283,10 @@ def load_strict(
     dropped = [key for key in unexpected if key.startswith(droppable)]
     if dropped:
         log.info("%s: checkpoint tensors dropped (%s)", source, ", ".join(dropped))
+    missing = sorted(str(key) for key in info.get("missing_keys") or ())
+    missing = _without_unused_module(model, missing, source)
     found = {
-        "missing": sorted(str(key) for key in info.get("missing_keys") or ()),
+        "missing": missing,
         "unexpected": [key for key in unexpected if key not in dropped],
         "mismatched": sorted(_mismatch(item) for item in info.get("mismatched_keys") or ()),
     }
@@ -297,6 +299,28 @@ def load_strict(
             f"{'; '.join(problems)}"
         )
     return model
+
+
+def _without_unused_module(model: nn.Module, missing: list[str], source: object) -> list[str]:
+    """``missing`` without the tensors of the model's unused module (``unused_modules``, e.g.
+    BERT's pooler) when the checkpoint holds none of them: the module is removed from the
+    model, and the log says so. A module the checkpoint holds in part stays missing."""
+    name = declared("unused_modules").get(type(model).__name__)
+    module = getattr(model, name, None) if name else None
+    if module is None:
+        return missing
+    own = {f"{name}.{key}" for key in module.state_dict()}
+    if not own or not own <= set(missing):
+        return missing
+    setattr(model, name, None)
+    log.info(
+        "%s: the checkpoint holds no %s (%d tensors); no stage uses it, so %s is built without it",
+        source,
+        name,
+        len(own),
+        type(model).__name__,
+    )
+    return [key for key in missing if key not in own]
 
 
 class _CheckedLoadWarnings(logging.Filter):

@@ -200,6 +200,9 @@ class Architecture:
     wrapper class taking (tower, num_classes)) and where that class holds the tower."""
     checkpoint_heads: ClassVar[dict[str, tuple[str, ...]]] = {}
     """Tower class -> a checkpoint's head tensors, dropped (the head is new)."""
+    unused_modules: ClassVar[dict[str, str]] = {}
+    """Class -> a child module no stage uses (BERT's pooler), which a checkpoint may lack: the
+    model is then built without it, and the log says so."""
     tower_kwargs: ClassVar[dict[str, dict[str, Any]]] = {}
     """Class -> keyword arguments built into every model of it."""
 

@@ -34,6 +34,7 @@ family.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -104,6 +105,9 @@ class HFBert(HFText):
     text_refusals = ENCODER_REFUSALS
     layer_linears: tuple[str, ...] = LAYER_LINEARS
     """The linear layers every encoder layer has."""
+    # Many encoder checkpoints (those saved from a ...ForMaskedLM, sentence-transformers') hold
+    # no pooler; no stage reads the bare model's pooled output.
+    unused_modules: ClassVar[dict[str, str]] = {"BertModel": "pooler", "RobertaModel": "pooler"}
 
     # --- what it is ---------------------------------------------------------------------------
 
