@@ -13,6 +13,9 @@ from tests.helpers.xdist_scopes import SlurmApartScheduling, order_for_workers
 from vitplasticity.models.build import build_model
 from vitplasticity.models.spec import TimmSpec
 
+# The real checkpoints' fixtures (minilm_folder), for every test module.
+pytest_plugins = ["tests.helpers.real_checkpoints"]
+
 
 @pytest.fixture(scope="module")
 def one_torch_thread() -> Iterator[None]:

@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 import torch
 
+from tests.helpers.real_checkpoints import ENGLISH
 from tests.helpers.text_entries import BERT_MLM, GPT2, LENGTH
 from tests.helpers.tiny_models import ENCODER_TINY_CONFIG
 from vitplasticity.data.loader import batch_indices
@@ -31,6 +32,8 @@ from vitplasticity.finetune.tasks import (
 from vitplasticity.finetune.text_run import TextSource, masked_positions, train_text_run
 from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.models.architectures import UnsupportedModel
+from vitplasticity.models.build import build_model
+from vitplasticity.models.text import masked_lm, text_model_spec
 
 DEBERTA_V2_MLM = {
     "family": "transformers",
@@ -176,13 +179,71 @@ def test_a_run_trains_its_configuration_and_selects_the_lowest_validation_loss(
     assert not (tmp_path / "run/checkpoint.pt").exists()
 
 
-def test_an_encoder_without_its_masked_lm_head_is_refused_naming_the_class(tmp_path: Path) -> None:
+def test_a_bare_encoder_gets_a_masked_lm_head_drawn_from_the_run_seed() -> None:
+    """A bare BertModel inside BertForMaskedLM: the encoder's own modules (its pooler left
+    out), the decoder the word embedding, the transform and output bias drawn from the torch
+    RNG, so the same seed draws the same head and another seed another."""
     bare = {key: value for key, value in BERT_MLM.items() if key != "model_class"}
-    with pytest.raises(UnsupportedModel, match=r"BertModel.*model_class: BertForMaskedLM"):
-        train_text_run(
-            _run(), _training(bare), TextFinetuneSettings(sequence_length=LENGTH),
-            _pattern(tmp_path), tmp_path / "run",
-        )  # fmt: skip
+
+    def built(seed: int) -> tuple[torch.nn.Module, torch.nn.Module, list[str]]:
+        encoder = build_model(text_model_spec("tiny", bare))
+        torch.manual_seed(seed)
+        lm, drawn = masked_lm(encoder)
+        return encoder, lm, drawn
+
+    encoder, lm, drawn = built(0)
+    assert type(lm).__name__ == "BertForMaskedLM" and lm.bert is encoder
+    assert encoder.pooler is None
+    assert lm.get_output_embeddings().weight is encoder.get_input_embeddings().weight
+    assert drawn == [  # the output bias once: the decoder's bias is the same tensor
+        "cls.predictions.bias",
+        "cls.predictions.transform.LayerNorm.bias",
+        "cls.predictions.transform.LayerNorm.weight",
+        "cls.predictions.transform.dense.bias",
+        "cls.predictions.transform.dense.weight",
+    ]
+    assert lm.cls.predictions.decoder.bias is lm.cls.predictions.bias
+    assert not any(t.is_meta for t in (*lm.parameters(), *lm.buffers()))
+    dense = lm.cls.predictions.transform.dense.weight
+    assert float(dense.std()) == pytest.approx(lm.config.initializer_range, rel=0.3)
+    assert torch.equal(built(0)[1].cls.predictions.transform.dense.weight, dense)
+    assert not torch.equal(built(1)[1].cls.predictions.transform.dense.weight, dense)
+    with_head = build_model(text_model_spec("tiny", BERT_MLM))
+    assert masked_lm(with_head) == (with_head, [])  # a masked LM is used as it is
+
+
+def test_a_bare_encoder_run_says_its_head_was_initialised_not_loaded(tmp_path: Path) -> None:
+    bare = {key: value for key, value in BERT_MLM.items() if key != "model_class"}
+    summary = train_text_run(
+        _run(), _training(bare), TextFinetuneSettings(sequence_length=LENGTH),
+        _pattern(tmp_path), tmp_path / "run",
+    )  # fmt: skip
+    resolved = summary["settings"]["resolved"]
+    assert summary["task"] == "masked" and resolved["lm_class"] == "BertForMaskedLM"
+    assert resolved["lm_head"].startswith("initialised from the run seed, not loaded: cls.")
+
+
+def test_the_real_minilm_finetunes_with_the_masked_lm_loss(
+    minilm_folder: Path, tmp_path: Path
+) -> None:
+    """The real bare checkpoint (sentence-transformers saves no MLM head) finetunes its LN1
+    on English text: its own tokenizer and [MASK] token, the head drawn from the run seed and
+    trained with LN1: 6 x 768 LayerNorm parameters and the head's 147,840 (transform) + 768
+    (its LayerNorm) + 30,522 (output bias; the decoder is the word embedding, not trained)."""
+    text = tmp_path / "english.txt"
+    text.write_text(ENGLISH * 4)
+    entry = {"family": "transformers", "hf_id": "all-MiniLM-L6-v2", "weights": str(minilm_folder)}
+    training = _training(entry, steps=4, val_every=2)
+    summary = train_text_run(
+        _run("ln1", "minilm"), training, TextFinetuneSettings(sequence_length=16),
+        text, tmp_path / "run",
+    )  # fmt: skip
+    resolved = summary["settings"]["resolved"]
+    assert summary["status"] == "completed" and summary["task"] == "masked"
+    assert resolved["tokenizer"] == str(minilm_folder) and resolved["mask_token_id"] == 103
+    assert resolved["lm_head"].startswith("initialised from the run seed, not loaded")
+    assert math.isfinite(summary["best_val_loss"])
+    assert summary["trainable_parameters"] == 6 * 768 + 147_840 + 768 + 30_522
 
 
 def test_an_image_model_is_refused_before_it_is_built(tmp_path: Path) -> None:

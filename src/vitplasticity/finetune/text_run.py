@@ -9,8 +9,9 @@ What this module adds:
 
 - **Model**: the LM of the ``models:`` entry, its own LM head included
   (:func:`build_text_lm`): a decoder as its causal LM (a bare one inside its causal-LM class,
-  head tied to the token embedding), an encoder as its ``...ForMaskedLM`` (named in
-  ``model_class``; a bare encoder or a classifier is refused, it has no MLM head).
+  head tied to the token embedding), an encoder as its ``...ForMaskedLM`` (a bare encoder, as
+  sentence-transformers saves one, inside its masked-LM class: the encoder the checkpoint's,
+  the MLM head initialised from the run's seed, which the run's record says).
   Configurations select parameters as for images (:class:`ParameterMap`): every
   configuration trains the head (an LM head tied to the token embedding adds no parameter
   of its own; BERT's MLM transform and output bias are its head) and the final norm.
@@ -70,17 +71,18 @@ VAL_MASK_SEED = 0
 # --- model --------------------------------------------------------------------------------
 
 
-def build_text_lm(model_name: str, model_spec: dict[str, Any]) -> tuple[nn.Module, str]:
-    """(the LM of ``model_spec``, its task: :data:`CAUSAL` or :data:`MASKED`), in train mode.
+def build_text_lm(model_name: str, model_spec: dict[str, Any]) -> tuple[nn.Module, str, list[str]]:
+    """(the LM of ``model_spec``, its task: :data:`CAUSAL` or :data:`MASKED`, the names of
+    the head's tensors initialised from the torch RNG rather than loaded), in train mode.
 
     Raises:
-        UnsupportedModel: for an image model, a model no architecture knows, an encoder not
-            in its masked-LM class, or a decoder whose LM head cannot be tied.
+        UnsupportedModel: for an image model, a model no architecture knows, an encoder
+            without a masked-LM class, or a decoder whose LM head cannot be tied.
         ValueError: for an entry its family refuses.
     """
     from vitplasticity.models.build import build_model
     from vitplasticity.models.registry import family_inputs
-    from vitplasticity.models.text import causal_lm, text_model_spec
+    from vitplasticity.models.text import causal_lm, masked_lm, text_model_spec
 
     image_model = UnsupportedModel(
         f"model {model_name!r} takes images: finetune it with `vitplasticity finetune` "
@@ -93,15 +95,17 @@ def build_text_lm(model_name: str, model_spec: dict[str, Any]) -> tuple[nn.Modul
     if architecture.inputs != "tokens":
         raise image_model
     if architecture.text_task == MASKED:
-        if not type(model).__name__.endswith("ForMaskedLM"):
-            raise UnsupportedModel(
-                f"model {model_name!r} is a {type(model).__name__}, an encoder without its "
-                "masked-LM head: the masked-LM loss needs it; name its ...ForMaskedLM class in "
-                "the model entry (model_class: BertForMaskedLM, RobertaForMaskedLM, "
-                "DebertaV2ForMaskedLM)"
+        lm, drawn = masked_lm(model)
+        if drawn:
+            log.info(
+                "model %r is a %s: its masked-LM head (%s) is initialised from the run's seed, "
+                "not loaded; the encoder is the checkpoint's",
+                model_name,
+                type(model).__name__,
+                ", ".join(drawn),
             )
-        return model.train(), MASKED
-    return causal_lm(model).train(), CAUSAL
+        return lm.train(), MASKED, drawn
+    return causal_lm(model).train(), CAUSAL, []
 
 
 def mask_token_id(tokenizer: str, vocab_size: int) -> int:
@@ -234,7 +238,7 @@ class TextSource:
         started = time.perf_counter()
         run, training, text = settings.run, settings.training, self.text
         torch.manual_seed(run.seed)
-        lm, kind = build_text_lm(run.model, training.model_spec)
+        lm, kind, drawn = build_text_lm(run.model, training.model_spec)
         tokenizer, train_part, val_part = self._sequences(lm, settings)
         val, val_mask, task = torch.from_numpy(val_part), None, CausalLM()
         mask_id = mask_token_id(tokenizer, lm.config.vocab_size) if kind == MASKED else None
@@ -249,6 +253,12 @@ class TextSource:
             "torch_threads": torch.get_num_threads(),
             "task": kind,
             "lm_class": type(lm).__name__,
+            # A bare encoder's MLM head is new: drawn from the run seed, as an image run's.
+            "lm_head": (
+                f"initialised from the run seed, not loaded: {', '.join(drawn)}"
+                if drawn
+                else "the checkpoint's (or tied to the token embedding)"
+            ),
             "tokenizer": tokenizer,
             "mask_token_id": mask_id,
             "split_sizes": {"train": len(train_part), "val": len(val_part)},

@@ -174,6 +174,71 @@ def causal_lm(model: nn.Module) -> nn.Module:
     return lm.train(model.training)
 
 
+def masked_lm(model: nn.Module) -> tuple[nn.Module, list[str]]:
+    """(``model`` when it is a masked LM, else its ``...ForMaskedLM`` counterpart, the names
+    of the head's tensors initialised, not loaded).
+
+    The counterpart (transformers' ``MODEL_FOR_MASKED_LM_MAPPING`` for its config) takes the
+    base model whole (a bare encoder is its own; the pooler, which a masked LM has none of,
+    is left out), its decoder tied to the word embedding; the head's own tensors (BERT's
+    transform and output bias) are drawn as transformers initialises them, from the torch
+    RNG: a run seeds it with its seed, as it seeds an image run's new head.
+
+    Raises:
+        UnsupportedModel: naming the class, for a config without a masked-LM class.
+    """
+    import torch
+    from torch import nn
+
+    from vitplasticity.models.architectures.base import UnsupportedModel, base_model_of
+    from vitplasticity.utils.optional import require_transformers
+
+    if model.get_output_embeddings() is not None:
+        return model, []
+    name = type(model).__name__
+    base = base_model_of(model) or model
+    require_transformers()
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
+
+    try:
+        lm_class = MODEL_FOR_MASKED_LM_MAPPING[type(base.config)]
+    except KeyError:
+        raise UnsupportedModel(
+            f"{name}: transformers has no masked-LM class for {type(base.config).__name__}"
+        ) from None
+    with torch.device("meta"):
+        lm = lm_class(base.config)
+    if getattr(base, "pooler", None) is not None:
+        base.pooler = None  # a masked LM's encoder has no pooler (add_pooling_layer=False)
+    setattr(lm, lm.base_model_prefix, base)
+    # The head's tensors, still on the meta device, made real and drawn as transformers
+    # initialises them; a tensor two modules share (BERT's output bias) stays shared.
+    made: dict[int, torch.Tensor] = {}
+    drawn_modules = []
+    for module in lm.modules():
+        for slots in (module._parameters, module._buffers):
+            for key, tensor in slots.items():
+                if tensor is not None and tensor.is_meta:
+                    if id(tensor) not in made:
+                        real = torch.empty_like(tensor, device=base.device)
+                        is_parameter = isinstance(tensor, nn.Parameter)
+                        made[id(tensor)] = nn.Parameter(real) if is_parameter else real
+                    slots[key] = made[id(tensor)]
+                    drawn_modules.append(module)
+    for module in drawn_modules:
+        lm._init_weights(module)
+    # Tied after the draw, so that the draw never touches the pretrained word embedding.
+    embedding = base.get_input_embeddings().weight
+    lm.get_output_embeddings().weight = embedding
+    prefix = f"{lm.base_model_prefix}."
+    drawn = [
+        name
+        for name, tensor in (*lm.named_parameters(), *lm.named_buffers())
+        if not name.startswith(prefix) and tensor is not embedding
+    ]
+    return lm.to(base.dtype).train(model.training), sorted(drawn)
+
+
 AUTO_TOKENIZER = "auto"
 """Tokenizer setting: ``bytes`` for a random-init model, else the model's own tokenizer (its
 weights folder, or its hub id)."""
