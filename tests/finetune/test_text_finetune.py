@@ -191,7 +191,12 @@ def test_a_bare_encoder_gets_a_masked_lm_head_drawn_from_the_run_seed() -> None:
         lm, drawn = masked_lm(encoder)
         return encoder, lm, drawn
 
+    before = {
+        k: v.clone() for k, v in build_model(text_model_spec("tiny", bare)).state_dict().items()
+    }
     encoder, lm, drawn = built(0)
+    after = encoder.state_dict()  # the encoder as built: the draw touched none of it
+    assert all(torch.equal(after[k], v) for k, v in before.items() if not k.startswith("pooler."))
     assert type(lm).__name__ == "BertForMaskedLM" and lm.bert is encoder
     assert encoder.pooler is None
     assert lm.get_output_embeddings().weight is encoder.get_input_embeddings().weight
