@@ -19,7 +19,7 @@ from tests.helpers.latex import compile_tables, needs_latex
 from tests.helpers.report_inputs import plasticity_summary, write_grid
 from vitplasticity.cli import main
 from vitplasticity.components import COMPONENTS
-from vitplasticity.criteria import short_label
+from vitplasticity.criteria import PARAMETERS, short_label
 from vitplasticity.report import criteria as C
 from vitplasticity.report.aggregate import collect_runs, select_learning_rates
 from vitplasticity.report.criteria_statistics import minimum_p, wilcoxon_greater
@@ -183,6 +183,17 @@ def test_perfect_and_reversed_predictors() -> None:
     assert pair["wilcoxon_p"] == pytest.approx(1 / 32)
     (line,) = C.best_criterion_lines(result)
     assert line.startswith("sgd/vit: best criterion oracle (mean rho +1.000")
+
+
+def test_the_baseline_scored_alone_is_no_best_criterion() -> None:
+    """With the trainable-parameter baseline the only criterion scored (recommend-text does
+    not rank an encoder), the report names no best criterion and says why."""
+    accuracy = {f"d{d}": {c: 0.5 + 0.01 * i for i, c in enumerate(COMPONENTS)} for d in range(3)}
+    scores = {PARAMETERS: {d: {c: i for i, c in enumerate(COMPONENTS)} for d in accuracy}}
+    result = C.analyse(_criteria(scores), _selected(accuracy))
+    (line,) = C.best_criterion_lines(result)
+    assert line == "sgd/vit: no best criterion (only the trainable-parameter baseline was scored)"
+    assert not result.filter(pl.col("level") == "summary")["best"].any()
 
 
 def test_ties_constant_columns_and_too_few_configurations_give_nan_with_a_reason() -> None:

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from vitplasticity.criteria import PARAMETERS
+
 MIN_CONFIGURATIONS = 3
 """Fewest configurations a correlation is computed on (two points always correlate +-1)."""
 
@@ -279,6 +281,11 @@ def best_criteria(summary: pl.DataFrame) -> dict[tuple[str, str], tuple[list[str
         rows = [r for r in part.iter_rows(named=True) if math.isfinite(r["spearman_rho"])]
         if not rows:
             out[key] = ([], "no criterion has a defined rho on any dataset")
+            continue
+        if all(r["criterion"] == PARAMETERS for r in rows):
+            # The baseline alone (an encoder, which recommend-text does not rank): no
+            # criterion was compared with it, so none is best.
+            out[key] = ([], "only the trainable-parameter baseline was scored")
             continue
         best = top(rows, "spearman_rho")
         reason = "highest mean rho"
