@@ -101,8 +101,8 @@ def test_a_jobs_dataset_is_its_prepared_folder(demo: dict[str, Any]) -> None:
 
 
 def test_text_jobs_read_the_configured_files(paper: dict[str, Any]) -> None:
-    """A text dataset's file is read where its entry names it; the text stages cut every
-    dataset as the reference's entry says (its defaults where it says nothing)."""
+    """A text dataset's file is read where its entry names it; the text stages cut text as the
+    reference's entry says (its defaults where it says nothing)."""
     paper["datasets"]["wiki"] = text_dataset("/t/wiki.txt", tokenizer="bytes")
     paper["datasets"]["code"] = text_dataset("/t/code.txt", sequence_length=64)
     paper["text_plasticity"].update(reference="wiki", datasets=["code"])
@@ -110,5 +110,3 @@ def test_text_jobs_read_the_configured_files(paper: dict[str, Any]) -> None:
     assert jobs.text_reference(of(dataset="code")) == "/t/wiki.txt"
     assert jobs.text_file(of(dataset="code")) == "/t/code.txt"
     assert jobs.reference_sequences() == {"tokenizer": "bytes", "sequence_length": 128}
-    assert jobs.sequence_param("sequence_length")(of(dataset="code")) == 64
-    assert jobs.sequence_param("tokenizer")(of(dataset="code")) == "auto"

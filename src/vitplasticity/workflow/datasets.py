@@ -4,7 +4,6 @@ text datasets' files (``source: text_file``, read where their entry names them),
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from vitplasticity.data.sources import registry
@@ -86,16 +85,13 @@ class DatasetJobs:
         return self.datasets[wildcards.dataset]["path"]
 
     def reference_sequences(self) -> dict[str, Any]:
-        """The tokenizer and sequence length of text plasticity's reference dataset, as
-        params: the text stages cut every dataset as they cut the reference (check_config
-        refuses a dataset cut otherwise)."""
-        reference = self.config["text_plasticity"]["reference"]
-        return sequence_settings(self.datasets.get(reference) or {})  # none: stage disabled
+        """Params: :func:`text_reference_sequences` of the config."""
+        return text_reference_sequences(self.config)
 
-    def sequence_param(self, key: str) -> Callable[[Wildcards], Any]:
-        """A params function: the job's text dataset's ``tokenizer`` or ``sequence_length``."""
 
-        def value(wildcards: Wildcards) -> Any:
-            return sequence_settings(self.datasets[wildcards.dataset])[key]
-
-        return value
+def text_reference_sequences(config: dict[str, Any]) -> dict[str, Any]:
+    """The tokenizer and sequence length of text plasticity's reference dataset: the text
+    stages cut every dataset as they cut the reference (check_config refuses a dataset cut
+    otherwise); the defaults while the stage names no reference (disabled)."""
+    reference = config["text_plasticity"]["reference"]
+    return sequence_settings(config["datasets"].get(reference) or {})

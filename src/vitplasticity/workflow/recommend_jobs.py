@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitplasticity.settings.sequences import sequence_settings
+from vitplasticity.workflow.datasets import text_reference_sequences
 from vitplasticity.workflow.params import stage_params
 
 
@@ -36,9 +36,8 @@ def recommend_text_params(config: dict[str, Any], settings: type) -> dict[str, A
     reference dataset's tokenizer and sequence length), then the settings of ``settings`` (the
     text recommend's class) that the recommend block holds, the demo switch, and the resolved
     pairs."""
-    reference = config["text_plasticity"]["reference"]
     return {
-        **sequence_settings(config["datasets"].get(reference) or {}),
+        **text_reference_sequences(config),
         **stage_params(config, settings, "recommend"),
         "n_pairs": recommend_text_n_pairs(config),
     }

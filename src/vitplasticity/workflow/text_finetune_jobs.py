@@ -19,8 +19,9 @@ from vitplasticity.finetune.text_settings import IMAGE_ONLY_TRAINING_FIELDS, Tex
 from vitplasticity.models.registry import family_inputs
 from vitplasticity.models.text import stated_positions
 from vitplasticity.settings.declaration import command_flags, rule_params
-from vitplasticity.settings.sequences import SEQUENCE_DEFAULTS, TEXT_SOURCE, sequence_settings
+from vitplasticity.settings.sequences import SEQUENCE_DEFAULTS, sequence_settings
 from vitplasticity.workflow.config import ConfigError, shared_label_problems
+from vitplasticity.workflow.dataset_kinds import is_text_dataset
 from vitplasticity.workflow.model_entries import model_inputs
 from vitplasticity.workflow.params import Wildcards, demo_flag
 
@@ -32,7 +33,7 @@ def text_finetune_problems(config: Mapping[str, Any]) -> list[str]:
     """With text_finetune.enabled true, one message per missing list, unknown or image model,
     pair of LRs sharing a path label, dataset whose run is no longer than the warm-up, or
     dataset's sequence longer than a random-init model's stated positions (the datasets
-    themselves: :func:`vitplasticity.workflow.checks.text_dataset_problems`)."""
+    themselves: :func:`vitplasticity.workflow.dataset_kinds.text_dataset_problems`)."""
     block = config.get("text_finetune") or {}
     if not block.get("enabled"):
         return []
@@ -74,13 +75,9 @@ def text_finetune_problems(config: Mapping[str, Any]) -> list[str]:
 
 def _text_datasets(config: Mapping[str, Any], block: Mapping[str, Any]) -> list[str]:
     """The text grid's datasets that are text datasets of the config (others are named by
-    :func:`vitplasticity.workflow.checks.text_dataset_problems`)."""
+    :func:`vitplasticity.workflow.dataset_kinds.text_dataset_problems`)."""
     datasets = config.get("datasets") or {}
-    return [
-        name
-        for name in block.get("datasets") or []
-        if isinstance(datasets.get(name), Mapping) and datasets[name].get("source") == TEXT_SOURCE
-    ]
+    return [name for name in block.get("datasets") or [] if is_text_dataset(datasets.get(name))]
 
 
 def _sequence_lengths(config: Mapping[str, Any], block: Mapping[str, Any]) -> list[tuple[str, int]]:
