@@ -214,7 +214,7 @@ def masked_lm(model: nn.Module) -> tuple[nn.Module, list[str]]:
     # The head's tensors, still on the meta device, made real and drawn as transformers
     # initialises them; a tensor two modules share (BERT's output bias) stays shared.
     made: dict[int, torch.Tensor] = {}
-    drawn_modules = []
+    drawn_modules: list[nn.Module] = []  # each once, in order: one draw per module
     for module in lm.modules():
         for slots in (module._parameters, module._buffers):
             for key, tensor in slots.items():
@@ -224,7 +224,8 @@ def masked_lm(model: nn.Module) -> tuple[nn.Module, list[str]]:
                         is_parameter = isinstance(tensor, nn.Parameter)
                         made[id(tensor)] = nn.Parameter(real) if is_parameter else real
                     slots[key] = made[id(tensor)]
-                    drawn_modules.append(module)
+                    if not drawn_modules or drawn_modules[-1] is not module:
+                        drawn_modules.append(module)
     for module in drawn_modules:
         lm._init_weights(module)
     # Tied after the draw, so that the draw never touches the pretrained word embedding.
