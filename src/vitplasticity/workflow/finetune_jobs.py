@@ -13,6 +13,7 @@ from vitplasticity.workflow.config import grid_lr
 from vitplasticity.workflow.jobs import ModelJobs
 from vitplasticity.workflow.packs import FinetunePack
 from vitplasticity.workflow.params import Wildcards, as_json, demo_flag
+from vitplasticity.workflow.verify_jobs import VerifyJobs
 
 # The configuration part that trains LoRA adapters (finetune.lora's flags).
 LORA = "lora"
@@ -32,6 +33,7 @@ class FinetuneJobs:
         self.config = config
         self.results = config["paths"]["results"]
         self.models = ModelJobs(config)
+        self.verify = VerifyJobs(config)  # whether the verification runs, and its experiment
 
     @property
     def packed(self) -> bool:
@@ -43,20 +45,15 @@ class FinetuneJobs:
         """Whether the one-run rule is needed: for every experiment unpacked; packed, for the
         experiment of ``recommend.verify``, whose runs are chosen as the verification goes,
         not a fixed grid to pack."""
-        return not self.packed or self._verified
+        return not self.packed or self.verify.enabled
 
     @property
     def one_run_experiments(self) -> str:
         """The one-run rule's ``experiment`` wildcard pattern: any experiment, or packed, the
         verification's only."""
-        if self.packed and self._verified:
-            return re.escape(self.config["recommend"]["verify"]["experiment"])
+        if self.packed and self.verify.enabled:
+            return re.escape(self.verify.experiment)
         return r"[A-Za-z0-9_]+"
-
-    @property
-    def _verified(self) -> bool:
-        recommend = self.config["recommend"]
-        return bool(recommend["enabled"] and recommend["verify"]["enabled"])
 
     def params(self) -> dict[str, Any]:
         """The params every run gets (the one-run rule's and every pack rule's), in the order
