@@ -135,15 +135,15 @@ def _by_model(
     return [_line(rule, model, precision, values) for model, values in minutes.items()]
 
 
-def finetune_lines(config: dict[str, Any], run_minutes: RunMinutes) -> list[BillLine]:
+def finetune_lines(config: dict[str, Any], runtimes: JobRuntimes) -> list[BillLine]:
     """One line per model of the enabled experiments' runs, each run's first-attempt minutes
-    from ``run_minutes``."""
+    (JobRuntimes.finetune: what the one-run rule asks for)."""
     cells = [
         (run.model, run.dataset)
         for name in enabled_experiments(config)
         for run in experiment_runs(config, name)
     ]
-    return _by_model("finetune", config["finetune"]["precision"], cells, run_minutes)
+    return _by_model("finetune", config["finetune"]["precision"], cells, runtimes.finetune)
 
 
 def pack_lines(
@@ -190,7 +190,7 @@ def compute_bill(
         lines = pack_lines(config, packs, runtimes)
         finetune_jobs = sum(len(pack.models) * len(pack.datasets) for pack in packs)
     else:
-        lines = finetune_lines(config, runtimes.finetune)
+        lines = finetune_lines(config, runtimes)
         finetune_jobs = sum(line.runs for line in lines)
     p = config["plasticity"]
     plasticity = [(m, d) for m in p["models"] for d in p["datasets"]]
