@@ -136,24 +136,13 @@ def causal_lm(model: nn.Module) -> nn.Module:
     """
     import torch
 
-    from vitplasticity.models.architectures.base import UnsupportedModel, base_model_of
-    from vitplasticity.utils.optional import require_transformers
+    from vitplasticity.models.architectures.base import UnsupportedModel
 
     if model.get_output_embeddings() is not None:
         return model
     name = type(model).__name__
-    model = base_model_of(model) or model
+    model, lm_class = _lm_counterpart(model, "MODEL_FOR_CAUSAL_LM_MAPPING", "causal-LM")
     config = model.config
-
-    require_transformers()
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    try:
-        lm_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except KeyError:
-        raise UnsupportedModel(
-            f"{name}: transformers has no causal-LM class for {type(config).__name__}"
-        ) from None
     if not getattr(config, "tie_word_embeddings", False):
         raise UnsupportedModel(
             f"{name} has no LM head and its config unties it (tie_word_embeddings false): the "
@@ -190,22 +179,9 @@ def masked_lm(model: nn.Module) -> tuple[nn.Module, list[str]]:
     import torch
     from torch import nn
 
-    from vitplasticity.models.architectures.base import UnsupportedModel, base_model_of
-    from vitplasticity.utils.optional import require_transformers
-
     if model.get_output_embeddings() is not None:
         return model, []
-    name = type(model).__name__
-    base = base_model_of(model) or model
-    require_transformers()
-    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
-
-    try:
-        lm_class = MODEL_FOR_MASKED_LM_MAPPING[type(base.config)]
-    except KeyError:
-        raise UnsupportedModel(
-            f"{name}: transformers has no masked-LM class for {type(base.config).__name__}"
-        ) from None
+    base, lm_class = _lm_counterpart(model, "MODEL_FOR_MASKED_LM_MAPPING", "masked-LM")
     with torch.device("meta"):
         lm = lm_class(base.config)
     if getattr(base, "pooler", None) is not None:
@@ -238,6 +214,29 @@ def masked_lm(model: nn.Module) -> tuple[nn.Module, list[str]]:
         if not name.startswith(prefix) and tensor is not embedding
     ]
     return lm.to(base.dtype).train(model.training), sorted(drawn)
+
+
+def _lm_counterpart(model: nn.Module, mapping: str, kind: str) -> tuple[nn.Module, type]:
+    """(``model``'s base model, a classifier's or a bare model itself, and the class of
+    transformers' auto ``mapping`` for its config: the LM that can take it whole).
+
+    Raises:
+        UnsupportedModel: naming ``model``'s class, when the mapping has no class for it.
+    """
+    from vitplasticity.models.architectures.base import UnsupportedModel, base_model_of
+    from vitplasticity.utils.optional import require_transformers
+
+    base = base_model_of(model) or model
+    require_transformers()
+    from transformers.models.auto import modeling_auto
+
+    try:
+        return base, getattr(modeling_auto, mapping)[type(base.config)]
+    except KeyError:
+        raise UnsupportedModel(
+            f"{type(model).__name__}: transformers has no {kind} class for "
+            f"{type(base.config).__name__}"
+        ) from None
 
 
 AUTO_TOKENIZER = "auto"
