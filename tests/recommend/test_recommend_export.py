@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from packaging.version import Version
 from torch import nn
 
 from tests.helpers.tiny_models import TINY_MODELS, TinyModel, _timm
@@ -232,7 +233,9 @@ def test_a_head_peft_cannot_name_exactly_says_so() -> None:
 
 
 def test_peft_matching_rules_are_peft_s() -> None:
-    """The rules the export checks names under are the ones peft applies."""
+    """The rules the export checks names under are the ones peft applies: target_modules' by
+    equality or dotted suffix; modules_to_save's the installed peft's (a plain suffix before
+    0.22, a dotted one from 0.22 on), which the export's plain-suffix check always covers."""
 
     def holder(names: list[str]) -> nn.Module:
         root = nn.Module()
@@ -262,7 +265,10 @@ def test_peft_matching_rules_are_peft_s() -> None:
         peft.LoraConfig(target_modules=["lin"], modules_to_save=["norm"]), holder(names)
     )
     wrapped = [n for n, m in saved.named_modules() if type(m).__name__ == "ModulesToSaveWrapper"]
-    assert wrapped == _modules_to_save_matches(module_names, ["norm"])
+    dotted = Version(peft.__version__) >= Version("0.22")
+    rule = _target_matches if dotted else _modules_to_save_matches
+    assert wrapped == rule(module_names, ["norm"])
+    assert set(wrapped) <= set(_modules_to_save_matches(module_names, ["norm"]))
     tuned = peft.inject_adapter_in_model(
         peft.LNTuningConfig(target_modules=["blocks.0.norm1"]), holder(names)
     )

@@ -18,10 +18,11 @@ trains, docs/protocol.md), their counts, and PEFT configs to pass to peft as the
 - ``peft.ln_tuning.config``: ``peft.LNTuningConfig`` fields: the chosen norms, and the head
   and final norm in ``modules_to_save``.
 
-peft selects a ``target_modules`` entry by equality or as a dotted suffix of a module's name,
-and a ``modules_to_save`` entry as a plain suffix (``norm`` also selects
-``blocks.0.attn.q_norm``). Every name is checked against the model's modules under those
-rules: a part (a component, or the head) that cannot be named exactly has no PEFT form, and
+peft selects a ``target_modules`` entry by equality or as a dotted suffix of a module's name.
+A ``modules_to_save`` entry is a plain suffix before peft 0.22 (``norm`` also selects
+``blocks.0.attn.q_norm``) and a dotted one from 0.22 on; the file is read by whichever peft
+the user has, so its entries are checked under the plain rule, which selects everything the
+dotted one does. Every name is checked against the model's modules under those rules: a part (a component, or the head) that cannot be named exactly has no PEFT form, and
 ``peft.forms`` says so with the reason instead of dropping it; each form also lists the
 parameters of its part that it leaves frozen (a linear's bias beside its LoRA adapter, a
 LayerScale), since LoRA trains a low-rank update of a weight, not the component.
@@ -340,8 +341,11 @@ def _target_matches(module_names: Iterable[str], targets: Iterable[str]) -> list
 
 
 def _modules_to_save_matches(module_names: Iterable[str], entries: Iterable[str]) -> list[str]:
-    """The modules a ``modules_to_save`` list selects: a name ending in an entry, dot or not
-    (peft's ``_set_trainable``)."""
+    """The modules a ``modules_to_save`` list may select: a name ending in an entry, dot or not.
+
+    That is peft's ``_set_trainable`` before 0.22; from 0.22 on it selects the dotted-suffix
+    subset of these (:func:`_target_matches`), so entries whose matches here are exactly the
+    intended modules select exactly those under either version."""
     entries = tuple(entries)
     return [name for name in module_names if name.endswith(entries)]
 
