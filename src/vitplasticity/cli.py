@@ -22,7 +22,6 @@ from vitplasticity.version import __version__
 GPU_COMMANDS: frozenset[str] = frozenset(
     {
         "finetune",
-        "finetune-text",
         "plasticity",
         "text-plasticity",
         "recommend",
@@ -40,12 +39,18 @@ COMMAND_MODULES: tuple[str, ...] = (
     "text",
     "bounds",
     "finetune",
-    "finetune_text",
     "report",
     "recommend",
     "verify",
     "criteria",
 )
+
+
+# Subcommands that became a flag of another: the old name stops with what to write instead.
+REMOVED_COMMANDS: dict[str, str] = {
+    "finetune-text": "vitplasticity finetune --text <file> (with --tokenizer, --sequence-length "
+    "and --mask-probability): one finetune command takes images or text",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((word for word in argv if not word.startswith("-")), None)
+    if command in REMOVED_COMMANDS:
+        print(
+            f"vitplasticity: the {command} subcommand is removed; write {REMOVED_COMMANDS[command]}",
+            file=sys.stderr,
+        )
+        return 2
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -22,9 +22,8 @@ from vitplasticity.finetune import loop
 from vitplasticity.finetune.loop import Preempted
 from vitplasticity.finetune.outputs import TIMING_FIELDS
 from vitplasticity.finetune.run import Run
-from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.settings import TextFinetuneSettings, TrainingSettings
 from vitplasticity.finetune.text_run import TextSource
-from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.finetune.train import train_runs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -63,7 +62,7 @@ def _case(kind: str, demo_dataset: Path, root: Path) -> Case:
             val_fraction=0.25,
             **common,
         )
-        run = Run("text_finetune", "tiny", "pattern", "mha+fc2", 1e-2, 0)
+        run = Run("text", "tiny", "pattern", "mha+fc2", 1e-2, 0)
         source = TextSource(TextFinetuneSettings(sequence_length=LENGTH), text)
     other = dataclasses.replace(run, lr=run.lr / 2, seed=1)
     return Case(source, training, (run, other))

@@ -22,7 +22,7 @@ from vitplasticity.finetune.loop import train_steps
 from vitplasticity.finetune.model import build_run_model
 from vitplasticity.finetune.resumable import ResumableState
 from vitplasticity.finetune.run import Run
-from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.settings import TextFinetuneSettings, TrainingSettings
 from vitplasticity.finetune.tasks import (
     masked_inputs,
     masked_lm_loss,
@@ -30,7 +30,6 @@ from vitplasticity.finetune.tasks import (
     perplexity,
 )
 from vitplasticity.finetune.text_run import TextSource, masked_positions, train_text_run
-from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.models.architectures import UnsupportedModel
 from vitplasticity.models.build import build_model
 from vitplasticity.models.text import masked_lm, text_model_spec
@@ -80,7 +79,7 @@ def _training(spec: dict, **overrides) -> TrainingSettings:
 
 
 def _run(configuration: str = "mha", model: str = "tiny") -> Run:
-    return Run("text_finetune", model, "pattern", configuration, 1e-2, 0)
+    return Run("text", model, "pattern", configuration, 1e-2, 0)
 
 
 # --- split ----------------------------------------------------------------------------------
@@ -302,5 +301,5 @@ def test_compile_and_a_sequence_beyond_the_positions_are_refused(tmp_path: Path)
 
 def test_the_image_finetuning_refuses_a_text_model_naming_the_text_stage() -> None:
     settings = FinetuneSettings(_run(), _training(GPT2))
-    with pytest.raises(ValueError, match=r"GPT2Model has no classification class.*text_finetune"):
+    with pytest.raises(ValueError, match=r"GPT2Model has no classification class.*finetune --text"):
         build_run_model(settings, num_classes=3, device=torch.device("cpu"))

@@ -14,9 +14,8 @@ from tests.helpers.tiny_models import GPT2_TINY_CONFIG
 from vitplasticity.data.store import split_pool
 from vitplasticity.data.text import split_sequences
 from vitplasticity.finetune.run import Run
-from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.settings import TextFinetuneSettings, TrainingSettings
 from vitplasticity.finetune.text_run import train_text_run
-from vitplasticity.finetune.text_settings import TextFinetuneSettings
 from vitplasticity.settings.declaration import setting_fields
 
 GPT2 = {
@@ -46,7 +45,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     folder = tmp_path_factory.mktemp("text_run")
     text = folder / "pattern.txt"
     text.write_text(("abcdefgh" * 3 + "\n") * 20)
-    run = Run("text_finetune", "tiny", "pattern", "mha", 1e-2, 0)
+    run = Run("text", "tiny", "pattern", "mha", 1e-2, 0)
     text_settings = TextFinetuneSettings(sequence_length=12)
     train_text_run(run, TRAINING, text_settings, text, folder / "run")
     return json.loads((folder / "run/summary.json").read_text())["settings"]

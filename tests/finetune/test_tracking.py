@@ -23,8 +23,7 @@ from tests.helpers.wandb_records import offline_runs, read_offline_run
 from vitplasticity.finetune import loop, text_run
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.loop import Preempted
-from vitplasticity.finetune.settings import TrainingSettings
-from vitplasticity.finetune.text_settings import TextFinetuneSettings
+from vitplasticity.finetune.settings import TextFinetuneSettings, TrainingSettings
 from vitplasticity.finetune.train import train, train_runs
 from vitplasticity.models.spec import TimmSpec
 from vitplasticity.settings.tracking import TrackingSettings
@@ -192,7 +191,7 @@ def test_a_preempted_text_run_resumes_its_mlflow_run_with_each_step_once(
     store = str(tmp_path / "mlruns")
     options = TrackingSettings(tracking_backend=("mlflow",), tracking_mlflow_tracking_uri=store)
     arguments = (
-        Run("text_finetune", "tiny", "pattern", "mha", 1e-2, 0),
+        Run("text", "tiny", "pattern", "mha", 1e-2, 0),
         training,
         TextFinetuneSettings(sequence_length=12),
         text,

@@ -637,7 +637,7 @@ def test_stages_refused_by_name(case_id: str) -> None:
     model = tiny(case_id)
     architecture = architecture_for(model)
     assert architecture.refusal("plasticity", model) is None
-    assert architecture.refusal("finetune", model) is None  # on text: finetune-text
+    assert architecture.refusal("finetune", model) is None  # on text: finetune --text
     bounds = architecture.refusal("bounds", model)
     assert "RMSNorm does not centre" in bounds and "rotary positions" in bounds
     assert architecture.refusal("recommend", model) is None  # on text: recommend-text

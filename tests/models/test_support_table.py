@@ -138,7 +138,7 @@ def _text_lm(model: nn.Module) -> tuple[nn.Module, Callable[[nn.Module, torch.Te
 def run_finetune(model: nn.Module, inputs: torch.Tensor) -> None:
     """Every component configuration trains parameters of that component in every block, and
     each of them gets a gradient from the finetuning loss: classification for images, the
-    LM's loss for text (vitplasticity finetune-text)."""
+    LM's loss for text (vitplasticity finetune --text)."""
     architecture = architecture_for(model)
     _refuse(architecture, "finetune", model)
     if architecture.inputs == "tokens":

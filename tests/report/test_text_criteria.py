@@ -49,7 +49,7 @@ def grid(rng: np.random.Generator, dataset: str = "prose") -> list[dict]:
 
 def test_each_configuration_takes_its_learning_rate_of_lowest_mean_loss() -> None:
     runs = grid(np.random.default_rng(0))
-    selected = select_text_runs(runs)
+    selected = select_text_runs(runs, "text_finetune")
     assert selected.height == len(COMPONENTS)
     for row in selected.iter_rows(named=True):
         means = {
@@ -79,7 +79,9 @@ def test_a_learning_rate_with_a_diverged_seed_is_not_selected() -> None:
         run("ln1", 1e-3, 0, None),
         run("ln1", 1e-4, 0, float("nan")),
     ]
-    rows = {r["configuration"]: r for r in select_text_runs(runs).iter_rows(named=True)}
+    rows = {
+        r["configuration"]: r for r in select_text_runs(runs, "text_finetune").iter_rows(named=True)
+    }
     assert rows["mha"]["lr"] == 1e-4 and rows["mha"]["val_loss_mean"] == pytest.approx(2.1)
     assert (
         rows["ln1"]["val_loss_mean"] is None
@@ -89,13 +91,13 @@ def test_a_learning_rate_with_a_diverged_seed_is_not_selected() -> None:
 
 def test_a_run_given_twice_or_a_summary_without_its_keys_is_refused() -> None:
     with pytest.raises(ValueError, match=r"given twice: lm/prose/mha/0\.001/0"):
-        select_text_runs([run("mha", 1e-3, 0, 1.0), run("mha", 1e-3, 0, 1.0)])
+        select_text_runs([run("mha", 1e-3, 0, 1.0), run("mha", 1e-3, 0, 1.0)], "text_finetune")
     broken = run("mha", 1e-3, 0, 1.0)
     del broken["best_val_loss"]
     with pytest.raises(ValueError, match="lacks best_val_loss"):
-        select_text_runs([broken])
+        select_text_runs([broken], "text_finetune")
     with pytest.raises(ValueError, match="experiment 'sgd'"):
-        select_text_runs([run("mha", 1e-3, 0, 1.0, experiment="sgd")])
+        select_text_runs([run("mha", 1e-3, 0, 1.0, experiment="sgd")], "text_finetune")
 
 
 def recommend_table(rng: np.random.Generator, datasets: list[str]) -> pl.DataFrame:
@@ -123,9 +125,13 @@ def test_the_scores_are_scipys_against_the_negated_loss() -> None:
     datasets = [f"text{i}" for i in range(5)]
     runs = [r for d in datasets for r in grid(rng, d)]
     table = recommend_table(rng, datasets)
-    selected = select_text_runs(runs)
+    selected = select_text_runs(runs, "text_finetune")
     result = score_text_criteria(
-        recommend_criteria(table), selected, configurations=None, min_configurations=3
+        recommend_criteria(table),
+        selected,
+        experiment="text_finetune",
+        configurations=None,
+        min_configurations=3,
     )
     rhos = []
     for dataset in datasets:
@@ -168,7 +174,7 @@ def test_the_command_writes_the_selected_runs_the_scores_and_the_report(
     recommend_table(rng, ["prose"]).write_parquet(table)
     out = tmp_path / "stats"
     status = cli.main([
-        "text-criteria", "--runs", *paths, "--recommend", str(table),
+        "text-criteria", "--experiment", "text_finetune", "--runs", *paths, "--recommend", str(table),
         "--selected", str(out / "selected.parquet"), "--out", str(out / "criteria.parquet"),
         "--markdown", str(out / "criteria.md"),
     ])  # fmt: skip
@@ -187,7 +193,7 @@ def test_the_command_writes_the_selected_runs_the_scores_and_the_report(
     bad.write_text("{not json")
     elsewhere = tmp_path / "elsewhere"
     argv = [
-        "text-criteria", "--runs", str(bad), "--selected", str(elsewhere / "s.parquet"),
+        "text-criteria", "--experiment", "text_finetune", "--runs", str(bad), "--selected", str(elsewhere / "s.parquet"),
         "--out", str(elsewhere / "c.parquet"), "--markdown", str(elsewhere / "c.md"),
     ]  # fmt: skip
     assert str(bad) in refusal(argv, caplog, elsewhere)

@@ -22,8 +22,11 @@ from snakemake.utils import validate
 
 from tests.helpers.repo import REPO
 from vitplasticity.cli import build_parser
-from vitplasticity.finetune.settings import WORKFLOW_ONLY_KEYS, TrainingSettings
-from vitplasticity.finetune.text_settings import TEXT_FINETUNE_RUN_KEYS, TextFinetuneSettings
+from vitplasticity.finetune.settings import (
+    WORKFLOW_ONLY_KEYS,
+    TextFinetuneSettings,
+    TrainingSettings,
+)
 from vitplasticity.plasticity.settings import (
     BoundsSettings,
     PlasticitySettings,
@@ -57,6 +60,7 @@ RUN_IDENTITY_DESTS = {
     "model",
     "dataset",
     "dataset_dir",
+    "text",
     "configuration",
     "lr",
     "seed",
@@ -73,6 +77,12 @@ REQUIRED_BY_THE_WORKFLOW = {"experiments.<name>.optimizer"}
 
 SCHEMA_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", dict: "object"}
 FIELDS = setting_fields(TrainingSettings)
+TEXT_RUN_KEYS = {
+    declared.key
+    for _, declared, _ in setting_fields(TextFinetuneSettings)
+    if declared.key.startswith("finetune.")
+}
+"""The finetune keys a text run's flags mirror (TextFinetuneSettings: mask_probability)."""
 FIELD_IDS = [field.name for field, _, _ in FIELDS]
 
 
@@ -124,7 +134,7 @@ def actions_by_dest() -> dict[str, argparse.Action]:
 
 
 def test_every_finetune_key_has_a_setting_and_every_setting_its_key() -> None:
-    keys = {declared.key for _, declared, _ in FIELDS}
+    keys = {declared.key for _, declared, _ in FIELDS} | TEXT_RUN_KEYS
     leaves = set(schema_leaves("finetune"))
     assert leaves - keys - set(WORKFLOW_ONLY_KEYS) == set(), "schema keys without a field"
     assert set(WORKFLOW_ONLY_KEYS) <= leaves, "a workflow-only key the schema lacks"
@@ -135,7 +145,8 @@ def test_every_finetune_key_has_a_setting_and_every_setting_its_key() -> None:
 def test_every_flag_is_a_setting_or_names_the_run() -> None:
     dests = set(actions_by_dest())
     names = {field.name for field, _, _ in FIELDS}
-    assert dests - RUN_IDENTITY_DESTS - TRACKING_DESTS == names
+    text = {field.name for field, _, _ in setting_fields(TextFinetuneSettings)}
+    assert dests - RUN_IDENTITY_DESTS - TRACKING_DESTS - text == names
 
 
 @pytest.mark.parametrize(("field", "declared", "annotation"), FIELDS, ids=FIELD_IDS)
@@ -318,6 +329,8 @@ class Stage:
     """Dests of the command's flags that name inputs, outputs or the model: no config key."""
     workflow_keys: frozenset[str] = frozenset()
     """Keys of its blocks that choose the jobs (or that another stage declares): no flag."""
+    data_flags: tuple[str, ...] = ()
+    """Flags its command needs beside its required ones (one of a required group)."""
 
 
 # The workflow's verification (workflow/rules/verify.smk), not the recommend command's.
@@ -408,14 +421,17 @@ STAGES = [
     ),
     Stage(
         TextFinetuneSettings,
-        "finetune-text",
-        ("text_finetune",),
-        # The run's identity and inputs, and the training flags: TrainingSettings' (finetune).
+        "finetune",
+        ("finetune",),
+        # The run's identity and inputs, and the training flags: TrainingSettings'.
         frozenset(
-            {"experiment", "model", "dataset", "text", "configuration", "lr", "seed", "out_dir"}
+            {"experiment", "model", "dataset", "dataset_dir", "text", "configuration", "lr"}
+            | {"seed", "out_dir", "runs", "stop_at_step"}
             | {field.name for field in dataclasses.fields(TrainingSettings)}
         ),
-        frozenset(f"text_finetune.{key}" for key in TEXT_FINETUNE_RUN_KEYS),
+        # TrainingSettings declares the block's other keys (tested above).
+        frozenset(declared.key for _, declared, _ in FIELDS) | set(WORKFLOW_ONLY_KEYS),
+        data_flags=("--text", "notes.txt"),
     ),
     Stage(
         CriteriaSettings,
@@ -572,7 +588,7 @@ def stage_params(stage: Stage, config: dict) -> dict[str, Any]:
     if any(d.key.startswith(DATASET_KEY) for _, d, _ in setting_fields(stage.settings)):
         params.update(sequence_settings(config["datasets"][TEXT_DATASET]))
     if "demo" not in {field.name for field in dataclasses.fields(stage.settings)}:
-        return params  # finetune-text: its --demo is TrainingSettings'
+        return params  # finetune's text flags: its --demo is TrainingSettings'
     return {**params, "demo_flag": "--demo" if config["demo"] else ""}
 
 
@@ -610,7 +626,12 @@ def test_the_stage_command_line_carries_every_setting_and_parses_back(
         for action in command_actions(stage.command).values()
         if action.required
     ]
-    argv = [stage.command, *(part for pair in required for part in pair), *filled.split()]
+    argv = [
+        stage.command,
+        *(part for pair in required for part in pair),
+        *stage.data_flags,
+        *filled.split(),
+    ]
     args = build_parser().parse_args(argv)
     for field, declared, _ in setting_fields(stage.settings):
         *parents, key = declared.key.replace("<name>", TEXT_DATASET).split(".")

@@ -25,7 +25,6 @@ SCHEMA = load_schema(REPO / "workflow/schemas/config.schema.yaml")
 BLOCK = SCHEMA["properties"]["tracking"]
 TRACKED_COMMANDS = (
     "finetune",
-    "finetune-text",
     "plasticity",
     "text-plasticity",
     "recommend",

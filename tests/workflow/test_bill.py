@@ -141,15 +141,16 @@ def test_the_notice_prints_and_writes_once(demo_with: Configure, tmp_path: Path)
     assert target.read_text().startswith("# The bill of rule all")
 
 
-def test_the_text_finetuning_runs_are_billed_one_job_each(demo_with: Configure) -> None:
+def test_a_text_experiments_runs_are_billed_as_finetune_runs(demo_with: Configure) -> None:
     grid = {"configurations": ["mha", "fc1"], "lrs": [1e-3, 1e-4], "seeds": [0, 1, 2]}
-    text = {"enabled": True, "run_models": ["gpt2"], "datasets": ["a", "b"]}
-    datasets = {"datasets": {name: text_dataset(f"{name}.txt") for name in ("a", "b")}}
-    config = demo_with({**datasets, "text_finetune": {**text, **grid}})
+    text = {"optimizer": "adamw", "models": ["gpt2"], "datasets": ["a", "b"]}
+    datasets = {
+        "models": {"gpt2": {"family": "transformers", "hf_id": "gpt2", "weights": "hub"}},
+        "datasets": {name: text_dataset(f"{name}.txt") for name in ("a", "b")},
+    }
+    config = demo_with({**datasets, "experiments": {"text": {**text, **grid}}})
     bill = compute_bill(config, JobRuntimes(config))
-    (line,) = [line for line in bill.lines if line.rule == "finetune_text"]
-    assert (line.model, line.runs) == ("gpt2", 2 * 2 * 2 * 3)  # datasets x grid
-    off = demo_with({**datasets, "text_finetune": {**text, **grid, "enabled": False}})
-    assert not [
-        line for line in compute_bill(off, JobRuntimes(off)).lines if line.rule == "finetune_text"
-    ]
+    (line,) = [line for line in bill.lines if line.model == "gpt2"]
+    assert (line.rule, line.runs) == ("finetune", 2 * 2 * 2 * 3)  # datasets x grid
+    off = demo_with({**datasets, "experiments": {"text": {**text, **grid, "enabled": False}}})
+    assert not [line for line in compute_bill(off, JobRuntimes(off)).lines if line.model == "gpt2"]

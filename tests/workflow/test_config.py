@@ -753,10 +753,6 @@ def test_old_keys_are_rejected_naming_the_replacement(
 OLD_TEXT_KEYS = [
     ("text_plasticity", "tokenizer", "auto"),
     ("text_plasticity", "sequence_length", 64),
-    ("text_finetune", "tokenizer", "bytes"),
-    ("text_finetune", "sequence_length", 64),
-    ("text_finetune", "steps", 100),
-    ("text_finetune", "val_every", 10),
 ]
 
 
@@ -770,7 +766,31 @@ def test_an_old_text_block_key_says_it_moved_into_the_text_dataset_entry(
     assert f"and {key} is a key of each: datasets: {{<name>: {{source: text_file" in message
 
 
-@pytest.mark.parametrize("block", ["text_plasticity", "text_finetune"])
+OLD_TEXT_GRIDS = [
+    {"enabled": True, "run_models": ["gpt2"], "datasets": ["wiki"], "lrs": [1e-4]},
+    {"tokenizer": "bytes", "sequence_length": 64, "steps": 100, "val_every": 10},
+    {"datasets": {"wiki": "wiki.txt"}},
+    {"mask_probability": 0.2},
+    {"enabled": False},
+]
+
+
+@pytest.mark.parametrize("block", OLD_TEXT_GRIDS, ids=lambda block: "+".join(block))
+def test_the_old_text_grid_says_it_is_an_experiment_now(paper_config: dict, block: dict) -> None:
+    """text_finetune, whatever it holds (every key of the old block, the older file map), is
+    one message: write the grid as an experiments: entry."""
+    config = merged(paper_config, {"text_finetune": block})
+    assert unknown_keys(config, SCHEMA_DICT) == [
+        "text_finetune: no longer a key: a text finetuning grid is an experiments: entry now, "
+        "as an image one: experiments: {<name>: {optimizer: adamw, models: [<text models>], "
+        "datasets: [<text datasets: source text_file, each with its steps, val_every, "
+        "tokenizer, sequence_length>], configurations: [...], lrs: [...], seeds: [...]}}; "
+        "mask_probability is finetune.mask_probability; the check is "
+        "results/stats/<name>/criteria.md"
+    ]
+
+
+@pytest.mark.parametrize("block", ["text_plasticity"])
 def test_an_old_text_file_map_says_datasets_are_names_now(paper_config: dict, block: str) -> None:
     config = merged(paper_config, {block: {"datasets": {"wiki": "wiki.txt"}}})
     messages = unknown_keys(config, SCHEMA_DICT)

@@ -38,10 +38,13 @@ def test_a_run_gets_its_model_experiment_dataset_and_the_finetune_block(
         "val_every": paper["datasets"]["pet"]["val_every"],
         **block,
         "demo_flag": "",
+        # An image dataset's prepared folder, and no text flags.
+        "data_flag": "--dataset-dir",
+        "text_flags": "",
     }
     # The command's flags follow this order (workflow/rules/common.smk's FINETUNE_COMMAND).
     assert list(values)[:4] == ["model_spec", "optimizer", "steps", "val_every"]
-    assert list(values)[-1] == "demo_flag"
+    assert list(values)[-3:] == ["demo_flag", "data_flag", "text_flags"]
 
 
 def test_a_run_trains_with_the_grids_exact_lr(paper: dict[str, Any]) -> None:

@@ -2,8 +2,9 @@
 Snakefile is parsed, with the key, the model, the family's own reason and what to do (issue 42):
 a Swin under the embedding protocol and its bounds, an MoE or an encoder ranked by
 recommend-text, a decoder's text bounds, a Falcon with ALiBi or one norm, a DeBERTa-v2 with its
-convolution, a Swin grid that is not a whole number of windows; and the text grid
-(``text_finetune``) is checked as ``experiments:`` are. Each case a row (the edit over
+convolution, a Swin grid that is not a whole number of windows; and a text experiment is
+checked as every experiment is, and for what only text has (its models take token ids, its
+datasets one kind, its sequences within the model's positions). Each case a row (the edit over
 config.yaml, the words its message must hold), through the passes the Snakefile runs; one
 `snakemake -n` row shows it stops before any job."""
 
@@ -77,11 +78,21 @@ def saved_folder(tmp: Path, config: dict[str, Any]) -> str:
 
 
 def text_grid(tmp: Path, **grid: Any) -> dict[str, Any]:
-    """The text grid enabled on a tiny GPT2, with ``grid`` over its keys."""
+    """A text experiment on a tiny GPT2, with ``grid`` over its keys."""
     return {
         "models": {"g": random_text("gpt2", n_positions=256)},
-        "datasets": {"wiki": text_dataset(text_file(tmp))},
-        "text_finetune": {"enabled": True, "run_models": ["g"], "datasets": ["wiki"], **grid},
+        "datasets": {"wiki": text_dataset(text_file(tmp), steps=3000)},
+        "experiments": {
+            "text": {
+                "optimizer": "adamw",
+                "models": ["g"],
+                "datasets": ["wiki"],
+                "configurations": ["mha"],
+                "lrs": [1.0e-4],
+                "seeds": [0],
+                **grid,
+            }
+        },
     }
 
 
@@ -213,35 +224,30 @@ CASES: list[tuple[str, Edit, list[str]]] = [
     (
         "text-grid-lr-twice",
         lambda tmp: text_grid(tmp, lrs=[1.0e-4, 1.0e-4]),
-        ["text_finetune.lrs: 0.0001 is listed twice"],
-    ),
-    (
-        "text-grid-seed-twice",
-        lambda tmp: text_grid(tmp, seeds=[0, 0]),
-        ["text_finetune.seeds: 0 is listed twice"],
+        ["experiments.text.lrs: 0.0001 is listed twice"],
     ),
     (
         "text-grid-model-twice",
-        lambda tmp: text_grid(tmp, run_models=["g", "g"]),
-        ["text_finetune.run_models: 'g' is listed twice"],
+        lambda tmp: text_grid(tmp, models=["g", "g"]),
+        ["experiments.text.models: 'g' is listed twice"],
     ),
     (
         "text-grid-two-spellings",
         lambda tmp: text_grid(tmp, configurations=["mha+fc1", "fc1+mha"]),
         [
-            "text_finetune.configurations: 'mha+fc1' and 'fc1+mha' train the same parameters",
+            "experiments.text.configurations: 'mha+fc1' and 'fc1+mha' train the same parameters",
             "list that configuration once",
         ],
     ),
     (
         "text-grid-lr-out-of-range",
         lambda tmp: text_grid(tmp, lrs=[1e300]),
-        ["text_finetune.lrs[0]: 1e+300 is outside the learning rates a run can use"],
+        ["experiments.text.lrs[0]: 1e+300 is outside the learning rates a run can use"],
     ),
     (
         "text-grid-lr-infinite",
         lambda tmp: text_grid(tmp, lrs=[math.inf]),
-        ["text_finetune.lrs: inf is not a learning rate (a finite number > 0)"],
+        ["experiments.text.lrs: inf is not a learning rate (a finite number > 0)"],
     ),
     (
         "text-grid-dataset-with-slash",
@@ -249,10 +255,52 @@ CASES: list[tuple[str, Edit, list[str]]] = [
             text_grid(tmp),
             {
                 "datasets": {"wiki/2": text_dataset(text_file(tmp))},
-                "text_finetune": {"datasets": ["wiki/2"]},
+                "experiments": {"text": {"datasets": ["wiki/2"]}},
             },
         ),
         ["datasets.wiki/2: not a name a path can hold", "rename it, e.g. wiki_2"],
+    ),
+    (
+        "text-grid-image-and-text-datasets",
+        lambda tmp: text_grid(tmp, datasets=["wiki", "cifar100"]),
+        [
+            "experiments.text.datasets: image datasets (cifar100) and text datasets (wiki): "
+            "an experiment finetunes on one kind; split it in two"
+        ],
+    ),
+    (
+        "text-grid-image-model",
+        lambda tmp: text_grid(tmp, models=["g", "vit_base"]),
+        [
+            "experiments.text.models: 'vit_base' takes images, and experiments.text.datasets "
+            "are text datasets (wiki): a text experiment finetunes transformers text models"
+        ],
+    ),
+    (
+        "image-grid-text-model",
+        lambda tmp: merged(text_grid(tmp), {"experiments": {"sgd": {"models": ["g"]}}}),
+        ["experiments.sgd.models: 'g' is a text model", "an experiment of text datasets"],
+    ),
+    (
+        "text-grid-sequence-past-positions",
+        lambda tmp: merged(text_grid(tmp), {"datasets": {"wiki": {"sequence_length": 512}}}),
+        [
+            "datasets.wiki.sequence_length: 512 exceeds the 256 positions that models.g.config "
+            "states (experiments.text finetunes it on wiki)"
+        ],
+    ),
+    (
+        "text-grid-warmup-past-steps",
+        lambda tmp: merged(text_grid(tmp), {"datasets": {"wiki": {"steps": 100}}}),
+        [
+            "finetune.warmup_steps: 2000, not fewer than datasets.wiki.steps 100: the runs of "
+            "experiments.text would never reach their learning rate"
+        ],
+    ),
+    (
+        "text-grid-compile",
+        lambda tmp: merged(text_grid(tmp), {"finetune": {"compile": True}}),
+        ["finetune.compile: true, and experiments.text finetunes text datasets"],
     ),
     (
         "text-plasticity-dataset-with-slash",

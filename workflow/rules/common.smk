@@ -6,7 +6,8 @@ from functools import partial
 
 from snakemake.exceptions import WorkflowError
 
-from vitplasticity.workflow.config import config_errors_end_the_run, enabled_experiments
+from vitplasticity.workflow.config import config_errors_end_the_run
+from vitplasticity.workflow.experiments import image_experiments
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.workflow.bill import BillNotice
 from vitplasticity.workflow.costs import JobRuntimes
@@ -119,10 +120,12 @@ TEXT_BOUNDS_PARAMS = DATA.reference_sequences() | stage_params(config, TextBound
 # one-run rule of finetune_runs.smk and the packed rules of finetune_packs.smk). The finetune.<key> entries
 # and the command's training flags come from the fields of TrainingSettings.
 FINETUNE_PARAMS = FINETUNE.params()
+# A run reads an image dataset's prepared folder (--dataset-dir) or a text dataset's file
+# (--text, with its text flags): params data_flag and text_flags, per job.
 FINETUNE_COMMAND = (
     f"{OFFLINE} vitplasticity finetune"
     " --experiment {wildcards.experiment} --model {wildcards.model}"
     " --dataset {wildcards.dataset} --model-spec {params.model_spec:q}"
-    " --dataset-dir {input.dataset:q}"
-    + command_flags(TrainingSettings, [name for name in FINETUNE_PARAMS if name != "model_spec"])
+    " {params.data_flag} {input.dataset:q} {params.text_flags}"
+    + command_flags(TrainingSettings, [name for name in FINETUNE.setting_params() if name != "model_spec"])
 )

@@ -62,25 +62,27 @@ rule criteria_all:
         TARGETS.criteria(),
 
 
-# recommend-text's ranking checked against the grid (vitplasticity.report.text_criteria): per
-# configuration the learning rate of lowest mean validation loss, then every criterion
-# (recommend-text's tables and text plasticity where they measure the grid's model and dataset,
-# the trainable-parameter baseline) scored against it as the image criteria are.
+# A text experiment's check (vitplasticity.report.text_criteria): per configuration the
+# learning rate of lowest mean validation loss, then every criterion (recommend-text's tables
+# and text plasticity where they measure the experiment's model and dataset, the
+# trainable-parameter baseline) scored against it as the image criteria are.
 rule text_criteria:
     input:
-        runs=TEXT_FINETUNE.targets(),
-        recommend=TEXT_FINETUNE.criteria_recommend(),
-        plasticity=TEXT_FINETUNE.criteria_plasticity(),
+        runs=FILES.experiment_summaries,
+        recommend=FILES.criteria_recommend,
+        plasticity=FILES.criteria_plasticity,
     output:
-        **TEXT_FINETUNE.criteria_files(),
+        selected=f"{RESULTS}/stats/{{experiment}}/selected.parquet",
+        scores=f"{RESULTS}/stats/{{experiment}}/criteria.parquet",
+        markdown=f"{RESULTS}/stats/{{experiment}}/criteria.md",
     log:
-        f"{RESULTS}/logs/stats/{TEXT_EXPERIMENT}_criteria.log",
+        f"{RESULTS}/logs/stats/{{experiment}}_text_criteria.log",
     params:
         **CRITERIA_PARAMS,
     conda:
         ENV
     shell:
-        "vitplasticity text-criteria --runs {input.runs:q}"
+        "vitplasticity text-criteria --experiment {wildcards.experiment} --runs {input.runs:q}"
         " --recommend {input.recommend:q} --plasticity {input.plasticity:q}"
         + command_flags(CriteriaSettings, CRITERIA_PARAMS)
         + " --selected {output.selected:q} --out {output.scores:q}"

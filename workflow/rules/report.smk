@@ -28,7 +28,7 @@ rule aggregate_all:
     input:
         expand(
             f"{RESULTS}/aggregate/{{experiment}}_runs.parquet",
-            experiment=enabled_experiments(config),
+            experiment=image_experiments(config),
         ),
     output:
         f"{RESULTS}/aggregate/runs.parquet",

@@ -14,7 +14,7 @@ VERIFY_BLOCK = config["recommend"]["verify"]
 VERIFY_EXPERIMENT = re.escape(VERIFY_BLOCK["experiment"] or "recommend.verify.experiment")
 RUN_FOLDER = f"{RESULTS}/finetune/{{experiment}}/{{model}}/{{dataset}}/{{configuration}}/lr{{lr}}_seed{{seed}}"
 # The report job reads the runs back with the finetune settings of the experiment's runs.
-VERIFY_PARAMS = {**FINETUNE_PARAMS, "optimizer": VERIFY.optimizer}
+VERIFY_PARAMS = {**FINETUNE.setting_params(), "optimizer": VERIFY.optimizer}
 
 
 # A verified report is named like a recommend output (<dataset>_verified.md): this rule's.

@@ -80,15 +80,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def register_text(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``text-criteria``: recommend-text's ranking checked against the text grid."""
+    """Add ``text-criteria``: recommend-text's ranking checked against a text experiment."""
     text = subparsers.add_parser(
         "text-criteria",
-        help="rank correlation of each criterion with the text grid's validation loss",
+        help="rank correlation of each criterion with a text experiment's validation loss",
         description="Select each text configuration's learning rate (lowest mean validation "
         "loss over seeds; a rate with a diverged seed is not selected), then score every "
         "criterion (recommend-text tables, text plasticity summaries, trainable parameters) "
         "against it as `criteria` scores the image grid: Spearman and Kendall per dataset, "
         "top-1 hit, one-sided Wilcoxon tests across datasets.",
+    )
+    text.add_argument(
+        "--experiment", required=True, help="the text experiment whose runs --runs are"
     )
     text.add_argument("--runs", nargs="+", required=True, help="the text runs' summary.json files")
     text.add_argument(
@@ -227,16 +230,18 @@ def run_text_criteria(args: argparse.Namespace) -> int:
             summaries.append(json.loads(Path(path).read_text()))
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}: not a run summary (JSON): {error}") from None
-    selected = select_text_runs(summaries)
+    selected = select_text_runs(summaries, args.experiment)
     criteria = _criteria(args, selected, settings.parameters)
     result = score_text_criteria(
         criteria,
         selected,
+        experiment=args.experiment,
         configurations=_configurations(settings.configurations),
         min_configurations=settings.min_configurations,
     )
     demo = settings.demo or any(s.get("demo", False) for s in summaries) or parquet_is_demo(tables)
     recorded = {
+        "experiment": args.experiment,
         "runs": len(args.runs),
         "recommend": args.recommend,
         "plasticity": args.plasticity,

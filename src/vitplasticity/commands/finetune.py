@@ -1,13 +1,16 @@
-"""``finetune``: one single-component finetuning run (one job of the workflow's grid)."""
+"""``finetune``: single-component finetuning runs (one job of the workflow's grid) of an image
+model on a prepared dataset (``--dataset-dir``) or of a text model on a text file (``--text``:
+a causal LM with the next-token loss, an encoder with the masked-LM loss)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 from pathlib import Path
+from typing import Any
 
 from vitplasticity.commands import PREEMPTED_EXIT
-from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.settings import TextFinetuneSettings, TrainingSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
     json_argument,
@@ -23,16 +26,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``finetune`` subcommand."""
     parser = subparsers.add_parser(
         "finetune",
-        help="finetune one configuration of a ViT on one prepared dataset (resumable)",
+        help="finetune one configuration of a model on one dataset, images or text (resumable)",
         description="Single-component finetuning (arXiv 2602.06883): train the named "
-        "components plus the new head and final norm; write metrics.parquet and summary.json "
-        "into --out-dir. Resumes from --out-dir/checkpoint.pt; SIGTERM writes a checkpoint.",
+        "components plus the head and final norm; write metrics.parquet and summary.json "
+        "into --out-dir. Resumes from --out-dir/checkpoint.pt; SIGTERM writes a checkpoint. "
+        "An image model trains a new classifier head on --dataset-dir, selected by validation "
+        "accuracy; a text model on --text, a causal LM with the next-token loss, an encoder "
+        "(its ...ForMaskedLM class; a bare encoder's MLM head drawn from the seed) with the "
+        "masked-LM loss, selected by the lowest validation loss. The text is cut into "
+        "sequences of --sequence-length tokens; sequence i is a validation sequence when "
+        "floor((i+1) f) > floor(i f), f = --val-fraction.",
     )
     run = parser.add_argument_group("the run")
     run.add_argument("--experiment", required=True, help="experiment name (labels the outputs)")
     run.add_argument("--model", required=True, help="model name (config key)")
     run.add_argument("--dataset", required=True, help="dataset name (config key)")
-    run.add_argument("--dataset-dir", required=True, help="the prepared dataset folder")
+    data = run.add_mutually_exclusive_group(required=True)
+    data.add_argument("--dataset-dir", help="an image dataset's prepared folder")
+    data.add_argument("--text", help="a text dataset's text file, one document per line")
     run.add_argument(
         "--configuration",
         help="full|emb|ln1|mha|ln2|fc1|fc2|head|lora, or a combination a+b (e.g. mha+fc1)",
@@ -58,6 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # key each mirrors in its help).
     training = parser.add_argument_group("training (defaults: the config schema's)")
     add_settings_arguments(training, TrainingSettings)
+    text = parser.add_argument_group("text, with --text (defaults: the config schema's)")
+    add_settings_arguments(text, TextFinetuneSettings)
     add_tracking_arguments(parser)
     parser.set_defaults(handler=run_finetune)
 
@@ -83,6 +96,31 @@ def _requested_runs(args: argparse.Namespace) -> list[dict]:
     return args.runs
 
 
+def _source(args: argparse.Namespace) -> Any:
+    """What the runs train on: the prepared folder, or the text file cut as the text flags
+    say (:class:`~vitplasticity.finetune.text_run.TextSource`).
+
+    Raises:
+        ValueError: for a text flag given with --dataset-dir (an image dataset has no text).
+    """
+    text = settings_from_args(TextFinetuneSettings, args)
+    if args.text is None:
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name, value in vars(text).items()
+            if value != getattr(TextFinetuneSettings(), name)
+        ]
+        if given:
+            raise ValueError(
+                f"finetune: {', '.join(given)} cut a text dataset (--text); --dataset-dir is "
+                "an image dataset's folder"
+            )
+        return args.dataset_dir
+    from vitplasticity.finetune.text_run import TextSource
+
+    return TextSource(text, Path(args.text))
+
+
 def run_finetune(args: argparse.Namespace) -> int:
     """Train each requested run in turn (``--runs``, or the single-run flags)."""
     from vitplasticity.finetune.loop import Preempted
@@ -90,6 +128,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     from vitplasticity.finetune.train import train_runs
 
     settings = settings_from_args(TrainingSettings, args)
+    source = _source(args)
     tracking_options = tracking_from_args(args)
     if args.stop_at_step is not None and args.stop_at_step < 1:
         raise ValueError(f"--stop-at-step: must be >= 1, got {args.stop_at_step}")
@@ -113,7 +152,7 @@ def run_finetune(args: argparse.Namespace) -> int:
         check_writable(out_dir, key, folder=True)
     try:
         # every run checked before the first starts
-        train_runs(runs, settings, args.dataset_dir, args.stop_at_step, tracking_options)
+        train_runs(runs, settings, source, args.stop_at_step, tracking_options)
     except Preempted as stop:
         log.warning("%s; rerun to resume", stop)
         return PREEMPTED_EXIT

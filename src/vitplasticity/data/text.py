@@ -90,8 +90,8 @@ def _check_tokenizer_folder(folder: Path) -> None:
         f"{str(folder)!r}, the tokenizer's folder (a model's weights folder when its "
         f"tokenizer is auto), has no tokenizer files: none of "
         f"{', '.join((*TOKENIZER_FILES, *VOCABULARY_FILES))}; save the model's tokenizer there "
-        "(tokenizer.save_pretrained(folder)), or set the stage's tokenizer (text_plasticity."
-        "tokenizer, text_finetune.tokenizer) to a tokenizer folder or to bytes"
+        "(tokenizer.save_pretrained(folder)), or set the dataset's tokenizer "
+        "(datasets.<name>.tokenizer) to a tokenizer folder or to bytes"
     )
 
 

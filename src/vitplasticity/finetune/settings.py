@@ -15,8 +15,14 @@ from typing import Any
 
 from vitplasticity.models.spec import ModelSpec
 from vitplasticity.settings.declaration import bad_setting, check_settings, setting
+from vitplasticity.settings.sequences import sequence_length_setting, tokenizer_setting
 
-__all__ = ["WORKFLOW_ONLY_KEYS", "TrainingSettings"]
+__all__ = [
+    "IMAGE_ONLY_TRAINING_FIELDS",
+    "WORKFLOW_ONLY_KEYS",
+    "TextFinetuneSettings",
+    "TrainingSettings",
+]
 
 WORKFLOW_ONLY_KEYS: tuple[str, ...] = ("finetune.pack_runs",)
 """Keys of the finetune block that shape the jobs, not a run: no flag."""
@@ -156,3 +162,34 @@ class TrainingSettings:
             self.spec  # noqa: B018 (parsed here, named by its flag; the run reuses it)
         except (TypeError, ValueError) as error:
             raise bad_setting("--model-spec", f"models.{model}", str(error)) from error
+
+
+IMAGE_ONLY_TRAINING_FIELDS: tuple[str, ...] = (
+    "num_workers",
+    "augment",
+    "compile",
+    "lora_rank",
+    "lora_alpha",
+)
+"""The TrainingSettings fields a text run does not use (the image loader's workers and
+augmentation; compile, refused for text; LoRA's unless the run trains LoRA): the workflow
+passes a text run their defaults and its provenance does not record them, so that it never
+states a value the run did not run with."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextFinetuneSettings:
+    """How a text run turns its text file into training and validation sequences (its
+    dataset entry's keys), and masks an encoder's (``finetune.mask_probability``). The
+    ``finetune`` flags ``--tokenizer``, ``--sequence-length`` and ``--mask-probability``,
+    which go with ``--text``."""
+
+    tokenizer: str = tokenizer_setting()
+    sequence_length: int = sequence_length_setting()
+    mask_probability: float = setting(
+        0.15,
+        help="share of each sequence's tokens masked for an encoder's masked-LM loss (BERT: 0.15)",
+        key="finetune.mask_probability",
+        exclusive_minimum=0,
+        exclusive_maximum=1,
+    )

@@ -51,10 +51,13 @@ from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.model import adapted_run_model
 from vitplasticity.finetune.optim import build_optimizer
 from vitplasticity.finetune.run import Run
-from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.settings import (
+    IMAGE_ONLY_TRAINING_FIELDS,
+    TextFinetuneSettings,
+    TrainingSettings,
+)
 from vitplasticity.finetune.setup import RunContext, usable_device
 from vitplasticity.finetune.tasks import CAUSAL, MASKED, Batch, CausalLM, MaskedLM
-from vitplasticity.finetune.text_settings import IMAGE_ONLY_TRAINING_FIELDS, TextFinetuneSettings
 from vitplasticity.finetune.train import train_runs
 from vitplasticity.models.architectures import (
     UnsupportedModel,
@@ -312,7 +315,7 @@ class TextSource:
 
 def _used_settings(settings: FinetuneSettings) -> dict[str, Any]:
     """The run's settings without those a text run does not use
-    (:data:`~vitplasticity.finetune.text_settings.IMAGE_ONLY_TRAINING_FIELDS`, LoRA's kept for a
+    (:data:`~vitplasticity.finetune.settings.IMAGE_ONLY_TRAINING_FIELDS`, LoRA's kept for a
     LoRA run): their values are the flags' defaults, not what the config said (the workflow
     passes them none)."""
     unused = set(IMAGE_ONLY_TRAINING_FIELDS)

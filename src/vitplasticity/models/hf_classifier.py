@@ -58,7 +58,7 @@ def with_classifier(transformers: Any, tower: nn.Module, num_classes: int) -> nn
         raise ValueError(
             f"{name} has no classification class here (num_classes {num_classes}): finetuning "
             f"takes a vision tower, one of {', '.join(sorted(classifiers))} (a text model "
-            "finetunes on text: text_finetune, `vitplasticity finetune-text`)"
+            "finetunes on text: an experiment of text datasets, `vitplasticity finetune --text`)"
         )
     classifier, attribute = classifiers[name]
     if isinstance(classifier, type):  # our own wrapper, where transformers has none

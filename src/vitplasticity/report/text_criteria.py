@@ -1,7 +1,8 @@
-"""Which criterion predicts text finetuning? recommend-text's ranking checked against the text
-grid (config ``text_finetune``), as :mod:`vitplasticity.report.criteria` checks the image one.
+"""Which criterion predicts text finetuning? recommend-text's ranking checked against a text
+experiment (an ``experiments:`` entry of text datasets), as :mod:`vitplasticity.report.criteria`
+checks an image one.
 
-The measured side is the text grid's selection rule, the image grid's with loss for accuracy:
+The measured side is the image experiments' selection rule with loss for accuracy:
 per (model, dataset, configuration) the learning rate whose runs reach the lowest mean (over
 seeds) of their lowest validation loss. A learning rate with a diverged seed is not selected
 (its mean is undefined); a configuration whose every learning rate diverged has no
@@ -27,9 +28,6 @@ import polars as pl
 
 from vitplasticity.criteria import PAPER_PLASTICITY, REGISTRY
 from vitplasticity.report.criteria import best_criterion_lines, score_selectors
-
-TEXT_EXPERIMENT = "text_finetune"
-"""The ``experiment`` of the text check's rows (the text runs' summaries record it too)."""
 
 SELECTED_SCHEMA: dict[str, pl.DataType] = {
     "experiment": pl.String(),
@@ -59,11 +57,12 @@ SUMMARY_KEYS = (
 """The keys of a text run's summary.json the selection reads."""
 
 
-def select_text_runs(summaries: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
+def select_text_runs(summaries: Sequence[Mapping[str, Any]], experiment: str) -> pl.DataFrame:
     """The selected learning rate of every (model, dataset, configuration) of text runs.
 
     Args:
-        summaries: the runs' summary.json contents (``vitplasticity finetune-text``).
+        summaries: the runs' summary.json contents (``vitplasticity finetune --text``).
+        experiment: the text experiment they are the runs of.
 
     Returns:
         :data:`SELECTED_SCHEMA` rows, sorted by model, dataset and loss.
@@ -77,17 +76,17 @@ def select_text_runs(summaries: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
         missing = [key for key in SUMMARY_KEYS if key not in summary]
         if missing:
             raise ValueError(f"a text run summary lacks {', '.join(missing)}: {dict(summary)}")
-        if summary.get("experiment", TEXT_EXPERIMENT) != TEXT_EXPERIMENT:
+        if summary.get("experiment", experiment) != experiment:
             raise ValueError(
-                f"summary of experiment {summary['experiment']!r} given as a text run "
-                f"(expected {TEXT_EXPERIMENT!r}): {_run_name(summary)}"
+                f"summary of experiment {summary['experiment']!r} given as a run of "
+                f"{experiment!r}: {_run_name(summary)}"
             )
         cell = (summary["model"], summary["dataset"], summary["configuration"])
         seeds = cells.setdefault(cell, {}).setdefault(float(summary["lr"]), {})
         if int(summary["seed"]) in seeds:
             raise ValueError(f"text run given twice: {_run_name(summary)}")
         seeds[int(summary["seed"])] = summary
-    rows = [_selected_row(cell, by_lr) for cell, by_lr in cells.items()]
+    rows = [_selected_row(experiment, cell, by_lr) for cell, by_lr in cells.items()]
     return pl.DataFrame(rows, schema=SELECTED_SCHEMA, orient="row").sort(
         "model", "dataset", "val_loss_mean", nulls_last=True
     )
@@ -100,7 +99,9 @@ def _run_name(summary: Mapping[str, Any]) -> str:
 
 
 def _selected_row(
-    cell: tuple[str, str, str], by_lr: Mapping[float, Mapping[int, Mapping[str, Any]]]
+    experiment: str,
+    cell: tuple[str, str, str],
+    by_lr: Mapping[float, Mapping[int, Mapping[str, Any]]],
 ) -> dict[str, Any]:
     """The row of one cell: its learning rate of lowest mean loss over complete seeds."""
     model, dataset, configuration = cell
@@ -111,7 +112,7 @@ def _selected_row(
     }
     parameters = next(iter(next(iter(by_lr.values())).values()))["trainable_parameters"]
     row: dict[str, Any] = {
-        "experiment": TEXT_EXPERIMENT,
+        "experiment": experiment,
         "model": model,
         "dataset": dataset,
         "configuration": configuration,
@@ -148,12 +149,12 @@ def score_text_criteria(
     criteria: pl.DataFrame,
     selected: pl.DataFrame,
     *,
+    experiment: str,
     configurations: Sequence[str] | None,
     min_configurations: int,
 ) -> pl.DataFrame:
-    """Every criterion against the selected validation loss (:func:`select_text_runs`):
-    :func:`.criteria.score_selectors` with accuracy = -loss, experiment
-    :data:`TEXT_EXPERIMENT`."""
+    """Every criterion against the selected validation loss (:func:`select_text_runs`) of
+    ``experiment``: :func:`.criteria.score_selectors` with accuracy = -loss."""
     measured = selected.filter(pl.col("val_loss_mean").is_not_null()).select(
         "model", "dataset", "configuration", accuracy=-pl.col("val_loss_mean")
     )
@@ -162,7 +163,7 @@ def score_text_criteria(
     return score_selectors(
         criteria,
         measured,
-        experiment=TEXT_EXPERIMENT,
+        experiment=experiment,
         configurations=configurations,
         min_configurations=min_configurations,
     )
@@ -203,7 +204,8 @@ def _absence(source: str, name: str, sources: set[str], parameters: bool, cell: 
     if source == "plasticity" and source not in sources:
         return (
             f"no text plasticity summary of {cell}: plasticity is scored where text_plasticity "
-            "measures the grid's model and dataset (text_plasticity.enabled, run_models, datasets)"
+            "measures the experiment's model and dataset (text_plasticity.enabled, run_models, "
+            "datasets)"
         )
     if source == "plasticity":
         protocol = "embedding" if name == PAPER_PLASTICITY else name.removeprefix("plasticity_")

@@ -19,7 +19,7 @@ from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import FinetunePack
 from vitplasticity.workflow.recommend_jobs import recommend_value
 
-# The workflow profile gives text_plasticity and finetune_text no runtime of their own: they ask for
+# The workflow profile gives text_plasticity no runtime of its own: it asks for
 # slurm/profile.yaml's default-resources runtime (lowered to the cap like every fixed one).
 DEFAULT_RUNTIME_MINUTES = 60
 # slurm/profile.yaml: jobs (queued or running at once) and max-jobs-per-timespan (10/1s).
@@ -202,20 +202,6 @@ def compute_bill(
     cap = config["scheduler"]["max_runtime_minutes"]
     fixed = min(DEFAULT_RUNTIME_MINUTES, cap) if cap else DEFAULT_RUNTIME_MINUTES
     lines += _by_model("text_plasticity", text["dtype"], text_jobs, lambda _w, _a: fixed)
-    tuned = config["text_finetune"]
-    text_runs = (
-        [
-            (m, d)
-            for m in tuned["run_models"]
-            for d in tuned["datasets"]
-            for _ in range(len(tuned["configurations"]) * len(tuned["lrs"]) * len(tuned["seeds"]))
-        ]
-        if tuned["enabled"]
-        else []
-    )
-    lines += _by_model(
-        "finetune_text", config["finetune"]["precision"], text_runs, lambda _w, _a: fixed
-    )
     recommend = (
         [
             (m, d)
@@ -226,7 +212,7 @@ def compute_bill(
         else []
     )
     lines += _by_model("recommend", "float32", recommend, runtimes.recommend)
-    others = len(plasticity) + len(text_jobs) + len(text_runs) + len(recommend)
+    others = len(plasticity) + len(text_jobs) + len(recommend)
     return Bill(tuple(lines), finetune_jobs + others, jobs_at_once, submissions_per_second)
 
 

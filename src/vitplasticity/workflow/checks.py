@@ -304,9 +304,8 @@ def listed_twice(key: str, values: Iterable[Any]) -> list[str]:
 
 
 def grid_problems(config: Mapping[str, Any], experiments: Iterable[str]) -> list[str]:
-    """The grids of the ``experiments`` (:func:`lr_problems` of each list of learning rates,
-    :func:`listed_twice` of the models and datasets) and of the text grid
-    (``text_finetune``, when enabled: the same of its lrs, run_models and seeds)."""
+    """The grids of the ``experiments``: :func:`lr_problems` of each list of learning rates,
+    :func:`listed_twice` of the models and datasets."""
     problems = []
     for name in experiments:
         exp = config["experiments"][name]
@@ -316,11 +315,6 @@ def grid_problems(config: Mapping[str, Any], experiments: Iterable[str]) -> list
             problems += lr_problems(f"experiments.{name}.{field}", lrs)
         for field in ("models", "datasets"):  # seeds: the schema's uniqueItems
             problems += listed_twice(f"experiments.{name}.{field}", exp.get(field) or [])
-    text = config.get("text_finetune") or {}
-    if text.get("enabled"):
-        problems += lr_problems("text_finetune.lrs", text.get("lrs") or [])
-        for field in ("run_models", "seeds"):
-            problems += listed_twice(f"text_finetune.{field}", text.get(field) or [])
     return problems
 
 

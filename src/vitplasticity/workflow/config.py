@@ -104,10 +104,7 @@ REPLACED_KEYS: dict[str, str] = {
             "datasets: {<name>: {source: text_file, path: <file>, steps: <n>, val_every: <n>, "
             f"tokenizer: auto, sequence_length: 128}}}}; name them in {block}.datasets"
         )
-        for block, keys in (
-            ("text_plasticity", ("tokenizer", "sequence_length")),
-            ("text_finetune", ("tokenizer", "sequence_length", "steps", "val_every")),
-        )
+        for block, keys in (("text_plasticity", ("tokenizer", "sequence_length")),)
         for key in keys
     },
     **{
@@ -116,8 +113,15 @@ REPLACED_KEYS: dict[str, str] = {
             "as {<name>: {source: text_file, path: <file>, steps: <n>, val_every: <n>}} and "
             f"write {block}.datasets: [<name>, ...]"
         )
-        for block in ("text_plasticity", "text_finetune")
+        for block in ("text_plasticity",)
     },
+    "text_finetune": (
+        "a text finetuning grid is an experiments: entry now, as an image one: experiments: "
+        "{<name>: {optimizer: adamw, models: [<text models>], datasets: [<text datasets: "
+        "source text_file, each with its steps, val_every, tokenizer, sequence_length>], "
+        "configurations: [...], lrs: [...], seeds: [...]}}; mask_probability is "
+        "finetune.mask_probability; the check is results/stats/<name>/criteria.md"
+    ),
 }
 
 

@@ -4,8 +4,7 @@ It checks what the JSON schema cannot: that every name an experiment or stage us
 defined, that grids are not empty, that a dataset's ``url``/``archive``/``checksums`` fit its
 files, and (:mod:`vitplasticity.workflow.checks`) what only values together or the files they
 name can tell; then each stage's own block: the time cap
-(:mod:`vitplasticity.workflow.time_cap`), text finetuning
-(:mod:`vitplasticity.workflow.text_finetune_jobs`) and the budgeted verification
+(:mod:`vitplasticity.workflow.time_cap`) and the budgeted verification
 (:mod:`vitplasticity.workflow.verify_jobs`). Its own module, above those it calls: they read
 the config through :mod:`vitplasticity.workflow.config`, which this module would otherwise
 have to import back.
@@ -26,20 +25,21 @@ from vitplasticity.workflow import (
     refusal_checks,
 )
 from vitplasticity.workflow.config import ConfigError, enabled_experiments, lr_label_problems
-from vitplasticity.workflow.text_finetune_jobs import text_finetune_problems
+from vitplasticity.workflow.experiments import image_experiments
 from vitplasticity.workflow.time_cap import cap_problems
 from vitplasticity.workflow.verify_jobs import verify_problems
 
 
 def model_problems(config: Mapping[str, Any]) -> list[str]:
     """The model entries' problems (:func:`vitplasticity.workflow.model_entries.entry_problems`)
-    with the models each stage names: images for plasticity, finetuning and recommend, token
-    ids for text plasticity."""
+    with the models each stage names: images for plasticity, recommend and the image
+    experiments, token ids for text plasticity (a text experiment's models:
+    :func:`vitplasticity.workflow.dataset_kinds.experiment_problems`)."""
     image_users = {"plasticity.models": config["plasticity"]["models"]}
     recommend = config.get("recommend") or {}
     if recommend.get("models"):
         image_users["recommend.models"] = recommend["models"]
-    for experiment in enabled_experiments(dict(config)):
+    for experiment in image_experiments(dict(config)):
         image_users[f"experiments.{experiment}.models"] = config["experiments"][experiment].get(
             "models", []
         )
@@ -170,6 +170,7 @@ def config_problems(
     problems += file_problems or registry.shared_download_problems(config["datasets"])
     problems += text_plasticity_problems(config)
     problems += dataset_kinds.text_dataset_problems(config)
+    problems += dataset_kinds.experiment_problems(config)
     problems += checks.input_file_problems(config)
     problems += recommend_problems(config)
     problems += checks.recommend_input_problems(config)
@@ -190,7 +191,7 @@ def check_config(
     models_cache: str | os.PathLike[str] | None = None,
 ) -> None:
     """Check what the schema cannot, before any job: :func:`config_problems`, then the time
-    cap, text finetuning and the verification, each stage's problems raised with its own
+    cap and the verification, each stage's problems raised with its own
     message, in that order (the order of the rule files that checked them before).
 
     Args:
@@ -211,6 +212,6 @@ def check_config(
     problems = cap_problems(config)
     if problems:
         raise ConfigError("\n".join(problems))
-    for problems in (text_finetune_problems(config), verify_problems(config)):
-        if problems:
-            raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    problems = verify_problems(config)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))

@@ -45,8 +45,7 @@ def duplicate_configurations(key: str, configurations: Iterable[str]) -> list[st
 
 
 def configuration_problems(config: Mapping[str, Any], experiments: Iterable[str]) -> list[str]:
-    """The configurations of each enabled experiment and of the text grid (whose runs would
-    repeat) and of recommend (whose ranking would list one component twice), each parameter
+    """The configurations of each enabled experiment (whose runs would repeat) and of recommend (whose ranking would list one component twice), each parameter
     set once."""
     problems = []
     for name in experiments:
@@ -56,9 +55,4 @@ def configuration_problems(config: Mapping[str, Any], experiments: Iterable[str]
     problems += duplicate_configurations(
         "recommend.configurations", recommend.get("configurations") or []
     )
-    text = config.get("text_finetune") or {}
-    if text.get("enabled"):
-        problems += duplicate_configurations(
-            "text_finetune.configurations", text.get("configurations") or []
-        )
     return problems

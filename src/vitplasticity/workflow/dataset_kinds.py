@@ -2,11 +2,12 @@
 
 A dataset entry of ``source: text_file`` is a text dataset: its ``path`` is a text file, one
 document per line, cut into sequences as its ``tokenizer`` and ``sequence_length`` say
-(:mod:`vitplasticity.settings.sequences`). Every other source is an image dataset. The text
-stages (``text_plasticity``: its reference and datasets; ``text_finetune``: its datasets)
-take text datasets only, the image stages (``plasticity``, the experiments, ``recommend``,
-the reference set) image datasets only; a mismatch is named at parse time, the key with the
-dataset and its source. Plain Python, no torch: the Snakefile checks the config with it.
+(:mod:`vitplasticity.settings.sequences`). Every other source is an image dataset. Text
+plasticity (its reference and datasets) takes text datasets only, the image stages
+(``plasticity``, ``recommend``, the reference set) image datasets only; an experiment takes
+either, one kind per experiment, with models that take that kind (:func:`experiment_problems`).
+A mismatch is named at parse time, the key with the dataset and its source. Plain Python, no
+torch: the Snakefile checks the config with it.
 """
 
 from __future__ import annotations
@@ -36,10 +37,6 @@ def _image_stage_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     reference = config.get("reference") or {}
     if reference.get("source") == "dataset" and reference.get("dataset"):
         yield "reference.dataset", reference["dataset"]
-    for experiment, block in (config.get("experiments") or {}).items():
-        if isinstance(block, Mapping) and block.get("enabled", True):
-            for name in block.get("datasets") or []:
-                yield f"experiments.{experiment}.datasets", name
     recommend = config.get("recommend") or {}
     if recommend.get("enabled"):
         for name in recommend.get("datasets") or []:
@@ -54,10 +51,6 @@ def _text_stage_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
             yield "text_plasticity.reference", text["reference"]
         for name in text.get("datasets") or []:
             yield "text_plasticity.datasets", name
-    tuned = config.get("text_finetune") or {}
-    if tuned.get("enabled"):
-        for name in tuned.get("datasets") or []:
-            yield "text_finetune.datasets", name
 
 
 def text_dataset_problems(config: Mapping[str, Any]) -> list[str]:
@@ -76,8 +69,8 @@ def text_dataset_problems(config: Mapping[str, Any]) -> list[str]:
         if is_text_dataset(datasets.get(name)):
             problems.append(
                 f"{key}: {name!r} is a text dataset (source: text_file): this stage takes "
-                "image datasets; text datasets go to text_plasticity.datasets or "
-                "text_finetune.datasets"
+                "image datasets; text datasets go to text_plasticity.datasets or to an "
+                "experiment's datasets"
             )
     for key, name in _text_stage_names(config):
         entry = datasets.get(name)
@@ -136,4 +129,65 @@ def _cut_problems(config: Mapping[str, Any]) -> list[str]:
                     f"datasets.{text['reference']}.{key} is {expected[key]!r}: text plasticity "
                     "pairs sequences cut alike; give both the same"
                 )
+    return problems
+
+
+def experiment_problems(config: Mapping[str, Any]) -> list[str]:
+    """Per enabled experiment: datasets of both kinds (one experiment, one kind); and for an
+    experiment on text datasets, each model that takes no token ids, each dataset's sequence
+    longer than a random-init model's stated positions, and each dataset whose runs are no
+    longer than the warm-up (they would never reach their learning rate). An image
+    experiment's models are checked with the other image stages' (``model_entries``)."""
+    from vitplasticity.models.registry import family_inputs
+    from vitplasticity.models.text import stated_positions
+    from vitplasticity.workflow.model_entries import model_inputs
+
+    datasets, models = config.get("datasets") or {}, config.get("models") or {}
+    warmup = (config.get("finetune") or {}).get("warmup_steps", 0)
+    problems = []
+    for experiment, block in (config.get("experiments") or {}).items():
+        if not isinstance(block, Mapping) or not block.get("enabled", True):
+            continue
+        key = f"experiments.{experiment}"
+        names = [d for d in block.get("datasets") or [] if isinstance(datasets.get(d), Mapping)]
+        text = [d for d in names if is_text_dataset(datasets[d])]
+        if not text:
+            continue
+        if len(text) < len(names):
+            images = [d for d in names if d not in text]
+            problems.append(
+                f"{key}.datasets: image datasets ({', '.join(images)}) and text datasets "
+                f"({', '.join(text)}): an experiment finetunes on one kind; split it in two"
+            )
+            continue
+        for name in block.get("models") or []:
+            entry = models.get(name)
+            if entry is None:
+                continue  # named by check_config's unknown-model check
+            if "tokens" not in family_inputs(entry) or model_inputs(entry) == "images":
+                problems.append(
+                    f"{key}.models: {name!r} takes images, and {key}.datasets are text datasets "
+                    f"({', '.join(text)}): a text experiment finetunes transformers text models"
+                )
+                continue
+            limit = stated_positions(entry)
+            problems += [
+                f"datasets.{dataset}.sequence_length: {length} exceeds the {limit} positions "
+                f"that models.{name}.config states ({key} finetunes it on {dataset})"
+                for dataset in text
+                if limit is not None
+                and (length := sequence_settings(datasets[dataset])["sequence_length"]) > limit
+            ]
+        problems += [
+            f"finetune.warmup_steps: {warmup}, not fewer than datasets.{dataset}.steps "
+            f"{datasets[dataset].get('steps', 1)}: the runs of {key} would never reach their "
+            "learning rate"
+            for dataset in text
+            if warmup >= datasets[dataset].get("steps", 1)
+        ]
+        if (config.get("finetune") or {}).get("compile"):
+            problems.append(
+                f"finetune.compile: true, and {key} finetunes text datasets: compile is not "
+                "implemented for text runs; set it false or disable the experiment"
+            )
     return problems

@@ -9,6 +9,7 @@ from typing import Any
 from vitplasticity.data.sources import registry
 from vitplasticity.settings.sequences import sequence_settings
 from vitplasticity.workflow.config import imagenet_path
+from vitplasticity.workflow.dataset_kinds import is_text_dataset
 from vitplasticity.workflow.jobs import names_pattern
 from vitplasticity.workflow.params import Wildcards, as_json
 
@@ -54,7 +55,10 @@ class DatasetJobs:
         return f"{self.resources}/datasets/{dataset}"
 
     def dataset(self, wildcards: Wildcards) -> str:
-        """Input function: the prepared folder of the job's dataset."""
+        """Input function: what the job's dataset is read from: an image dataset's prepared
+        folder, a text dataset's file (``datasets.<name>.path``, read where it is)."""
+        if is_text_dataset(self.datasets[wildcards.dataset]):
+            return self.datasets[wildcards.dataset]["path"]
         return self.dataset_dir(wildcards.dataset)
 
     def reference_file(self) -> str:

@@ -1,15 +1,26 @@
 """The params of the finetuning jobs: one run (``finetune --lr --seed``) or a pack of runs
-(``finetune --runs``, with finetune.pack_runs), each finetune setting its own params entry."""
+(``finetune --runs``, with finetune.pack_runs), each finetune setting its own params entry.
+
+An experiment's runs read images (an image dataset's prepared folder, ``--dataset-dir``) or
+text (a text dataset's file, ``--text``, cut as its entry says): the dataset decides, per job,
+so one rule serves both and editing a key reruns only the runs that read it (a text dataset's
+``tokenizer`` its own runs, ``finetune.augment`` the image runs)."""
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable
 from typing import Any
 
-from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.settings import (
+    IMAGE_ONLY_TRAINING_FIELDS,
+    TrainingSettings,
+)
 from vitplasticity.settings.declaration import config_flags, rule_params
+from vitplasticity.settings.sequences import sequence_settings
 from vitplasticity.workflow.config import grid_lr
+from vitplasticity.workflow.dataset_kinds import is_text_dataset
 from vitplasticity.workflow.jobs import ModelJobs
 from vitplasticity.workflow.packs import FinetunePack
 from vitplasticity.workflow.params import Wildcards, as_json, demo_flag
@@ -58,15 +69,61 @@ class FinetuneJobs:
     def params(self) -> dict[str, Any]:
         """The params every run gets (the one-run rule's and every pack rule's), in the order
         of the command's flags: the model spec, the experiment's optimizer, the dataset's
-        steps and validation interval, each finetune.<key>, the demo switch."""
+        steps and validation interval, each finetune.<key>, the demo switch; then the data's
+        flag and a text dataset's text flags (:meth:`data_flag`, :meth:`text_flags`)."""
+        return {
+            **self.setting_params(),
+            "data_flag": self.data_flag,
+            "text_flags": self.text_flags,
+        }
+
+    def setting_params(self) -> dict[str, Any]:
+        """The params of :class:`TrainingSettings`' flags; a text run gets the image-only
+        settings' defaults (:data:`IMAGE_ONLY_TRAINING_FIELDS`: editing finetune.augment
+        reruns no text run)."""
+        finetune = rule_params(TrainingSettings, self.config["finetune"], "finetune")
+        for name in ("num_workers", "augment"):
+            finetune[name] = self._image_only(name, finetune[name])
         return {
             "model_spec": self.models.spec,
             "optimizer": self.optimizer,
             "steps": self.steps,
             "val_every": self.val_every,
-            **rule_params(TrainingSettings, self.config["finetune"], "finetune"),
+            **finetune,
             "demo_flag": demo_flag(self.config),
         }
+
+    def _image_only(self, name: str, value: Any) -> Callable[[Wildcards], Any]:
+        """A params function: ``value`` for an image dataset's run, the flag's default for a
+        text run (which does not use it)."""
+        assert name in IMAGE_ONLY_TRAINING_FIELDS
+        default = TrainingSettings.__dataclass_fields__[name].default
+
+        def chosen(wildcards: Wildcards) -> Any:
+            return default if self._is_text(wildcards) else value
+
+        return chosen
+
+    def _is_text(self, wildcards: Wildcards) -> bool:
+        return is_text_dataset(self.config["datasets"][wildcards.dataset])
+
+    def data_flag(self, wildcards: Wildcards) -> str:
+        """The flag of the job's data (its input ``dataset``): ``--text`` for a text
+        dataset's file, ``--dataset-dir`` for an image dataset's prepared folder."""
+        return "--text" if self._is_text(wildcards) else "--dataset-dir"
+
+    def text_flags(self, wildcards: Wildcards) -> str:
+        """A text dataset's run: how its file is cut (its entry's tokenizer and sequence
+        length) and an encoder's masks (``finetune.mask_probability``); "" for an image
+        dataset's."""
+        if not self._is_text(wildcards):
+            return ""
+        cut = sequence_settings(self.config["datasets"][wildcards.dataset])
+        return (
+            f"--tokenizer {shlex.quote(str(cut['tokenizer']))}"
+            f" --sequence-length {cut['sequence_length']}"
+            f" --mask-probability {self.config['finetune']['mask_probability']}"
+        )
 
     def optimizer(self, wildcards: Wildcards) -> str:
         """The job's experiment's optimizer (``experiments.<name>.optimizer``)."""

@@ -44,7 +44,7 @@ def entry_problems(
                 problems.append(
                     f"{key}: {name!r} is a text model (config.model_type "
                     f"{models[name]['config']['model_type']!r}): measure it with "
-                    "text_plasticity.run_models, finetune it with text_finetune.run_models"
+                    "text_plasticity.run_models, finetune it in an experiment of text datasets"
                 )
     for name in text_models:
         if name not in models:

@@ -61,7 +61,8 @@ def _remedy(use: Use, refusals: Mapping[str | None, str]) -> str:
 
 def image_uses(config: Mapping[str, Any]) -> list[Use]:
     """The image stages' uses: the plasticity models (their protocols, and the bounds every one
-    gets), recommend's (with recommend enabled), the enabled experiments' (finetune, LoRA)."""
+    gets), recommend's (with recommend enabled), the enabled experiments' (finetune, LoRA;
+    a text experiment's too)."""
     plasticity = config["plasticity"]
     found = [
         Use(
@@ -101,7 +102,8 @@ def image_uses(config: Mapping[str, Any]) -> list[Use]:
 
 def text_uses(config: Mapping[str, Any]) -> list[Use]:
     """The text stages' uses: text plasticity's models (its protocols; recommend-text with
-    recommend enabled) and its bounds models, the text grid's models."""
+    recommend enabled) and its bounds models (a text experiment's models are an experiment's:
+    :func:`image_uses`)."""
     found = []
     text = config.get("text_plasticity") or {}
     if text.get("enabled"):
@@ -130,11 +132,6 @@ def text_uses(config: Mapping[str, Any]) -> list[Use]:
                     "recommend.enabled: false",
                 )
             )
-    grid = config.get("text_finetune") or {}
-    if grid.get("enabled"):
-        found.append(
-            Use("text_finetune.run_models", grid.get("run_models") or [], (), "drop the model")
-        )
     return found
 
 

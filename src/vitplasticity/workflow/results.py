@@ -7,7 +7,11 @@ from typing import Any
 
 from vitplasticity.finetune.run import Run
 from vitplasticity.workflow.config import experiment_runs
-from vitplasticity.workflow.experiments import experiment_cells, measured_cells
+from vitplasticity.workflow.experiments import (
+    experiment_cells,
+    is_text_experiment,
+    measured_cells,
+)
 from vitplasticity.workflow.params import Wildcards
 
 # The figure_plasticity_boxplot scope of every dataset at once.
@@ -76,13 +80,20 @@ class ResultFiles:
         return self.plasticity_summaries(wildcards.model, None if scope == POOLED else [scope])
 
     def criteria_plasticity(self, wildcards: Wildcards) -> list[str]:
-        """The measured plasticity summaries of the job's experiment's cells."""
+        """The measured plasticity summaries of the job's experiment's cells (a text
+        experiment's: text plasticity's)."""
         cells = measured_cells(self.config, wildcards.experiment)
-        return [f"{self.results}/plasticity/{m}/{d}_summary.parquet" for m, d in cells]
+        text = is_text_experiment(self.config, wildcards.experiment)
+        folder = "plasticity_text" if text else "plasticity"
+        return [f"{self.results}/{folder}/{m}/{d}_summary.parquet" for m, d in cells]
 
     def criteria_recommend(self, wildcards: Wildcards) -> list[str]:
-        """The recommend tables of the job's experiment's cells, when recommend is enabled."""
+        """The recommend tables of the job's experiment's cells, when recommend is enabled (a
+        text experiment's: recommend-text's, of the cells text plasticity measures)."""
         if not self.config["recommend"]["enabled"]:
             return []
+        if is_text_experiment(self.config, wildcards.experiment):
+            cells = measured_cells(self.config, wildcards.experiment)
+            return [f"{self.results}/recommend_text/{m}/{d}.parquet" for m, d in cells]
         cells = experiment_cells(self.config, wildcards.experiment)
         return [f"{self.results}/recommend/{m}/{d}.parquet" for m, d in cells]

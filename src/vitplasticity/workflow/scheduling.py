@@ -34,9 +34,7 @@ from typing import Any
 # The rules whose jobs ask for a GPU (workflow/profiles/default/profile.yaml's GPU request, in
 # any form: asks_for_gpu; tests/workflow/test_scheduling.py keeps the two equal), and the
 # prefix of the packed finetune rules (finetune.pack_runs, named by their runs).
-GPU_RULES = frozenset(
-    {"finetune", "finetune_text", "plasticity", "text_plasticity", "recommend", "verify_rung"}
-)
+GPU_RULES = frozenset({"finetune", "plasticity", "text_plasticity", "recommend", "verify_rung"})
 GPU_RULE_PREFIX = "finetune_pack_"
 
 # What a user looks at first: plasticity and its bounds need minutes of GPU, not the grid's

@@ -11,7 +11,9 @@ from vitplasticity.workflow.config import enabled_experiments, experiment_runs
 from vitplasticity.workflow.experiments import (
     compared_optimizers,
     criteria_experiments,
+    image_experiments,
     stats_experiments,
+    text_experiments,
 )
 from vitplasticity.workflow.jobs import ModelJobs
 from vitplasticity.workflow.recommend_jobs import recommend_value
@@ -85,7 +87,7 @@ class Targets:
 
     def weights(self) -> list[str]:
         """The weights stage's outputs of every `weights: hub` model that a plasticity job, an
-        enabled experiment, enabled recommend, enabled text plasticity or text finetuning uses."""
+        enabled experiment, enabled recommend or enabled text plasticity uses."""
         config = self.config
         used = list(config["plasticity"]["models"])
         for name in enabled_experiments(config):
@@ -94,27 +96,38 @@ class Targets:
             used += config["recommend"]["models"] or []
         if config["text_plasticity"]["enabled"]:
             used += config["text_plasticity"]["run_models"]
-        if config["text_finetune"]["enabled"]:
-            used += config["text_finetune"]["run_models"]
         return [path for model in dict.fromkeys(used) for path in self.models.weights_files(model)]
 
     def report(self) -> list[str]:
-        """Every enabled experiment's runs in one table (none when every experiment is
-        disabled: the workflow is then the plasticity part alone), each one's selected runs,
-        and every stats file, table and figure (:meth:`figures_and_tables`)."""
-        experiments = enabled_experiments(self.config)
+        """Every enabled image experiment's runs in one table (none when there is none: the
+        workflow is then the plasticity part alone), each one's selected runs, and every stats
+        file, table and figure (:meth:`figures_and_tables`); every text experiment's criteria
+        check (:meth:`text_criteria`)."""
+        experiments = image_experiments(self.config)
         return [
             *([f"{self.results}/aggregate/runs.parquet"] if experiments else []),
             *expand(
                 f"{self.results}/aggregate/{{experiment}}_selected.parquet", experiment=experiments
             ),
             *self.figures_and_tables(),
+            *self.text_criteria(),
+        ]
+
+    def text_criteria(self, experiment: str | None = None) -> list[str]:
+        """The criteria check of ``experiment`` (default: every enabled text experiment): its
+        selected runs, the scores and the report (rule text_criteria)."""
+        names = [experiment] if experiment else text_experiments(self.config)
+        return [
+            f"{self.results}/stats/{name}/{kind}"
+            for name in names
+            for kind in ("selected.parquet", "criteria.parquet", "criteria.md")
         ]
 
     def figures_and_tables(self) -> list[str]:
-        """Every stats file, table and figure of the enabled experiments and the plasticity grid."""
+        """Every stats file, table and figure of the enabled image experiments and the
+        plasticity grid."""
         config, files = self.config, self.report_files
-        experiments = enabled_experiments(config)
+        experiments = image_experiments(config)
         tested = stats_experiments(config)
         p = config["plasticity"]
         targets = [

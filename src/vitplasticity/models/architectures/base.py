@@ -180,7 +180,7 @@ class Architecture:
     inputs: str = "images"
     """What a batch is: images (N, 3, H, W) or token ids (N, L)."""
     text_task: str = "causal"
-    """How a text family finetunes on text (``vitplasticity finetune-text``): ``causal`` (a
+    """How a text family finetunes on text (``vitplasticity finetune --text``): ``causal`` (a
     decoder: the next-token loss of its causal LM) or ``masked`` (an encoder: the masked-LM
     loss of its ``...ForMaskedLM`` class)."""
 
