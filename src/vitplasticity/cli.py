@@ -50,6 +50,9 @@ COMMAND_MODULES: tuple[str, ...] = (
 REMOVED_COMMANDS: dict[str, str] = {
     "finetune-text": "vitplasticity finetune --text <file> (with --tokenizer, --sequence-length "
     "and --mask-probability): one finetune command takes images or text",
+    "text-criteria": "vitplasticity criteria --runs <summary.json files> --experiment <name> "
+    "--selected-out <file> --markdown <file> --out <file>: one criteria command scores image "
+    "and text experiments",
 }
 
 

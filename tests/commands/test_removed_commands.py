@@ -1,6 +1,6 @@
-"""A subcommand that became a flag of another stops with what to write instead, and the one
-finetune command takes images or text: a text flag given with an image dataset's folder is
-refused by name."""
+"""A subcommand that became a flag of another stops with what to write instead; the one
+finetune and criteria commands take an image or a text experiment's input, and a flag of the
+other kind is refused by name."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import pytest
 
 from vitplasticity import cli
 
-REMOVED = [("finetune-text", "vitplasticity finetune --text <file>")]
+REMOVED = [
+    ("finetune-text", "vitplasticity finetune --text <file>"),
+    ("text-criteria", "vitplasticity criteria --runs <summary.json files> --experiment <name>"),
+]
 
 
 @pytest.mark.parametrize(("command", "instead"), REMOVED)
@@ -44,3 +47,17 @@ def test_the_data_is_one_of_a_folder_or_a_text_file(capsys: pytest.CaptureFixtur
         cli.main(["finetune", "--experiment", "e", "--model", "m", "--dataset", "d",
                   "--model-spec", "{}", "--dataset-dir", "x", "--text", "y"])  # fmt: skip
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--runs", "a.json", "--out", "o.parquet"], "criteria --runs: --experiment, --selected-out, --markdown required"),
+        (["--selected", "s.parquet", "--markdown", "m.md", "--out", "o.parquet"], "criteria: --markdown go with --runs"),
+    ],
+)  # fmt: skip
+def test_the_criteria_command_takes_an_image_or_a_text_experiment_not_half_of_one(
+    flags: list[str], message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert cli.main(["criteria", *flags]) == 2
+    assert message in caplog.text

@@ -96,9 +96,9 @@ def test_every_criterion_without_a_score_is_an_na_row_saying_why(
 ) -> None:
     out = tmp_path / "stats"
     argv = [
-        "text-criteria", "--experiment", "text_finetune", "--runs", *_runs(tmp_path), *(_recommend(tmp_path) if recommend else []),
+        "criteria", "--experiment", "text_finetune", "--runs", *_runs(tmp_path), *(_recommend(tmp_path) if recommend else []),
         *([] if parameters else ["--no-parameters"]), "--min-configurations", "3",
-        "--selected", str(out / "selected.parquet"), "--out", str(out / "criteria.parquet"),
+        "--selected-out", str(out / "selected.parquet"), "--out", str(out / "criteria.parquet"),
         "--markdown", str(out / "criteria.md"),
     ]  # fmt: skip
     assert cli.main(argv) == 0

@@ -155,7 +155,7 @@ def test_the_criteria_check_scores_recommend_text_and_text_plasticity_of_the_sam
     output = dry.stdout + dry.stderr
     assert dry.returncode == 0, output[-4000:]
     assert planned_jobs(dry)["text_criteria"] == 1
-    command = output[output.index("vitplasticity text-criteria") :].split("\n")[0]
+    command = output[output.index("vitplasticity criteria --experiment") :].split("\n")[0]
     assert "recommend_text/tiny_gpt2/pattern.parquet" in command
     assert "plasticity_text/tiny_gpt2/pattern_summary.parquet" in command
     assert "recommend_text/tiny_bert" not in command  # text_plasticity does not measure it

@@ -1,4 +1,4 @@
-"""The text criteria check (vitplasticity.report.text_criteria, `vitplasticity text-criteria`):
+"""The text criteria check (vitplasticity.report.text_criteria, `vitplasticity criteria --runs`):
 the text grid's selection rule by hand, the scores against scipy, the command's outputs and
 its refusals."""
 
@@ -174,8 +174,8 @@ def test_the_command_writes_the_selected_runs_the_scores_and_the_report(
     recommend_table(rng, ["prose"]).write_parquet(table)
     out = tmp_path / "stats"
     status = cli.main([
-        "text-criteria", "--experiment", "text_finetune", "--runs", *paths, "--recommend", str(table),
-        "--selected", str(out / "selected.parquet"), "--out", str(out / "criteria.parquet"),
+        "criteria", "--experiment", "text_finetune", "--runs", *paths, "--recommend", str(table),
+        "--selected-out", str(out / "selected.parquet"), "--out", str(out / "criteria.parquet"),
         "--markdown", str(out / "criteria.md"),
     ])  # fmt: skip
     assert status == 0
@@ -193,7 +193,7 @@ def test_the_command_writes_the_selected_runs_the_scores_and_the_report(
     bad.write_text("{not json")
     elsewhere = tmp_path / "elsewhere"
     argv = [
-        "text-criteria", "--experiment", "text_finetune", "--runs", str(bad), "--selected", str(elsewhere / "s.parquet"),
+        "criteria", "--experiment", "text_finetune", "--runs", str(bad), "--selected-out", str(elsewhere / "s.parquet"),
         "--out", str(elsewhere / "c.parquet"), "--markdown", str(elsewhere / "c.md"),
     ]  # fmt: skip
     assert str(bad) in refusal(argv, caplog, elsewhere)

@@ -437,8 +437,12 @@ STAGES = [
         CriteriaSettings,
         "criteria",
         ("report.criteria",),
-        frozenset({"selected", "recommend", "plasticity", "out"}),
+        frozenset(
+            {"selected", "runs", "recommend", "plasticity", "out"}
+            | {"experiment", "selected_out", "markdown"}
+        ),
         frozenset({"report.criteria.enabled", "report.criteria.experiments"}),
+        data_flags=("--selected", "selected.parquet"),
     ),
 ]
 STAGE_IDS = [stage.command for stage in STAGES]

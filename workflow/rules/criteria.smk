@@ -82,8 +82,8 @@ rule text_criteria:
     conda:
         ENV
     shell:
-        "vitplasticity text-criteria --experiment {wildcards.experiment} --runs {input.runs:q}"
+        "vitplasticity criteria --experiment {wildcards.experiment} --runs {input.runs:q}"
         " --recommend {input.recommend:q} --plasticity {input.plasticity:q}"
         + command_flags(CriteriaSettings, CRITERIA_PARAMS)
-        + " --selected {output.selected:q} --out {output.scores:q}"
+        + " --selected-out {output.selected:q} --out {output.scores:q}"
         " --markdown {output.markdown:q} > {log:q} 2>&1"

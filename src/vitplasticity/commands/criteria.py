@@ -1,5 +1,7 @@
 """``criteria``, ``criteria-table`` and ``criteria-figure``: which per-component criterion
-predicts the measured finetuning accuracy (:mod:`vitplasticity.report.criteria`).
+predicts the measured finetuning result (:mod:`vitplasticity.report.criteria`): an image
+experiment's selected-LR test accuracy, or a text experiment's validation loss, selected from
+its runs (:mod:`vitplasticity.report.text_criteria`).
 
 Every output is a demo when ``--demo`` is given or any input is marked demo.
 """
@@ -34,15 +36,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the criteria subcommands."""
     analyse = subparsers.add_parser(
         "criteria",
-        help="rank correlation of each criterion with the finetuning accuracy, per dataset, "
+        help="rank correlation of each criterion with the finetuning result, per dataset, "
         "and tests across datasets",
         description="Score every criterion (recommend tables, measured plasticity, trainable "
-        "parameters) against one experiment's selected-LR test accuracy: Spearman and Kendall "
-        "per dataset, top-1 hit, and one-sided Wilcoxon tests across datasets.",
+        "parameters) against one experiment's result: an image experiment's selected-LR test "
+        "accuracy (--selected, from `vitplasticity aggregate`), or a text experiment's "
+        "validation loss (--runs: each configuration's learning rate of lowest mean "
+        "validation loss over seeds, a rate with a diverged seed not selected). Spearman and "
+        "Kendall per dataset, top-1 hit, and one-sided Wilcoxon tests across datasets.",
     )
-    analyse.add_argument("--selected", required=True, help="selected-LR table (Parquet)")
+    measured = analyse.add_mutually_exclusive_group(required=True)
+    measured.add_argument("--selected", help="an image experiment's selected-LR table (Parquet)")
+    measured.add_argument("--runs", nargs="+", help="a text experiment's runs' summary.json files")
     analyse.add_argument(
-        "--recommend", nargs="*", default=[], help="recommend tables (Parquet), any number"
+        "--recommend",
+        nargs="*",
+        default=[],
+        help="recommend (or, with --runs, recommend-text) tables (Parquet), any number",
     )
     analyse.add_argument(
         "--plasticity",
@@ -54,6 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # (the config key each mirrors in its help).
     add_settings_arguments(analyse, CriteriaSettings)
     analyse.add_argument("--out", required=True, help="result table (Parquet)")
+    text = analyse.add_argument_group("with --runs (a text experiment)")
+    text.add_argument("--experiment", help="the text experiment whose runs --runs are")
+    text.add_argument("--selected-out", help="the selected runs (Parquet)")
+    text.add_argument("--markdown", help="the report (Markdown)")
     analyse.set_defaults(handler=run_criteria)
 
     table = subparsers.add_parser(
@@ -67,8 +81,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     table.add_argument("--csv", help="also write the table's rows as CSV to this file")
     table.set_defaults(handler=run_criteria_table)
 
-    register_text(subparsers)
-
     figure = subparsers.add_parser(
         "criteria-figure",
         help="per criterion, each dataset's rho and their mean",
@@ -77,37 +89,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     figure.add_argument("--input", required=True, help="result of `vitplasticity criteria`")
     add_figure_arguments(figure)
     figure.set_defaults(handler=run_criteria_figure)
-
-
-def register_text(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``text-criteria``: recommend-text's ranking checked against a text experiment."""
-    text = subparsers.add_parser(
-        "text-criteria",
-        help="rank correlation of each criterion with a text experiment's validation loss",
-        description="Select each text configuration's learning rate (lowest mean validation "
-        "loss over seeds; a rate with a diverged seed is not selected), then score every "
-        "criterion (recommend-text tables, text plasticity summaries, trainable parameters) "
-        "against it as `criteria` scores the image grid: Spearman and Kendall per dataset, "
-        "top-1 hit, one-sided Wilcoxon tests across datasets.",
-    )
-    text.add_argument(
-        "--experiment", required=True, help="the text experiment whose runs --runs are"
-    )
-    text.add_argument("--runs", nargs="+", required=True, help="the text runs' summary.json files")
-    text.add_argument(
-        "--recommend", nargs="*", default=[], help="recommend-text tables (Parquet), any number"
-    )
-    text.add_argument(
-        "--plasticity",
-        nargs="*",
-        default=[],
-        help="text plasticity summaries (<dataset>_summary.parquet), any number",
-    )
-    add_settings_arguments(text, CriteriaSettings)
-    text.add_argument("--selected", required=True, help="the selected runs (Parquet)")
-    text.add_argument("--out", required=True, help="result table (Parquet)")
-    text.add_argument("--markdown", required=True, help="the report (Markdown)")
-    text.set_defaults(handler=run_text_criteria)
 
 
 def _configurations(names: Sequence[str]) -> list[str] | None:
@@ -139,8 +120,24 @@ def _criteria(args: argparse.Namespace, selected: Any, parameters: bool) -> Any:
 
 
 def run_criteria(args: argparse.Namespace) -> int:
-    """Score every criterion against the accuracy and write the result table (Parquet)."""
+    """Score every criterion against the accuracy and write the result table (Parquet); with
+    --runs, against a text experiment's validation loss (:func:`_run_text_criteria`).
+
+    Raises:
+        ValueError: for a text flag given without --runs, or one --runs lacks.
+    """
     import polars as pl
+
+    text_flags = {"--experiment": args.experiment, "--selected-out": args.selected_out}
+    text_flags["--markdown"] = args.markdown
+    if args.runs is not None:
+        missing = [flag for flag, value in text_flags.items() if value is None]
+        if missing:
+            raise ValueError(f"criteria --runs: {', '.join(missing)} required")
+        return _run_text_criteria(args)
+    given = [flag for flag, value in text_flags.items() if value is not None]
+    if given:
+        raise ValueError(f"criteria: {', '.join(given)} go with --runs (a text experiment's)")
 
     from vitplasticity.report.criteria import analyse, best_criterion_lines
     from vitplasticity.utils.io import write_parquet
@@ -207,7 +204,7 @@ def run_criteria_figure(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_text_criteria(args: argparse.Namespace) -> int:
+def _run_text_criteria(args: argparse.Namespace) -> int:
     """Select the text runs, score every criterion against them, and write the selected
     table, the result table (Parquet) and the report (Markdown)."""
     import json
@@ -250,7 +247,7 @@ def run_text_criteria(args: argparse.Namespace) -> int:
         "min_configurations": settings.min_configurations,
     }
     lines = best_criterion_lines(result)
-    write_parquet(args.selected, selected, report_record(recorded, demo))
+    write_parquet(args.selected_out, selected, report_record(recorded, demo))
     write_parquet(args.out, result, {**report_record(recorded, demo), "best": lines})
     with atomic_path(args.markdown) as tmp:
         absent = absent_criteria(criteria, selected, parameters=settings.parameters)
