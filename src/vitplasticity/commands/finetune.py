@@ -118,7 +118,7 @@ def _source(args: argparse.Namespace) -> Any:
         return args.dataset_dir
     from vitplasticity.finetune.text_run import TextSource
 
-    return TextSource(text, Path(args.text))
+    return TextSource(text, Path(args.text), args.dataset)
 
 
 def run_finetune(args: argparse.Namespace) -> int:

@@ -208,6 +208,8 @@ class TextSource:
 
     text: TextFinetuneSettings
     path: Path
+    dataset: str | None = None
+    """The dataset's name, which a bad setting's message names (``datasets.<name>.<key>``)."""
 
     def check(self, training: TrainingSettings) -> torch.device:
         """The device of the runs, after checking the text settings and file.
@@ -219,7 +221,7 @@ class TextSource:
         """
         from vitplasticity.settings.declaration import bad_setting, check_settings
 
-        check_settings(self.text)
+        check_settings(self.text, {"datasets": self.dataset or self.path.stem})
         if training.compile:
             raise bad_setting("--compile", "finetune.compile", "not implemented for text runs")
         if not self.path.is_file():

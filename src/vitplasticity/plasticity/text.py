@@ -140,8 +140,9 @@ def measure_text(
     from vitplasticity.plasticity.summary import measurement
     from vitplasticity.settings.declaration import check_settings, recorded_settings
 
-    # Every setting and file is checked before the model runs.
-    settings = check_settings(settings)
+    # Every setting and file is checked before the model runs; a message names the dataset
+    # entry whose cut it is.
+    settings = check_settings(settings, {"datasets": dataset or Path(text).stem})
     spec = checked_text_spec(
         model_name, model_spec, files={"--reference": reference, "--text": text}
     )
