@@ -246,7 +246,7 @@ def test_random_init_depends_on_init_seed_alone(tmp_path: Path) -> None:
         (["--sequence-length", "65"], "exceeds the 64 positions of model 'tiny'"),
         (
             ["--sequence-length", "0"],
-            r"--sequence-length \(datasets\.<name>\.sequence_length\): must be >= 2",
+            r"--sequence-length \(datasets\.downstream\.sequence_length\): must be >= 2",
         ),
         (["--protocols", "nope"], r"--protocols \(text_plasticity\.protocols\): 'nope' not "),
     ],

@@ -572,7 +572,7 @@ def test_the_text_families_no_longer_refuse_recommend() -> None:
         (
             {"sequence_length": 1},
             ValueError,
-            r"--sequence-length \(datasets\.<name>\.sequence_length\): must be >= 2",
+            r"--sequence-length \(datasets\.notes\.sequence_length\): must be >= 2",
         ),
         ({"batches": 1}, ValueError, r"--batches \(recommend\.batches\): must be >= 2"),
         ({"texts": ("missing.txt",)}, FileNotFoundError, "--text: text file not found"),

@@ -127,7 +127,7 @@ def checked_text_settings(
         FileNotFoundError: naming a text file that does not exist.
     """
     inputs.validate()
-    settings = check_settings(settings)
+    settings = check_settings(settings, {"datasets": inputs.dataset})
     check_ranking(settings)
     # Two tokens at least: the next-token loss predicts token t from the tokens before.
     if settings.sequence_length < 2:
