@@ -25,7 +25,6 @@ GPU_COMMANDS: frozenset[str] = frozenset(
         "plasticity",
         "text-plasticity",
         "recommend",
-        "recommend-text",
         "recommend-verify",
     }
 )
@@ -50,6 +49,8 @@ COMMAND_MODULES: tuple[str, ...] = (
 REMOVED_COMMANDS: dict[str, str] = {
     "finetune-text": "vitplasticity finetune --text <file> (with --tokenizer, --sequence-length "
     "and --mask-probability): one finetune command takes images or text",
+    "recommend-text": "vitplasticity recommend --text <files> --reference <text file> "
+    "--model-spec <entry>: one recommend command ranks image and text models",
     "text-criteria": "vitplasticity criteria --runs <summary.json files> --experiment <name> "
     "--selected-out <file> --markdown <file> --out <file>: one criteria command scores image "
     "and text experiments",

@@ -12,6 +12,7 @@ from vitplasticity import cli
 
 REMOVED = [
     ("finetune-text", "vitplasticity finetune --text <file>"),
+    ("recommend-text", "vitplasticity recommend --text <files> --reference <text file>"),
     ("text-criteria", "vitplasticity criteria --runs <summary.json files> --experiment <name>"),
 ]
 
@@ -60,4 +61,23 @@ def test_the_criteria_command_takes_an_image_or_a_text_experiment_not_half_of_on
     flags: list[str], message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert cli.main(["criteria", *flags]) == 2
+    assert message in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--text", "t.txt", "--reference", "r.txt", "--warmup-steps", "5"], "recommend: --warmup-steps go with an image dataset"),
+        (["--text", "t.txt", "--reference", "r.txt", "--timm-id", "vit_tiny_patch16_224"], "recommend: --timm-id go with an image dataset"),
+        (["--text", "t.txt"], "recommend --text: --reference required (a text model's)"),
+        (["--dataset-dir", "d", "--reference-fallback", "synthetic", "--sequence-length", "64"], "recommend: --sequence-length go with --text"),
+        (["--dataset-dir", "d", "--reference-fallback", "synthetic", "--protocol", "in_situ"], "recommend: --protocol go with --text"),
+    ],
+)  # fmt: skip
+def test_the_recommend_command_takes_an_image_or_a_text_model_not_half_of_one(
+    flags: list[str], message: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = '{"family": "transformers", "hf_id": "tiny", "weights": "random"}'
+    argv = ["recommend", "--model-spec", spec, *flags, "--out-prefix", str(tmp_path / "o")]
+    assert cli.main(argv) == 2
     assert message in caplog.text

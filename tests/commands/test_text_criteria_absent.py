@@ -1,6 +1,6 @@
 """The text criteria report never shows one criterion as if it were the only one: every
 criterion of the registry it has no score of is an n/a row saying why (an encoder's check,
-with neither text plasticity nor recommend-text, scores the parameter baseline alone)."""
+with neither text plasticity nor recommend --text, scores the parameter baseline alone)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from vitplasticity import cli
 from vitplasticity.components import COMPONENTS
 from vitplasticity.criteria import RECOMMEND_CRITERIA, REGISTRY
 
-NO_RECOMMEND = "no recommend-text table of bert on prose"
+NO_RECOMMEND = "no recommend --text table of bert on prose"
 NO_PLASTICITY = "no text plasticity summary of bert on prose"
-NO_VALUE = "recommend-text's table has no finite value"
+NO_VALUE = "recommend --text's table has no finite value"
 NO_PARAMETERS = "left out by report.criteria.parameters: false"
 PLASTICITY = ["plasticity_paper_protocol", "plasticity_in_situ"]
 
@@ -40,7 +40,7 @@ def _runs(folder: Path) -> list[str]:
 
 
 def _recommend(folder: Path) -> list[str]:
-    """A recommend-text table of the relative gradient norm alone."""
+    """A recommend --text table of the relative gradient norm alone."""
     values = np.linspace(1, 0, len(COMPONENTS))
     path = folder / "recommend.parquet"
     pl.DataFrame({

@@ -640,7 +640,7 @@ def test_stages_refused_by_name(case_id: str) -> None:
     assert architecture.refusal("finetune", model) is None  # on text: finetune --text
     bounds = architecture.refusal("bounds", model)
     assert "RMSNorm does not centre" in bounds and "rotary positions" in bounds
-    assert architecture.refusal("recommend", model) is None  # on text: recommend-text
+    assert architecture.refusal("recommend", model) is None  # on text: recommend --text
     assert "rotary position embedding" in architecture.mha_bound_refusal(model)
     with pytest.raises(UndefinedStage, match="RMSNorm does not centre"):
         architecture.attention_weights(model.layers[0].self_attn)

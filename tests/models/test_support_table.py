@@ -174,7 +174,7 @@ def run_recommend(model: nn.Module, inputs: torch.Tensor) -> None:
     architecture = architecture_for(model)
     _refuse(architecture, "recommend", model)
     if architecture.inputs == "tokens":
-        # A text family is ranked as a causal LM on token ids (recommend-text). A bare model
+        # A text family is ranked as a causal LM on token ids (recommend --text). A bare model
         # with an untied head lacks the head's weights: its models: entry names the causal-LM
         # class (model_class), as here.
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING

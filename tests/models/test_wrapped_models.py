@@ -519,7 +519,7 @@ def test_our_dinov3_classifier_is_the_tower_under_its_attribute() -> None:
 
 
 def test_a_text_classifier_is_ranked_as_its_base_model_in_the_causal_lm() -> None:
-    """recommend-text's causal LM of a classifier: its base model (the same modules, the same
+    """recommend --text's causal LM of a classifier: its base model (the same modules, the same
     names) in the causal-LM class, head tied; refused when the config unties the head."""
     from vitplasticity.models.architectures import UnsupportedModel
     from vitplasticity.models.text import causal_lm, untied_bare_model

@@ -113,7 +113,7 @@ def test_the_workflow_finetunes_each_component_of_a_causal_lm_and_an_encoder(
             assert losses[-1] < losses[0], (run, losses)
             assert summary["best_val_loss"] == min(losses) < losses[0]
     # The criteria check ran on the experiment: every configuration of each model selected, and
-    # the trainable-parameter baseline scored (no text plasticity or recommend-text here).
+    # the trainable-parameter baseline scored (no text plasticity or recommend --text here).
     stats = tmp_path / f"results/demo/stats/{EXPERIMENT}"
     selected = pl.read_parquet(stats / "selected.parquet")
     assert selected.group_by("model").len().sort("model").rows() == [
@@ -126,7 +126,7 @@ def test_the_workflow_finetunes_each_component_of_a_causal_lm_and_an_encoder(
 
 
 def _criteria_override(tmp_path: Path) -> Path:
-    """The text experiment's model and dataset measured by text_plasticity and recommend-text
+    """The text experiment's model and dataset measured by text_plasticity and recommend --text
     too."""
     reference = tmp_path / "reference.txt"
     reference.write_text("the quick brown fox\n" * 20)
@@ -149,7 +149,7 @@ def test_the_criteria_check_scores_recommend_text_and_text_plasticity_of_the_sam
     tmp_path: Path,
 ) -> None:
     """Where text_plasticity measures a model and dataset of the experiment (the same entries),
-    text_criteria reads their plasticity summary and recommend-text table."""
+    text_criteria reads their plasticity summary and recommend --text table."""
     override = _criteria_override(tmp_path)
     dry = snakemake(tmp_path, "-n", "-p", *CHECK, extra_configfiles=(override,))
     output = dry.stdout + dry.stderr

@@ -1,4 +1,4 @@
-"""Bad inputs of ``recommend``, ``recommend-text``, ``vitplasticity.select`` and the output
+"""Bad inputs of ``recommend``, ``recommend --text``, ``vitplasticity.select`` and the output
 paths of ``finetune`` and ``text-plasticity`` (issue 27): each ends in one clear error naming
 the culprit, before any compute, with nothing written.
 
@@ -89,7 +89,7 @@ def _recommend(tmp_path: Path, *extra: str, prefix: Path | str | None = None) ->
 def _recommend_text(tmp_path: Path, spec: dict, *extra: str, prefix: Path | None = None) -> list:
     reference, user = _write_texts(tmp_path / "text")
     prefix = tmp_path / "out" / "notes" if prefix is None else prefix
-    argv = ["recommend-text", "--model", "tiny_lm", "--model-spec", json.dumps(spec)]
+    argv = ["recommend", "--model", "tiny_lm", "--model-spec", json.dumps(spec)]
     argv += ["--reference", str(reference), "--text", str(user), "--sequence-length", "8"]
     argv += ["--n-pairs", "4", "--batch-size", "2", "--batches", "2", "--device", "cpu"]
     return [*argv, *extra, "--out-prefix", str(prefix)]
@@ -314,7 +314,7 @@ def test_finetune_refuses_an_out_dir_it_cannot_write(build, tmp_path, demo_datas
 
 
 def _text_block(tmp_path: Path, model: dict, **text: Any) -> dict[str, Any]:
-    """The demo config's edit enabling text plasticity (and so recommend-text) on ``model``."""
+    """The demo config's edit enabling text plasticity (and so recommend --text) on ``model``."""
     reference, user = _write_texts(tmp_path / "text")
     length = text.pop("sequence_length", 8)
     datasets = {

@@ -240,7 +240,7 @@ def test_an_moe_whose_fc1_and_fc2_are_views_is_refused() -> None:
 def test_a_deberta_sharing_its_position_keys_is_refused_naming_the_projections() -> None:
     """DeBERTa-v3 (``share_att_key``) runs the relative embeddings through each layer's
     query_proj and key_proj too: two inputs per linear, so no one feature norm. NFN says so by
-    name rather than average them (recommend-text, NFN's text user, refuses encoders anyway)."""
+    name rather than average them (recommend --text, NFN's text user, refuses encoders anyway)."""
     (tiny,) = (t for t in TINY_MODELS if t.id == "deberta_v2_tiny")
     assert tiny.build().config.share_att_key
     with pytest.raises(UnsupportedModel, match=r"attention\.self\.query_proj was called 2 times"):

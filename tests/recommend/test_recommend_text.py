@@ -1,4 +1,4 @@
-"""``vitplasticity recommend-text``: a causal LM's components ranked on the user's text files.
+"""``vitplasticity recommend --text``: a causal LM's components ranked on the user's text files.
 
 Tiny random GPT2 and Llama models (tests/helpers/tiny_models.py) with the byte tokenizer, on text
 files the tests write: the table holds every criterion per configuration; the gradient criteria
@@ -403,7 +403,7 @@ def _cli(
     tmp_path: Path, reference: Path, users: list[Path], *extra: str, spec: dict = GPT2_ENTRY
 ) -> list[str]:
     return [
-        "recommend-text",
+        "recommend",
         "--model",
         "gpt2_tiny",
         "--model-spec",
@@ -671,7 +671,7 @@ def test_the_workflow_runs_recommend_text_per_text_model_and_dataset(tmp_path: P
     # Each setting reaches the command line: recommend's, and text_plasticity's for the text.
     assert "--tokenizer auto --sequence-length 12 --n-pairs 6 --batch-size 4" in output
     assert "--batches 2 --budget 40K --criterion plasticity" in output
-    assert "HF_HUB_OFFLINE=1 vitplasticity recommend-text --model tiny_llama" in output
+    assert "HF_HUB_OFFLINE=1 vitplasticity recommend --model tiny_llama" in output
 
     # Not enabled: no text recommend in `all`.
     result = _snakemake(tmp_path, _text_override(tmp_path, enabled=False), "-n", "all")

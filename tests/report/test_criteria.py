@@ -186,7 +186,7 @@ def test_perfect_and_reversed_predictors() -> None:
 
 
 def test_the_baseline_scored_alone_is_no_best_criterion() -> None:
-    """With the trainable-parameter baseline the only criterion scored (recommend-text does
+    """With the trainable-parameter baseline the only criterion scored (recommend --text does
     not rank an encoder), the report names no best criterion and says why."""
     accuracy = {f"d{d}": {c: 0.5 + 0.01 * i for i, c in enumerate(COMPONENTS)} for d in range(3)}
     scores = {PARAMETERS: {d: {c: i for i, c in enumerate(COMPONENTS)} for d in accuracy}}

@@ -101,7 +101,7 @@ def test_a_run_given_twice_or_a_summary_without_its_keys_is_refused() -> None:
 
 
 def recommend_table(rng: np.random.Generator, datasets: list[str]) -> pl.DataFrame:
-    """A recommend-text table: one criterion, rank 1 = its highest value."""
+    """A recommend --text table: one criterion, rank 1 = its highest value."""
     rows = []
     for dataset in datasets:
         values = rng.uniform(0, 1, size=len(COMPONENTS))

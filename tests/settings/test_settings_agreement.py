@@ -397,18 +397,23 @@ STAGES = [
             {"model_spec", "timm_id", "weights", "normalize", "model_kwargs", "model"}
             | {"dataset_dir", "image_folder", "dataset", "reference", "reference_fallback"}
             | {"dtype", "out_prefix"}
+            # a text model's (--text): its files, how they are cut, the protocol
+            | {"text", "tokenizer", "sequence_length", "protocol"}
         ),
         frozenset({"recommend.enabled", "recommend.models", "recommend.datasets"} | VERIFY_KEYS),
     ),
     Stage(
         RecommendTextSettings,
-        "recommend-text",
+        "recommend",
         ("text_plasticity", "recommend"),
         frozenset(
             {"model", "model_spec", "reference", "text", "dataset", "protocol", "dtype"}
             | {"out_prefix"}
+            # an image model's: its timm options, its data and reference, the head warm-up
+            | {"timm_id", "weights", "normalize", "model_kwargs", "dataset_dir", "image_folder"}
+            | {"reference_fallback", "warmup_steps", "warmup_lr"}
         ),
-        # Its sequences are text_plasticity's; recommend-text declares those it takes.
+        # Its sequences are text_plasticity's; recommend --text declares those it takes.
         frozenset(
             {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
             | {"text_plasticity.bounds_models"}
@@ -418,6 +423,7 @@ STAGES = [
             | {"recommend.warmup_steps", "recommend.warmup_lr"}
             | VERIFY_KEYS
         ),
+        data_flags=("--text", "notes.txt"),
     ),
     Stage(
         TextFinetuneSettings,
@@ -445,7 +451,7 @@ STAGES = [
         data_flags=("--selected", "selected.parquet"),
     ),
 ]
-STAGE_IDS = [stage.command for stage in STAGES]
+STAGE_IDS = [f"{stage.command}-{stage.settings.__name__}" for stage in STAGES]
 STAGE_FIELDS = [
     (stage, field, declared, annotation)
     for stage in STAGES

@@ -28,7 +28,6 @@ TRACKED_COMMANDS = (
     "plasticity",
     "text-plasticity",
     "recommend",
-    "recommend-text",
 )
 
 

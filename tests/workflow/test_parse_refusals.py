@@ -1,7 +1,7 @@
 """What a stage refuses for a model, when the config alone decides it, is named when the
 Snakefile is parsed, with the key, the model, the family's own reason and what to do (issue 42):
 a Swin under the embedding protocol and its bounds, an MoE or an encoder ranked by
-recommend-text, a decoder's text bounds, a Falcon with ALiBi or one norm, a DeBERTa-v2 with its
+recommend --text, a decoder's text bounds, a Falcon with ALiBi or one norm, a DeBERTa-v2 with its
 convolution, a Swin grid that is not a whole number of windows; and a text experiment is
 checked as every experiment is, and for what only text has (its models take token ids, its
 datasets one kind, its sequences within the model's positions). Each case a row (the edit over
@@ -51,7 +51,7 @@ def text_file(tmp: Path) -> str:
 
 
 def measured(tmp: Path, entry: dict[str, Any], recommend: bool = False, **text: Any) -> dict:
-    """``entry`` as model ``m``, measured by text plasticity (and ranked by recommend-text with
+    """``entry`` as model ``m``, measured by text plasticity (and ranked by recommend --text with
     ``recommend``)."""
     edit: dict[str, Any] = {
         "models": {"m": entry},
@@ -160,7 +160,7 @@ CASES: list[tuple[str, Edit, list[str]]] = [
         "mixtral-recommend-text",
         lambda tmp: measured(tmp, random_text("mixtral"), recommend=True),
         [
-            "text_plasticity.run_models (recommend-text: recommend.enabled ranks every text "
+            "text_plasticity.run_models (recommend --text: recommend.enabled ranks every text "
             "model): 'm' (tiny/mixtral): hf_moe refuses recommend: routed experts "
             "are fused 3-D parameters",
             "or set recommend.enabled: false",
@@ -328,7 +328,7 @@ def test_a_refusal_the_config_decides_is_named_at_parse(
 def test_what_the_config_does_not_decide_is_left_to_the_job(tmp_path: Path) -> None:
     """A hub checkpoint without model_class: its config.json (its family) is fetched by the
     weights job, so no refusal is guessed at parse; a Falcon with two norms, a GPT2 ranked by
-    recommend-text and a Swin finetuned are not refused."""
+    recommend --text and a Swin finetuned are not refused."""
     hub_moe = {"family": "transformers", "hf_id": "mistralai/Mixtral-8x7B-v0.1"}
     checked(merged(load_config(PAPER), measured(tmp_path, hub_moe, recommend=True)))
     falcon = random_text("falcon", new_decoder_architecture=True)

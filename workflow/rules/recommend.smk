@@ -2,7 +2,7 @@
 # (model, dataset), ranked, with a recommendation under a parameter budget (config recommend;
 # off by default): vitplasticity recommend. With text_plasticity enabled too, the same for every
 # text model on every text dataset, against text_plasticity's reference text (recommend_text:
-# vitplasticity recommend-text, gradients of the next-token loss, no head warm-up).
+# vitplasticity recommend --text, gradients of the next-token loss, no head warm-up).
 
 
 include: "recommend_common.smk"
@@ -62,7 +62,7 @@ rule recommend_text:
     conda:
         ENV
     shell:
-        f"{OFFLINE} vitplasticity recommend-text"
+        f"{OFFLINE} vitplasticity recommend"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --dataset {wildcards.dataset} --reference {input.reference:q} --text {input.text:q}"
         + command_flags(RecommendTextSettings, RECOMMEND_TEXT_PARAMS)

@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--recommend",
         nargs="*",
         default=[],
-        help="recommend (or, with --runs, recommend-text) tables (Parquet), any number",
+        help="recommend (or, with --runs, recommend --text) tables (Parquet), any number",
     )
     analyse.add_argument(
         "--plasticity",

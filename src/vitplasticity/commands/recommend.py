@@ -8,8 +8,10 @@ which writes ``<prefix>.md`` (ranked table + recommendation), ``<prefix>.json`` 
 its parameter names and PEFT configs), ``<prefix>.parquet`` (one row per configuration and
 criterion) and ``<prefix>.png``/``.pdf``.
 
-``recommend-text``: the same for a causal language model on the user's text files against a
-reference text (:mod:`vitplasticity.recommend.text`); it writes the .md, .json and .parquet.
+With ``--text``, the same for a causal language model on the user's text files against a
+reference text (:mod:`vitplasticity.recommend.text`, settings
+:class:`~vitplasticity.recommend.settings.RecommendTextSettings`); it writes the .md, .json
+and .parquet.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import argparse
 import logging
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vitplasticity.commands import check_out_prefix, track_summary
 from vitplasticity.plasticity.settings import DTYPES
@@ -44,19 +46,19 @@ log = logging.getLogger(__name__)
 IMAGE_OUTPUTS: tuple[str, ...] = (".md", ".json", ".parquet", ".png", ".pdf")
 """What ``recommend`` writes after its --out-prefix."""
 TEXT_OUTPUTS: tuple[str, ...] = (".md", ".json", ".parquet")
-"""What ``recommend-text`` writes after its --out-prefix."""
+"""What ``recommend --text`` writes after its --out-prefix."""
+TEXT_ONLY_FIELDS: tuple[str, ...] = ("tokenizer", "sequence_length")
+"""RecommendTextSettings' fields that RecommendImageSettings has not: how text is cut."""
+IMAGE_ONLY_FIELDS: tuple[str, ...] = ("warmup_steps", "warmup_lr")
+"""RecommendImageSettings' fields that a text model's ranking does not use: the head warm-up
+(a causal LM's head is pretrained)."""
 _SHOWN = 5
 """How many of the files that are not images an error names."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``recommend`` and ``recommend-text`` subcommands."""
-    register_image(subparsers)
-    register_text(subparsers)
-
-
-def register_image(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``recommend`` subcommand."""
+    """Add the ``recommend`` subcommand: images (--dataset-dir, --image-folder) or text
+    (--text)."""
     parser = subparsers.add_parser(
         "recommend",
         help="which components to finetune: plasticity and alternative criteria, ranked",
@@ -67,20 +69,32 @@ def register_image(subparsers: argparse._SubParsersAction) -> None:
         "first), Spectrum's SNR and KappaTune's condition number (lowest first); recommend the "
         "best configuration by --criterion under a trainable-parameter budget. A heuristic (the "
         "report names the criterion's source; the default, plasticity, rests on the paper's "
-        "finding: higher plasticity, better finetuning), not a finetuning result.",
+        "finding: higher plasticity, better finetuning), not a finetuning result. With "
+        "--text, a causal language model (GPT2, Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi3, "
+        "GPT-NeoX, Falcon, OLMo2; a bare model wrapped in its causal-LM class, head tied to the "
+        "embedding) on your text files against a --reference text: plasticity between "
+        "reference sequence i and user sequence i, the gradients of the next-token loss on the "
+        "user's sequences (no head warm-up: the LM head is pretrained), NFN and the weight "
+        "statistic where defined.",
     )
     add_model_arguments(parser)
-    data = parser.add_argument_group("dataset (one of --dataset-dir, --image-folder)")
+    data = parser.add_argument_group("dataset (one of --dataset-dir, --image-folder, --text)")
     data.add_argument("--dataset-dir", help="a prepared dataset folder (vitplasticity prepare)")
     data.add_argument(
         "--image-folder",
         help="an ImageFolder tree root/<class>/<image> (or root/{train,test}/<class>/...); "
         "prepared into a temporary folder",
     )
-    data.add_argument("--dataset", help="dataset name in the outputs (default: the folder name)")
+    data.add_argument("--text", nargs="+", metavar="FILE", help="a text model's: your text file(s)")
+    data.add_argument(
+        "--dataset",
+        help="dataset name in the outputs (default: the folder name, or the first file's stem)",
+    )
     reference = parser.add_argument_group("reference set (one of)")
     reference.add_argument(
-        "--reference", help="reference set Parquet (vitplasticity reference; paper: ImageNet)"
+        "--reference",
+        help="reference set Parquet (vitplasticity reference; paper: ImageNet); with --text, "
+        "the reference text file",
     )
     reference.add_argument(
         "--reference-fallback",
@@ -89,11 +103,22 @@ def register_image(subparsers: argparse._SubParsersAction) -> None:
         "outputs say so",
     )
     # The measuring and ranking flags, their types, choices and defaults from
-    # RecommendImageSettings (the config key each mirrors in its help).
+    # RecommendImageSettings, and how text is cut from RecommendTextSettings (the config key
+    # each mirrors in its help).
     add_settings_arguments(parser, RecommendImageSettings)
+    text = parser.add_argument_group("with --text")
+    add_settings_arguments(text, RecommendTextSettings, only=TEXT_ONLY_FIELDS)
+    text.add_argument(
+        "--protocol",
+        choices=["embedding", "in_situ"],
+        default="embedding",
+        help="plasticity protocol (embedding: the paper's; an image model's is embedding)",
+    )
     add_dtype_argument(parser)
     parser.add_argument(
-        "--out-prefix", required=True, help="writes PREFIX.md, .json, .parquet, .png and .pdf"
+        "--out-prefix",
+        required=True,
+        help="writes PREFIX.md, .json, .parquet, .png and .pdf (with --text: .md, .json, .parquet)",
     )
     add_tracking_arguments(parser)
     parser.set_defaults(handler=run_recommend)
@@ -135,9 +160,18 @@ def recommend_arguments(
     from vitplasticity.models.spec import ModelSpec, TimmSpec
     from vitplasticity.recommend.pipeline import RecommendInputs, checked_settings
 
+    text = RecommendTextSettings()
+    _refuse_other_kind(
+        args,
+        {**{name: getattr(text, name) for name in TEXT_ONLY_FIELDS}, "protocol": "embedding"},
+        "--text",
+    )
     for flag, sources in (
         ("--model-spec / --timm-id", (args.model_spec, args.timm_id)),
-        ("--dataset-dir / --image-folder", (args.dataset_dir, args.image_folder)),
+        (
+            "--dataset-dir / --image-folder (or, for a text model, --text)",
+            (args.dataset_dir, args.image_folder),
+        ),
         ("--reference / --reference-fallback", (args.reference, args.reference_fallback)),
     ):
         given = sum(source is not None for source in sources)
@@ -219,6 +253,8 @@ def run_recommend(args: argparse.Namespace) -> int:
     prepared dataset or an image folder prepared into a temporary folder."""
     from vitplasticity.recommend.pipeline import recommend, write_outputs
 
+    if args.text is not None:
+        return _run_recommend_text(args)
     inputs, settings, source = recommend_arguments(args)
     tracking_options = tracking_from_args(args)
     if args.image_folder is None:
@@ -251,62 +287,58 @@ def track_recommendation(
     track_summary(tracking_options, job_type, f"{model}/{dataset}", config, summary)
 
 
-# -- recommend-text ---------------------------------------------------------------------------
+# -- recommend --text --------------------------------------------------------------------------
 
 
-def register_text(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``recommend-text`` subcommand."""
-    parser = subparsers.add_parser(
-        "recommend-text",
-        help="which components of a causal LM to finetune on your text, ranked",
-        description="Rank ln1, mha, ln2, fc1, fc2 (and '+' combinations) of a causal language "
-        "model (GPT2, Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi3, GPT-NeoX, Falcon, OLMo2; a bare "
-        "model is wrapped in its causal-LM class, head tied to the embedding) for finetuning "
-        "on your text files: "
-        "plasticity between reference sequence i and user sequence i (mean, 95%% CI), the "
-        "relative gradient norm and gradient SNR of the next-token loss on the user's sequences "
-        "(no head warm-up: the LM head is pretrained), NFN, and the data-free weight statistic "
-        "where defined; recommend the best configuration under a trainable-parameter budget.",
-    )
-    parser.add_argument("--model", required=True, help="model name in the outputs")
-    parser.add_argument(
-        "--model-spec",
-        required=True,
-        type=json_argument,
-        help="its models: entry (JSON, family: transformers), as text-plasticity takes it",
-    )
-    parser.add_argument("--reference", required=True, help="reference text file")
-    parser.add_argument(
-        "--text", required=True, nargs="+", metavar="FILE", help="your text file(s)"
-    )
-    parser.add_argument(
-        "--dataset", help="dataset name in the outputs (default: first file's stem)"
-    )
-    # The measuring and ranking flags, their types, choices and defaults from
-    # RecommendTextSettings (the config key each mirrors in its help).
-    add_settings_arguments(parser, RecommendTextSettings)
-    parser.add_argument(
-        "--protocol",
-        choices=["embedding", "in_situ"],
-        default="embedding",
-        help="plasticity protocol (embedding: the paper's)",
-    )
-    add_dtype_argument(parser)
-    parser.add_argument(
-        "--out-prefix", required=True, help="writes PREFIX.md, PREFIX.json and PREFIX.parquet"
-    )
-    add_tracking_arguments(parser)
-    parser.set_defaults(handler=run_recommend_text)
+def _refuse_other_kind(args: argparse.Namespace, defaults: dict[str, Any], kind: str) -> None:
+    """Refuse each flag (by its dest in ``defaults``) given a value other than its default: it
+    goes with the ``kind`` of data the command was not given.
+
+    Raises:
+        ValueError: naming the flags and the kind they go with.
+    """
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name, default in defaults.items()
+        if getattr(args, name) != default
+    ]
+    if given:
+        raise ValueError(f"recommend: {', '.join(given)} go with {kind}")
 
 
-def run_recommend_text(args: argparse.Namespace) -> int:
-    """Rank (:func:`vitplasticity.recommend.text.recommend_text`) and write the outputs."""
+def _run_recommend_text(args: argparse.Namespace) -> int:
+    """Rank a text model (:func:`vitplasticity.recommend.text.recommend_text`) and write the
+    outputs.
+
+    Raises:
+        ValueError: for an image flag given with --text, or a missing --model-spec or
+            --reference.
+    """
+    from vitplasticity.models.spec import ModelSpec
     from vitplasticity.recommend.text import TextRecommendInputs, recommend_text
     from vitplasticity.recommend.text_report import write_text_outputs
 
+    image = RecommendImageSettings()
+    _refuse_other_kind(
+        args,
+        {
+            **dict.fromkeys(("dataset_dir", "image_folder", "reference_fallback", "timm_id")),
+            **{name: getattr(image, name) for name in IMAGE_ONLY_FIELDS},
+        },
+        "an image dataset (--dataset-dir, --image-folder)",
+    )
+    for flag, value in (("--model-spec", args.model_spec), ("--reference", args.reference)):
+        if value is None:
+            raise ValueError(f"recommend --text: {flag} required (a text model's)")
     check_out_prefix(args.out_prefix, TEXT_OUTPUTS)
+    model = args.model
+    if model is None:
+        try:
+            model = ModelSpec.from_config(args.model_spec).model_id
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"--model-spec: {error}") from None
     inputs = TextRecommendInputs(
-        model=args.model,
+        model=model,
         dataset=args.dataset or Path(args.text[0]).stem,
         model_spec=args.model_spec,
         reference=args.reference,

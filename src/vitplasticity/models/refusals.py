@@ -69,7 +69,7 @@ lora, finetune and recommend on text are supported)."""
 
 ENCODER_REFUSALS: dict[str, str] = {
     "recommend": (
-        "recommend-text ranks a causal LM by its next-token loss, and an encoder attends to the "
+        "recommend --text ranks a causal LM by its next-token loss, and an encoder attends to the "
         "tokens after each one: it has no next-token loss (a masked-LM loss is not implemented)"
     ),
 }

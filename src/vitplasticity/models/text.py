@@ -1,6 +1,6 @@
 """Text models of ``models:`` entries: the spec of one a text stage measures, and its LM head.
 
-The text stages (text plasticity, recommend-text) take a ``models`` entry whose family takes
+The text stages (text plasticity, recommend --text) take a ``models`` entry whose family takes
 token ids (``family: transformers``); they build it through the front door
 (:func:`vitplasticity.models.build.build_model`), ``lm_head=True`` where the next-token loss
 needs the head (:func:`causal_lm`). torch and transformers are imported when a model is built.
@@ -101,7 +101,7 @@ def text_model_spec(model_name: str, entry: Any) -> ModelSpec:
 
 def text_model_entry(model_name: str, entry: Any) -> ModelSpec:
     """The spec of a text model's entry, refusing an image family's entry first as
-    recommend-text does (:func:`text_model_spec` otherwise).
+    recommend --text does (:func:`text_model_spec` otherwise).
 
     Raises:
         UnsupportedModel: for the entry of a family of image models (timm), naming the model.

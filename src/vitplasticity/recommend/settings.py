@@ -1,4 +1,4 @@
-"""The settings of ``vitplasticity recommend`` and ``recommend-text``, each declared once
+"""The settings of ``vitplasticity recommend`` and ``recommend --text``, each declared once
 (:mod:`vitplasticity.settings.declaration`): :class:`RecommendImageSettings` (config
 ``recommend``) and :class:`RecommendTextSettings` (``recommend``, and the sequences of
 ``text_plasticity``, declared in :mod:`vitplasticity.plasticity.settings`). What both measure,
@@ -187,7 +187,7 @@ class RecommendImageSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RecommendTextSettings:
-    """``vitplasticity recommend-text``'s settings: the text plasticity's sequences (those of
+    """``vitplasticity recommend --text``'s settings: the text plasticity's sequences (those of
     its reference dataset, ``text_plasticity.reference``) and the ranking's (``recommend``)."""
 
     tokenizer: str = tokenizer_setting()

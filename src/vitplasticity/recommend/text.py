@@ -247,7 +247,7 @@ def _checked_lm(
     architecture = architecture_for(ranked)
     refusal = architecture.refusal("recommend", ranked)
     if refusal is not None:
-        raise UnsupportedModel(f"recommend-text {inputs.model}: {refusal}")
+        raise UnsupportedModel(f"recommend --text {inputs.model}: {refusal}")
     ParameterMap(architecture, ranked)  # names a missing component before any compute
     return lm, ranked, architecture
 

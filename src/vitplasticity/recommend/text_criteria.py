@@ -1,6 +1,6 @@
 """The criteria of a causal language model's components on token ids: the text counterpart
 of :func:`vitplasticity.recommend.criteria.measure_criteria`, which
-:mod:`vitplasticity.recommend.text` (the ``recommend-text`` stage) measures.
+:mod:`vitplasticity.recommend.text` (the ``recommend --text`` stage) measures.
 
 Components are ranked on the causal LM itself (:func:`ranked_module`: every text family takes
 its task classes, ``GPT2LMHeadModel`` and ``XForCausalLM``), so the names are the causal LM's. The gradients are of the *next-token* cross-entropy

@@ -1,4 +1,4 @@
-"""What one ``recommend-text`` recommendation takes beside its declared settings
+"""What one ``recommend --text`` recommendation takes beside its declared settings
 (:class:`vitplasticity.recommend.settings.RecommendTextSettings`), and what it gives: shared by
 the stage (:mod:`vitplasticity.recommend.text`) and its outputs
 (:mod:`vitplasticity.recommend.text_report`).

@@ -1,4 +1,4 @@
-"""What the ``recommend-text`` stage (:mod:`vitplasticity.recommend.text`) writes beside the
+"""What the ``recommend --text`` stage (:mod:`vitplasticity.recommend.text`) writes beside the
 image recommend's outputs: the decision as data with where its names sit in the causal LM
 (:func:`text_export`), the report's text-specific notes (:func:`report_notes`) and the files
 (:func:`write_text_outputs`).

@@ -283,7 +283,7 @@ def best_criteria(summary: pl.DataFrame) -> dict[tuple[str, str], tuple[list[str
             out[key] = ([], "no criterion has a defined rho on any dataset")
             continue
         if all(r["criterion"] == PARAMETERS for r in rows):
-            # The baseline alone (an encoder, which recommend-text does not rank): no
+            # The baseline alone (an encoder, which recommend --text does not rank): no
             # criterion was compared with it, so none is best.
             out[key] = ([], "only the trainable-parameter baseline was scored")
             continue

@@ -1,4 +1,4 @@
-"""Which criterion predicts text finetuning? recommend-text's ranking checked against a text
+"""Which criterion predicts text finetuning? recommend --text's ranking checked against a text
 experiment (an ``experiments:`` entry of text datasets), as :mod:`vitplasticity.report.criteria`
 checks an image one.
 
@@ -10,7 +10,7 @@ measurement and is left out of the correlations (the report says which). Text ru
 test split: the selected validation loss is the measurement, and its perplexity is reported
 beside it.
 
-The criteria are those of the image check: recommend-text's tables, the measured text
+The criteria are those of the image check: recommend --text's tables, the measured text
 plasticity summaries (the paper's reading: more plasticity, better finetuning) and the
 trainable-parameter baseline. Each is scored by :func:`.criteria.score_selectors` against
 ``-val_loss_mean`` (lower loss = better; only ranks matter): Spearman and Kendall per
@@ -212,10 +212,10 @@ def _absence(source: str, name: str, sources: set[str], parameters: bool, cell: 
         return f"not measured: text_plasticity.protocols lacks {protocol}"
     if source not in sources:
         return (
-            f"no recommend-text table of {cell}: recommend-text ranks a causal LM (an encoder has "
+            f"no recommend --text table of {cell}: recommend --text ranks a causal LM (an encoder has "
             "no next-token loss) where recommend.enabled and text plasticity measures the cell"
         )
-    return "recommend-text's table has no finite value of it for any configuration"
+    return "recommend --text's table has no finite value of it for any configuration"
 
 
 def _number(value: Any, digits: int = 4) -> str:

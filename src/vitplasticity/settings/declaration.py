@@ -28,7 +28,7 @@ import dataclasses
 import json
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,14 +182,19 @@ def _plain_type(annotation: Any) -> Any:
     return items[0] if isinstance(annotation, types.UnionType) and len(items) == 1 else annotation
 
 
-def add_settings_arguments(parser: argparse._ActionsContainer, cls: type) -> None:
-    """Add one flag per declared field of ``cls`` to ``parser`` (a parser or group).
+def add_settings_arguments(
+    parser: argparse._ActionsContainer, cls: type, only: Collection[str] | None = None
+) -> None:
+    """Add one flag per declared field of ``cls`` (of those named in ``only``, when given) to
+    ``parser`` (a parser or group).
 
     The type comes from the annotation (``int``, ``float``, ``str``, ``bool`` as
     ``true``/``false``, a ``tuple`` as that many values), ``choices`` and ``help`` from the
     :class:`Setting`, the default from the field; a field without one is a required flag.
     """
     for field, declared, annotation in setting_fields(cls):
+        if only is not None and field.name not in only:
+            continue
         options: dict[str, Any] = {"help": f"{declared.help} ({declared.key})"}
         if field.default is dataclasses.MISSING:
             options["required"] = True

@@ -1,6 +1,6 @@
 """How a text dataset becomes token sequences: the keys ``tokenizer`` and ``sequence_length``
 of a ``datasets:`` entry of source ``text_file``, declared once for every stage that cuts text
-(text plasticity, its bounds, recommend-text, text finetuning).
+(text plasticity, its bounds, recommend --text, text finetuning).
 
 A text dataset is a dataset like any other: its entry names the file and how it is cut, and
 every stage reading it cuts it the same way. The schema gives these keys no default (a

@@ -440,7 +440,7 @@ def recommend_input_problems(config: Mapping[str, Any]) -> list[str]:
     """What the recommend and text stages would refuse when their jobs start, known from the
     config alone: ``recommend.combine`` without ``recommend.budget``; a text plasticity
     reference dataset's ``sequence_length`` beyond the positions a random text model's config
-    states; and, for recommend-text, a bare text model whose config unties its LM head."""
+    states; and, for recommend --text, a bare text model whose config unties its LM head."""
     problems = []
     recommend = config.get("recommend") or {}
     if recommend.get("enabled") and recommend.get("combine") and recommend.get("budget") is None:
@@ -468,7 +468,7 @@ def recommend_input_problems(config: Mapping[str, Any]) -> list[str]:
         if recommend.get("enabled") and bare is not None:
             problems.append(
                 f"models.{name}.config.tie_word_embeddings: false, but {bare} has no LM head, "
-                "and recommend-text's next-token loss needs one (a bare model holds no head "
+                "and recommend --text's next-token loss needs one (a bare model holds no head "
                 "weights when they are untied): name the causal-LM class in "
                 f"models.{name}.model_class (e.g. LlamaForCausalLM), or tie them"
             )

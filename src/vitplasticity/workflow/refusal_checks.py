@@ -1,6 +1,6 @@
 """The stages' refusals of a model that the config alone decides, named when the Snakefile is
 parsed (:func:`refusal_problems`), not minutes or hours into a job: a Swin under the embedding
-protocol, an MoE or an encoder ranked by recommend-text, a decoder's bounds, a Falcon with ALiBi
+protocol, an MoE or an encoder ranked by recommend --text, a decoder's bounds, a Falcon with ALiBi
 (:mod:`vitplasticity.models.refusals`: the families' own reasons, torch-free). A refusal the
 config does not decide (a hub checkpoint's config.json, fetched by the weights job) is the job's.
 """
@@ -101,7 +101,7 @@ def image_uses(config: Mapping[str, Any]) -> list[Use]:
 
 
 def text_uses(config: Mapping[str, Any]) -> list[Use]:
-    """The text stages' uses: text plasticity's models (its protocols; recommend-text with
+    """The text stages' uses: text plasticity's models (its protocols; recommend --text with
     recommend enabled) and its bounds models (a text experiment's models are an experiment's:
     :func:`image_uses`)."""
     found = []
@@ -124,7 +124,7 @@ def text_uses(config: Mapping[str, Any]) -> list[Use]:
         if (config.get("recommend") or {}).get("enabled"):
             found.append(
                 Use(
-                    "text_plasticity.run_models (recommend-text: recommend.enabled ranks every "
+                    "text_plasticity.run_models (recommend --text: recommend.enabled ranks every "
                     "text model)",
                     run,
                     ("recommend",),

@@ -89,7 +89,7 @@ class ResultFiles:
 
     def criteria_recommend(self, wildcards: Wildcards) -> list[str]:
         """The recommend tables of the job's experiment's cells, when recommend is enabled (a
-        text experiment's: recommend-text's, of the cells text plasticity measures)."""
+        text experiment's: recommend --text's, of the cells text plasticity measures)."""
         if not self.config["recommend"]["enabled"]:
             return []
         if is_text_experiment(self.config, wildcards.experiment):

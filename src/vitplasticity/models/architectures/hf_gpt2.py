@@ -43,7 +43,7 @@ from vitplasticity.models.architectures.hf_text_common import (
 class HFGPT2(HFText):
     """transformers ``GPT2Model`` (and the task classes around one): token + position
     embedding, causal attention, Conv1D MLP. No stage is refused (plasticity, lora, finetune
-    and recommend on text, ``vitplasticity finetune --text`` and ``recommend-text``, and the
+    and recommend on text, ``vitplasticity finetune --text`` and ``recommend --text``, and the
     bounds on text, ``vitplasticity text-bounds``, are supported)."""
 
     name = "hf_gpt2"
