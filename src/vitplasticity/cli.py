@@ -23,7 +23,6 @@ GPU_COMMANDS: frozenset[str] = frozenset(
     {
         "finetune",
         "plasticity",
-        "text-plasticity",
         "recommend",
         "recommend-verify",
     }
@@ -35,7 +34,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "weights",
     "data",
     "plasticity",
-    "text",
     "bounds",
     "finetune",
     "report",
@@ -49,6 +47,11 @@ COMMAND_MODULES: tuple[str, ...] = (
 REMOVED_COMMANDS: dict[str, str] = {
     "finetune-text": "vitplasticity finetune --text <file> (with --tokenizer, --sequence-length "
     "and --mask-probability): one finetune command takes images or text",
+    "text-plasticity": "vitplasticity plasticity --text <downstream text file> --reference "
+    "<reference text file> (with --tokenizer and --sequence-length): one plasticity command "
+    "measures image and text models",
+    "text-bounds": "vitplasticity bounds --text <reference text file> (with --tokenizer, "
+    "--sequence-length and --n-sequences): one bounds command computes image and text models'",
     "recommend-text": "vitplasticity recommend --text <files> --reference <text file> "
     "--model-spec <entry>: one recommend command ranks image and text models",
     "text-criteria": "vitplasticity criteria --runs <summary.json files> --experiment <name> "

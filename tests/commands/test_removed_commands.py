@@ -12,6 +12,8 @@ from vitplasticity import cli
 
 REMOVED = [
     ("finetune-text", "vitplasticity finetune --text <file>"),
+    ("text-plasticity", "vitplasticity plasticity --text <downstream text file> --reference"),
+    ("text-bounds", "vitplasticity bounds --text <reference text file>"),
     ("recommend-text", "vitplasticity recommend --text <files> --reference <text file>"),
     ("text-criteria", "vitplasticity criteria --runs <summary.json files> --experiment <name>"),
 ]

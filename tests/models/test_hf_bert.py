@@ -279,7 +279,7 @@ def test_lora_adapts_query_key_value_and_the_output_projection() -> None:
 def test_stages_refused_by_name(case_id: str) -> None:
     model = tiny(case_id)
     architecture = architecture_for(model)
-    # the bounds on text: text-bounds; finetune on text: finetune --text
+    # the bounds on text: bounds --text; finetune on text: finetune --text
     for stage in ("plasticity", "lora", "bounds", "finetune"):
         assert architecture.refusal(stage, model) is None
     assert "encoder attends to the tokens after each one" in architecture.refusal(

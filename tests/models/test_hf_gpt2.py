@@ -125,7 +125,7 @@ def test_parameter_groups_lora_targets_and_refusals() -> None:
     assert architecture.refusal("plasticity", model) is None
     assert architecture.refusal("lora", model) is None
     assert architecture.refusal("finetune", model) is None  # on text: finetune --text
-    assert architecture.refusal("bounds", model) is None  # on text: text-bounds
+    assert architecture.refusal("bounds", model) is None  # on text: bounds --text
     assert architecture.refusal("recommend", model) is None  # on text: recommend --text
     weights = architecture.attention_weights(model.h[0].attn)
     d = model.config.n_embd

@@ -2,7 +2,7 @@
 folders.
 
 transformers loads a saved Llama, Qwen2 or BERT folder into a GPT2Model with a warning, and a
-GPT2 checkpoint missing a tensor with that tensor at its random init: the text-plasticity stage
+GPT2 checkpoint missing a tensor with that tensor at its random init: the text plasticity stage
 then measured a random model and exited 0. Each such folder is now an error naming it, before
 any measurement; a complete GPT2 folder loads exactly the saved weights.
 """
@@ -89,7 +89,7 @@ def test_text_plasticity_refuses_a_saved_llama_folder(
     text.write_text("some text to measure, long enough for a few sequences.\n" * 20)
     code = main(
         [
-            "text-plasticity",
+            "plasticity",
             "--model",
             "tiny",
             "--model-spec",

@@ -1,7 +1,7 @@
 """The bounds of the text families (GPT2, BERT, RoBERTa, bare and in a task class;
 docs/architectures.md): each equal to a float64 numpy computation written here from the paper's
 formulas (docs/protocol.md, section 2), at or above the plasticity the text stage measures on
-the same models (causal GPT2 attention included), the text-bounds CLI against the library, and
+the same models (causal GPT2 attention included), the bounds CLI on text against the library, and
 Llama and Gemma refused with their reason.
 
 The models are tiny random inits built from config objects (no hub), their weights perturbed so
@@ -330,7 +330,7 @@ def test_token_ids_instead_of_tokens_are_named() -> None:
         upper_bounds(_model("gpt2"), token_ids(5, seed=1))
 
 
-# -- the text-bounds command ------------------------------------------------------------------
+# -- the bounds command on text ------------------------------------------------------------------
 
 TINY_GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 256, "n_positions": 64}
 REFERENCE_TEXT = "".join(
@@ -352,9 +352,12 @@ def gpt2_entry(model_type: str = "gpt2", **config: object) -> dict:
 
 
 def _text_argv(command: str, tmp_path: Path, entry: dict, *extra: str) -> list[str]:
+    """``command`` on a text model: plasticity's reference text is --reference (beside its
+    --text), bounds' is --text."""
     reference = tmp_path / "reference.txt"
     reference.write_text(REFERENCE_TEXT, encoding="utf-8")
-    common = ["--model", "tiny", "--model-spec", json.dumps(entry), "--reference", str(reference)]
+    flag = "--text" if command == "bounds" else "--reference"
+    common = ["--model", "tiny", "--model-spec", json.dumps(entry), flag, str(reference)]
     common += ["--tokenizer", "bytes", "--sequence-length", "16", "--device", "cpu", "--demo"]
     return [command, *common, *extra]
 
@@ -380,11 +383,11 @@ def test_cli_equals_the_library_beside_the_measured_plasticity(tmp_path: Path, f
     text.write_text(DOWNSTREAM_TEXT, encoding="utf-8")
     pairs, summary = tmp_path / "pairs.parquet", tmp_path / "summary.parquet"
     entry = CLI_ENTRIES[family]
-    measure_argv = _text_argv("text-plasticity", tmp_path, entry, "--text", str(text))
+    measure_argv = _text_argv("plasticity", tmp_path, entry, "--text", str(text))
     measure_argv += ["--n-pairs", "6", "--out", str(pairs), "--summary", str(summary)]
     assert main(measure_argv) == 0
     out, prefix = tmp_path / "bounds" / "tiny.parquet", tmp_path / "figures" / "bounds_tiny"
-    argv = _text_argv("text-bounds", tmp_path, entry, "--n-sequences", "5")
+    argv = _text_argv("bounds", tmp_path, entry, "--n-sequences", "5")
     argv += ["--out", str(out), "--plasticity", str(pairs), "--figure-prefix", str(prefix)]
     assert main(argv) == 0
 
@@ -448,7 +451,7 @@ def test_cli_names_the_bad_input(
     tmp_path: Path, entry: dict, extra: list[str], message: str, caplog
 ) -> None:
     out = tmp_path / "bounds.parquet"
-    argv = _text_argv("text-bounds", tmp_path, entry, "--n-sequences", "3", "--out", str(out))
+    argv = _text_argv("bounds", tmp_path, entry, "--n-sequences", "3", "--out", str(out))
     with caplog.at_level(logging.ERROR):
         assert main([*argv, *extra]) == 2
     assert any(message in m for m in caplog.messages), caplog.messages

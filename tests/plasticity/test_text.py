@@ -1,4 +1,4 @@
-"""Text plasticity: tokenizing and cutting text files, the text-plasticity CLI on a GPT2
+"""Text plasticity: tokenizing and cutting text files, the plasticity CLI on a GPT2's text
 ``models:`` entry against plasticity.measure called directly, the entries it refuses, and the
 workflow's text_plasticity and text_bounds jobs (dry run)."""
 
@@ -113,7 +113,7 @@ def random_entry(seed: int = 0) -> dict:
 def run_cli(tmp_path: Path, folder: Path, *extra: str, reference: Path, text: Path) -> int:
     return main(
         [
-            "text-plasticity",
+            "plasticity",
             "--model",
             "tiny",
             "--model-spec",
@@ -212,7 +212,7 @@ def test_random_init_depends_on_init_seed_alone(tmp_path: Path) -> None:
     def cli_ratios(seed: int) -> pl.DataFrame:
         torch.manual_seed(1000 + seed)  # the global state must not matter
         argv = [
-            "text-plasticity",
+            "plasticity",
             "--model",
             "tiny",
             "--model-spec",
@@ -313,7 +313,7 @@ def test_cli_refuses_a_spec_that_is_not_a_text_model(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, spec: dict, message: str
 ) -> None:
     """Before any pair is measured."""
-    argv = ["text-plasticity", "--model", "tiny", "--model-spec", json.dumps(spec)]
+    argv = ["plasticity", "--model", "tiny", "--model-spec", json.dumps(spec)]
     argv += ["--reference", str(write(tmp_path / "r.txt", REFERENCE_TEXT))]
     argv += ["--text", str(write(tmp_path / "t.txt", DOWNSTREAM_TEXT))]
     argv += ["--out", str(tmp_path / "p.parquet"), "--summary", str(tmp_path / "s.parquet")]
@@ -382,7 +382,9 @@ def test_dry_run_lists_the_text_jobs_when_enabled(tmp_path: Path) -> None:
         assert f"plasticity_text/tiny_gpt2/{dataset}_summary.parquet" in output
     # The text bounds of bounds_models, beside both datasets' pairs, on the same sequences.
     assert counts["text_bounds"] == 1
-    bounds = next(line for line in output.splitlines() if "vitplasticity text-bounds" in line)
+    bounds = next(
+        line for line in output.splitlines() if "vitplasticity bounds --model tiny_gpt2" in line
+    )
     assert "--tokenizer auto --sequence-length 16 --n-sequences 4 --batch-size 64" in bounds
     assert "bounds_text/tiny_gpt2.parquet" in bounds
     for dataset in ("news", "code"):
@@ -393,7 +395,7 @@ def test_dry_run_lists_the_text_jobs_when_enabled(tmp_path: Path) -> None:
     assert "--demo" in output
     # The schema's defaults filled in, revision (which only the weights stage reads) left out.
     spec = {**random_entry(), "crop_pct": None, "model_class": None, "normalize": "pretrained"}
-    command = "HF_HUB_OFFLINE=1 vitplasticity text-plasticity --model tiny_gpt2 --model-spec"
+    command = "HF_HUB_OFFLINE=1 vitplasticity plasticity --model tiny_gpt2 --model-spec"
     assert f"{command} '{json.dumps(spec, sort_keys=True)}'" in output
 
     # Naming an undefined model, or enabled without a reference dataset: the workflow stops

@@ -1,5 +1,5 @@
 """Bad inputs of ``recommend``, ``recommend --text``, ``vitplasticity.select`` and the output
-paths of ``finetune`` and ``text-plasticity`` (issue 27): each ends in one clear error naming
+paths of ``finetune`` and ``plasticity --text`` (issue 27): each ends in one clear error naming
 the culprit, before any compute, with nothing written.
 
 One table per way in: CLI rows run ``vitplasticity`` in-process (exit status 2, exactly one
@@ -220,7 +220,7 @@ def text_sequence_beyond_the_positions(tmp_path: Path) -> CliCase:
 def text_plasticity_sequence_beyond_the_positions(tmp_path: Path) -> CliCase:
     reference, user = _write_texts(tmp_path / "text")
     out = tmp_path / "out"
-    argv = ["text-plasticity", "--model", "tiny_lm", "--model-spec", json.dumps(RANDOM_GPT2)]
+    argv = ["plasticity", "--model", "tiny_lm", "--model-spec", json.dumps(RANDOM_GPT2)]
     argv += ["--reference", str(reference), "--text", str(user), "--sequence-length", "32"]
     argv += ["--n-pairs", "4", "--device", "cpu"]
     argv += ["--out", str(out / "pairs.parquet"), "--summary", str(out / "summary.parquet")]

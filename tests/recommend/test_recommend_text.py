@@ -3,7 +3,7 @@
 Tiny random GPT2 and Llama models (tests/helpers/tiny_models.py) with the byte tokenizer, on text
 files the tests write: the table holds every criterion per configuration; the gradient criteria
 equal next-token cross-entropy gradients taken here by autograd, batch by batch, with RGN and SNR
-by their formulas (float64, 1e-10); plasticity equals the text-plasticity stage's; the JSON
+by their formulas (float64, 1e-10); plasticity equals the text plasticity stage's; the JSON
 export names the chosen configuration's parameters; refusals name the culprit.
 """
 
@@ -303,7 +303,7 @@ def test_recommend_leaves_the_model_as_it_was(tmp_path: Path) -> None:
 
 
 def test_plasticity_equals_the_text_plasticity_stage(tmp_path: Path) -> None:
-    """GPT2 from a text model entry: the pairs are text-plasticity's, number for number."""
+    """GPT2 from a text model entry: the pairs are the text plasticity stage's, number for number."""
     reference, users = _write_texts(tmp_path)
     mail = users[1]
     # Fewer user sequences than pairs: both cycle them.
@@ -688,7 +688,7 @@ def test_the_workflow_runs_recommend_text_per_text_model_and_dataset(tmp_path: P
     assert export["model"]["class"].endswith("LlamaForCausalLM") and export["text"]["prefix"] == ""
     meta = read_parquet_metadata(tmp_path / target.replace(".json", ".parquet"))
     assert meta["demo"] is True and meta["recommendation"]["budget"] == 40_000
-    # The recommendation's plasticity pairs are the text-plasticity stage's.
+    # The recommendation's plasticity pairs are the text plasticity stage's.
     summary = pl.read_parquet(tmp_path / plasticity)
     assert summary["n_pairs"].unique().to_list() == [6]
     table = pl.read_parquet(tmp_path / target.replace(".json", ".parquet"))

@@ -353,41 +353,51 @@ STAGES = [
         PlasticitySettings,
         "plasticity",
         ("plasticity",),
-        frozenset({"model", "model_spec", "reference", "dataset_dir", "out", "summary"}),
+        frozenset({"model", "model_spec", "reference", "dataset_dir", "out", "summary"})
+        # a text model's (--text): its file and name, how it is cut
+        | {"text", "dataset", "tokenizer", "sequence_length"},
         frozenset({"plasticity.models", "plasticity.datasets"}),
+        data_flags=("--dataset-dir", "prepared"),
     ),
     Stage(
         TextPlasticitySettings,
-        "text-plasticity",
+        "plasticity",
         ("text_plasticity",),
-        frozenset({"model", "model_spec", "reference", "text", "dataset", "out", "summary"}),
+        frozenset({"model", "model_spec", "reference", "text", "dataset", "out", "summary"})
+        # an image model's: its prepared dataset, its downstream split, a gated MLP's FC1
+        | {"dataset_dir", "split", "fc1"},
         frozenset(
             {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
             | {"text_plasticity.bounds_models"}
         ),
+        data_flags=("--text", "notes.txt"),
     ),
     Stage(
         BoundsSettings,
         "bounds",
         ("plasticity",),
-        frozenset({"model", "model_spec", "reference", "out", "plasticity", "figure_prefix"}),
+        frozenset({"model", "model_spec", "reference", "text", "out", "plasticity"})
+        | {"figure_prefix", "tokenizer", "sequence_length", "n_sequences"},
         # The plasticity stage declares the rest of the block.
         frozenset(
             f"plasticity.{k}"
             for k in ("models", "datasets", "protocols", "downstream_split", "dtype", "fc1")
         ),
+        data_flags=("--reference", "reference.parquet"),
     ),
     Stage(
         TextBoundsSettings,
-        "text-bounds",
+        "bounds",
         ("text_plasticity",),
-        frozenset({"model", "model_spec", "reference", "out", "plasticity", "figure_prefix"}),
+        frozenset({"model", "model_spec", "reference", "text", "out", "plasticity"})
+        | {"figure_prefix", "n_images"},
         # The text plasticity stage declares the rest of the block.
         frozenset(
             {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
             | {"text_plasticity.bounds_models"}
             | {f"text_plasticity.{k}" for k in ("protocols", "dtype")}
         ),
+        data_flags=("--text", "reference.txt"),
     ),
     Stage(
         RecommendImageSettings,

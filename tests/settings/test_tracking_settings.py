@@ -26,7 +26,6 @@ BLOCK = SCHEMA["properties"]["tracking"]
 TRACKED_COMMANDS = (
     "finetune",
     "plasticity",
-    "text-plasticity",
     "recommend",
 )
 

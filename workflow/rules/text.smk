@@ -1,7 +1,8 @@
 # Plasticity of transformers text models (models: entries named in text_plasticity.run_models)
 # on token sequences cut from text files (config text_plasticity; off by default): the text
-# counterpart of the plasticity rule, same table schema. A `weights: hub` model's snapshot
-# comes from the weights stage; the job loads it offline, tokenizer included.
+# counterpart of the plasticity rule (vitplasticity plasticity --text), same table schema. A
+# `weights: hub` model's snapshot comes from the weights stage; the job loads it offline,
+# tokenizer included.
 
 
 rule text_plasticity:
@@ -24,7 +25,7 @@ rule text_plasticity:
     conda:
         ENV
     shell:
-        f"{OFFLINE} vitplasticity text-plasticity"
+        f"{OFFLINE} vitplasticity plasticity"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
         " --reference {input.reference:q} --text {input.text:q} --dataset {wildcards.dataset}"
         + command_flags(TextPlasticitySettings, TEXT_PLASTICITY_PARAMS)
@@ -53,8 +54,8 @@ rule text_bounds:
     conda:
         ENV
     shell:
-        f"{OFFLINE} vitplasticity text-bounds"
+        f"{OFFLINE} vitplasticity bounds"
         " --model {wildcards.model} --model-spec {params.model_spec:q}"
-        " --reference {input.reference:q}"
+        " --text {input.reference:q}"
         + command_flags(TextBoundsSettings, TEXT_BOUNDS_PARAMS)
         + " --out {output.table:q} --plasticity {input.plasticity:q} > {log:q} 2>&1"

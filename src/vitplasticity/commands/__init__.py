@@ -33,15 +33,55 @@ class StoppedBySignal(SystemExit):
     finalisation (:func:`vitplasticity.cli.main`)."""
 
 
-def add_image_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of an image stage's model and reference set (plasticity, bounds)."""
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of a stage's model (plasticity, bounds)."""
     from vitplasticity.settings.declaration import json_argument
 
     parser.add_argument("--model", required=True, help="model name (config key)")
     parser.add_argument(
         "--model-spec", required=True, type=json_argument, help="its config entry, as JSON"
     )
-    parser.add_argument("--reference", required=True, help="reference set Parquet file")
+
+
+def own_defaults(cls: type, other: type) -> dict[str, Any]:
+    """The defaults of the settings fields of ``cls`` that ``other`` has not: what one kind of
+    input (images or text) takes and the other does not."""
+    import dataclasses
+
+    theirs = {field.name for field in dataclasses.fields(other)}
+    return {
+        field.name: field.default
+        for field in dataclasses.fields(cls)
+        if field.name not in theirs and field.default is not dataclasses.MISSING
+    }
+
+
+def add_text_settings(
+    parser: argparse.ArgumentParser, image: type, text: type
+) -> argparse._ArgumentGroup:
+    """A group "with --text" holding the flags of the ``text`` settings' fields that the
+    ``image`` settings have not (how text is cut), beside the image settings' flags."""
+    from vitplasticity.settings.declaration import add_settings_arguments
+
+    group = parser.add_argument_group("with --text (a text model)")
+    add_settings_arguments(group, text, only=own_defaults(text, image))
+    return group
+
+
+def refuse_given(args: argparse.Namespace, defaults: dict[str, Any], goes_with: str) -> None:
+    """Refuse each flag (by its dest in ``defaults``) given a value other than its default:
+    it goes with the other kind of input (``goes_with``) than the command was given.
+
+    Raises:
+        ValueError: naming the flags and what they go with.
+    """
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name, default in defaults.items()
+        if getattr(args, name) != default
+    ]
+    if given:
+        raise ValueError(f"{args.command}: {', '.join(given)} go with {goes_with}")
 
 
 def add_measurement_outputs(parser: argparse.ArgumentParser) -> None:
@@ -176,7 +216,7 @@ def figure_settings(args: argparse.Namespace) -> FigureSettings:
 def write_bounds(args: argparse.Namespace, result: BoundsResult) -> None:
     """Write a bounds result to ``--out`` (and its figure at ``--figure-prefix``), and log what
     its bounds assumed: the tokens' extreme values and every undefined component's reason.
-    Both bounds commands (images: ``bounds``; text: ``text-bounds``) end here."""
+    The bounds command ends here, on images and on text."""
     from vitplasticity.utils.io import write_parquet
 
     write_parquet(args.out, result.table, result.metadata)

@@ -5,9 +5,9 @@ flags, their checks, the workflow rule's params and its command line
 (:mod:`vitplasticity.settings.declaration`), and the stage function takes it whole.
 
 - :class:`PlasticitySettings`: ``vitplasticity plasticity`` (config ``plasticity``);
-- :class:`TextPlasticitySettings`: ``vitplasticity text-plasticity`` (``text_plasticity``);
+- :class:`TextPlasticitySettings`: ``vitplasticity plasticity --text`` (``text_plasticity``);
 - :class:`BoundsSettings`: ``vitplasticity bounds`` (``plasticity``'s pairs as its images);
-- :class:`TextBoundsSettings`: ``vitplasticity text-bounds`` (``text_plasticity``'s reference
+- :class:`TextBoundsSettings`: ``vitplasticity bounds --text`` (``text_plasticity``'s reference
   sequences).
 
 A setting several stages share (the pairs, the pass size, the protocols, the device, the
@@ -119,7 +119,7 @@ class PlasticitySettings:
 
 @dataclass(frozen=True, kw_only=True)
 class TextPlasticitySettings:
-    """How ``vitplasticity text-plasticity`` measures one (model, text dataset) (config
+    """How ``vitplasticity plasticity --text`` measures one (model, text dataset) (config
     ``text_plasticity``)."""
 
     tokenizer: str = tokenizer_setting()
@@ -145,7 +145,7 @@ class BoundsSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class TextBoundsSettings:
-    """How ``vitplasticity text-bounds`` computes one text model's bounds: over the reference
+    """How ``vitplasticity bounds --text`` computes one text model's bounds: over the reference
     sequences of the text plasticity stage's pairs, cut as that stage cuts them (config
     ``text_plasticity``)."""
 

@@ -124,7 +124,7 @@ def measure_text(
 ) -> Measurement:
     """The plasticity of text model ``model_name`` (its ``models:`` entry ``model_spec``,
     ``family: transformers``) between a reference and a downstream text file: the
-    ``text-plasticity`` stage. ``dataset`` names the downstream data (default: the file's stem).
+    text plasticity stage. ``dataset`` names the downstream data (default: the file's stem).
 
     Raises:
         ValueError: for a bad setting (naming its CLI flag and config key), a spec that is

@@ -1,4 +1,4 @@
-"""The ``text-bounds`` stage: the paper's upper bounds (Section 4) of a transformers text model
+"""The text bounds stage (``vitplasticity bounds --text``): the paper's upper bounds (Section 4) of a transformers text model
 (GPT2, BERT, RoBERTa and their task classes; GPT-NeoX and Falcon, whose MHA bound is refused for
 their rotary positions; DeBERTa-v2, whose MHA bound is refused for its relative attention),
 beside its plasticity measured on text.

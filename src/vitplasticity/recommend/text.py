@@ -7,7 +7,7 @@ into sequences as :mod:`vitplasticity.plasticity.text` cuts them
 measured once per component and pooled per configuration:
 
 - plasticity: reference sequence i against user sequence i (cycled), the embedding protocol by
-  default (docs/protocol.md), exactly as the ``text-plasticity`` stage measures it;
+  default (docs/protocol.md), exactly as the text plasticity stage measures it;
 - relative gradient norm and gradient SNR: gradients of the *next-token* cross-entropy (token t
   predicted from tokens < t, averaged over every predicted token of a batch) on batches of the
   user's sequences. There is no head warm-up: the image recommend warms up a *new* classifier
@@ -98,7 +98,7 @@ def check_text_model(model: nn.Module) -> None:
 
 def resolve_tokenizer(requested: str, model_name: str, model_spec: dict[str, Any]) -> str:
     """``auto``: ``bytes`` for a random-init model, else its own tokenizer, as the
-    text-plasticity stage resolves it (:func:`vitplasticity.models.text.tokenizer_name`);
+    text plasticity stage resolves it (:func:`vitplasticity.models.text.tokenizer_name`);
     anything else as given.
 
     Raises:

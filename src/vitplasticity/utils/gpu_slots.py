@@ -1,5 +1,5 @@
 """One GPU per local job. The workflow's GPU stages (``vitplasticity finetune``, ``plasticity``,
-``text-plasticity``, ``recommend``, ``recommend --text``) take their slot first thing
+``recommend``, ``recommend-verify``, on images or text) take their slot first thing
 (:func:`hold_slot`, called by the CLI); any other command can run on one through the launcher
 
     python -m vitplasticity.utils.gpu_slots -- COMMAND [ARG ...]

@@ -44,7 +44,7 @@ class HFGPT2(HFText):
     """transformers ``GPT2Model`` (and the task classes around one): token + position
     embedding, causal attention, Conv1D MLP. No stage is refused (plasticity, lora, finetune
     and recommend on text, ``vitplasticity finetune --text`` and ``recommend --text``, and the
-    bounds on text, ``vitplasticity text-bounds``, are supported)."""
+    bounds on text, ``vitplasticity bounds --text``, are supported)."""
 
     name = "hf_gpt2"
     title = "transformers GPT2Model"
