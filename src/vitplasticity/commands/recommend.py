@@ -20,9 +20,15 @@ import argparse
 import logging
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from vitplasticity.commands import check_out_prefix, track_summary
+from vitplasticity.commands import (
+    add_text_settings,
+    check_out_prefix,
+    own_defaults,
+    refuse_given,
+    track_summary,
+)
 from vitplasticity.plasticity.settings import DTYPES
 from vitplasticity.recommend.settings import (
     REFERENCE_FALLBACKS,
@@ -47,11 +53,6 @@ IMAGE_OUTPUTS: tuple[str, ...] = (".md", ".json", ".parquet", ".png", ".pdf")
 """What ``recommend`` writes after its --out-prefix."""
 TEXT_OUTPUTS: tuple[str, ...] = (".md", ".json", ".parquet")
 """What ``recommend --text`` writes after its --out-prefix."""
-TEXT_ONLY_FIELDS: tuple[str, ...] = ("tokenizer", "sequence_length")
-"""RecommendTextSettings' fields that RecommendImageSettings has not: how text is cut."""
-IMAGE_ONLY_FIELDS: tuple[str, ...] = ("warmup_steps", "warmup_lr")
-"""RecommendImageSettings' fields that a text model's ranking does not use: the head warm-up
-(a causal LM's head is pretrained)."""
 _SHOWN = 5
 """How many of the files that are not images an error names."""
 
@@ -106,8 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # RecommendImageSettings, and how text is cut from RecommendTextSettings (the config key
     # each mirrors in its help).
     add_settings_arguments(parser, RecommendImageSettings)
-    text = parser.add_argument_group("with --text")
-    add_settings_arguments(text, RecommendTextSettings, only=TEXT_ONLY_FIELDS)
+    text = add_text_settings(parser, RecommendImageSettings, RecommendTextSettings)
     text.add_argument(
         "--protocol",
         choices=["embedding", "in_situ"],
@@ -160,12 +160,8 @@ def recommend_arguments(
     from vitplasticity.models.spec import ModelSpec, TimmSpec
     from vitplasticity.recommend.pipeline import RecommendInputs, checked_settings
 
-    text = RecommendTextSettings()
-    _refuse_other_kind(
-        args,
-        {**{name: getattr(text, name) for name in TEXT_ONLY_FIELDS}, "protocol": "embedding"},
-        "--text",
-    )
+    text_only = own_defaults(RecommendTextSettings, RecommendImageSettings)
+    refuse_given(args, {**text_only, "protocol": "embedding"}, "--text")
     for flag, sources in (
         ("--model-spec / --timm-id", (args.model_spec, args.timm_id)),
         (
@@ -290,22 +286,6 @@ def track_recommendation(
 # -- recommend --text --------------------------------------------------------------------------
 
 
-def _refuse_other_kind(args: argparse.Namespace, defaults: dict[str, Any], kind: str) -> None:
-    """Refuse each flag (by its dest in ``defaults``) given a value other than its default: it
-    goes with the ``kind`` of data the command was not given.
-
-    Raises:
-        ValueError: naming the flags and the kind they go with.
-    """
-    given = [
-        f"--{name.replace('_', '-')}"
-        for name, default in defaults.items()
-        if getattr(args, name) != default
-    ]
-    if given:
-        raise ValueError(f"recommend: {', '.join(given)} go with {kind}")
-
-
 def _run_recommend_text(args: argparse.Namespace) -> int:
     """Rank a text model (:func:`vitplasticity.recommend.text.recommend_text`) and write the
     outputs.
@@ -318,15 +298,9 @@ def _run_recommend_text(args: argparse.Namespace) -> int:
     from vitplasticity.recommend.text import TextRecommendInputs, recommend_text
     from vitplasticity.recommend.text_report import write_text_outputs
 
-    image = RecommendImageSettings()
-    _refuse_other_kind(
-        args,
-        {
-            **dict.fromkeys(("dataset_dir", "image_folder", "reference_fallback", "timm_id")),
-            **{name: getattr(image, name) for name in IMAGE_ONLY_FIELDS},
-        },
-        "an image dataset (--dataset-dir, --image-folder)",
-    )
+    image_only = own_defaults(RecommendImageSettings, RecommendTextSettings)
+    image_only |= dict.fromkeys(("dataset_dir", "image_folder", "reference_fallback", "timm_id"))
+    refuse_given(args, image_only, "an image dataset (--dataset-dir, --image-folder)")
     for flag, value in (("--model-spec", args.model_spec), ("--reference", args.reference)):
         if value is None:
             raise ValueError(f"recommend --text: {flag} required (a text model's)")
