@@ -88,3 +88,27 @@ def test_the_reader_reads_folders_continuations_and_the_root() -> None:
         "models/architectures": {"base"},
         "utils": {"io"},
     }
+
+
+def common_changes(text: str) -> list[tuple[str, list[str]]]:
+    """(file, the names the doc says it holds) of every file the "Common changes" table
+    names, in its files' column and its tests' column, placeholders (``<source>``) left out."""
+    section = text.split("## Common changes", 1)[1].split("\n## ", 1)[0]
+    found = []
+    for files, tests in re.findall(r"\n\| [^|]+ \| ([^|]+) \| ([^|]*) \|", section):
+        for path, names in re.findall(r"`([\w./<>-]+\.(?:py|yaml|md))`(?: \(([^)]*)\))?", files):
+            if "<" not in path:
+                found.append((path, re.findall(r"`(\w+)`", names)))
+        found += [(path, []) for path in re.findall(r"`(tests/[\w./]+\.py)`", tests)]
+    return found
+
+
+def test_every_file_and_name_of_the_common_changes_exists() -> None:
+    named = common_changes(DOC.read_text())
+    assert len(named) >= 10, named
+    for path, names in named:
+        source = REPO / path
+        assert source.is_file(), f"docs/architecture.md names {path}, which does not exist"
+        text = source.read_text()
+        for name in names:
+            assert name in text, f"docs/architecture.md says {path} holds {name}; it does not"
