@@ -60,8 +60,8 @@ def test_a_text_experiment_is_run_by_the_finetune_rules_and_checked_by_text_crit
     assert len(runs) == 1 * 1 * 2 * 2 * 2
     results = config["paths"]["results"]
     assert f"{results}/finetune/text/tiny_gpt2/notes/fc1/lr0.0003_seed1/summary.json" in runs
-    assert f"{results}/stats/text/criteria.md" in targets.report()
-    assert not [t for t in targets.report() if "/text_" in t or "aggregate/text" in t]
+    assert f"{results}/stats/text/criteria.md" in targets.criteria()
+    assert not [t for t in targets.report() if "/text_" in t or "/text/" in t]
     text = Wildcards(fromdict={"experiment": "text", "dataset": "notes", "lr": "0.0003"})
     image = Wildcards(fromdict={"experiment": "sgd", "dataset": "cifar10", "lr": "0.001"})
     assert DatasetJobs(config).dataset(text) == str(tmp_path / "notes.txt")
@@ -89,7 +89,7 @@ def test_a_disabled_text_experiment_is_neither_checked_nor_run(tmp_path: Path) -
     config = _config(tmp_path, enabled=False, models=["nowhere"])
     check_config(config)
     assert text_experiments(config) == []
-    assert not [t for t in Targets(config).report() if "stats/text/" in t]
+    assert not [t for t in Targets(config).criteria() if "stats/text/" in t]
 
 
 @pytest.mark.parametrize(

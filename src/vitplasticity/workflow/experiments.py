@@ -66,9 +66,9 @@ def measured_cells(config: dict[str, Any], experiment: str) -> list[tuple[str, s
     p = config["plasticity"]
     if is_text_experiment(config, experiment):
         text = config["text_plasticity"]
-        p = {"models": text["run_models"], "datasets": text["datasets"]} if text["enabled"] else {}
-        if not p:
+        if not text["enabled"]:
             return []
+        p = {"models": text["run_models"], "datasets": text["datasets"]}
     return [
         (model, dataset)
         for model, dataset in experiment_cells(config, experiment)

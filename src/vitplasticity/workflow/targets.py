@@ -101,8 +101,7 @@ class Targets:
     def report(self) -> list[str]:
         """Every enabled image experiment's runs in one table (none when there is none: the
         workflow is then the plasticity part alone), each one's selected runs, and every stats
-        file, table and figure (:meth:`figures_and_tables`); every text experiment's criteria
-        check (:meth:`text_criteria`)."""
+        file, table and figure (:meth:`figures_and_tables`)."""
         experiments = image_experiments(self.config)
         return [
             *([f"{self.results}/aggregate/runs.parquet"] if experiments else []),
@@ -110,7 +109,6 @@ class Targets:
                 f"{self.results}/aggregate/{{experiment}}_selected.parquet", experiment=experiments
             ),
             *self.figures_and_tables(),
-            *self.text_criteria(),
         ]
 
     def text_criteria(self, experiment: str | None = None) -> list[str]:
@@ -154,12 +152,15 @@ class Targets:
         return targets
 
     def criteria(self) -> list[str]:
-        """Stats (Parquet), table (.tex + .csv) and figure of every scored experiment."""
+        """Stats (Parquet), table (.tex + .csv) and figure of every scored image experiment,
+        and every text experiment's check (:meth:`text_criteria`: the text runs are read by
+        it alone)."""
         names = criteria_experiments(self.config)
         return [
             *expand(f"{self.results}/stats/{{experiment}}_criteria.parquet", experiment=names),
             *self.report_files.table_files("criteria", experiment=names),
             *self.report_files.figure_files("criteria", experiment=names),
+            *self.text_criteria(),
         ]
 
     def recommend(self) -> list[str]:
