@@ -41,7 +41,7 @@ def test_a_text_flag_with_an_image_dataset_is_refused_naming_it(
         "--sequence-length", "64",
     ]  # fmt: skip
     assert cli.main(argv) == 2
-    assert "--sequence-length cut a text dataset (--text)" in caplog.text
+    assert "finetune: --sequence-length goes with --text (a text dataset's file" in caplog.text
     assert not (tmp_path / "run").exists()
 
 
@@ -56,7 +56,7 @@ def test_the_data_is_one_of_a_folder_or_a_text_file(capsys: pytest.CaptureFixtur
     ("flags", "message"),
     [
         (["--runs", "a.json", "--out", "o.parquet"], "criteria --runs: --experiment, --selected-out, --markdown required"),
-        (["--selected", "s.parquet", "--markdown", "m.md", "--out", "o.parquet"], "criteria: --markdown go with --runs"),
+        (["--selected", "s.parquet", "--markdown", "m.md", "--out", "o.parquet"], "criteria: --markdown goes with --runs"),
     ],
 )  # fmt: skip
 def test_the_criteria_command_takes_an_image_or_a_text_experiment_not_half_of_one(
@@ -69,11 +69,11 @@ def test_the_criteria_command_takes_an_image_or_a_text_experiment_not_half_of_on
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--text", "t.txt", "--reference", "r.txt", "--warmup-steps", "5"], "recommend: --warmup-steps go with an image dataset"),
-        (["--text", "t.txt", "--reference", "r.txt", "--timm-id", "vit_tiny_patch16_224"], "recommend: --timm-id go with an image dataset"),
+        (["--text", "t.txt", "--reference", "r.txt", "--warmup-steps", "5"], "recommend: --warmup-steps goes with an image dataset"),
+        (["--text", "t.txt", "--reference", "r.txt", "--timm-id", "vit_tiny_patch16_224"], "recommend: --timm-id goes with an image dataset"),
         (["--text", "t.txt"], "recommend --text: --reference required (a text model's)"),
-        (["--dataset-dir", "d", "--reference-fallback", "synthetic", "--sequence-length", "64"], "recommend: --sequence-length go with --text"),
-        (["--dataset-dir", "d", "--reference-fallback", "synthetic", "--protocol", "in_situ"], "recommend: --protocol go with --text"),
+        (["--dataset-dir", "d", "--reference-fallback", "synthetic", "--sequence-length", "64"], "recommend: --sequence-length goes with --text"),
+        (["--dataset-dir", "d", "--reference-fallback", "synthetic", "--protocol", "in_situ"], "recommend: --protocol goes with --text"),
     ],
 )  # fmt: skip
 def test_the_recommend_command_takes_an_image_or_a_text_model_not_half_of_one(

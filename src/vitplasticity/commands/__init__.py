@@ -81,7 +81,8 @@ def refuse_given(args: argparse.Namespace, defaults: dict[str, Any], goes_with: 
         if getattr(args, name) != default
     ]
     if given:
-        raise ValueError(f"{args.command}: {', '.join(given)} go with {goes_with}")
+        verb = "goes" if len(given) == 1 else "go"
+        raise ValueError(f"{args.command}: {', '.join(given)} {verb} with {goes_with}")
 
 
 def add_measurement_outputs(parser: argparse.ArgumentParser) -> None:

@@ -137,7 +137,8 @@ def run_criteria(args: argparse.Namespace) -> int:
         return _run_text_criteria(args)
     given = [flag for flag, value in text_flags.items() if value is not None]
     if given:
-        raise ValueError(f"criteria: {', '.join(given)} go with --runs (a text experiment's)")
+        verb = "goes" if len(given) == 1 else "go"
+        raise ValueError(f"criteria: {', '.join(given)} {verb} with --runs (a text experiment's)")
 
     from vitplasticity.report.criteria import analyse, best_criterion_lines
     from vitplasticity.utils.io import write_parquet

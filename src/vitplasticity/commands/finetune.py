@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from vitplasticity.commands import PREEMPTED_EXIT
+from vitplasticity.commands import PREEMPTED_EXIT, own_defaults, refuse_given
 from vitplasticity.finetune.settings import TextFinetuneSettings, TrainingSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
@@ -103,19 +103,11 @@ def _source(args: argparse.Namespace) -> Any:
     Raises:
         ValueError: for a text flag given with --dataset-dir (an image dataset has no text).
     """
-    text = settings_from_args(TextFinetuneSettings, args)
     if args.text is None:
-        given = [
-            f"--{name.replace('_', '-')}"
-            for name, value in vars(text).items()
-            if value != getattr(TextFinetuneSettings(), name)
-        ]
-        if given:
-            raise ValueError(
-                f"finetune: {', '.join(given)} cut a text dataset (--text); --dataset-dir is "
-                "an image dataset's folder"
-            )
+        text_only = own_defaults(TextFinetuneSettings, TrainingSettings)
+        refuse_given(args, text_only, "--text (a text dataset's file; --dataset-dir is an image's)")
         return args.dataset_dir
+    text = settings_from_args(TextFinetuneSettings, args)
     from vitplasticity.finetune.text_run import TextSource
 
     return TextSource(text, Path(args.text), args.dataset)
