@@ -108,5 +108,5 @@ def test_text_jobs_read_the_configured_files(paper: dict[str, Any]) -> None:
     paper["text_plasticity"].update(reference="wiki", datasets=["code"])
     jobs = DatasetJobs(paper)
     assert jobs.text_reference(of(dataset="code")) == "/t/wiki.txt"
-    assert jobs.text_file(of(dataset="code")) == "/t/code.txt"
+    assert jobs.dataset(of(dataset="code")) == "/t/code.txt"
     assert jobs.reference_sequences() == {"tokenizer": "bytes", "sequence_length": 128}

@@ -43,7 +43,7 @@ rule recommend:
 rule recommend_text:
     input:
         reference=DATA.text_reference,
-        text=DATA.text_file,
+        text=DATA.dataset,
         weights=MODELS.weights,
     output:
         markdown=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.md",

@@ -8,7 +8,7 @@
 rule text_plasticity:
     input:
         reference=DATA.text_reference,
-        text=DATA.text_file,
+        text=DATA.dataset,
         weights=MODELS.weights,
     output:
         pairs=f"{RESULTS}/plasticity_text/{{model}}/{{dataset}}.parquet",

@@ -20,6 +20,7 @@ from vitplasticity.commands import (
     figure_settings,
     parquet_is_demo,
     read_frames,
+    refuse_given,
     report_record,
 )
 from vitplasticity.report.settings import CriteriaSettings
@@ -128,17 +129,15 @@ def run_criteria(args: argparse.Namespace) -> int:
     """
     import polars as pl
 
-    text_flags = {"--experiment": args.experiment, "--selected-out": args.selected_out}
-    text_flags["--markdown"] = args.markdown
+    text_flags = dict.fromkeys(("experiment", "selected_out", "markdown"))
     if args.runs is not None:
-        missing = [flag for flag, value in text_flags.items() if value is None]
+        missing = [
+            f"--{name.replace('_', '-')}" for name in text_flags if getattr(args, name) is None
+        ]
         if missing:
             raise ValueError(f"criteria --runs: {', '.join(missing)} required")
         return _run_text_criteria(args)
-    given = [flag for flag, value in text_flags.items() if value is not None]
-    if given:
-        verb = "goes" if len(given) == 1 else "go"
-        raise ValueError(f"criteria: {', '.join(given)} {verb} with --runs (a text experiment's)")
+    refuse_given(args, text_flags, "--runs (a text experiment's)")
 
     from vitplasticity.report.criteria import analyse, best_criterion_lines
     from vitplasticity.utils.io import write_parquet

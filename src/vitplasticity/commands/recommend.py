@@ -20,7 +20,7 @@ import argparse
 import logging
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vitplasticity.commands import (
     add_text_settings,
@@ -43,6 +43,7 @@ from vitplasticity.settings.declaration import (
 from vitplasticity.settings.tracking import add_tracking_arguments, tracking_from_args
 
 if TYPE_CHECKING:
+    from vitplasticity.models.spec import ModelSpec
     from vitplasticity.recommend.pipeline import RecommendInputs, Result
     from vitplasticity.recommend.text_inputs import TextResult
     from vitplasticity.utils.tracking import TrackingOptions
@@ -157,7 +158,7 @@ def recommend_arguments(
         ValueError: naming the flag of a missing, contradictory or bad value.
         FileNotFoundError: for a dataset folder that does not exist.
     """
-    from vitplasticity.models.spec import ModelSpec, TimmSpec
+    from vitplasticity.models.spec import TimmSpec
     from vitplasticity.recommend.pipeline import RecommendInputs, checked_settings
 
     text_only = own_defaults(RecommendTextSettings, RecommendImageSettings)
@@ -174,10 +175,7 @@ def recommend_arguments(
         if given != 1:
             raise ValueError(f"{flag}: give exactly one ({given} given)")
     if args.model_spec is not None:
-        try:
-            spec = ModelSpec.from_config(args.model_spec)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"--model-spec: {error}") from None
+        spec = _model_spec(args.model_spec)
     else:
         spec = TimmSpec(
             timm_id=args.timm_id,
@@ -198,6 +196,20 @@ def recommend_arguments(
     # Checked before an image folder is prepared (the stage's own check then passes).
     settings = checked_settings(inputs, settings_from_args(RecommendImageSettings, args))
     return inputs, settings, str(source)
+
+
+def _model_spec(entry: Any) -> ModelSpec:
+    """The ``--model-spec`` entry parsed.
+
+    Raises:
+        ValueError: naming --model-spec and what its family refuses.
+    """
+    from vitplasticity.models.spec import ModelSpec
+
+    try:
+        return ModelSpec.from_config(entry)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"--model-spec: {error}") from None
 
 
 def dataset_source(args: argparse.Namespace) -> str:
@@ -294,7 +306,6 @@ def _run_recommend_text(args: argparse.Namespace) -> int:
         ValueError: for an image flag given with --text, or a missing --model-spec or
             --reference.
     """
-    from vitplasticity.models.spec import ModelSpec
     from vitplasticity.recommend.text import TextRecommendInputs, recommend_text
     from vitplasticity.recommend.text_report import write_text_outputs
 
@@ -305,14 +316,8 @@ def _run_recommend_text(args: argparse.Namespace) -> int:
         if value is None:
             raise ValueError(f"recommend --text: {flag} required (a text model's)")
     check_out_prefix(args.out_prefix, TEXT_OUTPUTS)
-    model = args.model
-    if model is None:
-        try:
-            model = ModelSpec.from_config(args.model_spec).model_id
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"--model-spec: {error}") from None
     inputs = TextRecommendInputs(
-        model=model,
+        model=args.model or _model_spec(args.model_spec).model_id,
         dataset=args.dataset or Path(args.text[0]).stem,
         model_spec=args.model_spec,
         reference=args.reference,

@@ -84,10 +84,6 @@ class DatasetJobs:
         (``datasets.<text_plasticity.reference>.path``)."""
         return self.datasets[self.config["text_plasticity"]["reference"]]["path"]
 
-    def text_file(self, wildcards: Wildcards) -> str:
-        """Input function: the text file of the job's text dataset (``datasets.<name>.path``)."""
-        return self.datasets[wildcards.dataset]["path"]
-
     def reference_sequences(self) -> dict[str, Any]:
         """Params: :func:`text_reference_sequences` of the config."""
         return text_reference_sequences(self.config)
