@@ -41,7 +41,10 @@ def test_a_text_flag_with_an_image_dataset_is_refused_naming_it(
         "--sequence-length", "64",
     ]  # fmt: skip
     assert cli.main(argv) == 2
-    assert "finetune: --sequence-length goes with --text (a text dataset's file" in caplog.text
+    assert (
+        "finetune: --sequence-length goes with --text or --labelled-text (a text dataset's"
+        in caplog.text
+    )
     assert not (tmp_path / "run").exists()
 
 

@@ -1,6 +1,7 @@
 """``finetune``: single-component finetuning runs (one job of the workflow's grid) of an image
 model on a prepared dataset (``--dataset-dir``) or of a text model on a text file (``--text``:
-a causal LM with the next-token loss, an encoder with the masked-LM loss)."""
+a causal LM with the next-token loss, an encoder with the masked-LM loss) or on labelled text
+(``--labelled-text``: a new classification head)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(its ...ForMaskedLM class; a bare encoder's MLM head drawn from the seed) with the "
         "masked-LM loss, selected by the lowest validation loss. The text is cut into "
         "sequences of --sequence-length tokens; sequence i is a validation sequence when "
-        "floor((i+1) f) > floor(i f), f = --val-fraction.",
+        "floor((i+1) f) > floor(i f), f = --val-fraction. A text model on --labelled-text "
+        "trains a new head in its sequence-classification class, selected by validation "
+        "accuracy, each document its first --sequence-length tokens.",
     )
     run = parser.add_argument_group("the run")
     run.add_argument("--experiment", required=True, help="experiment name (labels the outputs)")
@@ -44,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data = run.add_mutually_exclusive_group(required=True)
     data.add_argument("--dataset-dir", help="an image dataset's prepared folder")
     data.add_argument("--text", help="a text dataset's text file, one document per line")
+    data.add_argument(
+        "--labelled-text",
+        help="a labelled text dataset: a .csv or .jsonl with text and label columns, a folder "
+        "with train and test ones, or a folder of <class>/<document>.txt folders",
+    )
     run.add_argument(
         "--configuration",
         help="full|emb|ln1|mha|ln2|fc1|fc2|head|lora, or a combination a+b (e.g. mha+fc1)",
@@ -69,7 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # key each mirrors in its help).
     training = parser.add_argument_group("training (defaults: the config schema's)")
     add_settings_arguments(training, TrainingSettings)
-    text = parser.add_argument_group("text, with --text (defaults: the config schema's)")
+    text = parser.add_argument_group(
+        "text, with --text or --labelled-text (defaults: the config schema's)"
+    )
     add_settings_arguments(text, TextFinetuneSettings)
     add_tracking_arguments(parser)
     parser.set_defaults(handler=run_finetune)
@@ -103,13 +113,22 @@ def _source(args: argparse.Namespace) -> Any:
     Raises:
         ValueError: for a text flag given with --dataset-dir (an image dataset has no text).
     """
-    if args.text is None:
-        text_only = own_defaults(TextFinetuneSettings, TrainingSettings)
-        refuse_given(args, text_only, "--text (a text dataset's file; --dataset-dir is an image's)")
+    text_only = own_defaults(TextFinetuneSettings, TrainingSettings)
+    if args.text is None and args.labelled_text is None:
+        refuse_given(
+            args,
+            text_only,
+            "--text or --labelled-text (a text dataset's; --dataset-dir is an image's)",
+        )
         return args.dataset_dir
+    if args.labelled_text is not None:
+        masks = {"mask_probability": text_only["mask_probability"]}
+        refuse_given(args, masks, "--text (an encoder's masked-LM loss; a classifier masks none)")
     text = settings_from_args(TextFinetuneSettings, args)
     from vitplasticity.finetune.text_run import TextSource
 
+    if args.labelled_text is not None:
+        return TextSource(text, Path(args.labelled_text), args.dataset, labelled=True)
     return TextSource(text, Path(args.text), args.dataset)
 
 

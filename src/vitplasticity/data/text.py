@@ -52,7 +52,7 @@ def load_tokenizer(name: str, vocab_size: int) -> Tokenize:
     if name == BYTE_TOKENIZER:
         return byte_tokenizer(vocab_size)
     if Path(name).is_dir():
-        _check_tokenizer_folder(Path(name))
+        check_tokenizer_folder(Path(name))
     from vitplasticity.utils.optional import require_transformers
 
     tokenizer = require_transformers().AutoTokenizer.from_pretrained(name)
@@ -75,7 +75,7 @@ VOCABULARY_FILES = ("vocab.json", "vocab.txt", "*.model")
 byte-level BPE's vocab.json (with merges.txt), WordPiece's vocab.txt, a SentencePiece model."""
 
 
-def _check_tokenizer_folder(folder: Path) -> None:
+def check_tokenizer_folder(folder: Path) -> None:
     """Raise unless ``folder`` holds a tokenizer's own files or a vocabulary to build one from.
 
     Raises:

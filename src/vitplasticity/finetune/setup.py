@@ -115,10 +115,11 @@ class ImageInputs:
 
 @dataclass(frozen=True)
 class EvalSets:
-    """An image run's evaluation data: validation and test sets."""
+    """A classification run's evaluation data: validation and test sets (an image run's
+    :class:`~vitplasticity.data.loader.EvalSet`, a text run's ``TensorSet``)."""
 
-    val_set: loader.EvalSet
-    test_set: loader.EvalSet
+    val_set: Any
+    test_set: Any
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,13 @@
 metric that selects the run's result and the summary's result fields. The training loop
 (:mod:`vitplasticity.finetune.loop`) is the same for every task.
 
-- :class:`Classification` (images): cross-entropy of the logits; validation loss and
-  accuracy, test accuracy; the result is the test accuracy at the highest validation
-  accuracy (the earliest on ties).
+- :class:`Classification` (images) and :class:`TextClassification` (labelled text):
+  cross-entropy of the logits; validation loss and accuracy, test accuracy; the result is the
+  test accuracy at the highest validation accuracy (the earliest on ties).
 - :class:`CausalLM` (a decoder): the next-token loss; :class:`MaskedLM` (an encoder): the
   masked-token loss on fixed validation masks. Both are means over the predicted tokens;
   validation loss and perplexity (``exp`` of the mean token loss); the result is the lowest
-  validation loss (the earliest on ties). Text has no test split.
+  validation loss (the earliest on ties). Unlabelled text has no test split.
 
 A batch is a tuple of tensors whose first dimension is the batch (images and labels; token
 ids, and an encoder's masked positions); the loop cuts it into micro-batches.
@@ -73,7 +73,8 @@ class Task:
 
 
 class Classification(Task):
-    """Image classification: cross-entropy of the logits; select on validation accuracy."""
+    """Image classification: cross-entropy of the logits; select on validation accuracy.
+    Batches: (images, labels)."""
 
     metric_columns: ClassVar[dict[str, pl.DataType]] = {
         "val_loss": pl.Float64(),
@@ -90,19 +91,39 @@ class Classification(Task):
         images = normalize(images.to(device, non_blocking=True), run_model.preprocessing)
         return images, labels.to(device, non_blocking=True)  # (B, 3, S, S), (B,)
 
+    def logits(self, run_model: RunModel, batch: Batch) -> torch.Tensor:
+        """The logits (m, C) of the micro-batch ``batch`` on the device (its labels last)."""
+        return run_model.architecture.logits(run_model.model, batch[0])
+
     def loss(self, run_model: RunModel, batch: Batch, training: TrainingSettings) -> torch.Tensor:
-        images, labels = batch
-        with autocast(images.device, training.precision):
-            logits = run_model.architecture.logits(run_model.model, images).float()  # (m, C)
-        return functional.cross_entropy(logits, labels)
+        with autocast(batch[0].device, training.precision):
+            logits = self.logits(run_model, batch).float()  # (m, C)
+        return functional.cross_entropy(logits, batch[-1])
 
     def evaluation_row(
         self, run_model: RunModel, data: Any, device: torch.device, training: TrainingSettings
     ) -> dict[str, Any]:
         """Loss and accuracy on ``data.val_set``, accuracy on ``data.test_set``."""
-        val_loss, val_accuracy = evaluate(run_model, data.val_set, device, training)
-        _, test_accuracy = evaluate(run_model, data.test_set, device, training)
+        val_loss, val_accuracy = self.evaluate(run_model, data.val_set, device, training)
+        _, test_accuracy = self.evaluate(run_model, data.test_set, device, training)
         return {"val_loss": val_loss, "val_accuracy": val_accuracy, "test_accuracy": test_accuracy}
+
+    def evaluate(
+        self, run_model: RunModel, data: Any, device: torch.device, training: TrainingSettings
+    ) -> tuple[float, float]:
+        """(mean cross-entropy, top-1 accuracy) of the run's model on the eval set ``data``
+        (``len`` and ``batches(size)``, each batch's labels last)."""
+        model = run_model.model
+        model.eval()
+        loss_sum, correct = 0.0, 0
+        with torch.inference_mode(), autocast(device, training.precision):
+            for batch in data.batches(EVAL_BATCH_FACTOR * training.micro_batch_size):
+                batch = self.on_device(run_model, batch, device)
+                logits, labels = self.logits(run_model, batch).float(), batch[-1]  # (B, C), (B,)
+                loss_sum += float(functional.cross_entropy(logits, labels, reduction="sum"))
+                correct += int((logits.argmax(dim=1) == labels).sum())
+        model.train()
+        return loss_sum / len(data), correct / len(data)
 
     def result_fields(self, best: dict[str, Any] | None) -> dict[str, Any]:
         return {
@@ -113,22 +134,19 @@ class Classification(Task):
         }
 
 
-def evaluate(
-    run_model: RunModel, data: Any, device: torch.device, training: TrainingSettings
-) -> tuple[float, float]:
-    """(mean cross-entropy, top-1 accuracy) of the run's model on the eval set ``data``."""
-    model, pre = run_model.model, run_model.preprocessing
-    model.eval()
-    loss_sum, correct = 0.0, 0
-    with torch.inference_mode(), autocast(device, training.precision):
-        for images, labels in data.batches(EVAL_BATCH_FACTOR * training.micro_batch_size):
-            images = normalize(images.to(device), pre)
-            logits = run_model.architecture.logits(model, images).float()  # (B, classes)
-            labels = labels.to(device)
-            loss_sum += float(functional.cross_entropy(logits, labels, reduction="sum"))
-            correct += int((logits.argmax(dim=1) == labels).sum())
-    model.train()
-    return loss_sum / len(data), correct / len(data)
+class TextClassification(Classification):
+    """Classification of labelled text by a text model's sequence classifier (which pools the
+    sequence as its family does): as for images, select on validation accuracy. Batches:
+    (token ids, attention mask, labels)."""
+
+    samples_field = "sequences_per_second"
+
+    def on_device(self, run_model: RunModel, batch: Batch, device: torch.device) -> Batch:
+        return Task.on_device(self, run_model, batch, device)
+
+    def logits(self, run_model: RunModel, batch: Batch) -> torch.Tensor:
+        ids, attention = batch[0], batch[1]  # (m, L), (m, L)
+        return run_model.model(input_ids=ids, attention_mask=attention).logits
 
 
 CAUSAL = "causal"

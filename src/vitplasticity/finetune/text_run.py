@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from vitplasticity.data import loader
+from vitplasticity.data.text import load_tokenizer, read_sequences, split_sequences
 from vitplasticity.finetune.checkpoint import fingerprint
 from vitplasticity.finetune.identity import FinetuneSettings
 from vitplasticity.finetune.model import adapted_run_model
@@ -56,8 +57,15 @@ from vitplasticity.finetune.settings import (
     TextFinetuneSettings,
     TrainingSettings,
 )
-from vitplasticity.finetune.setup import RunContext, usable_device
-from vitplasticity.finetune.tasks import CAUSAL, MASKED, Batch, CausalLM, MaskedLM
+from vitplasticity.finetune.setup import EvalSets, RunContext, usable_device
+from vitplasticity.finetune.tasks import (
+    CAUSAL,
+    MASKED,
+    Batch,
+    CausalLM,
+    MaskedLM,
+    TextClassification,
+)
 from vitplasticity.finetune.train import train_runs
 from vitplasticity.models.architectures import (
     UnsupportedModel,
@@ -74,6 +82,30 @@ VAL_MASK_SEED = 0
 # --- model --------------------------------------------------------------------------------
 
 
+def build_text_base(model_name: str, model_spec: dict[str, Any]) -> nn.Module:
+    """The text model of ``model_spec`` as its entry builds it (a bare model, a task class),
+    drawing a random init's weights from the torch RNG.
+
+    Raises:
+        UnsupportedModel: for an image model or a model no architecture knows.
+        ValueError: for an entry its family refuses.
+    """
+    from vitplasticity.models.build import build_model
+    from vitplasticity.models.registry import family_inputs
+    from vitplasticity.models.text import text_model_spec
+
+    image_model = UnsupportedModel(
+        f"model {model_name!r} takes images: finetune it with `vitplasticity finetune` "
+        "(config experiments:)"
+    )
+    if isinstance(model_spec, dict) and family_inputs(model_spec) == {"images"}:
+        raise image_model  # a timm entry: refused before it is built
+    model = build_model(text_model_spec(model_name, model_spec))
+    if architecture_for(model).inputs != "tokens":
+        raise image_model
+    return model
+
+
 def build_text_lm(model_name: str, model_spec: dict[str, Any]) -> tuple[nn.Module, str, list[str]]:
     """(the LM of ``model_spec``, its task: :data:`CAUSAL` or :data:`MASKED`, the names of
     the head's tensors initialised from the torch RNG rather than loaded), in train mode.
@@ -83,32 +115,26 @@ def build_text_lm(model_name: str, model_spec: dict[str, Any]) -> tuple[nn.Modul
             without a masked-LM class, or a decoder whose LM head cannot be tied.
         ValueError: for an entry its family refuses.
     """
-    from vitplasticity.models.build import build_model
-    from vitplasticity.models.registry import family_inputs
-    from vitplasticity.models.text import causal_lm, masked_lm, text_model_spec
+    from vitplasticity.models.text import causal_lm, masked_lm
 
-    image_model = UnsupportedModel(
-        f"model {model_name!r} takes images: finetune it with `vitplasticity finetune` "
-        "(config experiments:)"
-    )
-    if isinstance(model_spec, dict) and family_inputs(model_spec) == {"images"}:
-        raise image_model  # a timm entry: refused before it is built
-    model = build_model(text_model_spec(model_name, model_spec))
-    architecture = architecture_for(model)
-    if architecture.inputs != "tokens":
-        raise image_model
-    if architecture.text_task == MASKED:
+    model = build_text_base(model_name, model_spec)
+    if architecture_for(model).text_task == MASKED:
         lm, drawn = masked_lm(model)
-        if drawn:
-            log.info(
-                "model %r is a %s: its masked-LM head (%s) is initialised from the run's seed, "
-                "not loaded; the encoder is the checkpoint's",
-                model_name,
-                type(model).__name__,
-                ", ".join(drawn),
-            )
+        _log_drawn(model_name, model, "masked-LM head", drawn)
         return lm.train(), MASKED, drawn
     return causal_lm(model).train(), CAUSAL, []
+
+
+def _log_drawn(model_name: str, model: nn.Module, what: str, drawn: list[str]) -> None:
+    if drawn:
+        log.info(
+            "model %r is a %s: its %s (%s) is initialised from the run's seed, not loaded; "
+            "the rest is the checkpoint's",
+            model_name,
+            type(model).__name__,
+            what,
+            ", ".join(drawn),
+        )
 
 
 def mask_token_id(tokenizer: str, vocab_size: int) -> int:
@@ -165,51 +191,57 @@ def train_mask(shape: torch.Size, probability: float, seed: int, step_index: int
 @dataclass(frozen=True)
 class TextInputs:
     """The training batches of a text run (:class:`~vitplasticity.finetune.setup.StepInputs`):
-    (ids,) for a decoder, (ids, masked positions) for an encoder."""
+    the rows of ``train`` that step s draws, (ids,) for a decoder, (ids, attention, labels)
+    for a classifier, and an encoder's masked positions after them."""
 
-    train: torch.Tensor  # (N, L) int64, on the CPU
+    train: tuple[torch.Tensor, ...]  # each (N, ...), on the CPU: ids (N, L) int64 first
     batch_size: int
     seed: int
-    mask_probability: float | None  # None: a decoder (no masks)
+    mask_probability: float | None  # None: no masks (a decoder, a classifier)
 
     @property
     def size(self) -> int:
-        return len(self.train)
+        return len(self.train[0])
 
     def items(self, start_step: int, end: int) -> Iterator[int]:
         return iter(range(start_step, end))
 
     def batch(self, item: int) -> Batch:
         """The batch of update ``item`` (its 0-based step index)."""
-        index = loader.batch_indices(item, self.batch_size, len(self.train), self.seed)
-        ids = self.train[torch.from_numpy(index)]  # (B, L)
+        index = torch.from_numpy(loader.batch_indices(item, self.batch_size, self.size, self.seed))
+        parts = tuple(part[index] for part in self.train)  # each (B, ...)
         if self.mask_probability is None:
-            return (ids,)
-        return ids, train_mask(ids.shape, self.mask_probability, self.seed, item)
+            return parts
+        return (*parts, train_mask(parts[0].shape, self.mask_probability, self.seed, item))
 
 
 @dataclass(frozen=True)
-class TextValidation:
-    """A text run's validation sequences (and an encoder's fixed masks)."""
+class TensorSet:
+    """An evaluation set of a text run: tensors whose rows are its examples (ids first; an
+    encoder's fixed masks, or a classifier's attention and labels, after them)."""
 
-    val: torch.Tensor  # (M, L) int64
-    mask: torch.Tensor | None  # (M, L) bool, encoders only
+    parts: tuple[torch.Tensor, ...]
+
+    def __len__(self) -> int:
+        return len(self.parts[0])
 
     def batches(self, size: int) -> Iterator[Batch]:
-        for start in range(0, len(self.val), size):
-            part = slice(start, start + size)
-            yield (self.val[part],) if self.mask is None else (self.val[part], self.mask[part])
+        for start in range(0, len(self), size):
+            yield tuple(part[start : start + size] for part in self.parts)
 
 
 @dataclass(frozen=True)
 class TextSource:
-    """The runs' data is the text file ``path`` with the ``text`` settings; the task, the
-    model's (:class:`CausalLM` or :class:`MaskedLM`)."""
+    """The runs' data is the text at ``path`` with the ``text`` settings: a text file (the
+    task the model's: :class:`CausalLM` or :class:`MaskedLM`), or with ``labelled`` a
+    labelled text dataset (:mod:`vitplasticity.data.labelled`; the task
+    :class:`TextClassification`, the model inside its sequence-classification class)."""
 
     text: TextFinetuneSettings
     path: Path
     dataset: str | None = None
     """The dataset's name, which a bad setting's message names (``datasets.<name>.<key>``)."""
+    labelled: bool = False
 
     def check(self, training: TrainingSettings) -> torch.device:
         """The device of the runs, after checking the text settings and file.
@@ -217,45 +249,85 @@ class TextSource:
         Raises:
             ValueError: for a bad text setting or ``compile``, or a GPU asked for where none
                 is visible.
-            FileNotFoundError: for a missing text file.
+            FileNotFoundError: for a missing text file or labelled dataset.
         """
         from vitplasticity.settings.declaration import bad_setting, check_settings
 
         check_settings(self.text, {"datasets": self.dataset or self.path.stem})
         if training.compile:
             raise bad_setting("--compile", "finetune.compile", "not implemented for text runs")
-        if not self.path.is_file():
+        if self.labelled:
+            if not self.path.exists():
+                raise FileNotFoundError(f"--labelled-text: not found: {self.path}")
+        elif not self.path.is_file():
             raise FileNotFoundError(f"--text: text file not found: {self.path}")
         return usable_device(training)
 
+    def used_text_settings(self) -> dict[str, Any]:
+        """The text settings the runs use: a classifier masks nothing."""
+        used = dataclasses.asdict(self.text)
+        if self.labelled:
+            del used["mask_probability"]
+        return used
+
     def key(self, settings: FinetuneSettings) -> str:
-        return fingerprint({**settings.fingerprint_fields(), **dataclasses.asdict(self.text)})
+        return fingerprint({**settings.fingerprint_fields(), **self.used_text_settings()})
 
     def setup(self, settings: FinetuneSettings, device: torch.device, out_dir: Path) -> RunContext:
-        """Build the run's LM (seeded by the run seed), adapt and freeze it for its
+        """Build the run's model (seeded by the run seed), adapt and freeze it for its
         configuration, read and split the text, and make the optimizer.
 
         Raises:
-            UnsupportedModel: as :func:`build_text_lm`, or for LoRA where the model's
+            UnsupportedModel: as :func:`build_text_lm` (or, for labelled text, for a model
+                without a sequence-classification class), or for LoRA where the model's
                 architecture refuses it (:func:`~vitplasticity.finetune.model.adapted_run_model`).
-            ValueError: for a sequence longer than the model's positions, or a text too short.
+            ValueError: for a sequence longer than the model's positions, a text too short,
+                or a bad labelled dataset.
         """
         started = time.perf_counter()
+        if self.labelled:
+            part = self._classification(settings)
+        else:
+            torch.manual_seed(settings.run.seed)
+            part = self._language_modelling(settings)
+        model, task, inputs, evaluation, resolved = part
+        sample = torch.zeros(1, self.text.sequence_length, dtype=torch.int64)  # (1, L) token ids
+        run_model = adapted_run_model(model, settings, sample, device)
+        resolved = {"device": str(device), "torch_threads": torch.get_num_threads(), **resolved}
+        log.info("run %s: %s", out_dir, resolved)
+        return RunContext(
+            settings=settings,
+            out_dir=out_dir,
+            device=device,
+            run_model=run_model,
+            optimizer=build_optimizer(run_model.trainable, settings),
+            task=task,
+            inputs=inputs,
+            evaluation=evaluation,
+            key=self.key(settings),
+            record={**_used_settings(settings), **self.used_text_settings()},
+            resolved=resolved,
+            started=started,
+        )
+
+    def _language_modelling(self, settings: FinetuneSettings) -> tuple[Any, ...]:
+        """(the LM, its task, the training inputs, the validation set, what the run resolved)
+        of a text file."""
         run, training, text = settings.run, settings.training, self.text
-        torch.manual_seed(run.seed)
         lm, kind, drawn = build_text_lm(run.model, training.model_spec)
-        tokenizer, train_part, val_part = self._sequences(lm, settings)
+        self._check_length(lm, run.model)
+        tokenizer = self._tokenizer(settings)
+        loaded = load_tokenizer(tokenizer, lm.config.vocab_size)
+        train_part, val_part = split_sequences(
+            read_sequences(self.path, loaded, text.sequence_length), training.val_fraction
+        )
         val, val_mask, task = torch.from_numpy(val_part), None, CausalLM()
         mask_id = mask_token_id(tokenizer, lm.config.vocab_size) if kind == MASKED else None
         if mask_id is not None:
             generator = torch.Generator().manual_seed(VAL_MASK_SEED)
             val_mask = masked_positions(val.shape, text.mask_probability, generator)
             task = MaskedLM(mask_id)
-        sample = torch.zeros(1, text.sequence_length, dtype=torch.int64)  # (1, L) token ids
-        run_model = adapted_run_model(lm, settings, sample, device)
         resolved = {
-            "device": str(device),
-            "torch_threads": torch.get_num_threads(),
             "task": kind,
             "lm_class": type(lm).__name__,
             # A bare encoder's MLM head is new: drawn from the run seed, as an image run's.
@@ -270,49 +342,81 @@ class TextSource:
             "split_rule": "sequence i is val when floor((i+1)f) > floor(if), f = val_fraction",
             "model_selection": "lowest validation loss (earliest)",
         }
-        log.info("run %s: %s", out_dir, resolved)
         probability = text.mask_probability if mask_id is not None else None
-        train = torch.from_numpy(train_part)
-        return RunContext(
-            settings=settings,
-            out_dir=out_dir,
-            device=device,
-            run_model=run_model,
-            optimizer=build_optimizer(run_model.trainable, settings),
-            task=task,
-            inputs=TextInputs(train, training.batch_size, run.seed, probability),
-            evaluation=TextValidation(val, val_mask),
-            key=self.key(settings),
-            record={**_used_settings(settings), **dataclasses.asdict(text)},
-            resolved=resolved,
-            started=started,
+        inputs = TextInputs(
+            (torch.from_numpy(train_part),), training.batch_size, run.seed, probability
         )
+        evaluation = TensorSet((val,) if val_mask is None else (val, val_mask))
+        return lm, task, inputs, evaluation, resolved
 
-    def _sequences(
-        self, lm: nn.Module, settings: FinetuneSettings
-    ) -> tuple[str, np.ndarray, np.ndarray]:
-        """(the tokenizer's name, the training and the validation sequences (N, L) of the
-        text, as numpy int64 arrays).
-
-        Raises:
-            ValueError: for a sequence longer than the model's positions, or a text too short.
-        """
-        from vitplasticity.data.text import load_tokenizer, read_sequences, split_sequences
-        from vitplasticity.models.text import max_positions, text_model_spec, tokenizer_name
+    def _classification(self, settings: FinetuneSettings) -> tuple[Any, ...]:
+        """(the sequence classifier, its task, the training inputs, the validation and test
+        sets, what the run resolved) of a labelled text dataset: the pool split into
+        training and validation by the run seed, as an image run's."""
+        from vitplasticity.data.labelled import encode_texts, read_labelled
+        from vitplasticity.data.store import split_pool
+        from vitplasticity.models.text import sequence_classifier
 
         run, training, length = settings.run, settings.training, self.text.sequence_length
-        limit = max_positions(lm.config)
+        dataset = read_labelled(self.path)
+        torch.manual_seed(run.seed)
+        base = build_text_base(run.model, training.model_spec)
+        self._check_length(base, run.model)
+        tokenizer = self._tokenizer(settings)
+        vocab = base.config.vocab_size
+        pool, pad_id = encode_texts(dataset.pool.texts, tokenizer, vocab, length)
+        test, _ = encode_texts(dataset.test.texts, tokenizer, vocab, length)
+        model, drawn = sequence_classifier(base, len(dataset.classes), pad_id)
+        _log_drawn(run.model, base, "classification head", drawn)
+        train_index, val_index = split_pool(len(dataset.pool), run.seed, training.val_fraction)
+
+        def rows(
+            encoded: Any, labels: np.ndarray, index: Any = slice(None)
+        ) -> tuple[torch.Tensor, ...]:
+            return tuple(
+                torch.from_numpy(np.ascontiguousarray(part[index]))
+                for part in (encoded.ids, encoded.attention, labels)
+            )
+
+        labels = dataset.pool.labels
+        resolved = {
+            "task": "classification",
+            "classifier_class": type(model).__name__,
+            "head": f"initialised from the run seed, not loaded: {', '.join(drawn)}",
+            "tokenizer": tokenizer,
+            "pad_token_id": pad_id,
+            "classes": list(dataset.classes),
+            "split_sizes": {
+                "train": len(train_index),
+                "val": len(val_index),
+                "test": len(test.ids),
+            },
+            "split_rule": f"pool/test: {dataset.split_rule}; train/val: seeded by the run seed",
+            "truncated_documents": pool.truncated + test.truncated,
+            "model_selection": "highest validation accuracy (earliest)",
+        }
+        inputs = TextInputs(rows(pool, labels, train_index), training.batch_size, run.seed, None)
+        evaluation = EvalSets(
+            TensorSet(rows(pool, labels, val_index)), TensorSet(rows(test, dataset.test.labels))
+        )
+        return model.train(), TextClassification(), inputs, evaluation, resolved
+
+    def _check_length(self, model: nn.Module, model_name: str) -> None:
+        """Refuse a sequence longer than the model's positions."""
+        from vitplasticity.models.text import max_positions
+
+        limit, length = max_positions(model.config), self.text.sequence_length
         if limit is not None and length > limit:
             raise ValueError(
-                f"--sequence-length {length} exceeds the {limit} positions of model {run.model!r}"
+                f"--sequence-length {length} exceeds the {limit} positions of model {model_name!r}"
             )
-        spec = text_model_spec(run.model, training.model_spec)
-        tokenizer = tokenizer_name(self.text.tokenizer, spec)
-        loaded = load_tokenizer(tokenizer, lm.config.vocab_size)
-        train, val = split_sequences(
-            read_sequences(self.path, loaded, length), training.val_fraction
-        )
-        return tokenizer, train, val
+
+    def _tokenizer(self, settings: FinetuneSettings) -> str:
+        """The tokenizer's name: the setting, ``auto`` resolved for the run's model."""
+        from vitplasticity.models.text import text_model_spec, tokenizer_name
+
+        spec = text_model_spec(settings.run.model, settings.training.model_spec)
+        return tokenizer_name(self.text.tokenizer, spec)
 
 
 def _used_settings(settings: FinetuneSettings) -> dict[str, Any]:

@@ -8,6 +8,7 @@ needs the head (:func:`causal_lm`). torch and transformers are imported when a m
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -169,29 +170,86 @@ def masked_lm(model: nn.Module) -> tuple[nn.Module, list[str]]:
 
     The counterpart (transformers' ``MODEL_FOR_MASKED_LM_MAPPING`` for its config) takes the
     base model whole (a bare encoder is its own; the pooler, which a masked LM has none of,
-    is left out), its decoder tied to the word embedding; the head's own tensors (BERT's
-    transform and output bias) are drawn as transformers initialises them, from the torch
-    RNG: a run seeds it with its seed, as it seeds an image run's new head.
+    is left out, as :func:`_around_base` leaves out what the class does not hold), its decoder tied to the word embedding; the head's own tensors (BERT's
+    transform and output bias) are drawn as :func:`_around_base` draws them.
 
     Raises:
         UnsupportedModel: naming the class, for a config without a masked-LM class.
     """
-    import torch
-    from torch import nn
-
     if model.get_output_embeddings() is not None:
         return model, []
     base, lm_class = _lm_counterpart(model, "MODEL_FOR_MASKED_LM_MAPPING", "masked-LM")
+    lm, _ = _around_base(lm_class, base.config, base)
+    # Tied after the draw, so that the draw never touches the pretrained word embedding.
+    embedding = base.get_input_embeddings().weight
+    lm.get_output_embeddings().weight = embedding
+    prefix = f"{lm.base_model_prefix}."
+    drawn = [
+        name
+        for name, tensor in (*lm.named_parameters(), *lm.named_buffers())
+        if not name.startswith(prefix) and tensor is not embedding
+    ]
+    return lm.train(model.training), sorted(drawn)
+
+
+def sequence_classifier(
+    model: nn.Module, num_classes: int, pad_token_id: int
+) -> tuple[nn.Module, list[str]]:
+    """(``model``'s base model inside its ``...ForSequenceClassification`` class with a new
+    ``num_classes``-way head, the names of the tensors initialised, not loaded).
+
+    The class (transformers' ``MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING`` for its config)
+    pools the sequence as the family does: BERT the first token through its pooler, RoBERTa
+    and DeBERTa-v2 the first token through their own head, a decoder the last token that is
+    not ``pad_token_id`` (written into the config: transformers finds it there). It takes the
+    base model whole (a bare model is its own; a classifier's old head is not kept): every
+    backbone weight is the checkpoint's. What the class holds beyond it, the classifier and a
+    pooler the checkpoint did not hold, is drawn as :func:`_around_base` draws it, from the
+    torch RNG, which a run seeds with its seed as it does an image run's new head.
+
+    Raises:
+        UnsupportedModel: naming the class, for a config without a sequence-classification
+            class.
+    """
+    base, classifier_class = _lm_counterpart(
+        model, "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING", "sequence-classification"
+    )
+    config = copy.deepcopy(base.config)
+    config.num_labels = num_classes
+    config.pad_token_id = pad_token_id
+    base.config.pad_token_id = pad_token_id
+    return _around_base(classifier_class, config, base)
+
+
+def _around_base(task_class: type, config: Any, base: nn.Module) -> tuple[nn.Module, list[str]]:
+    """(``task_class`` built around ``base``, the names of its tensors drawn, sorted).
+
+    The class is built on the meta device (no second backbone in memory, no draw), then holds
+    ``base`` under its ``base_model_prefix``. A part of the base model the class has and
+    ``base`` lacks (BERT's pooler, absent from a checkpoint without one) is the class's own;
+    a part the class leaves out (the pooler of a masked LM, or of RoBERTa's classifier, which
+    pools with its own head) is removed from ``base``: it would get no gradient.
+    Every tensor still on the meta device, the task head's and such a part's, is then made
+    real and drawn as transformers initialises it (``_init_weights``), module by module, from
+    the torch RNG; a tensor two modules share (BERT's MLM output bias) stays shared.
+    """
+    import torch
+    from torch import nn
+
     with torch.device("meta"):
-        lm = lm_class(base.config)
-    if getattr(base, "pooler", None) is not None:
-        base.pooler = None  # a masked LM's encoder has no pooler (add_pooling_layer=False)
-    setattr(lm, lm.base_model_prefix, base)
-    # The head's tensors, still on the meta device, made real and drawn as transformers
-    # initialises them; a tensor two modules share (BERT's output bias) stays shared.
+        built = task_class(config)
+    prefix = built.base_model_prefix
+    own_base = getattr(built, prefix)
+    for name, part in own_base.named_children():
+        if getattr(base, name, None) is None:
+            setattr(base, name, part)  # e.g. a pooler the checkpoint held none of
+    for name, _ in list(base.named_children()):
+        if hasattr(own_base, name) and getattr(own_base, name) is None:
+            setattr(base, name, None)  # a part the class leaves out (a masked LM's pooler)
+    setattr(built, prefix, base)
     made: dict[int, torch.Tensor] = {}
     drawn_modules: list[nn.Module] = []  # each once, in order: one draw per module
-    for module in lm.modules():
+    for module in built.modules():
         for slots in (module._parameters, module._buffers):
             for key, tensor in slots.items():
                 if tensor is not None and tensor.is_meta:
@@ -203,17 +261,14 @@ def masked_lm(model: nn.Module) -> tuple[nn.Module, list[str]]:
                     if not drawn_modules or drawn_modules[-1] is not module:
                         drawn_modules.append(module)
     for module in drawn_modules:
-        lm._init_weights(module)
-    # Tied after the draw, so that the draw never touches the pretrained word embedding.
-    embedding = base.get_input_embeddings().weight
-    lm.get_output_embeddings().weight = embedding
-    prefix = f"{lm.base_model_prefix}."
+        built._init_weights(module)
+    made_ids = {id(tensor) for tensor in made.values()}
     drawn = [
         name
-        for name, tensor in (*lm.named_parameters(), *lm.named_buffers())
-        if not name.startswith(prefix) and tensor is not embedding
+        for name, tensor in (*built.named_parameters(), *built.named_buffers())
+        if id(tensor) in made_ids
     ]
-    return lm.to(base.dtype).train(model.training), sorted(drawn)
+    return built.to(base.dtype), sorted(drawn)
 
 
 def _lm_counterpart(model: nn.Module, mapping: str, kind: str) -> tuple[nn.Module, type]:
