@@ -45,6 +45,7 @@ STAGES = (
     "finetune",
     "lora",
     "recommend",
+    "recommend lm",
     "export",
 )
 """Every stage an architecture is asked about (``Architecture.refusal``)."""

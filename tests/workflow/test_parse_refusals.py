@@ -182,12 +182,18 @@ CASES: list[tuple[str, Edit, list[str]]] = [
     (
         "bert-recommend-text",
         lambda tmp: measured(tmp, random_text("bert"), recommend=True),
-        ["'m' (tiny/bert): hf_bert refuses recommend:", "no next-token loss"],
+        [
+            "'m' (tiny/bert): hf_bert refuses recommend by the next-token loss (unlabelled text):",
+            "no next-token loss",
+        ],
     ),
     (
         "deberta-v2-recommend-text",
         lambda tmp: measured(tmp, random_text("deberta-v2"), recommend=True),
-        ["'m' (tiny/deberta-v2): hf_deberta_v2 refuses recommend:"],
+        [
+            "'m' (tiny/deberta-v2): hf_deberta_v2 refuses recommend by the next-token loss",
+            "recommend --labelled-text",
+        ],
     ),
     (
         "llama-text-bounds",

@@ -80,7 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "statistic where defined.",
     )
     add_model_arguments(parser)
-    data = parser.add_argument_group("dataset (one of --dataset-dir, --image-folder, --text)")
+    data = parser.add_argument_group(
+        "dataset (one of --dataset-dir, --image-folder, --text, --labelled-text)"
+    )
     data.add_argument("--dataset-dir", help="a prepared dataset folder (vitplasticity prepare)")
     data.add_argument(
         "--image-folder",
@@ -88,6 +90,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "prepared into a temporary folder",
     )
     data.add_argument("--text", nargs="+", metavar="FILE", help="a text model's: your text file(s)")
+    data.add_argument(
+        "--labelled-text",
+        metavar="PATH",
+        help="a text model's: your labelled text (a .csv or .jsonl with text and label "
+        "columns, or class folders of .txt files); ranked as a sequence classifier with a new "
+        "head, warmed up as an image model's (--warmup-steps, --warmup-lr)",
+    )
     data.add_argument(
         "--dataset",
         help="dataset name in the outputs (default: the folder name, or the first file's stem)",
@@ -261,7 +270,7 @@ def run_recommend(args: argparse.Namespace) -> int:
     prepared dataset or an image folder prepared into a temporary folder."""
     from vitplasticity.recommend.pipeline import recommend, write_outputs
 
-    if args.text is not None:
+    if args.text is not None or args.labelled_text is not None:
         return _run_recommend_text(args)
     inputs, settings, source = recommend_arguments(args)
     tracking_options = tracking_from_args(args)
@@ -310,20 +319,35 @@ def _run_recommend_text(args: argparse.Namespace) -> int:
     from vitplasticity.recommend.text_report import write_text_outputs
 
     image_only = own_defaults(RecommendImageSettings, RecommendTextSettings)
+    labelled = args.labelled_text is not None
+    # A new classification head is warmed up as an image model's: its two flags go with
+    # labelled text too.
+    warmup = {
+        "warmup_steps": image_only.pop("warmup_steps"),
+        "warmup_lr": image_only.pop("warmup_lr"),
+    }
     image_only |= dict.fromkeys(("dataset_dir", "image_folder", "reference_fallback", "timm_id"))
     refuse_given(args, image_only, "an image dataset (--dataset-dir, --image-folder)")
+    if not labelled:
+        refuse_given(args, warmup, "an image dataset or --labelled-text (a new head's warm-up)")
+    if labelled and args.text is not None:
+        raise ValueError("recommend: give --text or --labelled-text, not both")
     for flag, value in (("--model-spec", args.model_spec), ("--reference", args.reference)):
         if value is None:
             raise ValueError(f"recommend --text: {flag} required (a text model's)")
     check_out_prefix(args.out_prefix, TEXT_OUTPUTS)
+    data = args.labelled_text if labelled else args.text[0]
     inputs = TextRecommendInputs(
         model=args.model or _model_spec(args.model_spec).model_id,
-        dataset=args.dataset or Path(args.text[0]).stem,
+        dataset=args.dataset or Path(data).stem,
         model_spec=args.model_spec,
         reference=args.reference,
-        texts=tuple(args.text),
+        texts=() if labelled else tuple(args.text),
         protocol=args.protocol,
         dtype=args.dtype,
+        labelled_text=args.labelled_text,
+        warmup_steps=args.warmup_steps,
+        warmup_lr=args.warmup_lr,
     )
     settings = settings_from_args(RecommendTextSettings, args)
     tracking_options = tracking_from_args(args)

@@ -13,7 +13,7 @@ hub id or local folder (``AutoTokenizer.from_pretrained``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -149,10 +149,27 @@ def read_sequences(
         raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
     if not path.is_file():
         raise FileNotFoundError(f"text file not found: {path}")
+    return cut_documents(_documents(path), tokenize, sequence_length, max_sequences, str(path))
+
+
+def cut_documents(
+    documents: Iterable[str],
+    tokenize: Tokenize,
+    sequence_length: int,
+    max_sequences: int | None = None,
+    where: str = "text",
+) -> np.ndarray:
+    """The token sequences (N, sequence_length) of ``documents`` as a text file's lines are
+    cut (:func:`read_sequences`): each document's tokens and a newline's, one stream cut into
+    sequences, the remainder dropped; ``where`` names them in an error.
+
+    Raises:
+        ValueError: when they hold fewer tokens than one sequence.
+    """
     newline = tokenize("\n")
     needed = None if max_sequences is None else max_sequences * sequence_length
     tokens: list[int] = []
-    for document in _documents(path):
+    for document in documents:
         tokens.extend(tokenize(document))
         tokens.extend(newline)
         if needed is not None and len(tokens) >= needed:
@@ -162,7 +179,7 @@ def read_sequences(
         n_sequences = min(n_sequences, max_sequences)
     if n_sequences == 0:
         raise ValueError(
-            f"{path}: {len(tokens)} tokens, fewer than one sequence of {sequence_length}"
+            f"{where}: {len(tokens)} tokens, fewer than one sequence of {sequence_length}"
         )
     kept = np.asarray(tokens[: n_sequences * sequence_length], dtype=np.int64)
     return kept.reshape(n_sequences, sequence_length)

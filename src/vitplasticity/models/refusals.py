@@ -68,13 +68,15 @@ DECODER_REFUSALS: dict[str, str] = {"bounds": DECODER_BOUNDS_REASON}
 lora, finetune and recommend on text are supported)."""
 
 ENCODER_REFUSALS: dict[str, str] = {
-    "recommend": (
+    "recommend lm": (
         "recommend --text ranks a causal LM by its next-token loss, and an encoder attends to the "
-        "tokens after each one: it has no next-token loss (a masked-LM loss is not implemented)"
+        "tokens after each one: it has no next-token loss; rank it on labelled text "
+        "(recommend --labelled-text), by the classification loss of a new head"
     ),
 }
-"""The stages a BERT-family (and DeBERTa-v2) encoder is refused by (plasticity, lora, the bounds
-on text and finetune on text with the masked-LM loss are supported)."""
+"""The stages a BERT-family (and DeBERTa-v2) encoder is refused by: recommend on unlabelled text
+(``recommend lm``; plasticity, lora, the bounds on text, finetune on text with the masked-LM
+loss or on labelled text, and recommend on labelled text are supported)."""
 
 FALCON_SHARED_NORM = (
     "one norm (input_layernorm) feeds both the attention and the MLP, run in parallel "

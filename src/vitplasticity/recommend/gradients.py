@@ -48,7 +48,13 @@ def _check_eval(model: nn.Module) -> None:
 
 
 def head_warmup(
-    model: nn.Module, batches: Iterable[Batch], lr: float, momentum: float = 0.9
+    model: nn.Module,
+    batches: Iterable[Any],
+    lr: float,
+    momentum: float = 0.9,
+    *,
+    head: Sequence[nn.Parameter] | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> list[float]:
     """Train the classifier head alone for one SGD step per batch; return the losses.
 
@@ -57,29 +63,39 @@ def head_warmup(
     backbone (final norm included) is frozen: its features are computed without gradient
     and only the head learns (SGD with ``momentum``, no weight decay). Seed the caller's RNG
     before building the head for a reproducible warm-up.
+
+    Args:
+        head: the head's parameters (None: the architecture's classifier's,
+            :meth:`~vitplasticity.models.architectures.Architecture.classifier`); a text
+            classifier passes what was drawn for it (its classifier, a pooler it lacked).
+        loss: the loss of a batch (None: :func:`classification_loss` of (images, labels)).
     """
     _check_eval(model)
     if not lr > 0:
         raise ValueError(f"warm-up learning rate must be > 0, got {lr}")
     architecture = architecture_for(model)
-    head = architecture.classifier(model)
-    if not isinstance(head, nn.Module) or not list(head.parameters()):
-        raise ValueError(f"{type(model).__name__} has no classifier head to warm up")
-    trained = {id(p) for p in head.parameters()}
+    if head is None:
+        classifier = architecture.classifier(model)
+        if not isinstance(classifier, nn.Module) or not list(classifier.parameters()):
+            raise ValueError(f"{type(model).__name__} has no classifier head to warm up")
+        head = list(classifier.parameters())
+    if loss is None:
+        loss = functools.partial(classification_loss, model, architecture=architecture)
+    trained = {id(p) for p in head}
     flags = {p: p.requires_grad for p in model.parameters()}
-    optimizer = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum, weight_decay=0.0)
+    optimizer = torch.optim.SGD(head, lr=lr, momentum=momentum, weight_decay=0.0)
     losses = []
     try:
         # Only the head requires a gradient: the backbone and pooling run as without one, and
         # the logits are the model's own (its pooling; a timm model: head(forward_head(...))).
         for parameter in flags:
             parameter.requires_grad_(id(parameter) in trained)
-        for images, labels in batches:
-            loss = F.cross_entropy(architecture.logits(model, images), labels)
+        for batch in batches:
+            value = loss(batch)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            value.backward()
             optimizer.step()
-            losses.append(loss.item())
+            losses.append(value.item())
     finally:
         for parameter, flag in flags.items():
             parameter.requires_grad_(flag)

@@ -26,6 +26,7 @@ from vitplasticity.models.spec import ModelSpec
 from vitplasticity.provenance import provenance
 from vitplasticity.recommend.criteria import Measurements, measure_criteria
 from vitplasticity.recommend.export import build_export
+from vitplasticity.recommend.matrix_criteria import undefined_notes
 from vitplasticity.recommend.ranking import (
     Recommendation,
     check_ranking,
@@ -414,6 +415,7 @@ def write_report(
         demo=result.settings.demo,
         demo_note=DEMO_NOTE,
     )
+    notes = [*notes, *undefined_notes(result.measurements.matrices)]
     if notes:
         text = text.rstrip("\n") + "\n\n" + "\n\n".join(notes) + "\n"
     with atomic_path(f"{prefix}.md") as tmp:

@@ -233,8 +233,9 @@ NFN_NOTE = (
     "NFN (PLoP's normalised feature norm, Hayou et al., ICLR 2026: a linear map's mean output "
     "norm on the task's inputs over that on random inputs of the same norms) ranks its *lowest* "
     "value first, as PLoP adapts the modules least aligned with the task: the opposite end from "
-    "plasticity and the other criteria. LN1 and LN2 hold no linear map and have no NFN (n/a); "
-    "a configuration joining one to linear components has the NFN of its linear maps."
+    "plasticity and the other criteria. LN1 and LN2 hold no linear map, so they have no NFN, "
+    "Spectrum SNR or kappa (n/a: each is of a linear map's output or weight matrix); a "
+    "configuration joining one to linear components has those of its linear maps."
 )
 """The report's note on NFN, below the table."""
 

@@ -36,12 +36,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vitplasticity.models.architectures import (
@@ -179,17 +180,28 @@ def recommend_text(
     from vitplasticity.models.build import pick_device
 
     settings = checked_text_settings(inputs, settings)
-    if model is None:
-        check_text_entry(inputs, settings)
-    lm, ranked, architecture = _checked_lm(inputs, model)
-    tokenizer, references, user = _sequences(inputs, settings, lm, ranked)
+    labelled = None
+    if inputs.labelled_text is not None:
+        if model is None:
+            check_stated_positions(inputs.model, inputs.model_spec, settings.sequence_length)
+        labelled = _labelled_classifier(inputs, settings, model)
+        lm = ranked = labelled.classifier
+        architecture = architecture_for(ranked)
+        tokenizer, references, user = labelled.tokenizer, labelled.references, labelled.user
+    else:
+        if model is None:
+            check_text_entry(inputs, settings)
+        lm, ranked, architecture = _checked_lm(inputs, model)
+        tokenizer, references, user = _sequences(inputs, settings, lm, ranked)
     device = pick_device(settings.device)
     lm = lm.to(device=device, dtype=getattr(torch, inputs.dtype))
-    measurements, refused = _measure(inputs, settings, lm, (references, user), tokenizer, device)
+    measurements, refused = _measure(
+        inputs, settings, lm, (references, user), tokenizer, device, labelled
+    )
     named = {"model": inputs.model, "dataset": inputs.dataset}
     table, recommendation, configurations = rank(settings, measurements, **named)
     where = ranked_lm(lm, ranked, architecture)
-    resolved = _resolved(inputs, settings, configurations, tokenizer, len(user), lm)
+    resolved = _resolved(inputs, settings, configurations, tokenizer, len(user), lm, labelled)
     reference = (
         f"`{Path(inputs.reference).name}` ({settings.n_pairs:,} sequences of "
         f"{settings.sequence_length} tokens, tokenizer {tokenizer})"
@@ -199,6 +211,8 @@ def recommend_text(
     )
     export = text_export(inputs, where, recommendation)
     notes = report_notes(inputs, settings, measurements, where, len(user), refused)
+    if labelled is not None:
+        notes[0] = labelled.note(inputs, settings, len(user))
     return TextResult(
         inputs, settings, table, recommendation, measurements, reference, notes, record, export
     )
@@ -211,10 +225,11 @@ def _resolved(
     tokenizer: str,
     n_user: int,
     lm: nn.Module,
+    labelled: LabelledRanking | None = None,
 ) -> dict[str, Any]:
     """What the provenance records: the inputs and settings as resolved (the configurations
-    ranked, the tokenizer loaded), the ``n_user`` user sequences, the causal LM and its loss."""
-    return {
+    ranked, the tokenizer loaded), the ``n_user`` user sequences, the model and its loss."""
+    resolved = {
         **asdict(inputs),
         **recorded_settings(settings, leave_out=()),
         "texts": list(inputs.texts),
@@ -224,6 +239,131 @@ def _resolved(
         "causal_lm": class_path(lm),
         "loss": "next-token cross-entropy",
     }
+    if labelled is None:
+        for key in ("labelled_text", "warmup_steps", "warmup_lr"):
+            del resolved[key]  # a causal LM's ranking has no labels and no new head
+        return resolved
+    del resolved["causal_lm"]
+    return {
+        **resolved,
+        "sequence_classifier": class_path(lm),
+        "loss": "classification cross-entropy of a new head, after its warm-up",
+        "head": f"initialised from --seed, not loaded: {', '.join(labelled.drawn)}",
+        "classes": list(labelled.classes),
+        "labelled_documents": len(labelled.labels),
+    }
+
+
+@dataclass(frozen=True)
+class LabelledRanking:
+    """A text model ranked as a sequence classifier on labelled text: the classifier with its
+    new head (``drawn``), the pool's documents encoded for the gradient batches, and the
+    sequences of the plasticity pairs (the documents cut as a text file's lines are)."""
+
+    classifier: nn.Module
+    drawn: list[str]
+    classes: tuple[str, ...]
+    ids: np.ndarray  # (N, L) the pool's documents, padded
+    attention: np.ndarray  # (N, L)
+    labels: np.ndarray  # (N,)
+    tokenizer: str
+    references: np.ndarray
+    user: np.ndarray
+
+    def batches(self, steps: range, batch_size: int, seed: int, device: torch.device) -> list[Any]:
+        """The labelled batches (ids, attention, labels) of ``steps`` on ``device``: step s's
+        is :func:`vitplasticity.data.loader.batch_indices` (seeded epochs), as an image's."""
+        from vitplasticity.data.loader import batch_indices
+
+        found = []
+        for step in steps:
+            index = batch_indices(step, batch_size, len(self.labels), seed)
+            parts = (self.ids[index], self.attention[index], self.labels[index])
+            found.append(tuple(torch.from_numpy(part).to(device) for part in parts))
+        return found
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        """The mean cross-entropy of the classifier's logits on a labelled batch."""
+        ids, attention, labels = batch
+        logits = self.classifier(input_ids=ids, attention_mask=attention).logits
+        return F.cross_entropy(logits, labels)
+
+    def head(self) -> list[nn.Parameter]:
+        """The new head's parameters (what the warm-up trains)."""
+        drawn = set(self.drawn)
+        return [p for n, p in self.classifier.named_parameters() if n in drawn]
+
+    def note(
+        self, inputs: TextRecommendInputs, settings: RecommendTextSettings, n_user: int
+    ) -> str:
+        """The report's paragraph on the data and the loss."""
+        name = Path(str(inputs.labelled_text)).name
+        return (
+            f"User data: `{name}`, {len(self.labels):,} labelled documents of "
+            f"{len(self.classes)} classes ({', '.join(self.classes)}), each its first "
+            f"{settings.sequence_length} tokens. Plasticity pairs reference sequence i with "
+            f"user sequence i (cycled; the {n_user:,} user sequences are the documents cut as "
+            f"a text file's lines are), {inputs.protocol} protocol. "
+            f"{type(self.classifier).__name__} holds the model with a new head "
+            f"({', '.join(f'`{n}`' for n in self.drawn)}, drawn from --seed), warmed up alone "
+            f"for {inputs.warmup_steps} SGD steps (lr {inputs.warmup_lr}) as the image "
+            f"recommend warms up its new classifier; the relative gradient norm and gradient "
+            f"SNR are then of its classification cross-entropy on {settings.batches} batches "
+            f"of {settings.batch_size} documents, NFN of the first batch of user sequences."
+        )
+
+
+def _labelled_classifier(
+    inputs: TextRecommendInputs, settings: RecommendTextSettings, model: nn.Module | None
+) -> LabelledRanking:
+    """The model of ``inputs`` (or ``model``) inside its sequence-classification class with a
+    new head drawn from ``settings.seed``, and the labelled documents and sequences.
+
+    Raises:
+        ValueError: for a bad labelled dataset, a sequence longer than the model's positions,
+            or a reference text too short for ``n_pairs`` sequences.
+        UnsupportedModel: for an image model, a model no architecture knows, one without a
+            sequence-classification class, one its architecture refuses to rank, or a
+            parameter it cannot account for.
+    """
+    from vitplasticity.data.labelled import encode_texts, read_labelled
+    from vitplasticity.data.text import cut_documents, load_tokenizer, read_sequences
+    from vitplasticity.models.text import sequence_classifier
+
+    dataset = read_labelled(str(inputs.labelled_text))
+    torch.manual_seed(settings.seed)
+    if model is None:
+        model = build_model(text_model_entry(inputs.model, inputs.model_spec))
+    check_text_model(model.eval())
+    length, n = settings.sequence_length, settings.n_pairs
+    limit = max_positions(model.config)
+    if limit is not None and length > limit:
+        raise ValueError(
+            f"--sequence-length {length} exceeds the {limit} positions of model {inputs.model!r}"
+        )
+    tokenizer = resolve_tokenizer(settings.tokenizer, inputs.model, inputs.model_spec)
+    vocab = model.config.vocab_size
+    encoded, pad_id = encode_texts(dataset.pool.texts, tokenizer, vocab, length)
+    classifier, drawn = sequence_classifier(model, len(dataset.classes), pad_id)
+    classifier = classifier.eval()
+    architecture = architecture_for(classifier)
+    refusal = architecture.refusal("recommend", classifier)
+    if refusal is not None:
+        raise UnsupportedModel(f"recommend --labelled-text {inputs.model}: {refusal}")
+    ParameterMap(architecture, classifier)  # names a missing component before any compute
+    tokenize = load_tokenizer(tokenizer, vocab)
+    references = read_sequences(inputs.reference, tokenize, length, max_sequences=n)
+    if len(references) < n:
+        raise ValueError(
+            f"--reference {inputs.reference}: {len(references)} sequences of {length} tokens, "
+            f"fewer than --n-pairs {n}"
+        )
+    where = f"--labelled-text {inputs.labelled_text}"
+    user = cut_documents(dataset.pool.texts, tokenize, length, n, where)
+    return LabelledRanking(
+        classifier, drawn, dataset.classes, encoded.ids, encoded.attention,
+        dataset.pool.labels, tokenizer, references, user,
+    )  # fmt: skip
 
 
 def _checked_lm(
@@ -242,12 +382,16 @@ def _checked_lm(
         model = build_model(text_model_entry(inputs.model, inputs.model_spec))
     model = model.eval()
     check_text_model(model)
+    refusal = architecture_for(model).refusal("recommend lm", model)  # before any wrapping
+    if refusal is not None:
+        raise UnsupportedModel(f"recommend --text {inputs.model}: {refusal}")
     lm = causal_lm(model).eval()
     ranked = ranked_module(lm)
     architecture = architecture_for(ranked)
-    refusal = architecture.refusal("recommend", ranked)
-    if refusal is not None:
-        raise UnsupportedModel(f"recommend --text {inputs.model}: {refusal}")
+    for stage in ("recommend", "recommend lm"):
+        refusal = architecture.refusal(stage, ranked)
+        if refusal is not None:
+            raise UnsupportedModel(f"recommend --text {inputs.model}: {refusal}")
     ParameterMap(architecture, ranked)  # names a missing component before any compute
     return lm, ranked, architecture
 
@@ -293,12 +437,15 @@ def _measure(
     sequences: tuple[np.ndarray, np.ndarray],
     tokenizer: str,
     device: torch.device,
+    labelled: LabelledRanking | None = None,
 ) -> tuple[Measurements, list[str]]:
     """Every criterion of ``lm`` (:func:`measure_text_criteria`): plasticity over the pairs
     (reference sequence i, user sequence i cycled; ``sequences``: reference, user), the
-    gradient batches drawn from the user's sequences; and the warnings the criteria logged
-    (why a weight statistic is n/a)."""
+    gradient batches drawn from the user's sequences (or, ``labelled``, its documents after
+    the new head's warm-up); and the warnings the criteria logged (why a weight statistic is
+    n/a)."""
     from vitplasticity.data.text import cycled
+    from vitplasticity.recommend.gradients import head_warmup
 
     references, user = sequences
     n = settings.n_pairs
@@ -317,6 +464,21 @@ def _measure(
         inputs.dtype,
         device,
     )
+    task: dict[str, Any] = {}
+    gradient_batches = _gradient_batches(user, settings, device)
+    if labelled is not None:
+        size, seed, steps = settings.batch_size, settings.seed, inputs.warmup_steps
+        warmup = labelled.batches(range(steps), size, seed, device)
+        gradient_batches = labelled.batches(
+            range(steps, steps + settings.batches), size, seed, device
+        )
+        task = {
+            "loss": labelled.loss,
+            "warm_up": lambda: head_warmup(
+                lm, warmup, inputs.warmup_lr, head=labelled.head(), loss=labelled.loss
+            ),
+            "nfn_inputs": _gradient_batches(user, settings, device)[0],
+        }
     with (
         _warnings("vitplasticity.recommend.criteria") as refused,
         ProgressReporter(n, f"plasticity {inputs.model}/{inputs.dataset}") as progress,
@@ -325,11 +487,12 @@ def _measure(
             lm,
             torch.from_numpy(references),
             torch.from_numpy(cycled(user, n)),
-            _gradient_batches(user, settings, device),
+            gradient_batches,
             n_pairs=n,
             batch_size=settings.batch_size,
             protocol=inputs.protocol,
             progress=progress,
+            **task,
         )
     measurements.check_finite(f"recommend criteria of model {inputs.model!r} on {inputs.dataset}")
     return measurements, refused

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,29 +115,37 @@ def measure_text_criteria(
     lm: nn.Module,
     reference: torch.Tensor,
     downstream: torch.Tensor,
-    gradient_batches: Sequence[torch.Tensor],
+    gradient_batches: Sequence[Any],
     *,
     n_pairs: int,
     batch_size: int = 64,
     protocol: str = "embedding",
     progress: Callable[[int], None] | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+    warm_up: Callable[[], object] | None = None,
+    nfn_inputs: torch.Tensor | None = None,
 ) -> Measurements:
-    """Measure every criterion of the five components of a causal LM, on token ids.
+    """Measure every criterion of the five components of a text model, on token ids.
 
     The text counterpart of :func:`.criteria.measure_criteria`, on the module
-    :func:`ranked_module` finds in ``lm``: the weight statistic, the plasticity, the NFN of the
-    first gradient batch, then the relative gradient norm and gradient SNR of the next-token
-    loss (:func:`next_token_loss`) over the gradient batches. No head warm-up: the LM head is
-    pretrained, and nothing is trained.
+    :func:`ranked_module` finds in ``lm``: the weight statistic, the plasticity, then
+    ``warm_up`` (a new classifier head's warm-up; None for a causal LM, whose head is
+    pretrained), the NFN of one batch of token ids, then the relative gradient norm and
+    gradient SNR of the task's loss over the gradient batches.
 
     Args:
-        lm: a causal LM (:func:`vitplasticity.models.text.causal_lm`) in eval mode, on the
+        lm: a causal LM (:func:`vitplasticity.models.text.causal_lm`) or a sequence classifier
+            (:func:`vitplasticity.models.text.sequence_classifier`) in eval mode, on the
             batches' device.
         reference: reference token ids (N, L); ``downstream`` likewise (pair i: reference i,
             downstream i, cycled).
-        gradient_batches: token-id batches (B, L) of the user's text (>= 2).
+        gradient_batches: what ``loss`` takes (>= 2): token-id batches (B, L) of the user's
+            text for the next-token loss.
         n_pairs, batch_size, protocol, progress: the plasticity's pairs, pairs per forward
             pass, protocol (embedding: the paper's) and progress callback (pairs done).
+        loss: the loss of a gradient batch (None: :func:`next_token_loss` of ``lm``).
+        warm_up: run after the plasticity, before the NFN and the gradients.
+        nfn_inputs: the token ids (B, L) of the NFN (None: the first gradient batch).
 
     Raises:
         ValueError: for fewer than 2 gradient batches.
@@ -149,12 +158,16 @@ def measure_text_criteria(
     weights = weight_statistics(ranked)
     counts = {"batch_size": batch_size, "n_pairs": n_pairs}
     pairs = measure(ranked, reference, downstream, protocol=protocol, **counts, progress=progress)
+    if warm_up is not None:
+        warm_up()
     return Measurements.of_components(
         ranked,
         pairs=pairs,
         weights=weights,
-        features=feature_norm_statistics(ranked, gradient_batches[0]),
+        features=feature_norm_statistics(
+            ranked, gradient_batches[0] if nfn_inputs is None else nfn_inputs
+        ),
         gradients=lambda names: gradient_statistics(
-            ranked, gradient_batches, names, loss=next_token_loss(lm)
+            ranked, gradient_batches, names, loss=next_token_loss(lm) if loss is None else loss
         ),
     )

@@ -15,7 +15,11 @@ import polars as pl
 from vitplasticity.plasticity.settings import PROTOCOLS
 from vitplasticity.recommend.criteria import Measurements
 from vitplasticity.recommend.ranking import Recommendation
-from vitplasticity.recommend.settings import RecommendTextSettings, check_dtype
+from vitplasticity.recommend.settings import (
+    RecommendImageSettings,
+    RecommendTextSettings,
+    check_dtype,
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,12 @@ class TextRecommendInputs:
     texts: tuple[str, ...]
     protocol: str = "embedding"
     dtype: str = "float32"
+    labelled_text: str | None = None
+    """A labelled text dataset (:mod:`vitplasticity.data.labelled`) instead of ``texts``: the
+    model is ranked as a sequence classifier with a new head, by the classification loss."""
+    warmup_steps: int = RecommendImageSettings.warmup_steps
+    """With ``labelled_text``: the new head's warm-up, as the image recommend's."""
+    warmup_lr: float = RecommendImageSettings.warmup_lr
 
     def validate(self) -> None:
         """Check every file and value before any compute.
@@ -43,8 +53,15 @@ class TextRecommendInputs:
         for flag, path in (("--reference", self.reference), *(("--text", t) for t in self.texts)):
             if not Path(path).is_file():
                 raise FileNotFoundError(f"{flag}: text file not found: {path}")
-        if not self.texts:
+        if self.labelled_text is None and not self.texts:
             raise ValueError("--text: no text file given")
+        if self.labelled_text is not None:
+            if self.texts:
+                raise ValueError("recommend: give --text or --labelled-text, not both")
+            if not Path(self.labelled_text).exists():
+                raise FileNotFoundError(f"--labelled-text: not found: {self.labelled_text}")
+            if self.warmup_steps < 0 or not self.warmup_lr > 0:
+                raise ValueError("--warmup-steps must be >= 0 and --warmup-lr > 0")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"--protocol: {self.protocol!r} not one of {', '.join(PROTOCOLS)}")
         check_dtype(self.dtype)

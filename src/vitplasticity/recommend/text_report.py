@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from torch import nn
 
 from vitplasticity.components import COMPONENTS
 from vitplasticity.recommend.criteria import Measurements
@@ -46,6 +47,14 @@ def text_export(
         dataset=inputs.dataset,
         recommendation=asdict(recommendation),
     )
+    if inputs.labelled_text is not None:
+        export["text"] = {
+            "sequence_classifier": class_path(lm),
+            "prefix": prefix,
+            "names": "the parameter and module names are the sequence classifier's",
+            "loss": "classification cross-entropy of a new head (after its warm-up)",
+        }
+        return export
     export["text"] = {
         "causal_lm": class_path(lm),
         "prefix": prefix,
@@ -58,6 +67,11 @@ def text_export(
         "loss": "next-token cross-entropy (token t from the tokens before it)",
     }
     return export
+
+
+def _parameters(model: nn.Module, name: str) -> int:
+    """The parameters of ``model``'s module ``name``."""
+    return sum(p.numel() for p in model.get_submodule(name).parameters())
 
 
 def report_notes(
@@ -73,7 +87,8 @@ def report_notes(
     (``refused``: the warnings that said so)."""
     lm, ranked, prefix, head = where.lm, where.ranked, where.prefix, where.head
     files = ", ".join(f"`{Path(t).name}`" for t in inputs.texts)
-    tied = lm.get_output_embeddings().weight is lm.get_input_embeddings().weight
+    output = lm.get_output_embeddings()  # None for a sequence classifier
+    tied = output is not None and output.weight is lm.get_input_embeddings().weight
     notes = [
         f"User text: {files} ({n_user:,} sequences of {settings.sequence_length} tokens, taken "
         f"in turn from each file). Plasticity pairs reference sequence i with user sequence i "
@@ -82,7 +97,8 @@ def report_notes(
         f"batches of {settings.batch_size} user sequences, NFN of the first batch. No head "
         "warm-up: the LM head is pretrained (the image recommend warms up a new classifier "
         "first).",
-        f"Here the classifier head and final norm are {', '.join(f'`{n}`' for n in head)}"
+        "Here the classifier head and final norm are "
+        + ", ".join(f"`{n}` ({_parameters(lm, n):,} parameters)" for n in head)
         + (
             "; the LM head is tied to the token embedding, which only the emb and full "
             "configurations train."

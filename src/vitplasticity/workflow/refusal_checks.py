@@ -34,6 +34,7 @@ STAGE_NAMES: dict[str, str] = {
     "plasticity in_situ": "the in_situ protocol",
     "bounds": "the bounds",
     "recommend": "recommend",
+    "recommend lm": "recommend by the next-token loss (unlabelled text)",
     "export": "recommend's export",
     "finetune": "finetuning",
     "lora": "LoRA",
@@ -127,7 +128,7 @@ def text_uses(config: Mapping[str, Any]) -> list[Use]:
                     "text_plasticity.run_models (recommend --text: recommend.enabled ranks every "
                     "text model)",
                     run,
-                    ("recommend",),
+                    ("recommend", "recommend lm"),
                     "drop the model from text_plasticity.run_models, or set "
                     "recommend.enabled: false",
                 )
