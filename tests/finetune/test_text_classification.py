@@ -348,3 +348,44 @@ def test_the_real_minilm_learns_licences_from_its_layer_norms_alone(
     labels = np.array([label for _, label in licence_paragraphs()])
     majority = max(np.mean(labels == name) for name in set(labels))
     assert summary["test_accuracy"] > majority + 0.1, (summary, majority)
+
+
+# --- a new LM head on a bare checkpoint ------------------------------------------------------
+
+LM_CASES = {
+    # id: (bare folder case, config changes, the task, the head drawn)
+    "gpt2-tied": ("gpt2", {}, "causal", []),
+    "llama-untied": ("llama", {"tie_word_embeddings": False}, "causal", ["lm_head.weight"]),
+    "bert": ("bert", {}, "masked", ["cls.predictions.bias", "cls.predictions.transform.LayerNorm.bias"]),
+    "deberta_v2": ("deberta_v2", {}, "masked", ["cls.predictions.bias", "cls.predictions.transform.dense.weight"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(LM_CASES))
+def test_a_bare_checkpoint_finetunes_as_a_language_model_with_a_new_head_where_it_has_none(
+    tmp_path: Path, case: str
+) -> None:
+    folder_case, changes, task, drawn_some = LM_CASES[case]
+    config_class, model_class, config = BARE[folder_case]
+    torch.manual_seed(0)
+    built = getattr(transformers, model_class)(
+        getattr(transformers, config_class)(**{**config, **changes})
+    )
+    folder = tmp_path / case
+    built.save_pretrained(folder)
+    text = tmp_path / "pattern.txt"
+    text.write_text(("abcdefgh" * 3 + "\n") * 40)
+    source = TextSource(
+        TextFinetuneSettings(tokenizer="bytes", sequence_length=12), text, "pattern"
+    )
+    run = Run("x", case, "pattern", "full", 3e-3, 0)
+    summary = train_runs([(run, tmp_path / "run")], _training(_entry(folder), steps=16), source)[0]
+    assert summary["task"] == task
+    metrics = pl.read_parquet(tmp_path / "run" / "metrics.parquet").drop_nulls("val_loss")
+    assert metrics["val_loss"][-1] < metrics["val_loss"][0]
+    head = summary["settings"]["resolved"]["lm_head"]
+    if drawn_some:
+        assert head.startswith("initialised from the run seed, not loaded")
+        assert all(name in head for name in drawn_some)
+    else:
+        assert head.startswith("the checkpoint's")

@@ -9,7 +9,8 @@ What this module adds:
 
 - **Model**: the LM of the ``models:`` entry, its own LM head included
   (:func:`build_text_lm`): a decoder as its causal LM (a bare one inside its causal-LM class,
-  head tied to the token embedding), an encoder as its ``...ForMaskedLM`` (a bare encoder, as
+  the head tied to the token embedding, or, where the config unties it, a new head drawn from
+  the run's seed), an encoder as its ``...ForMaskedLM`` (a bare encoder, as
   sentence-transformers saves one, inside its masked-LM class: the encoder the checkpoint's,
   the MLM head initialised from the run's seed, which the run's record says).
   Configurations select parameters as for images (:class:`ParameterMap`): every
@@ -112,17 +113,19 @@ def build_text_lm(model_name: str, model_spec: dict[str, Any]) -> tuple[nn.Modul
 
     Raises:
         UnsupportedModel: for an image model, a model no architecture knows, an encoder
-            without a masked-LM class, or a decoder whose LM head cannot be tied.
+            without a masked-LM class, or a decoder without a causal-LM class.
         ValueError: for an entry its family refuses.
     """
-    from vitplasticity.models.text import causal_lm, masked_lm
+    from vitplasticity.models.text import causal_lm_for_finetuning, masked_lm
 
     model = build_text_base(model_name, model_spec)
     if architecture_for(model).text_task == MASKED:
         lm, drawn = masked_lm(model)
         _log_drawn(model_name, model, "masked-LM head", drawn)
         return lm.train(), MASKED, drawn
-    return causal_lm(model).train(), CAUSAL, []
+    lm, drawn = causal_lm_for_finetuning(model)
+    _log_drawn(model_name, model, "LM head (untied, so not in a bare model)", drawn)
+    return lm.train(), CAUSAL, drawn
 
 
 def _log_drawn(model_name: str, model: nn.Module, what: str, drawn: list[str]) -> None:

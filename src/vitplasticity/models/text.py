@@ -164,6 +164,35 @@ def causal_lm(model: nn.Module) -> nn.Module:
     return lm.train(model.training)
 
 
+def causal_lm_for_finetuning(model: nn.Module) -> tuple[nn.Module, list[str]]:
+    """(the causal LM a finetuning run trains, the names of the head's tensors initialised,
+    not loaded): :func:`causal_lm`, but a bare model whose config unties the head (its
+    checkpoint holds no head) gets a new LM head drawn as :func:`_around_base` draws it, from
+    the torch RNG, which the run seeds with its seed, as an image run's new classifier.
+
+    Raises:
+        UnsupportedModel: naming the class, for a config without a causal-LM class, or a
+            counterpart that holds more than the base model and its head.
+    """
+    if model.get_output_embeddings() is not None or getattr(
+        model.config, "tie_word_embeddings", False
+    ):
+        return causal_lm(model), []
+    base, lm_class = _lm_counterpart(model, "MODEL_FOR_CAUSAL_LM_MAPPING", "causal-LM")
+    from vitplasticity.models.architectures.base import UnsupportedModel
+
+    lm, drawn = _around_base(lm_class, base.config, base)
+    head = {id(t) for t in lm.get_output_embeddings().parameters()}
+    tensors = dict((*lm.named_parameters(), *lm.named_buffers()))
+    if any(id(tensors[name]) not in head for name in drawn):
+        raise UnsupportedModel(
+            f"{type(model).__name__}: its causal LM {lm_class.__name__} holds "
+            f"{', '.join(drawn[:4])} beyond the base model and the LM head; name the causal-LM "
+            f"class in the model entry (model_class: {lm_class.__name__})"
+        )
+    return lm.train(model.training), drawn
+
+
 def masked_lm(model: nn.Module) -> tuple[nn.Module, list[str]]:
     """(``model`` when it is a masked LM, else its ``...ForMaskedLM`` counterpart, the names
     of the head's tensors initialised, not loaded).
