@@ -247,14 +247,15 @@ def test_meta_is_checked_when_read(tmp_path: Path, meta: object, says: str) -> N
     )
 
 
+@pytest.mark.parametrize("source", ["text_file", "labelled_text"])
 def test_prepare_cli_says_a_text_dataset_is_read_as_it_is(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, source: str
 ) -> None:
-    spec = {"source": "text_file", "path": str(tmp_path / "wiki.txt")}
+    spec = {"source": source, "path": str(tmp_path / "wiki.txt")}
     args = ["prepare", "--dataset", "wiki", "--spec", json.dumps(spec)]
     code = cli_main([*args, "--out", str(tmp_path / "wiki")])
     assert (
         code == 2
-        and "datasets.wiki: a text dataset (source: text_file) is not prepared" in caplog.text
+        and f"datasets.wiki: a text dataset (source: {source}) is not prepared" in caplog.text
     )
     assert not (tmp_path / "wiki").exists()

@@ -1,6 +1,7 @@
 """A labelled real-text dataset every Debian machine can build: the paragraphs of licences in
 /usr/share/common-licenses (base-files), each labelled by its licence. English prose of three
-kinds, long enough to be worth classifying, small enough for a test."""
+kinds, long enough to be worth classifying, small enough for a test. And a synthetic one a
+tiny model learns in a few steps (:func:`write_first_byte_csv`)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ def write_licence_csv(path: Path, licences: tuple[str, ...] = LICENCES) -> Path:
         writer = csv.writer(handle)
         writer.writerow(["text", "label"])
         writer.writerows(licence_paragraphs(licences))
+    return path
+
+
+def write_first_byte_csv(path: Path, rows: int = 60) -> Path:
+    """Write a CSV of ``rows`` documents of two classes, ``odd`` and ``even``, that the first
+    byte tells apart (``x`` or ``y``; the rest is noise of the same bytes for both); return
+    ``path``."""
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", "label"])
+        writer.writerows(
+            (("x" if i % 2 else "y") + "abcdefgh"[i % 5 :], "odd" if i % 2 else "even")
+            for i in range(rows)
+        )
     return path
 
 

@@ -1,5 +1,6 @@
-"""``models:`` entries of tiny GPT2 text models, built through the front door
-(``vitplasticity.models.build.build_model``) as the text stages build them."""
+"""``models:`` entries of tiny GPT2 and BERT text models, built through the front door
+(``vitplasticity.models.build.build_model``) as the text stages build them, and ``datasets:``
+entries of text files and of labelled text."""
 
 from __future__ import annotations
 
@@ -38,6 +39,15 @@ BERT_MLM = {
     "model_class": "BertForMaskedLM",
     "config": {"model_type": "bert", **ENCODER_TINY_CONFIG},
 }
+# A bare BERT: a classification run builds its sequence-classification class around it, the
+# head (and pooler) drawn from the run seed.
+BERT = {
+    "family": "transformers",
+    "hf_id": "tiny-bert",
+    "weights": "random",
+    "model_class": "BertModel",
+    "config": {"model_type": "bert", **ENCODER_TINY_CONFIG},
+}
 LENGTH = 12  # tokens per sequence (the tiny configs have 16 positions)
 
 
@@ -45,3 +55,9 @@ def text_dataset(path: object, **keys: Any) -> dict:
     """A ``datasets:`` entry of a text dataset (``source: text_file``) reading ``path``, with
     ``keys`` (tokenizer, sequence_length, steps, val_every) over short-run defaults."""
     return {"source": "text_file", "path": str(path), "steps": 10, "val_every": 5, **keys}
+
+
+def labelled_dataset(path: object, **keys: Any) -> dict:
+    """A ``datasets:`` entry of labelled text (``source: labelled_text``) reading ``path``, with
+    ``keys`` (tokenizer, sequence_length, steps, val_every) over short-run defaults."""
+    return {"source": "labelled_text", "path": str(path), "steps": 10, "val_every": 5, **keys}

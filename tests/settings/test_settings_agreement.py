@@ -61,6 +61,7 @@ RUN_IDENTITY_DESTS = {
     "dataset",
     "dataset_dir",
     "text",
+    "labelled_text",
     "configuration",
     "lr",
     "seed",
@@ -441,8 +442,8 @@ STAGES = [
         ("finetune",),
         # The run's identity and inputs, and the training flags: TrainingSettings'.
         frozenset(
-            {"experiment", "model", "dataset", "dataset_dir", "text", "configuration", "lr"}
-            | {"seed", "out_dir", "runs", "stop_at_step"}
+            {"experiment", "model", "dataset", "dataset_dir", "text", "labelled_text"}
+            | {"configuration", "lr", "seed", "out_dir", "runs", "stop_at_step"}
             | {field.name for field in dataclasses.fields(TrainingSettings)}
         ),
         # TrainingSettings declares the block's other keys (tested above).

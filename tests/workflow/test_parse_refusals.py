@@ -270,8 +270,8 @@ CASES: list[tuple[str, Edit, list[str]]] = [
         "text-grid-image-and-text-datasets",
         lambda tmp: text_grid(tmp, datasets=["wiki", "cifar100"]),
         [
-            "experiments.text.datasets: image datasets (cifar100) and text datasets (wiki): "
-            "an experiment finetunes on one kind; split it in two"
+            "experiments.text.datasets: text datasets of source text_file (wiki) and image "
+            "datasets (cifar100): an experiment finetunes on one kind; split it in two"
         ],
     ),
     (

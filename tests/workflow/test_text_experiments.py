@@ -15,7 +15,10 @@ from tests.helpers.text_entries import text_dataset
 from vitplasticity.workflow.config import ConfigError
 from vitplasticity.workflow.config_check import check_config
 from vitplasticity.workflow.datasets import DatasetJobs
-from vitplasticity.workflow.experiments import image_experiments, text_experiments
+from vitplasticity.workflow.experiments import (
+    classification_experiments,
+    language_model_experiments,
+)
 from vitplasticity.workflow.finetune_jobs import FinetuneJobs
 from vitplasticity.workflow.targets import Targets
 
@@ -54,7 +57,8 @@ def test_a_text_experiment_is_run_by_the_finetune_rules_and_checked_by_text_crit
 ) -> None:
     config = _config(tmp_path)
     check_config(config)
-    assert "text" in text_experiments(config) and "text" not in image_experiments(config)
+    assert "text" in language_model_experiments(config)
+    assert "text" not in classification_experiments(config)
     targets = Targets(config)
     runs = targets.finetune("text")
     assert len(runs) == 1 * 1 * 2 * 2 * 2
@@ -88,7 +92,7 @@ def test_a_text_experiment_is_run_by_the_finetune_rules_and_checked_by_text_crit
 def test_a_disabled_text_experiment_is_neither_checked_nor_run(tmp_path: Path) -> None:
     config = _config(tmp_path, enabled=False, models=["nowhere"])
     check_config(config)
-    assert text_experiments(config) == []
+    assert language_model_experiments(config) == []
     assert not [t for t in Targets(config).criteria() if "stats/text/" in t]
 
 
@@ -98,7 +102,7 @@ def test_a_disabled_text_experiment_is_neither_checked_nor_run(tmp_path: Path) -
         ({"models": ["gpt3"]}, "experiments.text.models: unknown model 'gpt3'"),
         ({"models": ["vit_base"]}, "experiments.text.models: 'vit_base' takes images, and experiments.text.datasets are text datasets (notes)"),
         ({"datasets": ["gone"]}, "experiments.text.datasets: unknown dataset 'gone'"),
-        ({"datasets": ["notes", "cifar10"]}, "experiments.text.datasets: image datasets (cifar10) and text datasets (notes)"),
+        ({"datasets": ["notes", "cifar10"]}, "experiments.text.datasets: text datasets of source text_file (notes) and image datasets (cifar10)"),
         ({"dataset": {"path": "/no/such.txt"}}, "datasets.notes.path: '/no/such.txt' does not exist"),
         ({"dataset": {"sequence_length": 20}}, "datasets.notes.sequence_length: 20 exceeds the 16 positions"),
         ({"lrs": [1e-3, 1.0000001e-3]}, "experiments.text: learning rates 0.001 and 0.0010000001 of dataset 'notes' share the path label"),

@@ -7,7 +7,7 @@ from functools import partial
 from snakemake.exceptions import WorkflowError
 
 from vitplasticity.workflow.config import config_errors_end_the_run
-from vitplasticity.workflow.experiments import image_experiments
+from vitplasticity.workflow.experiments import classification_experiments
 from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.workflow.bill import BillNotice
 from vitplasticity.workflow.costs import JobRuntimes
@@ -120,8 +120,9 @@ TEXT_BOUNDS_PARAMS = DATA.reference_sequences() | stage_params(config, TextBound
 # one-run rule of finetune_runs.smk and the packed rules of finetune_packs.smk). The finetune.<key> entries
 # and the command's training flags come from the fields of TrainingSettings.
 FINETUNE_PARAMS = FINETUNE.params()
-# A run reads an image dataset's prepared folder (--dataset-dir) or a text dataset's file
-# (--text, with its text flags): params data_flag and text_flags, per job.
+# A run reads an image dataset's prepared folder (--dataset-dir), a text dataset's file (--text)
+# or labelled text (--labelled-text), these two with their text flags: params data_flag and
+# text_flags, per job.
 FINETUNE_COMMAND = (
     f"{OFFLINE} vitplasticity finetune"
     " --experiment {wildcards.experiment} --model {wildcards.model}"

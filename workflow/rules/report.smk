@@ -28,7 +28,7 @@ rule aggregate_all:
     input:
         expand(
             f"{RESULTS}/aggregate/{{experiment}}_runs.parquet",
-            experiment=image_experiments(config),
+            experiment=classification_experiments(config),
         ),
     output:
         f"{RESULTS}/aggregate/runs.parquet",

@@ -30,8 +30,9 @@ import numpy as np
 
 from vitplasticity.data.store import fixed_split
 
-LABELLED_SOURCE = "labelled_text"
-"""The ``source`` of a labelled text dataset entry."""
+# The source's name is declared once, beside text_file's, where the torch-free workflow reads
+# it; imported here so that the reader's module names its source too.
+from vitplasticity.settings.sequences import LABELLED_SOURCE as LABELLED_SOURCE
 
 TABLE_SUFFIXES = (".csv", ".jsonl")
 """The file formats of a table of documents and labels."""
@@ -88,6 +89,37 @@ def read_labelled(path: str | Path) -> LabelledDataset:
         pool, test = _read_class_folders(root / "train"), _read_class_folders(root / "test")
         return _named_splits(pool, test, "the folders train/ and test/")
     return _fixed_split(_read_class_folders(root))
+
+
+def layout_problem(path: str | Path) -> str | None:
+    """What makes ``path`` no labelled dataset, told from its names alone (no document is
+    read: the workflow asks when it parses the config, before any job), as a phrase after the
+    path ("does not exist"); None when it has one of the module's layouts. A document's own
+    problems are :func:`read_labelled`'s."""
+    root = Path(path)
+    if not root.exists():
+        return "does not exist"
+    if root.is_file():
+        if root.suffix in TABLE_SUFFIXES:
+            return None
+        return (
+            f"is a {root.suffix or 'suffix-less'} file, not a {' or '.join(TABLE_SUFFIXES)} table"
+        )
+    if _table_in(root, "train") and _table_in(root, "test"):
+        return None
+    splits = [root / "train", root / "test"]
+    if all(folder.is_dir() for folder in splits):
+        empty = [f"{folder.name}/" for folder in splits if next(_class_files(folder), None) is None]
+        if empty:
+            verb = "holds" if len(empty) == 1 else "hold"
+            return f"is a folder whose {' and '.join(empty)} {verb} no <class>/<document>.txt files"
+        return None
+    if next(_class_files(root), None) is None:
+        return (
+            "is a folder of neither train and test tables (train.csv and test.csv, or .jsonl) "
+            "nor <class>/<document>.txt files"
+        )
+    return None
 
 
 def _table_in(root: Path, split: str) -> Path | None:
@@ -154,17 +186,23 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, str]]:
             yield _checked_row(row["text"], row["label"], where)
 
 
-def _read_class_folders(root: Path) -> Rows:
-    rows: Rows = []
+def _class_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """(class, file) of every ``<class>/<document>.txt`` in ``root``, in sorted order."""
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         for file in sorted(folder.glob("*.txt")):
-            try:
-                text = file.read_text(encoding="utf-8")
-            except UnicodeDecodeError as error:
-                raise ValueError(
-                    f"labelled text file {file}: not UTF-8 text ({error.reason})"
-                ) from None
-            rows.append(_checked_row(text, folder.name, str(file)))
+            yield folder.name, file
+
+
+def _read_class_folders(root: Path) -> Rows:
+    rows: Rows = []
+    for label, file in _class_files(root):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"labelled text file {file}: not UTF-8 text ({error.reason})"
+            ) from None
+        rows.append(_checked_row(text, label, str(file)))
     if not rows:
         raise FileNotFoundError(
             f"labelled text folder {root}: no <class>/<document>.txt files (nor train.csv and "

@@ -8,7 +8,7 @@ from typing import Any
 
 from vitplasticity.data.imagefolder import prepare_image_folder
 from vitplasticity.data.synthetic import prepare_synthetic
-from vitplasticity.settings.sequences import TEXT_SOURCE
+from vitplasticity.settings.sequences import TEXT_SOURCES
 
 
 def prepare_dataset(
@@ -24,9 +24,9 @@ def prepare_dataset(
         ValueError: for an unknown source, naming the dataset and the known sources.
     """
     source = spec.get("source")
-    if source == TEXT_SOURCE:
+    if source in TEXT_SOURCES:
         raise ValueError(
-            f"datasets.{name}: a text dataset (source: {TEXT_SOURCE}) is not prepared: the text "
+            f"datasets.{name}: a text dataset (source: {source}) is not prepared: the text "
             "stages read its path as it is"
         )
     if source == "synthetic":
@@ -38,6 +38,6 @@ def prepare_dataset(
     from vitplasticity.data import sources
 
     if source not in sources.SOURCES:
-        known = ["synthetic", "image_folder", *sources.SOURCES, TEXT_SOURCE]
+        known = ["synthetic", "image_folder", *sources.SOURCES, *TEXT_SOURCES]
         raise ValueError(f"datasets.{name}.source: unknown source {source!r}; known: {known}")
     return sources.SOURCES[source].prepare(name, spec, Path(out_dir), Path(downloads))

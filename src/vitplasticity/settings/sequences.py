@@ -1,6 +1,7 @@
 """How a text dataset becomes token sequences: the keys ``tokenizer`` and ``sequence_length``
-of a ``datasets:`` entry of source ``text_file``, declared once for every stage that cuts text
-(text plasticity, its bounds, recommend --text, text finetuning).
+of a ``datasets:`` entry of source ``text_file`` or ``labelled_text``, declared once for every
+stage that cuts text (text plasticity, its bounds, recommend --text, text finetuning and
+classification).
 
 A text dataset is a dataset like any other: its entry names the file and how it is cut, and
 every stage reading it cuts it the same way. The schema gives these keys no default (a
@@ -16,6 +17,14 @@ from vitplasticity.settings.declaration import setting
 
 TEXT_SOURCE = "text_file"
 """The ``source`` of a text dataset entry: a text file, one document per line."""
+
+LABELLED_SOURCE = "labelled_text"
+"""The ``source`` of a labelled text dataset entry: documents with a class label
+(:mod:`vitplasticity.data.labelled`), which a text model classifies."""
+
+TEXT_SOURCES = (TEXT_SOURCE, LABELLED_SOURCE)
+"""The sources of the datasets a text model reads, each cut by its entry's ``tokenizer`` and
+``sequence_length``."""
 
 TOKENIZER_KEY = "datasets.<name>.tokenizer"
 SEQUENCE_LENGTH_KEY = "datasets.<name>.sequence_length"

@@ -54,6 +54,8 @@ def config_errors_end_the_run(*also: type[Exception]) -> Iterator[None]:
 # through as "some other source's option").
 _DATASET_COMMON = ("source", "steps", "val_every")
 _DOWNLOADED = ("url", "archive", "checksums")
+# A text dataset, of either text source, is read where path names it and cut as it says.
+_TEXT = (*_DATASET_COMMON, "path", "tokenizer", "sequence_length")
 DATASET_KEYS: dict[str, tuple[str, ...]] = {
     "synthetic": (
         *_DATASET_COMMON,
@@ -71,7 +73,8 @@ DATASET_KEYS: dict[str, tuple[str, ...]] = {
     "domainnet": (*_DATASET_COMMON, "domain", "split", *_DOWNLOADED),
     "flowers102": (*_DATASET_COMMON, *_DOWNLOADED),
     "pet": (*_DATASET_COMMON, *_DOWNLOADED),
-    "text_file": (*_DATASET_COMMON, "path", "tokenizer", "sequence_length"),
+    "text_file": _TEXT,
+    "labelled_text": _TEXT,
 }
 # How check_keys names a value that should be a mapping (and counts such problems).
 SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

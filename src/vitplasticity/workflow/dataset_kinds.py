@@ -2,12 +2,14 @@
 
 A dataset entry of ``source: text_file`` is a text dataset: its ``path`` is a text file, one
 document per line, cut into sequences as its ``tokenizer`` and ``sequence_length`` say
-(:mod:`vitplasticity.settings.sequences`). Every other source is an image dataset. Text
-plasticity (its reference and datasets) takes text datasets only, the image stages
-(``plasticity``, ``recommend``, the reference set) image datasets only; an experiment takes
-either, one kind per experiment, with models that take that kind (:func:`experiment_problems`).
-A mismatch is named at parse time, the key with the dataset and its source. Plain Python, no
-torch: the Snakefile checks the config with it.
+(:mod:`vitplasticity.settings.sequences`). One of ``source: labelled_text`` is a labelled text
+dataset: its ``path`` a table of documents and labels or a folder of them
+(:mod:`vitplasticity.data.labelled`), each document cut to its first ``sequence_length``
+tokens. Every other source is an image dataset. Text plasticity (its reference and datasets)
+takes text files only, the image stages (``plasticity``, ``recommend``, the reference set)
+image datasets only; an experiment takes one kind of the three, with models that take that
+kind (:func:`experiment_problems`). A mismatch is named at parse time, the key with the
+dataset and its source. Plain Python, no torch: the Snakefile checks the config with it.
 """
 
 from __future__ import annotations
@@ -17,17 +19,50 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from vitplasticity.settings.sequences import TEXT_SOURCE, sequence_settings
+from vitplasticity.settings.sequences import (
+    LABELLED_SOURCE,
+    TEXT_SOURCE,
+    TEXT_SOURCES,
+    sequence_settings,
+)
+
+IMAGES = "images"
+"""The kind of every dataset whose source is not a text one (:func:`dataset_kind`)."""
+
+KIND_NAMES: dict[str, str] = {
+    IMAGES: "image datasets",
+    TEXT_SOURCE: f"text datasets of source {TEXT_SOURCE}",
+    LABELLED_SOURCE: f"labelled text datasets of source {LABELLED_SOURCE}",
+}
+"""How a message names the datasets of each kind."""
 
 _TEXT_ENTRY = (
     "datasets: {<name>: {source: text_file, path: <file, one document per line>, steps: <n>, "
     "val_every: <n>}}"
 )
 
+_PATHS = {
+    TEXT_SOURCE: "a text file, one document per line",
+    LABELLED_SOURCE: (
+        "a .csv or .jsonl file with text and label columns, or a folder of train and test "
+        "ones or of <class>/<document>.txt files"
+    ),
+}
+"""What the ``path`` of each text source is."""
+
+
+def dataset_kind(entry: Any) -> str:
+    """The kind of a ``datasets:`` entry: its source for a text source (:data:`TEXT_SOURCE`, a
+    text file a language model is trained on; :data:`LABELLED_SOURCE`, labelled text a
+    classifier is trained on), else :data:`IMAGES`."""
+    source = entry.get("source") if isinstance(entry, Mapping) else None
+    return source if source in TEXT_SOURCES else IMAGES
+
 
 def is_text_dataset(entry: Any) -> bool:
-    """Whether a ``datasets:`` entry is a text dataset (``source: text_file``)."""
-    return isinstance(entry, Mapping) and entry.get("source") == TEXT_SOURCE
+    """Whether a ``datasets:`` entry is read by text models: a text file or labelled text,
+    read where its ``path`` names it and cut as its entry says."""
+    return dataset_kind(entry) != IMAGES
 
 
 def _image_stage_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
@@ -66,35 +101,47 @@ def text_dataset_problems(config: Mapping[str, Any]) -> list[str]:
         for problem in _path_problems(name, entry)
     ]
     for key, name in _image_stage_names(config):
-        if is_text_dataset(datasets.get(name)):
+        kind = dataset_kind(datasets.get(name))
+        if kind != IMAGES:
             problems.append(
-                f"{key}: {name!r} is a text dataset (source: text_file): this stage takes "
-                "image datasets; text datasets go to text_plasticity.datasets or to an "
+                f"{key}: {name!r} is a text dataset (source: {kind}): this stage takes image "
+                "datasets; text datasets go to text_plasticity.datasets (text files) or to an "
                 "experiment's datasets"
             )
     for key, name in _text_stage_names(config):
         entry = datasets.get(name)
+        kind = dataset_kind(entry)
         if entry is None:
             problems.append(_undefined_text_dataset(key, name, datasets))
-        elif not is_text_dataset(entry):
+        elif kind != TEXT_SOURCE:
             source = entry.get("source") if isinstance(entry, Mapping) else None
+            what = "a labelled text" if kind == LABELLED_SOURCE else "an image"
             problems.append(
-                f"{key}: {name!r} is an image dataset (source: {source}): this stage takes text "
-                f"datasets, {_TEXT_ENTRY}"
+                f"{key}: {name!r} is {what} dataset (source: {source}): this stage takes text "
+                f"files, {_TEXT_ENTRY}"
             )
     return problems + _cut_problems(config)
 
 
 def _path_problems(name: str, entry: Mapping[str, Any]) -> list[str]:
-    key = f"datasets.{name}.path"
+    """The problem of a text dataset's ``path``: missing, not there, or not of its source's
+    kind (a folder for a text file; for labelled text, a layout
+    :func:`vitplasticity.data.labelled.layout_problem` refuses)."""
+    key, source = f"datasets.{name}.path", entry["source"]
+    remedy = f"give {_PATHS[source]}"
     if not entry.get("path"):
-        return [f"{key}: missing: a text_file dataset reads its text from path: <file>"]
+        return [f"{key}: missing: a {source} dataset reads its documents from path: {remedy}"]
     path = Path(os.path.expanduser(str(entry["path"])))
-    if path.is_dir():
-        return [f"{key}: {entry['path']!r} is a folder: give a text file, one document per line"]
-    if not path.is_file():
-        return [f"{key}: {entry['path']!r} does not exist: give a text file, one document per line"]
-    return []
+    if source == LABELLED_SOURCE:
+        # Imported here: the reader's numpy is needed only by a config with labelled text.
+        from vitplasticity.data.labelled import layout_problem
+
+        problem = layout_problem(path)
+    elif path.is_dir():
+        problem = "is a folder"
+    else:
+        problem = None if path.is_file() else "does not exist"
+    return [f"{key}: {entry['path']!r} {problem}: {remedy}"] if problem else []
 
 
 def _undefined_text_dataset(key: str, name: str, datasets: Mapping[str, Any]) -> str:
@@ -115,13 +162,13 @@ def _cut_problems(config: Mapping[str, Any]) -> list[str]:
     text = config.get("text_plasticity") or {}
     datasets = config.get("datasets") or {}
     reference = datasets.get(text.get("reference"))
-    if not text.get("enabled") or not is_text_dataset(reference):
+    if not text.get("enabled") or dataset_kind(reference) != TEXT_SOURCE:
         return []
     expected = sequence_settings(reference)
     problems = []
     for name in text.get("datasets") or []:
-        if not is_text_dataset(datasets.get(name)):
-            continue
+        if dataset_kind(datasets.get(name)) != TEXT_SOURCE:
+            continue  # named by text_dataset_problems
         for key, value in sequence_settings(datasets[name]).items():
             if value != expected[key]:
                 problems.append(
@@ -133,11 +180,13 @@ def _cut_problems(config: Mapping[str, Any]) -> list[str]:
 
 
 def experiment_problems(config: Mapping[str, Any]) -> list[str]:
-    """Per enabled experiment: datasets of both kinds (one experiment, one kind); and for an
-    experiment on text datasets, each model that takes no token ids, each dataset's sequence
-    longer than a random-init model's stated positions, and each dataset whose runs are no
-    longer than the warm-up (they would never reach their learning rate). An image
-    experiment's models are checked with the other image stages' (``model_entries``)."""
+    """Per enabled experiment: datasets of several kinds (one experiment, one kind: its runs
+    are read as one table, by the accuracy report or the text criteria check); and for an
+    experiment on text datasets (text files or labelled text), each model that takes no token
+    ids, each dataset's sequence longer than a random-init model's stated positions, and each
+    dataset whose runs are no longer than the warm-up (they would never reach their learning
+    rate). An image experiment's models are checked with the other image stages'
+    (``model_entries``)."""
     from vitplasticity.models.registry import family_inputs
     from vitplasticity.models.text import stated_positions
     from vitplasticity.workflow.model_entries import model_inputs
@@ -150,15 +199,18 @@ def experiment_problems(config: Mapping[str, Any]) -> list[str]:
             continue
         key = f"experiments.{experiment}"
         names = [d for d in block.get("datasets") or [] if isinstance(datasets.get(d), Mapping)]
+        by_kind: dict[str, list[str]] = {}
+        for name in names:
+            by_kind.setdefault(dataset_kind(datasets[name]), []).append(name)
+        if len(by_kind) > 1:
+            kinds = [f"{KIND_NAMES[kind]} ({', '.join(d)})" for kind, d in by_kind.items()]
+            problems.append(
+                f"{key}.datasets: {' and '.join(kinds)}: an experiment finetunes on one kind; "
+                f"split it in {('two', 'three')[len(by_kind) - 2]}"
+            )
+            continue
         text = [d for d in names if is_text_dataset(datasets[d])]
         if not text:
-            continue
-        if len(text) < len(names):
-            images = [d for d in names if d not in text]
-            problems.append(
-                f"{key}.datasets: image datasets ({', '.join(images)}) and text datasets "
-                f"({', '.join(text)}): an experiment finetunes on one kind; split it in two"
-            )
             continue
         for name in block.get("models") or []:
             entry = models.get(name)

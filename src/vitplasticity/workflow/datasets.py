@@ -1,6 +1,6 @@
 """The data a job reads: downloads, prepared datasets, the plasticity reference set and the
-text datasets' files (``source: text_file``, read where their entry names them), below
-``<resources>`` or where the config names them."""
+text datasets' files or folders (``source: text_file`` or ``labelled_text``, read where their
+entry names them), below ``<resources>`` or where the config names them."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ class DatasetJobs:
 
     def dataset(self, wildcards: Wildcards) -> str:
         """Input function: what the job's dataset is read from: an image dataset's prepared
-        folder, a text dataset's file (``datasets.<name>.path``, read where it is)."""
+        folder, a text dataset's file or labelled text's file or folder
+        (``datasets.<name>.path``, read where it is)."""
         if is_text_dataset(self.datasets[wildcards.dataset]):
             return self.datasets[wildcards.dataset]["path"]
         return self.dataset_dir(wildcards.dataset)

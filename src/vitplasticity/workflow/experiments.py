@@ -1,37 +1,63 @@
 """Which experiments the report's statistics, optimizer figure and criteria score, and the
 (model, dataset) cells an experiment covers: decisions over the config alone.
 
-An experiment finetunes image models on image datasets or text models on text datasets
-(``source: text_file``; check_config refuses a mix, naming both). Its runs are the same jobs
-either way; what differs is how they are read: an image experiment's by the accuracy report
-(aggregation, tables, figures, Wilcoxon tests, the criteria), a text experiment's by the text
-criteria check, which selects by the lowest validation loss (a language-modelling loss has no
-test accuracy)."""
+An experiment finetunes image models on image datasets, or text models on text files
+(``source: text_file``) or on labelled text (``source: labelled_text``); check_config refuses a
+mix, naming each kind's datasets. Its runs are the same jobs every way; what differs is how
+they are read. A *classification* experiment (images or labelled text) trains a new head and
+measures a test accuracy: the accuracy report reads it (aggregation, tables, figures, Wilcoxon
+tests, the criteria). A *language-model* experiment (text files) is read by the text criteria
+check, which selects by the lowest validation loss (a language-modelling loss has no test
+accuracy)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from vitplasticity.settings.sequences import LABELLED_SOURCE, TEXT_SOURCE
 from vitplasticity.workflow.config import enabled_experiments
-from vitplasticity.workflow.dataset_kinds import is_text_dataset
+from vitplasticity.workflow.dataset_kinds import IMAGES, dataset_kind
+
+
+def experiment_kind(config: dict[str, Any], name: str) -> str:
+    """The kind of experiment ``name``'s datasets (:func:`.dataset_kinds.dataset_kind`: all of
+    them are one kind, check_config); :data:`IMAGES` for an experiment of no known dataset."""
+    datasets = config.get("datasets") or {}
+    named = [d for d in config["experiments"][name].get("datasets") or [] if d in datasets]
+    return dataset_kind(datasets[named[0]]) if named else IMAGES
 
 
 def is_text_experiment(config: dict[str, Any], name: str) -> bool:
-    """Whether experiment ``name`` finetunes on text datasets (all of its datasets are one
-    kind: check_config)."""
-    datasets = config.get("datasets") or {}
-    named = config["experiments"][name].get("datasets") or []
-    return any(is_text_dataset(datasets.get(d)) for d in named)
+    """Whether experiment ``name`` finetunes text models, on text files or labelled text."""
+    return experiment_kind(config, name) != IMAGES
+
+
+def is_classification_experiment(config: dict[str, Any], name: str) -> bool:
+    """Whether experiment ``name``'s runs measure a test accuracy (images or labelled text),
+    which the accuracy report reads."""
+    return experiment_kind(config, name) != TEXT_SOURCE
 
 
 def image_experiments(config: dict[str, Any]) -> list[str]:
-    """The enabled experiments on image datasets: the accuracy report's."""
+    """The enabled experiments on image datasets: their models are checked with the image
+    stages'."""
     return [name for name in enabled_experiments(config) if not is_text_experiment(config, name)]
 
 
-def text_experiments(config: dict[str, Any]) -> list[str]:
-    """The enabled experiments on text datasets: the text criteria check's."""
-    return [name for name in enabled_experiments(config) if is_text_experiment(config, name)]
+def classification_experiments(config: dict[str, Any]) -> list[str]:
+    """The enabled experiments on image datasets or labelled text: the accuracy report's."""
+    return [
+        name for name in enabled_experiments(config) if is_classification_experiment(config, name)
+    ]
+
+
+def language_model_experiments(config: dict[str, Any]) -> list[str]:
+    """The enabled experiments on text files: the text criteria check's."""
+    return [
+        name
+        for name in enabled_experiments(config)
+        if not is_classification_experiment(config, name)
+    ]
 
 
 def stats_experiments(config: dict[str, Any]) -> list[str]:
@@ -40,17 +66,17 @@ def stats_experiments(config: dict[str, Any]) -> list[str]:
     reference = config["report"]["reference_component"]
     return [
         name
-        for name in image_experiments(config)
+        for name in classification_experiments(config)
         if reference in config["experiments"][name]["configurations"]
         and len(config["experiments"][name]["configurations"]) > 1
     ]
 
 
 def compared_optimizers(config: dict[str, Any]) -> list[str]:
-    """The two enabled image experiments of ``report.optimizer_comparison``, or [] when not
-    both are."""
+    """The two enabled classification experiments of ``report.optimizer_comparison``, or []
+    when not both are."""
     names = config["report"]["optimizer_comparison"]
-    enabled = set(image_experiments(config))
+    enabled = set(classification_experiments(config))
     return names if len(names) == 2 and all(n in enabled for n in names) else []
 
 
@@ -62,9 +88,13 @@ def experiment_cells(config: dict[str, Any], experiment: str) -> list[tuple[str,
 
 def measured_cells(config: dict[str, Any], experiment: str) -> list[tuple[str, str]]:
     """The cells of ``experiment`` whose plasticity the plasticity grid measures (a text
-    experiment's: text plasticity, when enabled)."""
+    experiment's: text plasticity, when enabled; a labelled-text experiment has none, as text
+    plasticity measures text files)."""
     p = config["plasticity"]
-    if is_text_experiment(config, experiment):
+    kind = experiment_kind(config, experiment)
+    if kind == LABELLED_SOURCE:
+        return []
+    if kind == TEXT_SOURCE:
         text = config["text_plasticity"]
         if not text["enabled"]:
             return []
@@ -77,16 +107,19 @@ def measured_cells(config: dict[str, Any], experiment: str) -> list[tuple[str, s
 
 
 def criteria_experiments(config: dict[str, Any]) -> list[str]:
-    """The image experiments the criteria score: none unless report.criteria.enabled or
-    recommend.enabled; else those of report.criteria.experiments that are enabled and have a
-    criterion to score (the parameter counts, recommend's tables, or measured plasticity)."""
+    """The classification experiments the criteria score: none unless report.criteria.enabled
+    or recommend.enabled; else those of report.criteria.experiments that are enabled and have a
+    criterion to score (the parameter counts, recommend's tables, or measured plasticity;
+    recommend ranks image models on image datasets, so a labelled-text experiment has no
+    recommend table)."""
     criteria = config["report"]["criteria"]
     recommend = config["recommend"]["enabled"]
     if not (criteria["enabled"] or recommend):
         return []
-    enabled = set(image_experiments(config))
-    return [
-        name
-        for name in criteria["experiments"]
-        if name in enabled and (criteria["parameters"] or recommend or measured_cells(config, name))
-    ]
+    enabled = set(classification_experiments(config))
+
+    def scored(name: str) -> bool:
+        ranked = recommend and experiment_kind(config, name) == IMAGES
+        return bool(criteria["parameters"] or ranked or measured_cells(config, name))
+
+    return [name for name in criteria["experiments"] if name in enabled and scored(name)]

@@ -1,10 +1,12 @@
 """The params of the finetuning jobs: one run (``finetune --lr --seed``) or a pack of runs
 (``finetune --runs``, with finetune.pack_runs), each finetune setting its own params entry.
 
-An experiment's runs read images (an image dataset's prepared folder, ``--dataset-dir``) or
-text (a text dataset's file, ``--text``, cut as its entry says): the dataset decides, per job,
-so one rule serves both and editing a key reruns only the runs that read it (a text dataset's
-``tokenizer`` its own runs, ``finetune.augment`` the image runs)."""
+An experiment's runs read images (an image dataset's prepared folder, ``--dataset-dir``),
+text (a text dataset's file, ``--text``, cut as its entry says) or labelled text (its table or
+folder, ``--labelled-text``, each document cut as its entry says): the dataset decides, per
+job, so one rule serves all three and editing a key reruns only the runs that read it (a text
+dataset's ``tokenizer`` its own runs, ``finetune.augment`` the image runs,
+``finetune.mask_probability`` the text-file runs)."""
 
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ from vitplasticity.finetune.settings import (
     TrainingSettings,
 )
 from vitplasticity.settings.declaration import config_flags, rule_params
-from vitplasticity.settings.sequences import sequence_settings
+from vitplasticity.settings.sequences import LABELLED_SOURCE, TEXT_SOURCE, sequence_settings
 from vitplasticity.workflow.config import grid_lr
-from vitplasticity.workflow.dataset_kinds import is_text_dataset
+from vitplasticity.workflow.dataset_kinds import IMAGES, dataset_kind, is_text_dataset
 from vitplasticity.workflow.jobs import ModelJobs
 from vitplasticity.workflow.packs import FinetunePack
 from vitplasticity.workflow.params import Wildcards, as_json, demo_flag
@@ -28,6 +30,13 @@ from vitplasticity.workflow.verify_jobs import VerifyJobs
 
 # The configuration part that trains LoRA adapters (finetune.lora's flags).
 LORA = "lora"
+
+DATA_FLAGS: dict[str, str] = {
+    IMAGES: "--dataset-dir",
+    TEXT_SOURCE: "--text",
+    LABELLED_SOURCE: "--labelled-text",
+}
+"""The finetune command's flag of the data of each dataset kind."""
 
 
 class FinetuneJobs:
@@ -95,7 +104,7 @@ class FinetuneJobs:
 
     def _image_only(self, name: str, value: Any) -> Callable[[Wildcards], Any]:
         """A params function: ``value`` for an image dataset's run, the flag's default for a
-        text run (which does not use it)."""
+        text run, of a text file or labelled text (which does not use it)."""
         assert name in IMAGE_ONLY_TRAINING_FIELDS
         default = TrainingSettings.__dataclass_fields__[name].default
 
@@ -108,22 +117,25 @@ class FinetuneJobs:
         return is_text_dataset(self.config["datasets"][wildcards.dataset])
 
     def data_flag(self, wildcards: Wildcards) -> str:
-        """The flag of the job's data (its input ``dataset``): ``--text`` for a text
-        dataset's file, ``--dataset-dir`` for an image dataset's prepared folder."""
-        return "--text" if self._is_text(wildcards) else "--dataset-dir"
+        """The flag of the job's data (its input ``dataset``, :data:`DATA_FLAGS`): ``--text``
+        for a text dataset's file, ``--labelled-text`` for a labelled one's table or folder,
+        ``--dataset-dir`` for an image dataset's prepared folder."""
+        return DATA_FLAGS[dataset_kind(self.config["datasets"][wildcards.dataset])]
 
     def text_flags(self, wildcards: Wildcards) -> str:
-        """A text dataset's run: how its file is cut (its entry's tokenizer and sequence
-        length) and an encoder's masks (``finetune.mask_probability``); "" for an image
-        dataset's."""
-        if not self._is_text(wildcards):
+        """A text dataset's run: how its documents are cut (its entry's tokenizer and sequence
+        length) and, for a text file, an encoder's masks (``finetune.mask_probability``: a
+        classifier masks nothing, so editing it reruns no labelled-text run, and the command
+        refuses it there); "" for an image dataset's."""
+        entry = self.config["datasets"][wildcards.dataset]
+        if not is_text_dataset(entry):
             return ""
-        cut = sequence_settings(self.config["datasets"][wildcards.dataset])
-        return (
-            f"--tokenizer {shlex.quote(str(cut['tokenizer']))}"
-            f" --sequence-length {cut['sequence_length']}"
-            f" --mask-probability {self.config['finetune']['mask_probability']}"
-        )
+        cut = sequence_settings(entry)
+        flags = f"--tokenizer {shlex.quote(str(cut['tokenizer']))}"
+        flags += f" --sequence-length {cut['sequence_length']}"
+        if dataset_kind(entry) == TEXT_SOURCE:
+            flags += f" --mask-probability {self.config['finetune']['mask_probability']}"
+        return flags
 
     def optimizer(self, wildcards: Wildcards) -> str:
         """The job's experiment's optimizer (``experiments.<name>.optimizer``)."""

@@ -9,11 +9,11 @@ from snakemake.io import expand
 
 from vitplasticity.workflow.config import enabled_experiments, experiment_runs
 from vitplasticity.workflow.experiments import (
+    classification_experiments,
     compared_optimizers,
     criteria_experiments,
-    image_experiments,
+    language_model_experiments,
     stats_experiments,
-    text_experiments,
 )
 from vitplasticity.workflow.jobs import ModelJobs
 from vitplasticity.workflow.recommend_jobs import recommend_value
@@ -99,10 +99,11 @@ class Targets:
         return [path for model in dict.fromkeys(used) for path in self.models.weights_files(model)]
 
     def report(self) -> list[str]:
-        """Every enabled image experiment's runs in one table (none when there is none: the
-        workflow is then the plasticity part alone), each one's selected runs, and every stats
-        file, table and figure (:meth:`figures_and_tables`)."""
-        experiments = image_experiments(self.config)
+        """Every enabled classification experiment's runs (images or labelled text) in one
+        table (none when there is none: the workflow is then the plasticity part alone), each
+        one's selected runs, and every stats file, table and figure
+        (:meth:`figures_and_tables`)."""
+        experiments = classification_experiments(self.config)
         return [
             *([f"{self.results}/aggregate/runs.parquet"] if experiments else []),
             *expand(
@@ -112,9 +113,9 @@ class Targets:
         ]
 
     def text_criteria(self, experiment: str | None = None) -> list[str]:
-        """The criteria check of ``experiment`` (default: every enabled text experiment): its
-        selected runs, the scores and the report (rule text_criteria)."""
-        names = [experiment] if experiment else text_experiments(self.config)
+        """The criteria check of ``experiment`` (default: every enabled experiment on text
+        files): its selected runs, the scores and the report (rule text_criteria)."""
+        names = [experiment] if experiment else language_model_experiments(self.config)
         return [
             f"{self.results}/stats/{name}/{kind}"
             for name in names
@@ -122,10 +123,10 @@ class Targets:
         ]
 
     def figures_and_tables(self) -> list[str]:
-        """Every stats file, table and figure of the enabled image experiments and the
-        plasticity grid."""
+        """Every stats file, table and figure of the enabled classification experiments and
+        the plasticity grid."""
         config, files = self.config, self.report_files
-        experiments = image_experiments(config)
+        experiments = classification_experiments(config)
         tested = stats_experiments(config)
         p = config["plasticity"]
         targets = [
@@ -152,9 +153,9 @@ class Targets:
         return targets
 
     def criteria(self) -> list[str]:
-        """Stats (Parquet), table (.tex + .csv) and figure of every scored image experiment,
-        and every text experiment's check (:meth:`text_criteria`: the text runs are read by
-        it alone)."""
+        """Stats (Parquet), table (.tex + .csv) and figure of every scored classification
+        experiment, and every text-file experiment's check (:meth:`text_criteria`: its
+        language-model runs are read by it alone)."""
         names = criteria_experiments(self.config)
         return [
             *expand(f"{self.results}/stats/{{experiment}}_criteria.parquet", experiment=names),
