@@ -14,7 +14,11 @@ import polars as pl
 import pytest
 import torch
 
-from tests.helpers.labelled_text import licence_paragraphs, write_licence_csv
+from tests.helpers.labelled_text import (
+    licence_paragraphs,
+    write_first_byte_csv,
+    write_licence_csv,
+)
 from tests.helpers.tiny_models import ENCODER_TINY_CONFIG, HF_TEXT_TINY_CONFIG
 from vitplasticity.data.labelled import BYTE_PAD_ID, encode_texts, read_labelled
 from vitplasticity.finetune.run import Run
@@ -290,15 +294,6 @@ def _training(spec: dict, steps: int = 24, **overrides) -> TrainingSettings:
     return TrainingSettings(**{**values, **overrides})
 
 
-def _learnable(tmp_path: Path) -> Path:
-    """Two classes a tiny model learns in a few steps: the first byte says which."""
-    rows = [
-        (("x" if i % 2 else "y") + "abcdefgh"[i % 5 :], "odd" if i % 2 else "even")
-        for i in range(60)
-    ]
-    return _csv(tmp_path / "learnable.csv", rows)
-
-
 @pytest.mark.parametrize("case", ["gpt2", "bert"])
 def test_a_classification_run_learns_and_reports_like_an_image_run(
     tmp_path: Path, case: str
@@ -306,7 +301,7 @@ def test_a_classification_run_learns_and_reports_like_an_image_run(
     folder = _bare_folder(tmp_path, case)
     source = TextSource(
         TextFinetuneSettings(tokenizer="bytes", sequence_length=12),
-        _learnable(tmp_path),
+        write_first_byte_csv(tmp_path / "learnable.csv"),
         "learnable",
         labelled=True,
     )

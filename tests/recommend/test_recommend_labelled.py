@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 import torch
 
-from tests.helpers.labelled_text import write_licence_csv
+from tests.helpers.labelled_text import write_first_byte_csv, write_licence_csv
 from tests.helpers.tiny_models import ENCODER_TINY_CONFIG, HF_TEXT_TINY_CONFIG
 from vitplasticity import cli
 from vitplasticity.data.labelled import encode_texts, read_labelled
@@ -58,12 +58,7 @@ def _folder(tmp_path: Path, case: str) -> Path:
 
 def _data(tmp_path: Path) -> tuple[Path, Path]:
     """(a labelled CSV of two classes, a reference text)."""
-    import csv
-
-    rows = [(("x" if i % 2 else "y") + "the quick brown fox"[i % 7 :], "odd" if i % 2 else "even") for i in range(40)]  # fmt: skip
-    labelled = tmp_path / "labelled.csv"
-    with labelled.open("w", newline="") as handle:
-        csv.writer(handle).writerows([("text", "label"), *rows])
+    labelled = write_first_byte_csv(tmp_path / "labelled.csv", rows=40)
     reference = tmp_path / "reference.txt"
     reference.write_text("".join(f"reference line {i} of plain words\n" for i in range(40)))
     return labelled, reference

@@ -408,8 +408,8 @@ STAGES = [
             {"model_spec", "timm_id", "weights", "normalize", "model_kwargs", "model"}
             | {"dataset_dir", "image_folder", "dataset", "reference", "reference_fallback"}
             | {"dtype", "out_prefix"}
-            # a text model's (--text): its files, how they are cut, the protocol
-            | {"text", "tokenizer", "sequence_length", "protocol"}
+            # a text model's (--text, --labelled-text): its files, how they are cut, the protocol
+            | {"text", "labelled_text", "tokenizer", "sequence_length", "protocol"}
         ),
         frozenset({"recommend.enabled", "recommend.models", "recommend.datasets"} | VERIFY_KEYS),
     ),
@@ -418,8 +418,8 @@ STAGES = [
         "recommend",
         ("text_plasticity", "recommend"),
         frozenset(
-            {"model", "model_spec", "reference", "text", "dataset", "protocol", "dtype"}
-            | {"out_prefix"}
+            {"model", "model_spec", "reference", "text", "labelled_text", "dataset", "protocol"}
+            | {"dtype", "out_prefix"}
             # an image model's: its timm options, its data and reference, the head warm-up
             | {"timm_id", "weights", "normalize", "model_kwargs", "dataset_dir", "image_folder"}
             | {"reference_fallback", "warmup_steps", "warmup_lr"}

@@ -143,29 +143,3 @@ def matrix_statistics(model: nn.Module) -> pl.DataFrame:
                 }
             )
     return pl.DataFrame(rows, schema=MATRIX_SCHEMA)
-
-
-MATRIX_LABELS = {"spectrum_snr": "Spectrum SNR", "kappa": "kappa"}
-"""How the report names the two matrix criteria."""
-
-
-def undefined_notes(matrices: pl.DataFrame) -> list[str]:
-    """One sentence per matrix criterion that is n/a for a component with weight matrices (so
-    for every configuration of that component alone), saying why from the rows' reasons: the
-    report never shows an n/a without one (the norms' is the NFN note's)."""
-    from vitplasticity.recommend.ranking import configuration_label
-
-    notes = []
-    matrices_only = matrices.filter(pl.col("spectrum_snr_reason") != NOT_A_MATRIX)
-    for criterion, label in MATRIX_LABELS.items():
-        for component in COMPONENTS:
-            rows = matrices_only.filter(pl.col("component") == component)
-            if rows.is_empty() or not rows[criterion].is_nan().all():
-                continue
-            reasons = sorted(set(rows[f"{criterion}_reason"].drop_nulls()))
-            notes.append(
-                f"{label} is n/a for {configuration_label(component)} (every one of its "
-                f"{rows.height} weight tensors: {'; '.join(reasons)}), and so for a "
-                "configuration of it alone."
-            )
-    return notes

@@ -26,12 +26,12 @@ from vitplasticity.models.spec import ModelSpec
 from vitplasticity.provenance import provenance
 from vitplasticity.recommend.criteria import Measurements, measure_criteria
 from vitplasticity.recommend.export import build_export
-from vitplasticity.recommend.matrix_criteria import undefined_notes
 from vitplasticity.recommend.ranking import (
     Recommendation,
     check_ranking,
     markdown,
     rank_and_choose,
+    undefined_notes,
 )
 from vitplasticity.recommend.settings import (
     REFERENCE_FALLBACKS,
