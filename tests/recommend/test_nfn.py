@@ -361,7 +361,7 @@ def test_the_report_says_nfn_is_lowest_first_and_n_a_for_norms() -> None:
     assert rows["FC2"] == "1.1 (1)"
     assert "**Recommendation: finetune FC2**" in text
     assert "configuration of lowest NFN" in text and "PLoP's heuristic" in text
-    assert "ranks its *lowest* value first" in text and "no NFN (n/a)" in text
+    assert "ranks its *lowest* value first" in text and "no NFN, Spectrum SNR or kappa (n/a" in text
     combined = markdown(
         table,
         greedy_union({"mha": 1.2, "fc2": 1.1, "ln1": math.nan}, PARAMETERS, 60, "nfn"),

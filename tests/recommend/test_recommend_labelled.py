@@ -87,9 +87,9 @@ def test_every_criterion_is_valued_or_na_with_the_reason_the_report_gives(
 ) -> None:
     labelled, reference = _data(tmp_path)
     result = recommend_text(*_inputs(_folder(tmp_path, case), labelled, reference))
-    from vitplasticity.recommend.text_report import write_text_outputs
+    from vitplasticity.recommend.pipeline import write_outputs
 
-    write_text_outputs(result, tmp_path / "out" / "r")
+    write_outputs(result, tmp_path / "out" / "r")
     report = (tmp_path / "out" / "r.md").read_text()
     table = result.table
     assert set(table["criterion"]) == set(CRITERIA)

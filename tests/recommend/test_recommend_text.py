@@ -43,11 +43,11 @@ from vitplasticity.models.text import causal_lm
 from vitplasticity.plasticity.settings import TextPlasticitySettings
 from vitplasticity.plasticity.text import measure_text
 from vitplasticity.recommend.criteria import CRITERIA
+from vitplasticity.recommend.pipeline import write_outputs
 from vitplasticity.recommend.settings import DEFAULT_CONFIGURATIONS, RecommendTextSettings
 from vitplasticity.recommend.text import recommend_text
 from vitplasticity.recommend.text_criteria import user_sequences
 from vitplasticity.recommend.text_inputs import TextRecommendInputs
-from vitplasticity.recommend.text_report import write_text_outputs
 from vitplasticity.utils.io import read_parquet_metadata
 from vitplasticity.utils.optional import require_transformers
 
@@ -434,10 +434,12 @@ def test_the_command_writes_the_report_table_and_export(tmp_path: Path) -> None:
     argv += ["--criterion", "relative_gradient_norm", "--demo"]
     assert main(argv) == 0
     prefix = tmp_path / "out" / "gpt2_tiny" / "notes"
-    assert sorted(p.name for p in prefix.parent.iterdir()) == [
+    assert sorted(p.name for p in prefix.parent.iterdir()) == [  # the image recommend's files
         "notes.json",
         "notes.md",
         "notes.parquet",
+        "notes.pdf",
+        "notes.png",
     ]
     table = pl.read_parquet(f"{prefix}.parquet")
     meta = read_parquet_metadata(f"{prefix}.parquet")
@@ -471,7 +473,7 @@ def test_the_export_of_a_llama_names_its_parameters_and_lora_targets(tmp_path: P
     reference, users = _write_texts(tmp_path)
     model = _tiny("llama_causal_lm_tiny")
     result = recommend_text(*_settings(reference, users, configurations=("mha+fc1",)), model=model)
-    write_text_outputs(result, tmp_path / "llama")
+    write_outputs(result, tmp_path / "llama")
     export = json.loads((tmp_path / "llama.json").read_text())
     assert export["configuration"] == "mha+fc1"
     names = [n for n, _ in model.named_parameters()]

@@ -64,7 +64,7 @@ def test_text_plasticity_and_text_recommend_need_their_blocks_enabled(demo_with:
     assert sorted(recommended) == sorted(
         f"results/demo/recommend_text/gpt2/{d}.{ext}"
         for d in ("code", "news")
-        for ext in ("md", "json", "parquet")
+        for ext in ("md", "json", "parquet", "png", "pdf")
     )
     assert set(recommended) <= set(Targets(config).recommend())
     config["recommend"]["enabled"] = False

@@ -49,6 +49,8 @@ rule recommend_text:
         markdown=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.md",
         export=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.json",
         table=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.parquet",
+        png=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.png",
+        pdf=f"{RESULTS}/recommend_text/{{model}}/{{dataset}}.pdf",
     log:
         f"{RESULTS}/logs/recommend_text/{{model}}/{{dataset}}.log",
     benchmark:

@@ -50,10 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-IMAGE_OUTPUTS: tuple[str, ...] = (".md", ".json", ".parquet", ".png", ".pdf")
-"""What ``recommend`` writes after its --out-prefix."""
-TEXT_OUTPUTS: tuple[str, ...] = (".md", ".json", ".parquet")
-"""What ``recommend --text`` writes after its --out-prefix."""
+OUTPUTS: tuple[str, ...] = (".md", ".json", ".parquet", ".png", ".pdf")
+"""What ``recommend`` writes after its --out-prefix, for an image or a text model."""
 _SHOWN = 5
 """How many of the files that are not images an error names."""
 
@@ -128,7 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out-prefix",
         required=True,
-        help="writes PREFIX.md, .json, .parquet, .png and .pdf (with --text: .md, .json, .parquet)",
+        help="writes PREFIX.md, .json, .parquet, .png and .pdf",
     )
     add_tracking_arguments(parser)
     parser.set_defaults(handler=run_recommend)
@@ -193,7 +191,7 @@ def recommend_arguments(
             kwargs=dict(args.model_kwargs),
         )
     source = dataset_source(args)
-    check_out_prefix(args.out_prefix, IMAGE_OUTPUTS)
+    check_out_prefix(args.out_prefix, OUTPUTS)
     inputs = RecommendInputs(
         model=args.model or spec.model_id,
         dataset=args.dataset or Path(source).resolve().name,
@@ -315,8 +313,8 @@ def _run_recommend_text(args: argparse.Namespace) -> int:
         ValueError: for an image flag given with --text, or a missing --model-spec or
             --reference.
     """
+    from vitplasticity.recommend.pipeline import write_outputs
     from vitplasticity.recommend.text import TextRecommendInputs, recommend_text
-    from vitplasticity.recommend.text_report import write_text_outputs
 
     image_only = own_defaults(RecommendImageSettings, RecommendTextSettings)
     labelled = args.labelled_text is not None
@@ -335,7 +333,7 @@ def _run_recommend_text(args: argparse.Namespace) -> int:
     for flag, value in (("--model-spec", args.model_spec), ("--reference", args.reference)):
         if value is None:
             raise ValueError(f"recommend --text: {flag} required (a text model's)")
-    check_out_prefix(args.out_prefix, TEXT_OUTPUTS)
+    check_out_prefix(args.out_prefix, OUTPUTS)
     data = args.labelled_text if labelled else args.text[0]
     inputs = TextRecommendInputs(
         model=args.model or _model_spec(args.model_spec).model_id,
@@ -352,6 +350,6 @@ def _run_recommend_text(args: argparse.Namespace) -> int:
     settings = settings_from_args(RecommendTextSettings, args)
     tracking_options = tracking_from_args(args)
     result = recommend_text(inputs, settings)
-    write_text_outputs(result, args.out_prefix)
+    write_outputs(result, args.out_prefix)
     track_recommendation(tracking_options, "recommend_text", result)
     return 0

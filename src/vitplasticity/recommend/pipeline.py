@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,6 +104,9 @@ class Result:
     """The resolved settings and provenance, for the Parquet footer."""
     export: dict[str, Any]
     """The decision as data that applies without vitplasticity (:mod:`.export`)."""
+    notes: tuple[str, ...] = ()
+    """What the report says below the table beyond its own text (a text model's data, loss
+    and head)."""
 
 
 def checked_settings(
@@ -377,10 +380,10 @@ def _measure(
     return measurements
 
 
-def write_outputs(result: Result, prefix: str | os.PathLike[str]) -> None:
-    """Write ``prefix``.png/.pdf (figure), .md (report), .json (the decision with its
-    parameter names and PEFT configs) and .parquet (table, with the record in its footer),
-    each atomically."""
+def write_outputs(result: Result | TextResult, prefix: str | os.PathLike[str]) -> None:
+    """Write ``prefix``.png/.pdf (figure), .md (report, with the result's notes), .json (the
+    decision with its parameter names and PEFT configs) and .parquet (table, with the record
+    in its footer), each atomically: the same files for an image and a text model."""
     from vitplasticity.recommend.figure import save_figure
 
     inputs = result.inputs
@@ -397,11 +400,9 @@ def write_outputs(result: Result, prefix: str | os.PathLike[str]) -> None:
     log.info("wrote %s.{md,json,parquet,png,pdf}: %s", prefix, result.recommendation)
 
 
-def write_report(
-    result: Result | TextResult, prefix: str | os.PathLike[str], notes: Sequence[str] = ()
-) -> None:
+def write_report(result: Result | TextResult, prefix: str | os.PathLike[str]) -> None:
     """Write what both recommends write, each atomically: ``prefix``.md (the report, with the
-    ``notes`` paragraphs below it), .json (the decision with its parameter names and PEFT
+    result's notes below it), .json (the decision with its parameter names and PEFT
     configs) and .parquet (the table, with the record in its footer)."""
     from vitplasticity.report.style import DEMO_NOTE
 
@@ -415,7 +416,7 @@ def write_report(
         demo=result.settings.demo,
         demo_note=DEMO_NOTE,
     )
-    notes = [*notes, *undefined_notes(result.measurements.matrices)]
+    notes = [*result.notes, *undefined_notes(result.measurements.matrices)]
     if notes:
         text = text.rstrip("\n") + "\n\n" + "\n\n".join(notes) + "\n"
     with atomic_path(f"{prefix}.md") as tmp:

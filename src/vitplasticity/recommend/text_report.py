@@ -1,13 +1,12 @@
 """What the ``recommend --text`` stage (:mod:`vitplasticity.recommend.text`) writes beside the
 image recommend's outputs: the decision as data with where its names sit in the causal LM
-(:func:`text_export`), the report's text-specific notes (:func:`report_notes`) and the files
-(:func:`write_text_outputs`).
+(:func:`text_export`) and the report's text-specific notes (:func:`report_notes`); the files
+are the image recommend's (:func:`vitplasticity.recommend.pipeline.write_outputs`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -19,11 +18,10 @@ from torch import nn
 from vitplasticity.components import COMPONENTS
 from vitplasticity.recommend.criteria import Measurements
 from vitplasticity.recommend.export import build_export
-from vitplasticity.recommend.pipeline import write_report
 from vitplasticity.recommend.ranking import Recommendation, configuration_label
 from vitplasticity.recommend.settings import RecommendTextSettings
 from vitplasticity.recommend.text_criteria import RankedLM
-from vitplasticity.recommend.text_inputs import TextRecommendInputs, TextResult
+from vitplasticity.recommend.text_inputs import TextRecommendInputs
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +124,3 @@ def report_notes(
             f"they sit under `{prefix}`."
         )
     return notes
-
-
-def write_text_outputs(result: TextResult, prefix: str | os.PathLike[str]) -> None:
-    """Write ``prefix``.md (report, with the text notes), .json (the decision with its
-    parameter names and PEFT configs) and .parquet (table, with the record in its footer),
-    each atomically (:func:`vitplasticity.recommend.pipeline.write_report`)."""
-    write_report(result, prefix, result.notes)
-    log.info("wrote %s.{md,json,parquet}: %s", prefix, result.recommendation)

@@ -21,7 +21,6 @@ from vitplasticity.workflow.report import ReportFiles
 from vitplasticity.workflow.results import POOLED, ResultFiles
 
 RECOMMEND_FORMATS = ("md", "json", "parquet", "png", "pdf")
-RECOMMEND_TEXT_FORMATS = ("md", "json", "parquet")
 
 
 class Targets:
@@ -187,5 +186,5 @@ class Targets:
             f"{self.results}/recommend_text/{{model}}/{{dataset}}.{{ext}}",
             model=text["run_models"],
             dataset=list(text["datasets"]),
-            ext=list(RECOMMEND_TEXT_FORMATS),
+            ext=list(RECOMMEND_FORMATS),
         )
