@@ -209,3 +209,37 @@ def test_the_real_minilm_is_ranked_on_licences_with_its_pooler_apart_from_the_ne
     assert "3 classes (GFDL-1.3, GPL-3, MPL-2.0)" in report
     table = pl.read_parquet(out.with_suffix(".parquet"))
     assert table.filter(pl.col("criterion") == "plasticity")["value"].is_finite().all()
+
+
+def test_a_text_classifier_ranking_is_verified_by_finetuning_on_the_labelled_text(
+    tmp_path: Path,
+) -> None:
+    """recommend --labelled-text, then recommend-verify --labelled-text: the halving trains the
+    candidates as sequence classifiers (runs of the labelled text) and the verified export
+    names the classifier's parameters."""
+    labelled, reference = _data(tmp_path)
+    folder = _folder(tmp_path, "bert")
+    spec = json.dumps({"family": "transformers", "hf_id": "bert", "weights": str(folder)})
+    prefix = tmp_path / "out" / "bert"
+    cut = ["--tokenizer", "bytes", "--sequence-length", str(LENGTH), "--device", "cpu"]
+    assert cli.main(["recommend", "--model", "bert", "--model-spec", spec, "--labelled-text",
+                     str(labelled), "--reference", str(reference), "--n-pairs", "8",
+                     "--batch-size", "4", "--batches", "2", "--warmup-steps", "2",
+                     "--out-prefix", str(prefix), *cut]) == 0  # fmt: skip
+    argv = ["recommend-verify", "--ranking", f"{prefix}.parquet", "--model", "bert",
+            "--dataset", "labelled", "--labelled-text", str(labelled), "--model-spec", spec,
+            "--lrs", "0.001", "0.003", "--steps", "8", "--val-every", "2", "--batch-size", "8",
+            "--micro-batch-size", "8", "--top-k", "1", "--baselines", "head",
+            "--optimizer", "adamw", "--warmup-steps", "1", "--runs-dir", str(tmp_path / "runs"),
+            "--out-prefix", str(prefix), *cut]  # fmt: skip
+    assert cli.main(argv) == 0
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("summary.json")]
+    assert summaries and all(
+        "sequences_per_second" in s and "test_accuracy" in s for s in summaries
+    )
+    assert {s["configuration"] for s in summaries} >= {"head"}
+    report = Path(f"{prefix}_verified.md").read_text()
+    assert "## Recommendation (measured)" in report
+    export = json.loads(Path(f"{prefix}_verified.json").read_text())
+    assert export["verification"]["verified"] is True
+    assert "classifier" in json.dumps(export)  # the sequence classifier's names

@@ -10,10 +10,12 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests.helpers.run_settings import finetune_settings
 from tests.helpers.tiny_models import TINY_MODELS
+from vitplasticity.finetune.settings import TrainingSettings
 from vitplasticity.models.architectures import parameter_map
 from vitplasticity.models.build import build_model
 from vitplasticity.models.spec import TimmSpec
@@ -68,13 +70,18 @@ def test_recommends_export_says_unverified_and_which_criterion_picked_it() -> No
     assert "recommend-verify" in export["verification"]["note"]
 
 
+def _model(settings: TrainingSettings) -> torch.nn.Module:
+    """The runs' model: the tiny timm model with a 4-way head."""
+    return build_model(settings.spec, num_classes=4)
+
+
 def test_a_verified_export_records_the_measurement_and_the_settings(
     tiny_spec: TimmSpec, tmp_path: Path
 ) -> None:
     settings = training(tiny_spec)
     record = verified_record(CHOSEN, PLAN, settings, (6, 12), tmp_path / "d_verified.md", 28000)
     path = tmp_path / "d_verified.json"
-    written = write_verified_export(path, record, settings, num_classes=4)
+    written = write_verified_export(path, record, settings, lambda: _model(settings))
     export = json.loads(path.read_text())
     assert export == json.loads(json.dumps(written))
     verification = export["verification"]
@@ -133,16 +140,18 @@ def test_a_verified_baseline_and_no_fit_say_what_they_are(
 ) -> None:
     settings = training(tiny_spec)
     full = verified_record({**CHOSEN, "configuration": "full"}, PLAN, settings, (12,), "r", None)
-    export = write_verified_export(tmp_path / "full.json", full, settings, num_classes=4)
+    export = write_verified_export(tmp_path / "full.json", full, settings, lambda: _model(settings))
     assert export["configuration"] == "full" and export["verification"]["verified"] is True
     assert "peft" not in export and "baselines" in export["usage"][0]
 
     head = verified_record({**CHOSEN, "configuration": "head"}, PLAN, settings, (12,), "r", None)
-    export = write_verified_export(tmp_path / "head.json", head, settings, num_classes=4)
+    export = write_verified_export(tmp_path / "head.json", head, settings, lambda: _model(settings))
     assert export["components"] == [] and export["usage"][0].startswith("Linear probing")
 
     # Nothing verified fits the budget: measured None, the head and final norm alone.
     nothing = verified_record(None, PLAN, settings, (12,), "r", 10)
-    export = write_verified_export(tmp_path / "none.json", nothing, settings, num_classes=4)
+    export = write_verified_export(
+        tmp_path / "none.json", nothing, settings, lambda: _model(settings)
+    )
     assert export["verification"]["verified"] is True
     assert export["verification"]["measured"] is None and export["configuration"] is None

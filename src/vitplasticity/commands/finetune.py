@@ -106,15 +106,17 @@ def _requested_runs(args: argparse.Namespace) -> list[dict]:
     return args.runs
 
 
-def _source(args: argparse.Namespace) -> Any:
-    """What the runs train on: the prepared folder, or the text file cut as the text flags
-    say (:class:`~vitplasticity.finetune.text_run.TextSource`).
+def run_source(args: argparse.Namespace) -> Any:
+    """What the runs train on: the prepared folder, or the text file or labelled text cut as
+    the text flags say (:class:`~vitplasticity.finetune.text_run.TextSource`); a command
+    without ``--text`` (recommend-verify) takes the other two.
 
     Raises:
         ValueError: for a text flag given with --dataset-dir (an image dataset has no text).
     """
     text_only = own_defaults(TextFinetuneSettings, TrainingSettings)
-    if args.text is None and args.labelled_text is None:
+    text_file = getattr(args, "text", None)
+    if text_file is None and args.labelled_text is None:
         refuse_given(
             args,
             text_only,
@@ -129,7 +131,7 @@ def _source(args: argparse.Namespace) -> Any:
 
     if args.labelled_text is not None:
         return TextSource(text, Path(args.labelled_text), args.dataset, labelled=True)
-    return TextSource(text, Path(args.text), args.dataset)
+    return TextSource(text, Path(text_file), args.dataset)
 
 
 def run_finetune(args: argparse.Namespace) -> int:
@@ -139,7 +141,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     from vitplasticity.finetune.train import train_runs
 
     settings = settings_from_args(TrainingSettings, args)
-    source = _source(args)
+    source = run_source(args)
     tracking_options = tracking_from_args(args)
     if args.stop_at_step is not None and args.stop_at_step < 1:
         raise ValueError(f"--stop-at-step: must be >= 1, got {args.stop_at_step}")

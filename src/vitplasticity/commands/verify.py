@@ -8,7 +8,7 @@ import logging
 from fractions import Fraction
 
 from vitplasticity.commands import check_out_prefix
-from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.settings import TextFinetuneSettings, TrainingSettings
 from vitplasticity.recommend.verify_plan import BASELINES, VERIFIED_FORMATS, VerifyPlan
 from vitplasticity.settings.declaration import add_settings_arguments, settings_from_args
 from vitplasticity.utils.io import check_writable, write_json
@@ -32,7 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--experiment", default="verify", help="labels the runs")
     what.add_argument("--model", required=True, help="model name (labels the runs)")
     what.add_argument("--dataset", required=True, help="dataset name (labels the runs)")
-    what.add_argument("--dataset-dir", required=True, help="the prepared dataset folder")
+    data = what.add_mutually_exclusive_group(required=True)
+    data.add_argument("--dataset-dir", help="an image dataset's prepared folder")
+    data.add_argument(
+        "--labelled-text",
+        help="a text model's labelled text dataset (as finetune --labelled-text takes it)",
+    )
     what.add_argument("--lrs", type=float, nargs="+", required=True, help="learning rates")
     what.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of the best lr")
     what.add_argument("--criterion", default="plasticity", help="whose top-k are verified")
@@ -61,6 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--out-prefix", required=True, help="writes PREFIX_verified.*")
     training = parser.add_argument_group("training (defaults: the config schema's)")
     add_settings_arguments(training, TrainingSettings)
+    text = parser.add_argument_group("text, with --labelled-text (defaults: the config schema's)")
+    add_settings_arguments(text, TextFinetuneSettings)
     parser.set_defaults(handler=run_verify)
     _register_candidates(subparsers)
     _register_rung(subparsers)
@@ -144,11 +151,13 @@ def run_rung(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     """Verify the recommendation; log the measured one."""
+    from vitplasticity.commands.finetune import run_source
     from vitplasticity.recommend.settings import parse_budget
     from vitplasticity.recommend.verification import check_plan, report_verification, verify
 
     training = settings_from_args(TrainingSettings, args)
     training.validate(args.model)
+    source = run_source(args)
     budget = parse_budget(args.budget)
     plan = _plan(args)
     check_plan(args.ranking, plan, training)  # every input, before a folder is made
@@ -159,7 +168,7 @@ def run_verify(args: argparse.Namespace) -> int:
             args.ranking,
             plan,
             training,
-            args.dataset_dir,
+            source,
             args.runs_dir,
             args.decisions_dir or args.runs_dir,
             args.out_prefix,
@@ -171,7 +180,7 @@ def run_verify(args: argparse.Namespace) -> int:
             args.ranking,
             plan,
             training,
-            args.dataset_dir,
+            source,
             args.runs_dir,
             args.out_prefix,
             budget,

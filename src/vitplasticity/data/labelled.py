@@ -288,7 +288,7 @@ def encode_texts(
             raise ValueError(f"byte tokenizer: vocab_size must be >= 2, got {vocab_size}")
         rows = [[1 + b % (vocab_size - 1) for b in text.encode("utf-8")] for text in texts]
         return _padded(rows, sequence_length, BYTE_PAD_ID), BYTE_PAD_ID
-    loaded = _transformers_tokenizer(tokenizer, vocab_size)
+    loaded = transformers_tokenizer(tokenizer, vocab_size)
     # The tokenizer's own truncation keeps its special tokens (BERT's [SEP] stays last).
     full = loaded(list(texts), add_special_tokens=True, verbose=False)["input_ids"]
     cut = loaded(list(texts), add_special_tokens=True, truncation=True, max_length=sequence_length)
@@ -297,7 +297,22 @@ def encode_texts(
     return dataclasses.replace(encoded, truncated=truncated), int(loaded.pad_token_id)
 
 
-def _transformers_tokenizer(name: str, vocab_size: int) -> Any:
+def padding_id(tokenizer: str, vocab_size: int) -> int:
+    """The id :func:`encode_texts` pads with (a decoder's classifier reads the last other)."""
+    from vitplasticity.data.text import BYTE_TOKENIZER
+
+    if tokenizer == BYTE_TOKENIZER:
+        return BYTE_PAD_ID
+    return int(transformers_tokenizer(tokenizer, vocab_size).pad_token_id)
+
+
+def transformers_tokenizer(name: str, vocab_size: int) -> Any:
+    """The transformers tokenizer ``name`` (hub id or folder), its padding token its
+    end-of-sequence token where it has none.
+
+    Raises:
+        ValueError: for more tokens than the model's ``vocab_size``, or neither token.
+    """
     from vitplasticity.data.text import check_tokenizer_folder
     from vitplasticity.utils.optional import require_transformers
 

@@ -73,6 +73,7 @@ from vitplasticity.models.architectures import (
     architecture_for,
     parse_configuration,
 )
+from vitplasticity.models.text import text_model_spec, tokenizer_name
 from vitplasticity.utils.tracking import TrackingOptions
 
 log = logging.getLogger(__name__)
@@ -404,6 +405,18 @@ class TextSource:
         )
         return model.train(), TextClassification(), inputs, evaluation, resolved
 
+    def classifier(self, model_name: str, training: TrainingSettings) -> nn.Module:
+        """The runs' model as built before any step, with the head drawn from the torch RNG
+        as the caller seeded it (a verified export names its parameters)."""
+        from vitplasticity.data.labelled import padding_id, read_labelled
+        from vitplasticity.models.text import sequence_classifier
+
+        classes = read_labelled(self.path).classes
+        base = build_text_base(model_name, training.model_spec)
+        spec = text_model_spec(model_name, training.model_spec)
+        pad = padding_id(tokenizer_name(self.text.tokenizer, spec), base.config.vocab_size)
+        return sequence_classifier(base, len(classes), pad)[0]
+
     def _check_length(self, model: nn.Module, model_name: str) -> None:
         """Refuse a sequence longer than the model's positions."""
         from vitplasticity.models.text import max_positions
@@ -416,8 +429,6 @@ class TextSource:
 
     def _tokenizer(self, settings: FinetuneSettings) -> str:
         """The tokenizer's name: the setting, ``auto`` resolved for the run's model."""
-        from vitplasticity.models.text import text_model_spec, tokenizer_name
-
         spec = text_model_spec(settings.run.model, settings.training.model_spec)
         return tokenizer_name(self.text.tokenizer, spec)
 

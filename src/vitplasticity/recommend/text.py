@@ -33,6 +33,7 @@ notes and files :mod:`.text_report`'s.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -229,8 +230,15 @@ def _resolved(
 ) -> dict[str, Any]:
     """What the provenance records: the inputs and settings as resolved (the configurations
     ranked, the tokenizer loaded), the ``n_user`` user sequences, the model and its loss."""
+    from vitplasticity.models.spec import ModelSpec
+
     resolved = {
         **asdict(inputs),
+        # The parsed spec's fields, as the image recommend records them: what
+        # recommend-verify compares its --model-spec with.
+        "model_spec": json.loads(
+            json.dumps(asdict(ModelSpec.from_config(inputs.model_spec)), default=str)
+        ),
         **recorded_settings(settings, leave_out=()),
         "texts": list(inputs.texts),
         "configurations": configurations,

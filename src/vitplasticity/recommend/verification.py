@@ -32,13 +32,16 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from torch import nn
 
 from vitplasticity.data.store import read_meta
 from vitplasticity.finetune.run import Run, lr_label
 from vitplasticity.finetune.rungs import rung_record_path
 from vitplasticity.finetune.settings import TrainingSettings
+from vitplasticity.finetune.setup import RunSource
 from vitplasticity.finetune.train import train
 from vitplasticity.models.architectures import parse_configuration
+from vitplasticity.models.build import build_model
 from vitplasticity.models.spec import ModelSpec
 from vitplasticity.recommend.halving import (
     Compute,
@@ -111,7 +114,8 @@ def check_ranked_model(ranking: str | Path, model: str, model_spec: dict[str, An
         )  # fmt: skip
     # recommend records the parsed spec's fields (asdict: no family, every default filled
     # in), as JSON: the verified spec is compared in that form.
-    verified = json.loads(json.dumps(asdict(ModelSpec.from_config(model_spec)), default=str))
+    parsed = json.loads(json.dumps(asdict(ModelSpec.from_config(model_spec)), default=str))
+    verified = {key: value for key, value in parsed.items() if key != "family"}
     recorded = {key: value for key, value in ranked_spec.items() if key != "family"}
     if recorded != verified:
         raise ValueError(
@@ -143,9 +147,9 @@ def _run_dir(out_root: Path, configuration: str, lr: float, seed: int) -> Path:
 class _Runner:
     """Trains the runs of one verification, or reads back those an earlier attempt did."""
 
-    def __init__(self, plan: VerifyPlan, training: TrainingSettings, dataset_dir, out_root):
+    def __init__(self, plan: VerifyPlan, training: TrainingSettings, source, out_root):
         self.plan, self.training = plan, training
-        self.dataset_dir, self.out_root = dataset_dir, Path(out_root)
+        self.source, self.out_root = source, Path(out_root)
 
     def run(self, configuration: str, lr: float, seed: int, stop_at: int | None) -> dict:
         """The summary (full budget) or rung record (``stop_at``) of one run."""
@@ -161,7 +165,7 @@ class _Runner:
         identity = Run(
             self.plan.experiment, self.plan.model, self.plan.dataset, configuration, lr, seed
         )
-        return train(identity, self.training, self.dataset_dir, out, stop_at)
+        return train(identity, self.training, self.source, out, stop_at)
 
 
 def check_plan(
@@ -191,7 +195,7 @@ def verify(
     ranking: str | Path,
     plan: VerifyPlan,
     training: TrainingSettings,
-    dataset_dir: str | Path,
+    source: RunSource | str | Path,
     out_root: str | Path,
     report_prefix: str | Path,
     budget: int | None = None,
@@ -200,6 +204,8 @@ def verify(
     """Verify the recommendation of ``ranking`` (see the module docstring): write the
     candidates, run the halving, write each rung's decision, run every seed of each
     survivor; then :func:`report_verification` on the files written in ``out_root``.
+    ``source`` is what the runs train on: an image dataset's prepared folder, or a
+    labelled text dataset (:class:`~vitplasticity.finetune.text_run.TextSource`).
 
     Raises:
         ValueError, FileNotFoundError: for a bad ranking file, criterion, top-k, eta,
@@ -209,7 +215,7 @@ def verify(
     write_candidates(Path(out_root) / CANDIDATES_NAME, chosen)
     ends = rung_steps(training.steps, training.val_every, len(plan.lrs), plan.eta)
     counts = survivors_at(len(plan.lrs), len(ends), plan.eta)
-    runner = _Runner(plan, training, dataset_dir, out_root)
+    runner = _Runner(plan, training, source, out_root)
     first = plan.seeds[0]
     for candidate in chosen:
         name, alive = candidate.configuration, sorted(plan.lrs)
@@ -222,7 +228,7 @@ def verify(
         for seed in plan.seeds:
             runner.run(name, alive[0], seed, None)
     return report_verification(
-        ranking, plan, training, dataset_dir, out_root, out_root, report_prefix, budget,
+        ranking, plan, training, source, out_root, out_root, report_prefix, budget,
         step_seconds,
     )  # fmt: skip
 
@@ -231,7 +237,7 @@ def report_verification(
     ranking: str | Path,
     plan: VerifyPlan,
     training: TrainingSettings,
-    dataset_dir: str | Path,
+    source: RunSource | str | Path,
     runs_dir: str | Path,
     decisions_dir: str | Path,
     report_prefix: str | Path,
@@ -264,9 +270,26 @@ def report_verification(
     record = verified_record(
         recommendation, plan, training, ends, _verified(report_prefix, ".md"), budget
     )
-    num_classes = int(read_meta(dataset_dir)["num_classes"])
-    write_verified_export(_verified(report_prefix, ".json"), record, training, num_classes)
+    write_verified_export(
+        _verified(report_prefix, ".json"),
+        record,
+        training,
+        lambda: _run_model(source, plan, training),
+    )
     return {"compute": compute, "recommendation": recommendation}
+
+
+def _run_model(
+    source: RunSource | str | Path, plan: VerifyPlan, training: TrainingSettings
+) -> nn.Module:
+    """The model the runs trained (the caller seeds the head's draw): an image model with a
+    head of the prepared dataset's classes, or a labelled text dataset's sequence classifier."""
+    from vitplasticity.finetune.text_run import TextSource
+
+    if isinstance(source, TextSource):
+        return source.classifier(plan.model, training)
+    num_classes = int(read_meta(source)["num_classes"])
+    return build_model(training.spec, num_classes=num_classes)
 
 
 def _survivors(

@@ -15,7 +15,7 @@ tool reads its own part as before.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,8 @@ from vitplasticity.recommend.export import FORMAT, build_export
 from vitplasticity.utils.io import write_json
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from vitplasticity.finetune.settings import TrainingSettings
     from vitplasticity.recommend.verify_plan import VerifyPlan
 
@@ -89,9 +91,11 @@ def write_verified_export(
     path: str | Path,
     record: Mapping[str, Any],
     training: TrainingSettings,
-    num_classes: int,
+    build: Callable[[], nn.Module],
 ) -> dict[str, Any]:
-    """Write and return the export of ``record``'s measured configuration at ``path``.
+    """Write and return the export of ``record``'s measured configuration at ``path``, whose
+    names are those of the model ``build`` makes (the runs' model, its head drawn after the
+    RNG is seeded with the first seed).
 
     A configuration of the five components, or ``head``, gets the whole export
     (:func:`.export.build_export`), as does no configuration (none fits the budget: the head
@@ -100,7 +104,6 @@ def write_verified_export(
     """
     import torch
 
-    from vitplasticity.models.build import build_model
     from vitplasticity.recommend.criteria import configuration_components
 
     settings = record["settings"]
@@ -113,7 +116,7 @@ def write_verified_export(
         export = _baseline_export(configuration, record, named, settings["dataset"])
     else:
         torch.manual_seed(settings["seeds"][0])  # the head as the first verified run drew it
-        model = build_model(training.spec, num_classes=num_classes).eval()
+        model = build().eval()
         export = build_export(
             model, configuration, dataset=settings["dataset"], verification=record, **named
         )
