@@ -230,15 +230,9 @@ def _resolved(
 ) -> dict[str, Any]:
     """What the provenance records: the inputs and settings as resolved (the configurations
     ranked, the tokenizer loaded), the ``n_user`` user sequences, the model and its loss."""
-    from vitplasticity.models.spec import ModelSpec
-
     resolved = {
         **asdict(inputs),
-        # The parsed spec's fields, as the image recommend records them: what
-        # recommend-verify compares its --model-spec with.
-        "model_spec": json.loads(
-            json.dumps(asdict(ModelSpec.from_config(inputs.model_spec)), default=str)
-        ),
+        "model_spec": _recorded_spec(inputs.model_spec),
         **recorded_settings(settings, leave_out=()),
         "texts": list(inputs.texts),
         "configurations": configurations,
@@ -260,6 +254,19 @@ def _resolved(
         "classes": list(labelled.classes),
         "labelled_documents": len(labelled.labels),
     }
+
+
+def _recorded_spec(entry: dict[str, Any]) -> dict[str, Any]:
+    """The parsed spec's fields as JSON, as the image recommend records them (what
+    recommend-verify compares its --model-spec with); the entry as given where it does not
+    parse alone (a caller that passed the model built: the entry is then only recorded)."""
+    from vitplasticity.models.spec import ModelSpec
+
+    try:
+        parsed = ModelSpec.from_config(entry)
+    except ValueError:
+        return entry
+    return json.loads(json.dumps(asdict(parsed), default=str))
 
 
 @dataclass(frozen=True)
