@@ -288,7 +288,7 @@ def encode_texts(
             raise ValueError(f"byte tokenizer: vocab_size must be >= 2, got {vocab_size}")
         rows = [[1 + b % (vocab_size - 1) for b in text.encode("utf-8")] for text in texts]
         return _padded(rows, sequence_length, BYTE_PAD_ID), BYTE_PAD_ID
-    loaded = transformers_tokenizer(tokenizer, vocab_size)
+    loaded = padded_tokenizer(tokenizer, vocab_size)
     # The tokenizer's own truncation keeps its special tokens (BERT's [SEP] stays last).
     full = loaded(list(texts), add_special_tokens=True, verbose=False)["input_ids"]
     cut = loaded(list(texts), add_special_tokens=True, truncation=True, max_length=sequence_length)
@@ -303,26 +303,19 @@ def padding_id(tokenizer: str, vocab_size: int) -> int:
 
     if tokenizer == BYTE_TOKENIZER:
         return BYTE_PAD_ID
-    return int(transformers_tokenizer(tokenizer, vocab_size).pad_token_id)
+    return int(padded_tokenizer(tokenizer, vocab_size).pad_token_id)
 
 
-def transformers_tokenizer(name: str, vocab_size: int) -> Any:
-    """The transformers tokenizer ``name`` (hub id or folder), its padding token its
-    end-of-sequence token where it has none.
+def padded_tokenizer(name: str, vocab_size: int) -> Any:
+    """The transformers tokenizer ``name`` (:func:`vitplasticity.data.text.transformers_tokenizer`),
+    its padding token its end-of-sequence token where it has none (GPT2's).
 
     Raises:
-        ValueError: for more tokens than the model's ``vocab_size``, or neither token.
+        ValueError: as that function, or for a tokenizer with neither token.
     """
-    from vitplasticity.data.text import check_tokenizer_folder
-    from vitplasticity.utils.optional import require_transformers
+    from vitplasticity.data.text import transformers_tokenizer
 
-    if Path(name).is_dir():
-        check_tokenizer_folder(Path(name))
-    loaded = require_transformers().AutoTokenizer.from_pretrained(name)
-    if len(loaded) > vocab_size:
-        raise ValueError(
-            f"tokenizer {name!r} has {len(loaded)} tokens, more than the model's vocab_size {vocab_size}"
-        )
+    loaded = transformers_tokenizer(name, vocab_size)
     if loaded.pad_token_id is None:
         if loaded.eos_token_id is None:
             raise ValueError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +52,23 @@ def load_tokenizer(name: str, vocab_size: int) -> Tokenize:
     """
     if name == BYTE_TOKENIZER:
         return byte_tokenizer(vocab_size)
+    tokenizer = transformers_tokenizer(name, vocab_size)
+
+    def tokenize(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return tokenize
+
+
+def transformers_tokenizer(name: str, vocab_size: int) -> Any:
+    """The transformers tokenizer ``name`` (hub id or local folder), checked against the
+    model's ``vocab_size``.
+
+    Raises:
+        ImportError: naming the optional extra when transformers is missing.
+        ValueError: when it has more tokens than the model has embeddings, or ``name`` is a
+            folder without tokenizer files (naming it and what it lacks).
+    """
     if Path(name).is_dir():
         check_tokenizer_folder(Path(name))
     from vitplasticity.utils.optional import require_transformers
@@ -61,11 +79,7 @@ def load_tokenizer(name: str, vocab_size: int) -> Tokenize:
             f"tokenizer {name!r} has {len(tokenizer)} tokens, more than the model's vocab_size "
             f"{vocab_size}"
         )
-
-    def tokenize(text: str) -> list[int]:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    return tokenize
+    return tokenizer
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

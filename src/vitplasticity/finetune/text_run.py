@@ -73,7 +73,7 @@ from vitplasticity.models.architectures import (
     architecture_for,
     parse_configuration,
 )
-from vitplasticity.models.text import text_model_spec, tokenizer_name
+from vitplasticity.models.text import check_sequence_length, text_model_spec, tokenizer_name
 from vitplasticity.utils.tracking import TrackingOptions
 
 log = logging.getLogger(__name__)
@@ -319,7 +319,7 @@ class TextSource:
         of a text file."""
         run, training, text = settings.run, settings.training, self.text
         lm, kind, drawn = build_text_lm(run.model, training.model_spec)
-        self._check_length(lm, run.model)
+        check_sequence_length(lm.config, text.sequence_length, run.model)
         tokenizer = self._tokenizer(settings)
         loaded = load_tokenizer(tokenizer, lm.config.vocab_size)
         train_part, val_part = split_sequences(
@@ -365,7 +365,7 @@ class TextSource:
         dataset = read_labelled(self.path)
         torch.manual_seed(run.seed)
         base = build_text_base(run.model, training.model_spec)
-        self._check_length(base, run.model)
+        check_sequence_length(base.config, length, run.model)
         tokenizer = self._tokenizer(settings)
         vocab = base.config.vocab_size
         pool, pad_id = encode_texts(dataset.pool.texts, tokenizer, vocab, length)
@@ -416,16 +416,6 @@ class TextSource:
         spec = text_model_spec(model_name, training.model_spec)
         pad = padding_id(tokenizer_name(self.text.tokenizer, spec), base.config.vocab_size)
         return sequence_classifier(base, len(classes), pad)[0]
-
-    def _check_length(self, model: nn.Module, model_name: str) -> None:
-        """Refuse a sequence longer than the model's positions."""
-        from vitplasticity.models.text import max_positions
-
-        limit, length = max_positions(model.config), self.text.sequence_length
-        if limit is not None and length > limit:
-            raise ValueError(
-                f"--sequence-length {length} exceeds the {limit} positions of model {model_name!r}"
-            )
 
     def _tokenizer(self, settings: FinetuneSettings) -> str:
         """The tokenizer's name: the setting, ``auto`` resolved for the run's model."""

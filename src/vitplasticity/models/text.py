@@ -340,6 +340,21 @@ def tokenizer_name(requested: str, spec: HFModelSpec) -> str:
     return spec.hf_id if spec.weights == "hub" else spec.weights
 
 
+def check_sequence_length(config: Any, sequence_length: int, model_name: str) -> None:
+    """Refuse a ``sequence_length`` beyond the positions of a built model's ``config``
+    (:func:`max_positions`; a model that states none takes any).
+
+    Raises:
+        ValueError: naming --sequence-length, the positions and the model.
+    """
+    limit = max_positions(config)
+    if limit is not None and sequence_length > limit:
+        raise ValueError(
+            f"--sequence-length {sequence_length} exceeds the {limit} positions of model "
+            f"{model_name!r}"
+        )
+
+
 def max_positions(config: Any) -> int | None:
     """The longest sequence the model's config allows (GPT2's n_positions, else
     max_position_embeddings); None when it states none."""

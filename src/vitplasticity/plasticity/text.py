@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from vitplasticity.plasticity.settings import TextPlasticitySettings
     from vitplasticity.plasticity.summary import Measurement
 
-from vitplasticity.models.text import max_positions, tokenizer_name
+from vitplasticity.models.text import check_sequence_length, tokenizer_name
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +78,7 @@ def text_model(model_name: str, spec: HFModelSpec, sequence_length: int) -> Any:
     # A random init depends on init_seed alone: every job of the model measures the same weights.
     model = build_model(spec)
     check_text_model(model_name, model)
-    positions = max_positions(model.config)
-    if positions is not None and sequence_length > positions:
-        raise ValueError(
-            f"--sequence-length {sequence_length} exceeds the {positions} positions of "
-            f"model {model_name!r}"
-        )
+    check_sequence_length(model.config, sequence_length, model_name)
     return model
 
 

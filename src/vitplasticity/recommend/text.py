@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -55,8 +55,8 @@ from vitplasticity.models.architectures import (
 from vitplasticity.models.build import build_model
 from vitplasticity.models.text import (
     causal_lm,
+    check_sequence_length,
     check_stated_positions,
-    max_positions,
     text_model_entry,
     untied_bare_model,
 )
@@ -342,7 +342,7 @@ def _labelled_classifier(
             parameter it cannot account for.
     """
     from vitplasticity.data.labelled import encode_texts, read_labelled
-    from vitplasticity.data.text import cut_documents, load_tokenizer, read_sequences
+    from vitplasticity.data.text import cut_documents, load_tokenizer
     from vitplasticity.models.text import sequence_classifier
 
     dataset = read_labelled(str(inputs.labelled_text))
@@ -351,11 +351,7 @@ def _labelled_classifier(
         model = build_model(text_model_entry(inputs.model, inputs.model_spec))
     check_text_model(model.eval())
     length, n = settings.sequence_length, settings.n_pairs
-    limit = max_positions(model.config)
-    if limit is not None and length > limit:
-        raise ValueError(
-            f"--sequence-length {length} exceeds the {limit} positions of model {inputs.model!r}"
-        )
+    check_sequence_length(model.config, length, inputs.model)
     tokenizer = resolve_tokenizer(settings.tokenizer, inputs.model, inputs.model_spec)
     vocab = model.config.vocab_size
     encoded, pad_id = encode_texts(dataset.pool.texts, tokenizer, vocab, length)
@@ -367,12 +363,7 @@ def _labelled_classifier(
         raise UnsupportedModel(f"recommend --labelled-text {inputs.model}: {refusal}")
     ParameterMap(architecture, classifier)  # names a missing component before any compute
     tokenize = load_tokenizer(tokenizer, vocab)
-    references = read_sequences(inputs.reference, tokenize, length, max_sequences=n)
-    if len(references) < n:
-        raise ValueError(
-            f"--reference {inputs.reference}: {len(references)} sequences of {length} tokens, "
-            f"fewer than --n-pairs {n}"
-        )
+    references = _reference_sequences(inputs, tokenize, length, n)
     where = f"--labelled-text {inputs.labelled_text}"
     user = cut_documents(dataset.pool.texts, tokenize, length, n, where)
     return LabelledRanking(
@@ -425,24 +416,34 @@ def _sequences(
             for one sequence, or a reference text too short for ``n_pairs`` sequences.
         FileNotFoundError: for a missing text file.
     """
-    from vitplasticity.data.text import load_tokenizer, read_sequences
+    from vitplasticity.data.text import load_tokenizer
 
     length, n = settings.sequence_length, settings.n_pairs
-    limit = max_positions(ranked.config)
-    if limit is not None and length > limit:
-        raise ValueError(
-            f"--sequence-length {length} exceeds the {limit} positions of model {inputs.model!r}"
-        )
+    check_sequence_length(ranked.config, length, inputs.model)
     tokenizer = resolve_tokenizer(settings.tokenizer, inputs.model, inputs.model_spec)
     tokenize = load_tokenizer(tokenizer, lm.config.vocab_size)
+    references = _reference_sequences(inputs, tokenize, length, n)
+    needed = max(n, settings.batches * settings.batch_size)
+    return tokenizer, references, user_sequences(inputs.texts, tokenize, length, needed)
+
+
+def _reference_sequences(
+    inputs: TextRecommendInputs, tokenize: Callable[[str], list[int]], length: int, n: int
+) -> np.ndarray:
+    """The ``n`` reference sequences of ``length`` tokens (the pairs' first members).
+
+    Raises:
+        ValueError: for a reference text too short for ``n`` sequences, naming it.
+    """
+    from vitplasticity.data.text import read_sequences
+
     references = read_sequences(inputs.reference, tokenize, length, max_sequences=n)
     if len(references) < n:
         raise ValueError(
             f"--reference {inputs.reference}: {len(references)} sequences of {length} tokens, "
             f"fewer than --n-pairs {n}"
         )
-    needed = max(n, settings.batches * settings.batch_size)
-    return tokenizer, references, user_sequences(inputs.texts, tokenize, length, needed)
+    return references
 
 
 def _measure(
