@@ -6,9 +6,10 @@ document per line, cut into sequences as its ``tokenizer`` and ``sequence_length
 dataset: its ``path`` a table of documents and labels or a folder of them
 (:mod:`vitplasticity.data.labelled`), each document cut to its first ``sequence_length``
 tokens. Every other source is an image dataset. Text plasticity (its reference and datasets)
-takes text files only, the image stages (``plasticity``, ``recommend``, the reference set)
-image datasets only; an experiment takes one kind of the three, with models that take that
-kind (:func:`experiment_problems`). A mismatch is named at parse time, the key with the
+takes text files only, the image stages (``plasticity``, the reference set) image datasets
+only, ``recommend`` image datasets and labelled text (which it ranks against text
+plasticity's reference text); an experiment takes one kind of the three, with models that
+take that kind (:func:`experiment_problems`). A mismatch is named at parse time, the key with the
 dataset and its source. Plain Python, no torch: the Snakefile checks the config with it.
 """
 
@@ -65,25 +66,35 @@ def is_text_dataset(entry: Any) -> bool:
     return dataset_kind(entry) != IMAGES
 
 
-def _image_stage_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """(config key, dataset name) of every dataset an image stage takes."""
+def _image_stage_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str, tuple[str, ...]]]:
+    """(config key, dataset name, the kinds it takes) of every dataset an image stage takes:
+    images, and for recommend labelled text too (ranked with its text models)."""
     for name in (config.get("plasticity") or {}).get("datasets") or []:
-        yield "plasticity.datasets", name
+        yield "plasticity.datasets", name, (IMAGES,)
     reference = config.get("reference") or {}
     if reference.get("source") == "dataset" and reference.get("dataset"):
-        yield "reference.dataset", reference["dataset"]
+        yield "reference.dataset", reference["dataset"], (IMAGES,)
     recommend = config.get("recommend") or {}
     if recommend.get("enabled"):
         for name in recommend.get("datasets") or []:
-            yield "recommend.datasets", name
+            yield "recommend.datasets", name, (IMAGES, LABELLED_SOURCE)
 
 
 def _text_stage_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """(config key, dataset name) of every dataset an enabled text stage takes."""
+    """(config key, dataset name) of every dataset an enabled text stage takes: text
+    plasticity's reference and datasets, and its reference when recommend ranks labelled text
+    against it."""
     text = config.get("text_plasticity") or {}
+    datasets = config.get("datasets") or {}
+    recommend = config.get("recommend") or {}
+    ranks_labelled = recommend.get("enabled") and any(
+        dataset_kind(datasets.get(name)) == LABELLED_SOURCE
+        for name in recommend.get("datasets") or []
+    )
+    if text.get("reference") and (text.get("enabled") or ranks_labelled):
+        used_by = "" if text.get("enabled") else " (recommend's reference text)"
+        yield f"text_plasticity.reference{used_by}", text["reference"]
     if text.get("enabled"):
-        if text.get("reference"):
-            yield "text_plasticity.reference", text["reference"]
         for name in text.get("datasets") or []:
             yield "text_plasticity.datasets", name
 
@@ -100,9 +111,9 @@ def text_dataset_problems(config: Mapping[str, Any]) -> list[str]:
         if is_text_dataset(entry)
         for problem in _path_problems(name, entry)
     ]
-    for key, name in _image_stage_names(config):
+    for key, name, kinds in _image_stage_names(config):
         kind = dataset_kind(datasets.get(name))
-        if kind != IMAGES:
+        if kind not in kinds:
             problems.append(
                 f"{key}: {name!r} is a text dataset (source: {kind}): this stage takes image "
                 "datasets; text datasets go to text_plasticity.datasets (text files) or to an "
@@ -187,9 +198,8 @@ def experiment_problems(config: Mapping[str, Any]) -> list[str]:
     dataset whose runs are no longer than the warm-up (they would never reach their learning
     rate). An image experiment's models are checked with the other image stages'
     (``model_entries``)."""
-    from vitplasticity.models.registry import family_inputs
     from vitplasticity.models.text import stated_positions
-    from vitplasticity.workflow.model_entries import model_inputs
+    from vitplasticity.workflow.model_entries import takes
 
     datasets, models = config.get("datasets") or {}, config.get("models") or {}
     warmup = (config.get("finetune") or {}).get("warmup_steps", 0)
@@ -216,7 +226,7 @@ def experiment_problems(config: Mapping[str, Any]) -> list[str]:
             entry = models.get(name)
             if entry is None:
                 continue  # named by check_config's unknown-model check
-            if "tokens" not in family_inputs(entry) or model_inputs(entry) == "images":
+            if not takes(entry, "tokens"):
                 problems.append(
                     f"{key}.models: {name!r} takes images, and {key}.datasets are text datasets "
                     f"({', '.join(text)}): a text experiment finetunes transformers text models"
