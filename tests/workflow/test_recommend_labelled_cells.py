@@ -258,20 +258,36 @@ def test_the_reference_sets_pairs_bound_only_an_image_recommend(tmp_path: Path) 
 
 
 @pytest.mark.parametrize(
-    ("block", "message"),
+    ("edit", "message"),
     [
         (
-            {"models": ["demo_vit"], "datasets": ["reviews"]},
+            {"recommend": {"verify": {"models": ["demo_vit"], "datasets": ["reviews"]}}},
             "recommend.verify.models: 'demo_vit' pairs with none of the verified datasets",
         ),
         (
-            {"datasets": ["notes"]},
+            {"recommend": {"verify": {"datasets": ["notes"]}}},
             "recommend.verify.datasets: 'notes' pairs with none of the verified models",
         ),
+        # Its runs of labelled text are checked as a text experiment's (it is disabled).
+        (
+            {"finetune": {"warmup_steps": 10}},
+            "finetune.warmup_steps: 10, not fewer than datasets.reviews.steps 10: the runs of "
+            "recommend.verify would never reach their learning rate",
+        ),
+        (
+            {"finetune": {"compile": True}},
+            "finetune.compile: true, and recommend.verify finetunes text datasets: compile is "
+            "not implemented for text runs; set it false or verify no text dataset",
+        ),
+        (
+            {"recommend": {"verify": {"models": ["tiny_bert"]}, "models": ["tiny_gpt2"]}},
+            "",  # the verified models need not be recommend's: the cells are paired alike
+        ),
     ],
+    ids=["model-unpaired", "dataset-unpaired", "warm-up", "compile", "sound"],
 )
-def test_a_verification_that_pairs_nothing_is_refused(
-    tmp_path: Path, block: dict[str, Any], message: str
+def test_a_verification_that_cannot_train_is_refused(
+    tmp_path: Path, edit: dict[str, Any], message: str
 ) -> None:
     experiment = {
         "enabled": False,
@@ -282,9 +298,14 @@ def test_a_verification_that_pairs_nothing_is_refused(
         "lrs": [0.001, 0.003],
         "seeds": [0],
     }
-    verify = {"enabled": True, "experiment": "check", **block}
-    config = _config(tmp_path, {"experiments": {"check": experiment}}, verify=verify)
-    assert message in "\n".join(verify_problems(config))
+    verify = {"enabled": True, "experiment": "check", "models": ["tiny_bert", "demo_vit"]}
+    base = {"experiments": {"check": experiment}, "finetune": {"warmup_steps": 2}}
+    config = _config(tmp_path, merged(base, edit), verify=verify)
+    found = verify_problems(config)
+    if not message:
+        assert found == [] and VerifyJobs(config).cells()[0] == ("tiny_bert", "reviews")
+        return
+    assert [problem for problem in found if message in problem], found
 
 
 @pytest.mark.slow

@@ -198,11 +198,9 @@ def experiment_problems(config: Mapping[str, Any]) -> list[str]:
     dataset whose runs are no longer than the warm-up (they would never reach their learning
     rate). An image experiment's models are checked with the other image stages'
     (``model_entries``)."""
-    from vitplasticity.models.text import stated_positions
     from vitplasticity.workflow.model_entries import takes
 
     datasets, models = config.get("datasets") or {}, config.get("models") or {}
-    warmup = (config.get("finetune") or {}).get("warmup_steps", 0)
     problems = []
     for experiment, block in (config.get("experiments") or {}).items():
         if not isinstance(block, Mapping) or not block.get("enabled", True):
@@ -222,34 +220,64 @@ def experiment_problems(config: Mapping[str, Any]) -> list[str]:
         text = [d for d in names if is_text_dataset(datasets[d])]
         if not text:
             continue
+        takers = []
         for name in block.get("models") or []:
             entry = models.get(name)
             if entry is None:
                 continue  # named by check_config's unknown-model check
-            if not takes(entry, "tokens"):
-                problems.append(
-                    f"{key}.models: {name!r} takes images, and {key}.datasets are text datasets "
-                    f"({', '.join(text)}): a text experiment finetunes transformers text models"
-                )
+            if takes(entry, "tokens"):
+                takers.append(name)
                 continue
-            limit = stated_positions(entry)
-            problems += [
-                f"datasets.{dataset}.sequence_length: {length} exceeds the {limit} positions "
-                f"that models.{name}.config states ({key} finetunes it on {dataset})"
-                for dataset in text
-                if limit is not None
-                and (length := sequence_settings(datasets[dataset])["sequence_length"]) > limit
-            ]
-        problems += [
-            f"finetune.warmup_steps: {warmup}, not fewer than datasets.{dataset}.steps "
-            f"{datasets[dataset].get('steps', 1)}: the runs of {key} would never reach their "
-            "learning rate"
-            for dataset in text
-            if warmup >= datasets[dataset].get("steps", 1)
-        ]
-        if (config.get("finetune") or {}).get("compile"):
             problems.append(
-                f"finetune.compile: true, and {key} finetunes text datasets: compile is not "
-                "implemented for text runs; set it false or disable the experiment"
+                f"{key}.models: {name!r} takes images, and {key}.datasets are text datasets "
+                f"({', '.join(text)}): a text experiment finetunes transformers text models"
             )
+        cells = [(model, dataset) for model in takers for dataset in text]
+        problems += position_problems(config, cells, f"{key} finetunes it on")
+        problems += text_run_problems(config, key, text, "disable the experiment")
+    return problems
+
+
+def position_problems(
+    config: Mapping[str, Any], cells: list[tuple[str, str]], doing: str
+) -> list[str]:
+    """Per (text model, text dataset) of ``cells``: the dataset's ``sequence_length`` beyond
+    the positions a random-init model's config states; ``doing`` says what the stage does
+    ("experiments.x finetunes it on")."""
+    from vitplasticity.models.text import stated_positions
+
+    datasets, models = config.get("datasets") or {}, config.get("models") or {}
+    problems = []
+    for model, dataset in cells:
+        limit = stated_positions(models[model])
+        length = sequence_settings(datasets[dataset])["sequence_length"]
+        if limit is not None and length > limit:
+            problems.append(
+                f"datasets.{dataset}.sequence_length: {length} exceeds the {limit} positions "
+                f"that models.{model}.config states ({doing} {dataset})"
+            )
+    return problems
+
+
+def text_run_problems(
+    config: Mapping[str, Any], key: str, text: list[str], remedy: str
+) -> list[str]:
+    """What the finetuning runs that ``key`` trains on the text datasets ``text`` would refuse
+    or waste: runs no longer than the warm-up (they would never reach their learning rate)
+    and ``finetune.compile``, not implemented for text runs (``remedy``: the other way out
+    than setting it false)."""
+    datasets, finetune = config.get("datasets") or {}, config.get("finetune") or {}
+    warmup = finetune.get("warmup_steps", 0)
+    problems = [
+        f"finetune.warmup_steps: {warmup}, not fewer than datasets.{dataset}.steps "
+        f"{datasets[dataset].get('steps', 1)}: the runs of {key} would never reach their "
+        "learning rate"
+        for dataset in text
+        if warmup >= datasets[dataset].get("steps", 1)
+    ]
+    if text and finetune.get("compile"):
+        problems.append(
+            f"finetune.compile: true, and {key} finetunes text datasets: compile is not "
+            f"implemented for text runs; set it false or {remedy}"
+        )
     return problems

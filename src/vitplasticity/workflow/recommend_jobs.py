@@ -17,9 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vitplasticity.models.refusals import entry_refusals
-from vitplasticity.models.text import stated_positions
-from vitplasticity.settings.sequences import LABELLED_SOURCE, sequence_settings
-from vitplasticity.workflow.dataset_kinds import IMAGES, dataset_kind
+from vitplasticity.settings.sequences import LABELLED_SOURCE
+from vitplasticity.workflow.dataset_kinds import IMAGES, dataset_kind, position_problems
 from vitplasticity.workflow.datasets import text_reference_sequences
 from vitplasticity.workflow.model_entries import model_inputs, takes
 from vitplasticity.workflow.params import Wildcards, stage_params
@@ -175,14 +174,9 @@ def recommend_cell_problems(config: Mapping[str, Any]) -> list[str]:
             f"({', '.join(labelled)}) against it: name a datasets: entry of source text_file "
             "(each labelled dataset cuts it as it cuts its own documents)"
         )
-    for model, dataset in cells:
-        limit = stated_positions(models[model])
-        length = sequence_settings(datasets[dataset])["sequence_length"]
-        if dataset in labelled and limit is not None and length > limit:
-            problems.append(
-                f"datasets.{dataset}.sequence_length: {length} exceeds the {limit} positions "
-                f"that models.{model}.config states (recommend ranks it on {dataset})"
-            )
+    problems += position_problems(
+        config, [(m, d) for m, d in cells if d in labelled], "recommend ranks it on"
+    )
     return problems
 
 

@@ -45,6 +45,11 @@ from vitplasticity.recommend.halving import (
 )
 from vitplasticity.recommend.verify_plan import CANDIDATES_NAME, VERIFIED_FORMATS
 from vitplasticity.workflow.config import ConfigError, learning_rates
+from vitplasticity.workflow.dataset_kinds import (
+    is_text_dataset,
+    position_problems,
+    text_run_problems,
+)
 from vitplasticity.workflow.params import Wildcards
 from vitplasticity.workflow.recommend_jobs import recommend_cells
 
@@ -253,9 +258,11 @@ class VerifyJobs:
 
 def verify_problems(config: dict[str, Any]) -> list[str]:
     """What is wrong with ``recommend.verify`` (empty when it is off or sound): its
-    experiment, models, datasets and criterion, and, on each verified dataset, what
+    experiment, models, datasets and criterion, on each verified dataset what
     recommend-verify would refuse of the halving (:func:`recommend.halving.halving_problems`,
-    the one check of both), each naming its key."""
+    the one check of both), and on labelled text what its runs would refuse as a text
+    experiment's (:func:`~vitplasticity.workflow.dataset_kinds.text_run_problems`), each naming
+    its key."""
     block = config["recommend"]["verify"]
     if not block["enabled"]:
         return []
@@ -315,7 +322,12 @@ def verify_problems(config: dict[str, Any]) -> list[str]:
     problems += _unpaired(jobs)
     for dataset in dict.fromkeys(dataset for _, dataset in jobs.cells()):
         problems += [f"{KEY} on {dataset}: {problem}" for problem in _halving(jobs, dataset)]
-    return problems
+    # Its runs of labelled text are a text experiment's runs (the experiment is disabled, so
+    # experiment_problems does not check them).
+    text = [(m, d) for m, d in jobs.cells() if is_text_dataset(config["datasets"][d])]
+    problems += position_problems(config, text, f"{KEY} finetunes it on")
+    datasets = list(dict.fromkeys(d for _, d in text))
+    return problems + text_run_problems(config, KEY, datasets, "verify no text dataset")
 
 
 def _unpaired(jobs: VerifyJobs) -> list[str]:
