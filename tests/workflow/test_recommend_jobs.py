@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from snakemake.iocontainers import Wildcards
+
 from tests.helpers.text_entries import text_dataset
 from vitplasticity.recommend.settings import RecommendImageSettings, RecommendTextSettings
 from vitplasticity.settings.declaration import rule_params
@@ -33,7 +35,9 @@ def test_recommends_own_values_win(demo: dict[str, Any]) -> None:
 def test_the_image_recommend_measures_the_plasticity_pairs(demo: dict[str, Any]) -> None:
     params = recommend_params(demo, RecommendImageSettings)
     block = rule_params(RecommendImageSettings, demo["recommend"], "recommend")
-    assert params == {**block, "demo_flag": "--demo", "n_pairs": demo["plasticity"]["n_pairs"]}
+    n_pairs = params.pop("n_pairs")
+    assert params == {**{k: v for k, v in block.items() if k != "n_pairs"}, "demo_flag": "--demo"}
+    assert n_pairs(Wildcards(fromdict={"dataset": "demo-stripes"})) == demo["plasticity"]["n_pairs"]
 
 
 def test_the_text_recommend_cuts_text_as_text_plasticity_does(demo: dict[str, Any]) -> None:

@@ -48,7 +48,7 @@ def test_a_sound_block_has_no_problem_and_off_is_never_checked(demo_with: Config
             {"experiment": "sgd"},
             "'sgd' is enabled and its grid trains demo_vit on demo-stripes",
         ),
-        ({"datasets": ["elsewhere"]}, "dataset 'elsewhere' is not in datasets"),
+        ({"datasets": ["elsewhere"]}, "recommend.verify.datasets: unknown dataset 'elsewhere'"),
     ],
 )
 def test_a_bad_block_is_refused_naming_the_key(

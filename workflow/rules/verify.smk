@@ -105,6 +105,9 @@ rule verify_report:
         f"{RESULTS}/logs/verify/{{model}}/{{dataset}}/report.log",
     params:
         **VERIFY_PARAMS,
+        # --dataset-dir, or --labelled-text with the cut its runs were trained on.
+        data_flag=FINETUNE.data_flag,
+        text_flags=FINETUNE.text_flags,
         experiment=VERIFY_BLOCK["experiment"],
         criterion=VERIFY_BLOCK["criterion"],
         top_k=VERIFY_BLOCK["top_k"],
@@ -121,7 +124,7 @@ rule verify_report:
     shell:
         "vitplasticity recommend-verify --no-train --ranking {input.ranking:q}"
         " --experiment {params.experiment:q} --model {wildcards.model}"
-        " --dataset {wildcards.dataset} --dataset-dir {input.dataset:q}"
+        " --dataset {wildcards.dataset} {params.data_flag} {input.dataset:q} {params.text_flags}"
         " --model-spec {params.model_spec:q}"
         " --lrs {params.lrs} --seeds {params.seeds} --criterion {params.criterion}"
         " --top-k {params.top_k} --eta {params.eta} --baselines {params.baselines}"

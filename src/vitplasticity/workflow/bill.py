@@ -17,7 +17,7 @@ from vitplasticity.utils.io import atomic_path
 from vitplasticity.workflow.config import enabled_experiments, experiment_runs
 from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.packs import FinetunePack
-from vitplasticity.workflow.recommend_jobs import recommend_value
+from vitplasticity.workflow.recommend_jobs import recommend_cells
 
 # The workflow profile gives text_plasticity no runtime of its own: it asks for
 # slurm/profile.yaml's default-resources runtime (lowered to the cap like every fixed one).
@@ -202,15 +202,7 @@ def compute_bill(
     cap = config["scheduler"]["max_runtime_minutes"]
     fixed = min(DEFAULT_RUNTIME_MINUTES, cap) if cap else DEFAULT_RUNTIME_MINUTES
     lines += _by_model("text_plasticity", text["dtype"], text_jobs, lambda _w, _a: fixed)
-    recommend = (
-        [
-            (m, d)
-            for m in recommend_value(config, "models")
-            for d in recommend_value(config, "datasets")
-        ]
-        if config["recommend"]["enabled"]
-        else []
-    )
+    recommend = recommend_cells(config) if config["recommend"]["enabled"] else []
     lines += _by_model("recommend", "float32", recommend, runtimes.recommend)
     others = len(plasticity) + len(text_jobs) + len(recommend)
     return Bill(tuple(lines), finetune_jobs + others, jobs_at_once, submissions_per_second)

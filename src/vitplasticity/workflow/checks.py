@@ -22,6 +22,8 @@ from vitplasticity.data.sources import registry
 from vitplasticity.models.spec import known_family
 from vitplasticity.models.text import stated_positions, untied_bare_model
 from vitplasticity.settings.sequences import sequence_settings
+from vitplasticity.workflow.dataset_kinds import IMAGES, dataset_kind
+from vitplasticity.workflow.recommend_jobs import recommend_cells
 
 # The ImageNet-1k validation set: 50 images of each of 1000 classes (docs/protocol.md).
 IMAGENET_VAL_IMAGES = 50_000
@@ -212,9 +214,10 @@ def reference_size(config: Mapping[str, Any]) -> int | None:
 
 
 def pair_problems(config: Mapping[str, Any]) -> list[str]:
-    """``reference.n_images`` within the set it is drawn from; every stage's plasticity pairs
-    within the reference set (pair i starts from reference image i; only the downstream
-    images are cycled)."""
+    """``reference.n_images`` within the set it is drawn from; every image stage's plasticity
+    pairs within the reference set (pair i starts from reference image i; only the downstream
+    images are cycled): recommend's where it ranks an image dataset (on labelled text its
+    pairs are reference sequences)."""
     problems = []
     reference = config["reference"]
     n_images, available = reference["n_images"], reference_size(config)
@@ -230,7 +233,11 @@ def pair_problems(config: Mapping[str, Any]) -> list[str]:
         )
     recommend = config.get("recommend") or {}
     stages = [("plasticity.n_pairs", config["plasticity"]["n_pairs"])]
-    if recommend.get("enabled") and recommend.get("n_pairs") is not None:
+    ranks_images = any(
+        dataset_kind(config["datasets"].get(dataset)) == IMAGES
+        for _, dataset in recommend_cells(config)
+    )
+    if recommend.get("enabled") and recommend.get("n_pairs") is not None and ranks_images:
         stages.append(("recommend.n_pairs", recommend["n_pairs"]))
     for key, n_pairs in stages:
         if n_pairs > n_images:

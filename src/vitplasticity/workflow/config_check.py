@@ -26,19 +26,18 @@ from vitplasticity.workflow import (
 )
 from vitplasticity.workflow.config import ConfigError, enabled_experiments, lr_label_problems
 from vitplasticity.workflow.experiments import image_experiments
+from vitplasticity.workflow.recommend_jobs import recommend_cell_problems
 from vitplasticity.workflow.time_cap import cap_problems
 from vitplasticity.workflow.verify_jobs import verify_problems
 
 
 def model_problems(config: Mapping[str, Any]) -> list[str]:
     """The model entries' problems (:func:`vitplasticity.workflow.model_entries.entry_problems`)
-    with the models each stage names: images for plasticity, recommend and the image
-    experiments, token ids for text plasticity (a text experiment's models:
-    :func:`vitplasticity.workflow.dataset_kinds.experiment_problems`)."""
+    with the models each stage names: images for plasticity and the image experiments, token
+    ids for text plasticity (a text experiment's models:
+    :func:`vitplasticity.workflow.dataset_kinds.experiment_problems`; recommend's, which takes
+    both: :func:`vitplasticity.workflow.recommend_jobs.recommend_cell_problems`)."""
     image_users = {"plasticity.models": config["plasticity"]["models"]}
-    recommend = config.get("recommend") or {}
-    if recommend.get("models"):
-        image_users["recommend.models"] = recommend["models"]
     for experiment in image_experiments(dict(config)):
         image_users[f"experiments.{experiment}.models"] = config["experiments"][experiment].get(
             "models", []
@@ -173,6 +172,7 @@ def config_problems(
     problems += dataset_kinds.experiment_problems(config)
     problems += checks.input_file_problems(config)
     problems += recommend_problems(config)
+    problems += recommend_cell_problems(config)
     problems += checks.recommend_input_problems(config)
     problems += criteria_problems(config)
     problems += refusal_checks.refusal_problems(config)

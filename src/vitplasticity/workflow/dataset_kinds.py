@@ -6,9 +6,10 @@ document per line, cut into sequences as its ``tokenizer`` and ``sequence_length
 dataset: its ``path`` a table of documents and labels or a folder of them
 (:mod:`vitplasticity.data.labelled`), each document cut to its first ``sequence_length``
 tokens. Every other source is an image dataset. Text plasticity (its reference and datasets)
-takes text files only, the image stages (``plasticity``, ``recommend``, the reference set)
-image datasets only; an experiment takes one kind of the three, with models that take that
-kind (:func:`experiment_problems`). A mismatch is named at parse time, the key with the
+takes text files only, the image stages (``plasticity``, the reference set) image datasets
+only, ``recommend`` image datasets and labelled text (which it ranks against text
+plasticity's reference text); an experiment takes one kind of the three, with models that
+take that kind (:func:`experiment_problems`). A mismatch is named at parse time, the key with the
 dataset and its source. Plain Python, no torch: the Snakefile checks the config with it.
 """
 
@@ -65,25 +66,35 @@ def is_text_dataset(entry: Any) -> bool:
     return dataset_kind(entry) != IMAGES
 
 
-def _image_stage_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """(config key, dataset name) of every dataset an image stage takes."""
+def _image_stage_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str, tuple[str, ...]]]:
+    """(config key, dataset name, the kinds it takes) of every dataset an image stage takes:
+    images, and for recommend labelled text too (ranked with its text models)."""
     for name in (config.get("plasticity") or {}).get("datasets") or []:
-        yield "plasticity.datasets", name
+        yield "plasticity.datasets", name, (IMAGES,)
     reference = config.get("reference") or {}
     if reference.get("source") == "dataset" and reference.get("dataset"):
-        yield "reference.dataset", reference["dataset"]
+        yield "reference.dataset", reference["dataset"], (IMAGES,)
     recommend = config.get("recommend") or {}
     if recommend.get("enabled"):
         for name in recommend.get("datasets") or []:
-            yield "recommend.datasets", name
+            yield "recommend.datasets", name, (IMAGES, LABELLED_SOURCE)
 
 
 def _text_stage_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """(config key, dataset name) of every dataset an enabled text stage takes."""
+    """(config key, dataset name) of every dataset an enabled text stage takes: text
+    plasticity's reference and datasets, and its reference when recommend ranks labelled text
+    against it."""
     text = config.get("text_plasticity") or {}
+    datasets = config.get("datasets") or {}
+    recommend = config.get("recommend") or {}
+    ranks_labelled = recommend.get("enabled") and any(
+        dataset_kind(datasets.get(name)) == LABELLED_SOURCE
+        for name in recommend.get("datasets") or []
+    )
+    if text.get("reference") and (text.get("enabled") or ranks_labelled):
+        used_by = "" if text.get("enabled") else " (recommend's reference text)"
+        yield f"text_plasticity.reference{used_by}", text["reference"]
     if text.get("enabled"):
-        if text.get("reference"):
-            yield "text_plasticity.reference", text["reference"]
         for name in text.get("datasets") or []:
             yield "text_plasticity.datasets", name
 
@@ -100,9 +111,9 @@ def text_dataset_problems(config: Mapping[str, Any]) -> list[str]:
         if is_text_dataset(entry)
         for problem in _path_problems(name, entry)
     ]
-    for key, name in _image_stage_names(config):
+    for key, name, kinds in _image_stage_names(config):
         kind = dataset_kind(datasets.get(name))
-        if kind != IMAGES:
+        if kind not in kinds:
             problems.append(
                 f"{key}: {name!r} is a text dataset (source: {kind}): this stage takes image "
                 "datasets; text datasets go to text_plasticity.datasets (text files) or to an "
@@ -187,12 +198,9 @@ def experiment_problems(config: Mapping[str, Any]) -> list[str]:
     dataset whose runs are no longer than the warm-up (they would never reach their learning
     rate). An image experiment's models are checked with the other image stages'
     (``model_entries``)."""
-    from vitplasticity.models.registry import family_inputs
-    from vitplasticity.models.text import stated_positions
-    from vitplasticity.workflow.model_entries import model_inputs
+    from vitplasticity.workflow.model_entries import takes
 
     datasets, models = config.get("datasets") or {}, config.get("models") or {}
-    warmup = (config.get("finetune") or {}).get("warmup_steps", 0)
     problems = []
     for experiment, block in (config.get("experiments") or {}).items():
         if not isinstance(block, Mapping) or not block.get("enabled", True):
@@ -212,34 +220,64 @@ def experiment_problems(config: Mapping[str, Any]) -> list[str]:
         text = [d for d in names if is_text_dataset(datasets[d])]
         if not text:
             continue
+        takers = []
         for name in block.get("models") or []:
             entry = models.get(name)
             if entry is None:
                 continue  # named by check_config's unknown-model check
-            if "tokens" not in family_inputs(entry) or model_inputs(entry) == "images":
-                problems.append(
-                    f"{key}.models: {name!r} takes images, and {key}.datasets are text datasets "
-                    f"({', '.join(text)}): a text experiment finetunes transformers text models"
-                )
+            if takes(entry, "tokens"):
+                takers.append(name)
                 continue
-            limit = stated_positions(entry)
-            problems += [
-                f"datasets.{dataset}.sequence_length: {length} exceeds the {limit} positions "
-                f"that models.{name}.config states ({key} finetunes it on {dataset})"
-                for dataset in text
-                if limit is not None
-                and (length := sequence_settings(datasets[dataset])["sequence_length"]) > limit
-            ]
-        problems += [
-            f"finetune.warmup_steps: {warmup}, not fewer than datasets.{dataset}.steps "
-            f"{datasets[dataset].get('steps', 1)}: the runs of {key} would never reach their "
-            "learning rate"
-            for dataset in text
-            if warmup >= datasets[dataset].get("steps", 1)
-        ]
-        if (config.get("finetune") or {}).get("compile"):
             problems.append(
-                f"finetune.compile: true, and {key} finetunes text datasets: compile is not "
-                "implemented for text runs; set it false or disable the experiment"
+                f"{key}.models: {name!r} takes images, and {key}.datasets are text datasets "
+                f"({', '.join(text)}): a text experiment finetunes transformers text models"
             )
+        cells = [(model, dataset) for model in takers for dataset in text]
+        problems += position_problems(config, cells, f"{key} finetunes it on")
+        problems += text_run_problems(config, key, text, "disable the experiment")
+    return problems
+
+
+def position_problems(
+    config: Mapping[str, Any], cells: list[tuple[str, str]], doing: str
+) -> list[str]:
+    """Per (text model, text dataset) of ``cells``: the dataset's ``sequence_length`` beyond
+    the positions a random-init model's config states; ``doing`` says what the stage does
+    ("experiments.x finetunes it on")."""
+    from vitplasticity.models.text import stated_positions
+
+    datasets, models = config.get("datasets") or {}, config.get("models") or {}
+    problems = []
+    for model, dataset in cells:
+        limit = stated_positions(models[model])
+        length = sequence_settings(datasets[dataset])["sequence_length"]
+        if limit is not None and length > limit:
+            problems.append(
+                f"datasets.{dataset}.sequence_length: {length} exceeds the {limit} positions "
+                f"that models.{model}.config states ({doing} {dataset})"
+            )
+    return problems
+
+
+def text_run_problems(
+    config: Mapping[str, Any], key: str, text: list[str], remedy: str
+) -> list[str]:
+    """What the finetuning runs that ``key`` trains on the text datasets ``text`` would refuse
+    or waste: runs no longer than the warm-up (they would never reach their learning rate)
+    and ``finetune.compile``, not implemented for text runs (``remedy``: the other way out
+    than setting it false)."""
+    datasets, finetune = config.get("datasets") or {}, config.get("finetune") or {}
+    warmup = finetune.get("warmup_steps", 0)
+    problems = [
+        f"finetune.warmup_steps: {warmup}, not fewer than datasets.{dataset}.steps "
+        f"{datasets[dataset].get('steps', 1)}: the runs of {key} would never reach their "
+        "learning rate"
+        for dataset in text
+        if warmup >= datasets[dataset].get("steps", 1)
+    ]
+    if text and finetune.get("compile"):
+        problems.append(
+            f"finetune.compile: true, and {key} finetunes text datasets: compile is not "
+            f"implemented for text runs; set it false or {remedy}"
+        )
     return problems

@@ -85,6 +85,14 @@ class DatasetJobs:
         (``datasets.<text_plasticity.reference>.path``)."""
         return self.datasets[self.config["text_plasticity"]["reference"]]["path"]
 
+    def recommend_reference(self, wildcards: Wildcards) -> str:
+        """Input function: what a recommend job ranks against: the plasticity reference set
+        for an image dataset, text plasticity's reference text for labelled text (cut by the
+        job as the labelled dataset is cut: its text flags)."""
+        if is_text_dataset(self.datasets[wildcards.dataset]):
+            return self.text_reference(wildcards)
+        return self.reference_file()
+
     def reference_sequences(self) -> dict[str, Any]:
         """Params: :func:`text_reference_sequences` of the config."""
         return text_reference_sequences(self.config)

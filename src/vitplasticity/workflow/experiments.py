@@ -110,8 +110,8 @@ def criteria_experiments(config: dict[str, Any]) -> list[str]:
     """The classification experiments the criteria score: none unless report.criteria.enabled
     or recommend.enabled; else those of report.criteria.experiments that are enabled and have a
     criterion to score (the parameter counts, recommend's tables, or measured plasticity;
-    recommend ranks image models on image datasets, so a labelled-text experiment has no
-    recommend table)."""
+    the check reads recommend's tables of an image experiment's cells only: a labelled-text
+    experiment is scored without them, though recommend may rank its cells)."""
     criteria = config["report"]["criteria"]
     recommend = config["recommend"]["enabled"]
     if not (criteria["enabled"] or recommend):

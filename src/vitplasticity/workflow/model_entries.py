@@ -20,6 +20,15 @@ def model_inputs(entry: Mapping[str, Any]) -> str | None:
     return spec.declared_inputs(entry) if spec is not None else None
 
 
+def takes(entry: Mapping[str, Any], inputs: str) -> bool:
+    """Whether the model of config entry ``entry`` can take ``inputs`` ("images", "tokens"):
+    its family takes them and the entry does not say it takes the other (a transformers entry
+    whose ``config.model_type`` is a text model takes no images). A transformers entry that
+    does not tell (a hub or folder checkpoint) takes both as far as the config knows; its job
+    refuses what its model cannot take."""
+    return inputs in family_inputs(entry) and model_inputs(entry) in (None, inputs)
+
+
 def entry_problems(
     models: Mapping[str, Mapping[str, Any]],
     image_users: Mapping[str, Sequence[str]],

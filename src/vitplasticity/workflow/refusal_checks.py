@@ -14,6 +14,7 @@ from typing import Any
 from vitplasticity.models.refusals import entry_architecture, entry_refusals
 from vitplasticity.models.spec import known_family
 from vitplasticity.workflow.config import enabled_experiments
+from vitplasticity.workflow.recommend_jobs import recommend_text_models
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def image_uses(config: Mapping[str, Any]) -> list[Use]:
 
 def text_uses(config: Mapping[str, Any]) -> list[Use]:
     """The text stages' uses: text plasticity's models (its protocols; recommend --text with
-    recommend enabled) and its bounds models (a text experiment's models are an experiment's:
+    recommend enabled, of the models it ranks) and its bounds models (a text experiment's models are an experiment's:
     :func:`image_uses`)."""
     found = []
     text = config.get("text_plasticity") or {}
@@ -127,10 +128,11 @@ def text_uses(config: Mapping[str, Any]) -> list[Use]:
                 Use(
                     "text_plasticity.run_models (recommend --text: recommend.enabled ranks every "
                     "text model)",
-                    run,
+                    recommend_text_models(config),
                     ("recommend", "recommend lm"),
                     "drop the model from text_plasticity.run_models, or set "
-                    "recommend.enabled: false",
+                    "recommend.enabled: false; an encoder that recommend.models ranks on labelled "
+                    "text of recommend.datasets is left to that",
                 )
             )
     return found

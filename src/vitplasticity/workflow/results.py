@@ -13,6 +13,7 @@ from vitplasticity.workflow.experiments import (
     measured_cells,
 )
 from vitplasticity.workflow.params import Wildcards
+from vitplasticity.workflow.recommend_jobs import recommend_text_models
 
 # The figure_plasticity_boxplot scope of every dataset at once.
 POOLED = "pooled"
@@ -89,11 +90,15 @@ class ResultFiles:
 
     def criteria_recommend(self, wildcards: Wildcards) -> list[str]:
         """The recommend tables of the job's experiment's cells, when recommend is enabled (a
-        text experiment's: recommend --text's, of the cells text plasticity measures)."""
+        text experiment's: recommend --text's, of the cells text plasticity measures and
+        recommend --text ranks; the check says why a cell has none)."""
         if not self.config["recommend"]["enabled"]:
             return []
         if is_text_experiment(self.config, wildcards.experiment):
+            ranked = recommend_text_models(self.config)
             cells = measured_cells(self.config, wildcards.experiment)
-            return [f"{self.results}/recommend_text/{m}/{d}.parquet" for m, d in cells]
+            return [
+                f"{self.results}/recommend_text/{m}/{d}.parquet" for m, d in cells if m in ranked
+            ]
         cells = experiment_cells(self.config, wildcards.experiment)
         return [f"{self.results}/recommend/{m}/{d}.parquet" for m, d in cells]

@@ -16,7 +16,7 @@ from vitplasticity.workflow.experiments import (
     stats_experiments,
 )
 from vitplasticity.workflow.jobs import ModelJobs
-from vitplasticity.workflow.recommend_jobs import recommend_value
+from vitplasticity.workflow.recommend_jobs import recommend_cells, recommend_text_models
 from vitplasticity.workflow.report import ReportFiles
 from vitplasticity.workflow.results import POOLED, ResultFiles
 
@@ -164,27 +164,30 @@ class Targets:
         ]
 
     def recommend(self) -> list[str]:
-        """Report, decision, table and figure of every recommend (model, dataset), and those
-        of every text recommend (:meth:`recommend_text`); none unless enabled."""
+        """Report, decision, table and figure of every recommend (model, dataset) (image
+        datasets and labelled text, each with the models that take it:
+        :func:`~vitplasticity.workflow.recommend_jobs.recommend_cells`), and those of every
+        text recommend (:meth:`recommend_text`); none unless enabled."""
         if not self.config["recommend"]["enabled"]:
             return []
-        images = expand(
-            f"{self.results}/recommend/{{model}}/{{dataset}}.{{ext}}",
-            model=recommend_value(self.config, "models"),
-            dataset=recommend_value(self.config, "datasets"),
-            ext=list(RECOMMEND_FORMATS),
-        )
-        return images + self.recommend_text()
+        ranked = [
+            f"{self.results}/recommend/{model}/{dataset}.{ext}"
+            for model, dataset in recommend_cells(self.config)
+            for ext in RECOMMEND_FORMATS
+        ]
+        return ranked + self.recommend_text()
 
     def recommend_text(self) -> list[str]:
         """Report, decision and table of every text model x text dataset that text_plasticity
-        measures; none unless recommend and text_plasticity are both enabled."""
+        measures and recommend --text ranks (an encoder recommend ranks on labelled text is
+        left to that: :func:`~vitplasticity.workflow.recommend_jobs.recommend_text_models`);
+        none unless recommend and text_plasticity are both enabled."""
         text = self.config["text_plasticity"]
         if not (self.config["recommend"]["enabled"] and text["enabled"]):
             return []
         return expand(
             f"{self.results}/recommend_text/{{model}}/{{dataset}}.{{ext}}",
-            model=text["run_models"],
+            model=recommend_text_models(self.config),
             dataset=list(text["datasets"]),
             ext=list(RECOMMEND_FORMATS),
         )

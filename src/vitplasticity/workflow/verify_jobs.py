@@ -45,8 +45,13 @@ from vitplasticity.recommend.halving import (
 )
 from vitplasticity.recommend.verify_plan import CANDIDATES_NAME, VERIFIED_FORMATS
 from vitplasticity.workflow.config import ConfigError, learning_rates
+from vitplasticity.workflow.dataset_kinds import (
+    is_text_dataset,
+    position_problems,
+    text_run_problems,
+)
 from vitplasticity.workflow.params import Wildcards
-from vitplasticity.workflow.recommend_jobs import recommend_value
+from vitplasticity.workflow.recommend_jobs import recommend_cells
 
 KEY = "recommend.verify"
 
@@ -77,10 +82,10 @@ class VerifyJobs:
         return self.block["experiment"]
 
     def cells(self) -> list[tuple[str, str]]:
-        """The verified (model, dataset) pairs: recommend's, or ``recommend.verify``'s own."""
-        models = self.block["models"] or recommend_value(self.config, "models")
-        datasets = self.block["datasets"] or recommend_value(self.config, "datasets")
-        return [(m, d) for m in models for d in datasets]
+        """The verified (model, dataset) pairs: recommend's, or of ``recommend.verify``'s own
+        models and datasets, each model with the datasets of a kind it takes, as recommend
+        pairs them (:func:`~vitplasticity.workflow.recommend_jobs.recommend_cells`)."""
+        return recommend_cells(self.config, self.block["models"], self.block["datasets"])
 
     def lrs(self, dataset: str) -> list[float]:
         """The experiment's learning rates on ``dataset``, ascending."""
@@ -253,9 +258,11 @@ class VerifyJobs:
 
 def verify_problems(config: dict[str, Any]) -> list[str]:
     """What is wrong with ``recommend.verify`` (empty when it is off or sound): its
-    experiment, models, datasets and criterion, and, on each verified dataset, what
+    experiment, models, datasets and criterion, on each verified dataset what
     recommend-verify would refuse of the halving (:func:`recommend.halving.halving_problems`,
-    the one check of both), each naming its key."""
+    the one check of both), and on labelled text what its runs would refuse as a text
+    experiment's (:func:`~vitplasticity.workflow.dataset_kinds.text_run_problems`), each naming
+    its key."""
     block = config["recommend"]["verify"]
     if not block["enabled"]:
         return []
@@ -306,11 +313,39 @@ def verify_problems(config: dict[str, Any]) -> list[str]:
                 f"{dataset}: both would write the same run folders. Name a disabled "
                 "experiment (the verification takes its optimizer, learning rates and seeds)"
             )
+    problems += [
+        f"{KEY}.datasets: unknown dataset {dataset!r} (defined: "
+        f"{', '.join(sorted(config['datasets']))})"
+        for dataset in block["datasets"] or []
+        if dataset not in config["datasets"]
+    ]
+    problems += _unpaired(jobs)
     for dataset in dict.fromkeys(dataset for _, dataset in jobs.cells()):
-        if dataset not in config["datasets"]:
-            problems.append(f"{KEY}: dataset {dataset!r} is not in datasets")
-            continue
         problems += [f"{KEY} on {dataset}: {problem}" for problem in _halving(jobs, dataset)]
+    # Its runs of labelled text are a text experiment's runs (the experiment is disabled, so
+    # experiment_problems does not check them).
+    text = [(m, d) for m, d in jobs.cells() if is_text_dataset(config["datasets"][d])]
+    problems += position_problems(config, text, f"{KEY} finetunes it on")
+    datasets = list(dict.fromkeys(d for _, d in text))
+    return problems + text_run_problems(config, KEY, datasets, "verify no text dataset")
+
+
+def _unpaired(jobs: VerifyJobs) -> list[str]:
+    """One message per model or dataset that ``recommend.verify`` names itself and that pairs
+    with none of the other side (a text model with image datasets only, a text file): the
+    verification would leave it out without a word."""
+    cells = jobs.cells()
+    problems = []
+    for key, side, other in (("models", 0, "datasets"), ("datasets", 1, "models")):
+        known = jobs.config[key]
+        named = [name for name in jobs.block[key] or [] if name in known]
+        problems += [
+            f"{KEY}.{key}: {name!r} pairs with none of the verified {other}: recommend ranks "
+            "a model on the datasets of a kind it takes (images; labelled text for a text "
+            "model)"
+            for name in named
+            if not any(cell[side] == name for cell in cells)
+        ]
     return problems
 
 
