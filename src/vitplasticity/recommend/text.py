@@ -35,15 +35,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vitplasticity.models.architectures import (
@@ -61,6 +60,7 @@ from vitplasticity.models.text import (
     untied_bare_model,
 )
 from vitplasticity.recommend.criteria import Measurements
+from vitplasticity.recommend.labelled import LabelledRanking, labelled_classifier
 from vitplasticity.recommend.pipeline import footer_record, rank
 from vitplasticity.recommend.ranking import check_ranking
 from vitplasticity.recommend.settings import RecommendTextSettings
@@ -72,6 +72,11 @@ from vitplasticity.recommend.text_criteria import (
 )
 from vitplasticity.recommend.text_inputs import TextRecommendInputs, TextResult
 from vitplasticity.recommend.text_report import class_path, report_notes, text_export
+from vitplasticity.recommend.tokens import (
+    check_text_model,
+    reference_sequences,
+    resolve_tokenizer,
+)
 from vitplasticity.settings.declaration import check_settings, recorded_settings
 from vitplasticity.utils.progress import ProgressReporter
 
@@ -80,41 +85,6 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # The model: a causal LM
-
-
-def check_text_model(model: nn.Module) -> None:
-    """Raise unless ``model`` is of an architecture family that takes token ids.
-
-    Raises:
-        UnsupportedModel: naming the class, for a model no architecture knows (or one the
-            registry refuses), or one of an image family.
-    """
-    architecture = architecture_for(model)
-    if architecture.inputs != "tokens":
-        raise UnsupportedModel(
-            f"{type(model).__name__} ({architecture.title}) takes images: the text recommend "
-            "ranks a causal language model on token sequences; rank an image model with "
-            "`vitplasticity recommend`"
-        )
-
-
-def resolve_tokenizer(requested: str, model_name: str, model_spec: dict[str, Any]) -> str:
-    """``auto``: ``bytes`` for a random-init model, else its own tokenizer, as the
-    text plasticity stage resolves it (:func:`vitplasticity.models.text.tokenizer_name`);
-    anything else as given.
-
-    Raises:
-        ValueError: with ``auto``, for an entry that is not a transformers text model's.
-    """
-    from vitplasticity.models.text import text_model_spec, tokenizer_name
-
-    if requested != "auto":
-        return requested
-    return tokenizer_name(requested, text_model_spec(model_name, model_spec))
-
-
-# ---------------------------------------------------------------------------------------------
-# The stage
 
 
 def checked_text_settings(
@@ -185,7 +155,7 @@ def recommend_text(
     if inputs.labelled_text is not None:
         if model is None:
             check_stated_positions(inputs.model, inputs.model_spec, settings.sequence_length)
-        labelled = _labelled_classifier(inputs, settings, model)
+        labelled = labelled_classifier(inputs, settings, model)
         lm = ranked = labelled.classifier
         architecture = architecture_for(ranked)
         tokenizer, references, user = labelled.tokenizer, labelled.references, labelled.user
@@ -269,109 +239,6 @@ def _recorded_spec(entry: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(parsed), default=str))
 
 
-@dataclass(frozen=True)
-class LabelledRanking:
-    """A text model ranked as a sequence classifier on labelled text: the classifier with its
-    new head (``drawn``), the pool's documents encoded for the gradient batches, and the
-    sequences of the plasticity pairs (the documents cut as a text file's lines are)."""
-
-    classifier: nn.Module
-    drawn: list[str]
-    classes: tuple[str, ...]
-    ids: np.ndarray  # (N, L) the pool's documents, padded
-    attention: np.ndarray  # (N, L)
-    labels: np.ndarray  # (N,)
-    tokenizer: str
-    references: np.ndarray
-    user: np.ndarray
-
-    def batches(self, steps: range, batch_size: int, seed: int, device: torch.device) -> list[Any]:
-        """The labelled batches (ids, attention, labels) of ``steps`` on ``device``: step s's
-        is :func:`vitplasticity.data.loader.batch_indices` (seeded epochs), as an image's."""
-        from vitplasticity.data.loader import batch_indices
-
-        found = []
-        for step in steps:
-            index = batch_indices(step, batch_size, len(self.labels), seed)
-            parts = (self.ids[index], self.attention[index], self.labels[index])
-            found.append(tuple(torch.from_numpy(part).to(device) for part in parts))
-        return found
-
-    def loss(self, batch: Any) -> torch.Tensor:
-        """The mean cross-entropy of the classifier's logits on a labelled batch."""
-        ids, attention, labels = batch
-        logits = self.classifier(input_ids=ids, attention_mask=attention).logits
-        return F.cross_entropy(logits, labels)
-
-    def head(self) -> list[nn.Parameter]:
-        """The new head's parameters (what the warm-up trains)."""
-        drawn = set(self.drawn)
-        return [p for n, p in self.classifier.named_parameters() if n in drawn]
-
-    def note(
-        self, inputs: TextRecommendInputs, settings: RecommendTextSettings, n_user: int
-    ) -> str:
-        """The report's paragraph on the data and the loss."""
-        name = Path(str(inputs.labelled_text)).name
-        return (
-            f"User data: `{name}`, {len(self.labels):,} labelled documents of "
-            f"{len(self.classes)} classes ({', '.join(self.classes)}), each its first "
-            f"{settings.sequence_length} tokens. Plasticity pairs reference sequence i with "
-            f"user sequence i (cycled; the {n_user:,} user sequences are the documents cut as "
-            f"a text file's lines are), {inputs.protocol} protocol. "
-            f"{type(self.classifier).__name__} holds the model with a new head "
-            f"({', '.join(f'`{n}`' for n in self.drawn)}, drawn from --seed), warmed up alone "
-            f"for {inputs.warmup_steps} SGD steps (lr {inputs.warmup_lr}) as the image "
-            f"recommend warms up its new classifier; the relative gradient norm and gradient "
-            f"SNR are then of its classification cross-entropy on {settings.batches} batches "
-            f"of {settings.batch_size} documents, NFN of the first batch of user sequences."
-        )
-
-
-def _labelled_classifier(
-    inputs: TextRecommendInputs, settings: RecommendTextSettings, model: nn.Module | None
-) -> LabelledRanking:
-    """The model of ``inputs`` (or ``model``) inside its sequence-classification class with a
-    new head drawn from ``settings.seed``, and the labelled documents and sequences.
-
-    Raises:
-        ValueError: for a bad labelled dataset, a sequence longer than the model's positions,
-            or a reference text too short for ``n_pairs`` sequences.
-        UnsupportedModel: for an image model, a model no architecture knows, one without a
-            sequence-classification class, one its architecture refuses to rank, or a
-            parameter it cannot account for.
-    """
-    from vitplasticity.data.labelled import encode_texts, read_labelled
-    from vitplasticity.data.text import cut_documents, load_tokenizer
-    from vitplasticity.models.text import sequence_classifier
-
-    dataset = read_labelled(str(inputs.labelled_text))
-    torch.manual_seed(settings.seed)
-    if model is None:
-        model = build_model(text_model_entry(inputs.model, inputs.model_spec))
-    check_text_model(model.eval())
-    length, n = settings.sequence_length, settings.n_pairs
-    check_sequence_length(model.config, length, inputs.model)
-    tokenizer = resolve_tokenizer(settings.tokenizer, inputs.model, inputs.model_spec)
-    vocab = model.config.vocab_size
-    encoded, pad_id = encode_texts(dataset.pool.texts, tokenizer, vocab, length)
-    classifier, drawn = sequence_classifier(model, len(dataset.classes), pad_id)
-    classifier = classifier.eval()
-    architecture = architecture_for(classifier)
-    refusal = architecture.refusal("recommend", classifier)
-    if refusal is not None:
-        raise UnsupportedModel(f"recommend --labelled-text {inputs.model}: {refusal}")
-    ParameterMap(architecture, classifier)  # names a missing component before any compute
-    tokenize = load_tokenizer(tokenizer, vocab)
-    references = _reference_sequences(inputs, tokenize, length, n)
-    where = f"--labelled-text {inputs.labelled_text}"
-    user = cut_documents(dataset.pool.texts, tokenize, length, n, where)
-    return LabelledRanking(
-        classifier, drawn, dataset.classes, encoded.ids, encoded.attention,
-        dataset.pool.labels, tokenizer, references, user,
-    )  # fmt: skip
-
-
 def _checked_lm(
     inputs: TextRecommendInputs, model: nn.Module | None
 ) -> tuple[nn.Module, nn.Module, Architecture]:
@@ -422,28 +289,9 @@ def _sequences(
     check_sequence_length(ranked.config, length, inputs.model)
     tokenizer = resolve_tokenizer(settings.tokenizer, inputs.model, inputs.model_spec)
     tokenize = load_tokenizer(tokenizer, lm.config.vocab_size)
-    references = _reference_sequences(inputs, tokenize, length, n)
+    references = reference_sequences(inputs, tokenize, length, n)
     needed = max(n, settings.batches * settings.batch_size)
     return tokenizer, references, user_sequences(inputs.texts, tokenize, length, needed)
-
-
-def _reference_sequences(
-    inputs: TextRecommendInputs, tokenize: Callable[[str], list[int]], length: int, n: int
-) -> np.ndarray:
-    """The ``n`` reference sequences of ``length`` tokens (the pairs' first members).
-
-    Raises:
-        ValueError: for a reference text too short for ``n`` sequences, naming it.
-    """
-    from vitplasticity.data.text import read_sequences
-
-    references = read_sequences(inputs.reference, tokenize, length, max_sequences=n)
-    if len(references) < n:
-        raise ValueError(
-            f"--reference {inputs.reference}: {len(references)} sequences of {length} tokens, "
-            f"fewer than --n-pairs {n}"
-        )
-    return references
 
 
 def _measure(
