@@ -282,8 +282,10 @@ def test_stages_refused_by_name(case_id: str) -> None:
     # the bounds on text: bounds --text; finetune on text: finetune --text
     for stage in ("plasticity", "lora", "bounds", "finetune"):
         assert architecture.refusal(stage, model) is None
+    # recommend ranks it on labelled text; the next-token ranking (recommend --text) refuses it
+    assert architecture.refusal("recommend", model) is None
     assert "encoder attends to the tokens after each one" in architecture.refusal(
-        "recommend", model
+        "recommend lm", model
     )
 
 

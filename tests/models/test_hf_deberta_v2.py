@@ -339,8 +339,9 @@ def test_stages_refused_by_name() -> None:
     for stage in ("plasticity", "lora", "bounds", "finetune"):
         assert architecture.refusal(stage, model) is None
     assert architecture.text_task == "masked"
+    assert architecture.refusal("recommend", model) is None  # on labelled text
     assert "encoder attends to the tokens after each one" in architecture.refusal(
-        "recommend", model
+        "recommend lm", model
     )
 
 

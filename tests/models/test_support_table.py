@@ -173,7 +173,27 @@ def run_finetune(model: nn.Module, inputs: torch.Tensor) -> None:
 def run_recommend(model: nn.Module, inputs: torch.Tensor) -> None:
     architecture = architecture_for(model)
     _refuse(architecture, "recommend", model)
-    if architecture.inputs == "tokens":
+    if architecture.inputs == "tokens" and architecture.refusal("recommend lm", model):
+        # An encoder has no next-token loss: it is ranked as a sequence classifier with a new
+        # head, by the classification loss on labelled text (recommend --labelled-text).
+        import torch.nn.functional as F
+
+        from vitplasticity.models.text import sequence_classifier
+        from vitplasticity.recommend.text_criteria import measure_text_criteria
+
+        classifier, _ = sequence_classifier(model, 2, pad_token_id=0)
+        classifier.eval()
+        attention, labels = torch.ones_like(inputs), torch.arange(len(inputs)) % 2
+        batches = [(inputs, attention, labels), (inputs.flip(0), attention, labels)]
+
+        def loss(batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            logits = classifier(input_ids=batch[0], attention_mask=batch[1]).logits
+            return F.cross_entropy(logits, batch[2])
+
+        measurements = measure_text_criteria(
+            classifier, inputs, inputs.flip(0), batches, n_pairs=2, loss=loss, nfn_inputs=inputs
+        )
+    elif architecture.inputs == "tokens":
         # A text family is ranked as a causal LM on token ids (recommend --text). A bare model
         # with an untied head lacks the head's weights: its models: entry names the causal-LM
         # class (model_class), as here.

@@ -145,6 +145,9 @@ def test_minilm_is_ranked_and_verified_on_labelled_text(
     for criterion in RECOMMEND_CRITERIA:
         assert f" {REGISTRY[criterion].label} |" in header, criterion
     assert "3 classes (GFDL-1.3, GPL-3, MPL-2.0)" in report
+    # What every configuration trains beside its components, module by module: the new head
+    # and the checkpoint's own pooler.
+    assert "`bert.pooler` (147,840 parameters), `classifier` (1,155 parameters)" in report
 
     verified = pl.read_parquet(tmp_path / f"{RANKING}_verified.parquet")
     candidates = json.loads(

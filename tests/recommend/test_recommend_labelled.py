@@ -5,8 +5,8 @@ On tiny bare models saved as checkpoint folders (BERT, GPT2, Llama) with the byt
 every criterion is valued, or n/a with the reason the report gives (table-driven); the
 gradient criteria equal classification cross-entropy gradients taken here by autograd
 (float64); the encoder refused on unlabelled text is ranked on labelled text; the command's
-refusals name the flag. On the real all-MiniLM-L6-v2: the report separates the new head from
-the checkpoint's pooler.
+refusals name the flag. The real all-MiniLM-L6-v2 is ranked and verified on labelled text
+through the workflow: tests/pipeline/test_recommend_labelled_workflow.py.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import math
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pytest
 import torch
 
-from tests.helpers.labelled_text import write_first_byte_csv, write_licence_csv
+from tests.helpers.labelled_text import write_first_byte_csv
 from tests.helpers.tiny_models import ENCODER_TINY_CONFIG, HF_TEXT_TINY_CONFIG
 from vitplasticity import cli
 from vitplasticity.data.labelled import encode_texts, read_labelled
@@ -40,8 +39,16 @@ BARE = {
     "bert": ("BertConfig", "BertModel", ENCODER_TINY_CONFIG),
     "gpt2": ("GPT2Config", "GPT2Model", {"n_embd": 48, "n_layer": 2, "n_head": 3, "vocab_size": 64, "n_positions": 16}),
     "llama": ("LlamaConfig", "LlamaModel", HF_TEXT_TINY_CONFIG),
+    # DeBERTa-v3's settings: its query and key projections see the relative positions too,
+    # so NFN (one call per linear map) is n/a, and the report says why
+    "deberta_v2": ("DebertaV2Config", "DebertaV2Model", {**ENCODER_TINY_CONFIG, "relative_attention": True, "pos_att_type": ["p2c", "c2p"], "share_att_key": True, "position_buckets": 8}),
 }  # fmt: skip
-REASONS = {"weight_spectral": "Weight spectral", "spectrum_snr": "Spectrum SNR", "kappa": "kappa"}
+REASONS = {
+    "weight_spectral": "Weight spectral",
+    "spectrum_snr": "Spectrum SNR",
+    "kappa": "kappa",
+    "nfn": "NFN",
+}
 """How the report names a criterion that can be n/a beyond the norms (the others never are)."""
 LINEAR_ONLY = ("nfn", "spectrum_snr", "kappa")
 """The criteria of a linear map's output or weight matrix: n/a for LN1, LN2 and LN1+LN2."""
@@ -189,26 +196,6 @@ def test_the_command_refuses_a_warm_up_without_a_new_head_and_two_kinds_of_text(
     assert cli.main(argv) == 2
     assert message in caplog.text
     assert not (tmp_path / "o").exists()
-
-
-def test_the_real_minilm_is_ranked_on_licences_with_its_pooler_apart_from_the_new_head(
-    tmp_path: Path, minilm_folder: Path
-) -> None:
-    labelled = write_licence_csv(tmp_path / "licences.csv")
-    reference = tmp_path / "reference.txt"
-    reference.write_text(Path("/usr/share/common-licenses/Apache-2.0").read_text())
-    out = tmp_path / "out" / "minilm"
-    argv = ["recommend", "--model", "minilm", "--model-spec",
-            json.dumps({"family": "transformers", "hf_id": "minilm", "weights": str(minilm_folder)}),
-            "--labelled-text", str(labelled), "--reference", str(reference), "--n-pairs", "16",
-            "--batch-size", "8", "--batches", "2", "--warmup-steps", "4", "--sequence-length", "64",
-            "--device", "cpu", "--out-prefix", str(out)]  # fmt: skip
-    assert cli.main(argv) == 0
-    report = out.with_suffix(".md").read_text()
-    assert "`bert.pooler` (147,840 parameters), `classifier` (1,155 parameters)" in report
-    assert "3 classes (GFDL-1.3, GPL-3, MPL-2.0)" in report
-    table = pl.read_parquet(out.with_suffix(".parquet"))
-    assert table.filter(pl.col("criterion") == "plasticity")["value"].is_finite().all()
 
 
 def test_a_text_classifier_ranking_is_verified_by_finetuning_on_the_labelled_text(

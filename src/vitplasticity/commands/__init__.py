@@ -258,3 +258,34 @@ def check_out_prefix(prefix: str, suffixes: Iterable[str]) -> None:
         )
     for suffix in suffixes:
         check_writable(f"{prefix}{suffix}", "--out-prefix")
+
+
+def run_source(args: argparse.Namespace) -> Any:
+    """What the runs train on: the prepared folder, or the text file or labelled text cut as
+    the text flags say (:class:`~vitplasticity.finetune.text_run.TextSource`); a command
+    without ``--text`` (recommend-verify) takes the other two.
+
+    Raises:
+        ValueError: for a text flag given with --dataset-dir (an image dataset has no text).
+    """
+    from vitplasticity.finetune.settings import TextFinetuneSettings, TrainingSettings
+    from vitplasticity.settings.declaration import settings_from_args
+
+    text_only = own_defaults(TextFinetuneSettings, TrainingSettings)
+    text_file = getattr(args, "text", None)
+    if text_file is None and args.labelled_text is None:
+        refuse_given(
+            args,
+            text_only,
+            "--text or --labelled-text (a text dataset's; --dataset-dir is an image's)",
+        )
+        return args.dataset_dir
+    if args.labelled_text is not None:
+        masks = {"mask_probability": text_only["mask_probability"]}
+        refuse_given(args, masks, "--text (an encoder's masked-LM loss; a classifier masks none)")
+    text = settings_from_args(TextFinetuneSettings, args)
+    from vitplasticity.finetune.text_run import TextSource
+
+    if args.labelled_text is not None:
+        return TextSource(text, Path(args.labelled_text), args.dataset, labelled=True)
+    return TextSource(text, Path(text_file), args.dataset)

@@ -8,9 +8,8 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any
 
-from vitplasticity.commands import PREEMPTED_EXIT, own_defaults, refuse_given
+from vitplasticity.commands import PREEMPTED_EXIT, run_source
 from vitplasticity.finetune.settings import TextFinetuneSettings, TrainingSettings
 from vitplasticity.settings.declaration import (
     add_settings_arguments,
@@ -104,34 +103,6 @@ def _requested_runs(args: argparse.Namespace) -> list[dict]:
         if not isinstance(entry, dict) or set(entry) != set(_RUN_KEYS):
             raise ValueError(f"--runs[{index}]: expected exactly the keys {list(_RUN_KEYS)}")
     return args.runs
-
-
-def run_source(args: argparse.Namespace) -> Any:
-    """What the runs train on: the prepared folder, or the text file or labelled text cut as
-    the text flags say (:class:`~vitplasticity.finetune.text_run.TextSource`); a command
-    without ``--text`` (recommend-verify) takes the other two.
-
-    Raises:
-        ValueError: for a text flag given with --dataset-dir (an image dataset has no text).
-    """
-    text_only = own_defaults(TextFinetuneSettings, TrainingSettings)
-    text_file = getattr(args, "text", None)
-    if text_file is None and args.labelled_text is None:
-        refuse_given(
-            args,
-            text_only,
-            "--text or --labelled-text (a text dataset's; --dataset-dir is an image's)",
-        )
-        return args.dataset_dir
-    if args.labelled_text is not None:
-        masks = {"mask_probability": text_only["mask_probability"]}
-        refuse_given(args, masks, "--text (an encoder's masked-LM loss; a classifier masks none)")
-    text = settings_from_args(TextFinetuneSettings, args)
-    from vitplasticity.finetune.text_run import TextSource
-
-    if args.labelled_text is not None:
-        return TextSource(text, Path(args.labelled_text), args.dataset, labelled=True)
-    return TextSource(text, Path(text_file), args.dataset)
 
 
 def run_finetune(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import argparse
 import logging
 from fractions import Fraction
 
-from vitplasticity.commands import check_out_prefix
+from vitplasticity.commands import check_out_prefix, run_source
 from vitplasticity.finetune.settings import TextFinetuneSettings, TrainingSettings
 from vitplasticity.recommend.verify_plan import BASELINES, VERIFIED_FORMATS, VerifyPlan
 from vitplasticity.settings.declaration import add_settings_arguments, settings_from_args
@@ -151,7 +151,6 @@ def run_rung(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     """Verify the recommendation; log the measured one."""
-    from vitplasticity.commands.finetune import run_source
     from vitplasticity.recommend.settings import parse_budget
     from vitplasticity.recommend.verification import check_plan, report_verification, verify
 

@@ -10,25 +10,31 @@ its task classes, ``GPT2LMHeadModel`` and ``XForCausalLM``), so the names are th
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import polars as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vitplasticity.models.architectures import (
     Architecture,
+    UnsupportedModel,
     architecture_for,
     parameter_map,
 )
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.recommend.criteria import Measurements, weight_statistics
 from vitplasticity.recommend.gradients import gradient_statistics
-from vitplasticity.recommend.nfn import feature_norm_statistics
+from vitplasticity.recommend.nfn import NFN_SCHEMA, feature_norm_statistics
+
+NFN_NA = "NFN is n/a for every configuration:"
+"""How the log and the report start the reason NFN is undefined for a model."""
 
 
 def ranked_module(lm: nn.Module) -> nn.Module:
@@ -160,13 +166,21 @@ def measure_text_criteria(
     pairs = measure(ranked, reference, downstream, protocol=protocol, **counts, progress=progress)
     if warm_up is not None:
         warm_up()
+    try:
+        features = feature_norm_statistics(
+            ranked, gradient_batches[0] if nfn_inputs is None else nfn_inputs
+        )
+    except UnsupportedModel as error:
+        # NFN is undefined for this model (DeBERTa-v3 applies its query and key projections
+        # to the relative positions too): n/a, with the reason the report quotes, not a crash
+        # after the plasticity was measured.
+        logging.getLogger("vitplasticity.recommend.criteria").warning("%s %s", NFN_NA, error)
+        features = pl.DataFrame(schema=NFN_SCHEMA)
     return Measurements.of_components(
         ranked,
         pairs=pairs,
         weights=weights,
-        features=feature_norm_statistics(
-            ranked, gradient_batches[0] if nfn_inputs is None else nfn_inputs
-        ),
+        features=features,
         gradients=lambda names: gradient_statistics(
             ranked, gradient_batches, names, loss=next_token_loss(lm) if loss is None else loss
         ),

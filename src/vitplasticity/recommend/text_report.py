@@ -20,7 +20,7 @@ from vitplasticity.recommend.criteria import Measurements
 from vitplasticity.recommend.export import build_export
 from vitplasticity.recommend.ranking import Recommendation, configuration_label
 from vitplasticity.recommend.settings import RecommendTextSettings
-from vitplasticity.recommend.text_criteria import RankedLM
+from vitplasticity.recommend.text_criteria import NFN_NA, RankedLM
 from vitplasticity.recommend.text_inputs import TextRecommendInputs
 
 log = logging.getLogger(__name__)
@@ -112,12 +112,14 @@ def report_notes(
         .all()
     ]
     if undefined:
-        why = " ".join(refused) if refused else "the log says why"
+        weight_reasons = [message for message in refused if not message.startswith(NFN_NA)]
+        why = " ".join(weight_reasons) if weight_reasons else "the log says why"
         why += "" if why.endswith(".") else "."
         notes.append(
             f"Weight spectral is n/a for {', '.join(undefined)}, and so for every configuration "
             f"that contains one: {why}"
         )
+    notes += [message for message in refused if message.startswith(NFN_NA)]
     if prefix:
         notes.append(
             f"PREFIX.json names {type(ranked).__name__}'s parameters; in {type(lm).__name__} "
