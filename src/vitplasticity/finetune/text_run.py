@@ -320,7 +320,7 @@ class TextSource:
         run, training, text = settings.run, settings.training, self.text
         lm, kind, drawn = build_text_lm(run.model, training.model_spec)
         check_sequence_length(lm.config, text.sequence_length, run.model)
-        tokenizer = self._tokenizer(settings)
+        tokenizer = self._tokenizer(settings.run.model, settings.training)
         loaded = load_tokenizer(tokenizer, lm.config.vocab_size)
         train_part, val_part = split_sequences(
             read_sequences(self.path, loaded, text.sequence_length), training.val_fraction
@@ -366,7 +366,7 @@ class TextSource:
         torch.manual_seed(run.seed)
         base = build_text_base(run.model, training.model_spec)
         check_sequence_length(base.config, length, run.model)
-        tokenizer = self._tokenizer(settings)
+        tokenizer = self._tokenizer(settings.run.model, settings.training)
         vocab = base.config.vocab_size
         pool, pad_id = encode_texts(dataset.pool.texts, tokenizer, vocab, length)
         test, _ = encode_texts(dataset.test.texts, tokenizer, vocab, length)
@@ -413,13 +413,12 @@ class TextSource:
 
         classes = read_labelled(self.path).classes
         base = build_text_base(model_name, training.model_spec)
-        spec = text_model_spec(model_name, training.model_spec)
-        pad = padding_id(tokenizer_name(self.text.tokenizer, spec), base.config.vocab_size)
+        pad = padding_id(self._tokenizer(model_name, training), base.config.vocab_size)
         return sequence_classifier(base, len(classes), pad)[0]
 
-    def _tokenizer(self, settings: FinetuneSettings) -> str:
+    def _tokenizer(self, model_name: str, training: TrainingSettings) -> str:
         """The tokenizer's name: the setting, ``auto`` resolved for the run's model."""
-        spec = text_model_spec(settings.run.model, settings.training.model_spec)
+        spec = text_model_spec(model_name, training.model_spec)
         return tokenizer_name(self.text.tokenizer, spec)
 
 

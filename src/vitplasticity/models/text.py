@@ -245,8 +245,7 @@ def sequence_classifier(
     )
     config = copy.deepcopy(base.config)
     config.num_labels = num_classes
-    config.pad_token_id = pad_token_id
-    base.config.pad_token_id = pad_token_id
+    config.pad_token_id = pad_token_id  # the class's own config: its forward reads it
     return _around_base(classifier_class, config, base)
 
 

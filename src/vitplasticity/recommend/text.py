@@ -329,8 +329,9 @@ def _measure(
         device,
     )
     task: dict[str, Any] = {}
-    gradient_batches = _gradient_batches(user, settings, device)
-    if labelled is not None:
+    if labelled is None:
+        gradient_batches = _gradient_batches(user, settings, device, settings.batches)
+    else:
         size, seed, steps = settings.batch_size, settings.seed, inputs.warmup_steps
         warmup = labelled.batches(range(steps), size, seed, device)
         gradient_batches = labelled.batches(
@@ -341,7 +342,7 @@ def _measure(
             "warm_up": lambda: head_warmup(
                 lm, warmup, inputs.warmup_lr, head=labelled.head(), loss=labelled.loss
             ),
-            "nfn_inputs": _gradient_batches(user, settings, device)[0],
+            "nfn_inputs": _gradient_batches(user, settings, device, 1)[0],
         }
     with (
         _warnings("vitplasticity.recommend.criteria") as refused,
@@ -363,14 +364,14 @@ def _measure(
 
 
 def _gradient_batches(
-    user: np.ndarray, settings: RecommendTextSettings, device: torch.device
+    user: np.ndarray, settings: RecommendTextSettings, device: torch.device, count: int
 ) -> list[torch.Tensor]:
-    """The ``batches`` gradient batches of the user's sequences on ``device``: the batch of
-    step s is :func:`vitplasticity.data.loader.batch_indices` (seeded epochs)."""
+    """The first ``count`` batches of the user's sequences on ``device``: the batch of step s
+    is :func:`vitplasticity.data.loader.batch_indices` (seeded epochs)."""
     from vitplasticity.data.loader import batch_indices
 
     batches = []
-    for step in range(settings.batches):
+    for step in range(count):
         indices = batch_indices(step, settings.batch_size, len(user), settings.seed)
         batches.append(torch.from_numpy(user[indices]).to(device))
     return batches
