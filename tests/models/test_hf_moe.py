@@ -1,8 +1,8 @@
 """The hf_moe family (transformers Mixtral, Qwen2-MoE) beyond the shared contract and the float64
 reference of tests/models/test_hf_text.py: FC1 and FC2 are routed views of the fused 3-D expert
 parameters (and the shared expert's), the router is its own part trained by ``full`` alone, the
-in-situ run is the layer's own forward, and the stages not defined for an MoE are refused by
-name."""
+in-situ run is the layer's own forward, FC1 and FC2 as one linear map each are what the views
+compute, and the stages not defined for an MoE are refused by name."""
 
 from __future__ import annotations
 
@@ -176,15 +176,38 @@ def test_fc1_up_mode_is_refused() -> None:
 def test_stages_refused_by_name(case_id: str) -> None:
     model = tiny(case_id)
     architecture = architecture_for(model)
-    for stage in ("plasticity", "finetune", "lora"):
+    for stage in ("plasticity", "finetune", "lora", "recommend", "export"):
         assert architecture.refusal(stage, model) is None, stage
     assert "RMSNorm does not centre" in architecture.refusal("bounds", model)
-    for stage in ("recommend", "export"):
-        reason = architecture.refusal(stage, model)
-        assert "is a sparse mixture of experts" in reason
-        assert "routed experts are fused 3-D parameters" in reason
     with pytest.raises(UndefinedStage, match="RMSNorm does not centre"):
         architecture.attention_weights(model.layers[0].self_attn)
+
+
+@pytest.mark.parametrize("case_id", sorted(CASES))
+def test_the_views_as_one_linear_map_are_what_they_compute(case_id: str) -> None:
+    """FC1's map with every expert picked, masked to the experts the router picks for a token,
+    is FC1 of that token (so its spectral norm bounds every token's FC1, the weight factor
+    recommend ranks by); FC2's map is FC2 on any input. Checked in float64 on one layer."""
+    model = tiny(case_id).double()
+    fc1, fc2 = (
+        architecture_for(model).components(model.layers[1])["fc1"]
+        + (architecture_for(model).components(model.layers[1])["fc2"])
+    )
+    v = torch.randn(10, HF_TEXT_TINY_CONFIG["hidden_size"], dtype=torch.float64)
+    weight, bias = fc1.as_linear()
+    full = v @ weight.T + (0 if bias is None else bias)
+    picked, _ = route(model.layers[1].mlp, v)
+    experts = model.layers[1].mlp.experts.gate_up_proj.shape
+    kept = torch.ones_like(full, dtype=torch.bool)
+    kept[:, : experts[0] * experts[1]] = picked.repeat_interleave(experts[1], dim=1)
+    torch.testing.assert_close(fc1(v), torch.where(kept, full, 0.0), rtol=1e-12, atol=1e-12)
+    assert torch.linalg.vector_norm(fc1(v), dim=1).max() <= (
+        torch.linalg.matrix_norm(weight, ord=2) * torch.linalg.vector_norm(v, dim=1).max()
+    )
+    weight, bias = fc2.as_linear()
+    hidden = torch.randn(10, weight.shape[1], dtype=torch.float64)
+    expected = hidden @ weight.T + (0 if bias is None else bias)
+    torch.testing.assert_close(fc2(hidden), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_lora_adapts_the_attention_linears() -> None:

@@ -383,15 +383,63 @@ def test_the_export_applied_by_peft_trains_exactly_the_configuration(name: str) 
     assert copies == _saved_head(name, export, head)
 
 
+@pytest.mark.usefixtures("_quiet")
 @pytest.mark.parametrize("name", [name for name in CASES if name.startswith(MOE_FAMILIES)])
-def test_an_moe_export_is_refused_naming_the_fused_experts(name: str) -> None:
-    """FC1 and FC2 of every expert are slices of one module's two 3-D parameters: neither
-    PEFT's target_modules nor Spectrum's per-matrix scores can name them (hf_moe)."""
-    model = CASES[name].build()
-    from vitplasticity.models.architectures import UnsupportedModel
+def test_an_moe_export_adapts_its_fused_experts_expert_by_expert(name: str) -> None:
+    """FC1 and FC2 of every expert are slices of one module's two 3-D parameters: the export
+    names them as PEFT ``target_parameters``, and a shared expert's linears as
+    ``target_modules``. Applied by peft, exactly those are adapted, by as many adapter
+    parameters as the export counts; merged, each expert's matrix moved by a rank-8 update
+    (each expert its own) and no other parameter moved, and the merged model computes what
+    the adapted one does (the update is applied in the orientation transformers stores)."""
+    case = CASES[name]
+    model = case.build()
+    where, bare = _bare(model, case)
+    export = build_export(model, "fc1+fc2", model_name=name, model_entry={})
+    config = export["peft"]["lora"]["config"]
+    layers = range(bare.config.num_hidden_layers)
+    fused = {
+        f"{where}.layers.{i}.mlp.experts.{p}" for i in layers for p in ("gate_up_proj", "down_proj")
+    }
+    shared = {
+        f"{where}.layers.{i}.mlp.shared_expert.{p}"
+        for i in layers
+        for p in ("gate_proj", "up_proj", "down_proj")
+        if hasattr(bare.layers[i].mlp, "shared_expert")
+    }  # fmt: skip
+    assert set(config["target_parameters"]) == fused and set(config["target_modules"]) == shared
+    owned = set(
+        export["parameters"]["components"]["fc1"] + export["parameters"]["components"]["fc2"]
+    )
+    assert fused | {f"{m}.weight" for m in shared} == owned
 
-    with pytest.raises(UnsupportedModel, match=rf"export of {name}: .*fused 3-D parameters"):
-        build_export(model, "mha+fc1", model_name=name, model_entry={})
+    base = case.build()
+    before = {n: p.detach().clone() for n, p in base.named_parameters()}
+    lora = peft.get_peft_model(base, peft.LoraConfig(**config))
+    adapters = {n: p for n, p in lora.named_parameters() if p.requires_grad and ".lora_" in n}
+    assert sum(p.numel() for p in adapters.values()) == export["counts"]["lora_adapters"]
+    with torch.no_grad():
+        for parameter in adapters.values():  # lora_B starts at zero: give every update a value
+            parameter.normal_(std=0.05)
+    inputs = _inputs(case, 2)
+    check_adapters_used(lora, inputs)
+    lora.eval()
+    with torch.no_grad():
+        adapted = _output_loss(lora(inputs))
+    merged_model = lora.merge_and_unload()
+    merged = dict(merged_model.named_parameters())
+    assert set(merged) == set(before)
+    for parameter_name, value in merged.items():
+        change = (value - before[parameter_name]).detach()
+        if parameter_name in fused:
+            ranks = torch.linalg.matrix_rank(change.double(), rtol=1e-4)  # float32 rounding
+            assert ranks.tolist() == [8] * len(change), parameter_name  # per expert: rank 8
+        elif parameter_name.removesuffix(".weight") in shared:
+            assert torch.linalg.matrix_rank(change.double(), rtol=1e-4) == 8, parameter_name
+        else:
+            assert not change.any(), parameter_name
+    with torch.no_grad():
+        assert torch.allclose(_output_loss(merged_model.eval()(inputs)), adapted, rtol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ from vitplasticity.recommend.matrix_criteria import (
     matrix_statistics,
     spectrum_snr,
 )
+from vitplasticity.recommend.trainer_exports import FUSED_EXPERTS, spectrum_scores
 from vitplasticity.report import criteria as report_criteria
 from vitplasticity.report.tables import criteria_table
 
@@ -174,6 +175,35 @@ def test_a_real_model_scores_every_matrix_and_no_norm() -> None:
             assert math.isnan(row["spectrum_snr"]) and row["spectrum_snr_reason"] == NOT_A_MATRIX
             assert math.isnan(row["kappa"]) and row["kappa_reason"]
     assert table.filter(table["component"].is_in(["ln1", "ln2"]))["kappa"].is_nan().all()
+
+
+@pytest.mark.parametrize("case", ["mixtral_tiny", "qwen2_moe_tiny"])
+def test_an_moes_fused_experts_are_scored_expert_by_expert(case: str) -> None:
+    """A 3-D (E, out, in) parameter is E matrices: one row each, ``name[e]``, scored as that
+    expert's 2-D weight; Spectrum's score file leaves the experts module out, with the reason
+    (one module holds every expert's FC1 and FC2), and scores a shared expert's linears."""
+    model = next(t for t in TINY_MODELS if t.id == case).build()
+    table = matrix_statistics(model)
+    tensors = dict(model.named_parameters())
+    fused = [n for n in parameter_map(model).component_names("fc1") if tensors[n].ndim == 3]
+    assert fused == ["layers.0.mlp.experts.gate_up_proj", "layers.1.mlp.experts.gate_up_proj"]
+    for name in fused:
+        stack = tensors[name].detach().double().numpy()
+        rows = table.filter(pl.col("parameter").str.starts_with(f"{name}["))
+        assert rows["parameter"].to_list() == [f"{name}[{e}]" for e in range(len(stack))]
+        for expert, row in enumerate(rows.iter_rows(named=True)):
+            assert row["kappa"] == pytest.approx(np.linalg.cond(stack[expert]), rel=1e-9)
+            if row["spectrum_snr_reason"] is None:
+                assert row["spectrum_snr"] == pytest.approx(
+                    _spectrum_reference(stack[expert]), rel=1e-9
+                )
+    scores, left_out = spectrum_scores(model, table)
+    assert left_out["layers.0.mlp.experts"] == FUSED_EXPERTS
+    assert not any(".experts" in module for module in scores)
+    shared = {m for m in scores if ".shared_expert." in m}
+    assert shared == ({
+        f"layers.{i}.mlp.shared_expert.{p}_proj" for i in (0, 1) for p in ("gate", "up", "down")
+    } - set(left_out) if case == "qwen2_moe_tiny" else set())  # fmt: skip
 
 
 def test_the_norms_are_na_and_kappa_ranks_lowest_first() -> None:

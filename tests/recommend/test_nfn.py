@@ -20,9 +20,9 @@ from tests.helpers.latex import compile_tables, needs_latex
 from tests.helpers.tiny_models import TINY_MODELS, perturbed
 from vitplasticity.components import COMPONENTS
 from vitplasticity.criteria import RECOMMEND_CRITERIA, REGISTRY
-from vitplasticity.models.architectures import UnsupportedModel
+from vitplasticity.models.architectures import UnsupportedModel, architecture_for
 from vitplasticity.recommend.criteria import CRITERIA, Measurements, pooled_estimate
-from vitplasticity.recommend.nfn import NFN_SCHEMA, feature_norm_statistics
+from vitplasticity.recommend.nfn import NFN_SCHEMA, ROUTED_VIEW, feature_norm_statistics
 from vitplasticity.recommend.ranking import build_table, greedy_union, markdown, select
 from vitplasticity.report import criteria as C
 from vitplasticity.report.tables import criteria_csv, criteria_table
@@ -229,12 +229,21 @@ def test_every_family_has_mha_fc1_fc2_maps_and_no_norm() -> None:
         assert table["nfn"].is_finite().all(), tiny.id
 
 
-def test_an_moe_whose_fc1_and_fc2_are_views_is_refused() -> None:
+@pytest.mark.parametrize("case", ["mixtral_tiny", "qwen2_moe_tiny"])
+def test_an_moe_whose_fc1_and_fc2_are_views_has_their_nfn_na_with_the_reason(case: str) -> None:
     """No linear layer of a Mixtral is FC1 or FC2 (its experts are fused 3-D parameters, read
-    through views): NFN, which hooks linear layers, refuses it rather than leave them out."""
-    (tiny,) = (t for t in TINY_MODELS if t.id == "mixtral_tiny")
-    with pytest.raises(UnsupportedModel, match=r"block 0's fc1 is a view no module"):
-        feature_norm_statistics(tiny.build().eval(), tiny.inputs(2))
+    through views): their rows are n/a with the reason, one per block, and the attention's
+    maps are measured as any decoder's (a Qwen2-MoE's shared expert is inside the view too)."""
+    (tiny,) = (t for t in TINY_MODELS if t.id == case)
+    model = tiny.build().eval()
+    table = feature_norm_statistics(model, tiny.inputs(2))
+    blocks = len(architecture_for(model).blocks(model))
+    routed = table.filter(pl.col("component").is_in(["fc1", "fc2"]))
+    assert routed.height == 2 * blocks
+    assert routed["nfn"].is_nan().all() and set(routed["reason"]) == {ROUTED_VIEW}
+    attention = table.filter(pl.col("component") == "mha")
+    assert set(attention["block"]) == set(range(blocks))
+    assert attention["nfn"].is_finite().all() and attention["reason"].is_null().all()
 
 
 def test_a_deberta_sharing_its_position_keys_is_refused_naming_the_projections() -> None:

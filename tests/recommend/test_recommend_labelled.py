@@ -39,6 +39,8 @@ BARE = {
     "bert": ("BertConfig", "BertModel", ENCODER_TINY_CONFIG),
     "gpt2": ("GPT2Config", "GPT2Model", {"n_embd": 48, "n_layer": 2, "n_head": 3, "vocab_size": 64, "n_positions": 16}),
     "llama": ("LlamaConfig", "LlamaModel", HF_TEXT_TINY_CONFIG),
+    "mixtral": ("MixtralConfig", "MixtralModel", {**HF_TEXT_TINY_CONFIG, "num_local_experts": 4, "num_experts_per_tok": 2, "experts_implementation": "eager"}),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeModel", {**HF_TEXT_TINY_CONFIG, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24, "experts_implementation": "eager"}),
     # DeBERTa-v3's settings: its query and key projections see the relative positions too,
     # so NFN (one call per linear map) is n/a, and the report says why
     "deberta_v2": ("DebertaV2Config", "DebertaV2Model", {**ENCODER_TINY_CONFIG, "relative_attention": True, "pos_att_type": ["p2c", "c2p"], "share_att_key": True, "position_buckets": 8}),
@@ -198,25 +200,29 @@ def test_the_command_refuses_a_warm_up_without_a_new_head_and_two_kinds_of_text(
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    ("case", "baselines"), [("bert", ["head"]), ("qwen2_moe", ["lora"])]
+)
 def test_a_text_classifier_ranking_is_verified_by_finetuning_on_the_labelled_text(
-    tmp_path: Path,
+    tmp_path: Path, case: str, baselines: list[str]
 ) -> None:
     """recommend --labelled-text, then recommend-verify --labelled-text: the halving trains the
     candidates as sequence classifiers (runs of the labelled text) and the verified export
-    names the classifier's parameters."""
+    names the classifier's parameters; an encoder, and a mixture of experts with a shared
+    expert (its LoRA baseline adapts the attention, as any decoder's)."""
     labelled, reference = _data(tmp_path)
-    folder = _folder(tmp_path, "bert")
-    spec = json.dumps({"family": "transformers", "hf_id": "bert", "weights": str(folder)})
-    prefix = tmp_path / "out" / "bert"
+    folder = _folder(tmp_path, case)
+    spec = json.dumps({"family": "transformers", "hf_id": case, "weights": str(folder)})
+    prefix = tmp_path / "out" / case
     cut = ["--tokenizer", "bytes", "--sequence-length", str(LENGTH), "--device", "cpu"]
-    assert cli.main(["recommend", "--model", "bert", "--model-spec", spec, "--labelled-text",
+    assert cli.main(["recommend", "--model", case, "--model-spec", spec, "--labelled-text",
                      str(labelled), "--reference", str(reference), "--n-pairs", "8",
                      "--batch-size", "4", "--batches", "2", "--warmup-steps", "2",
                      "--out-prefix", str(prefix), *cut]) == 0  # fmt: skip
-    argv = ["recommend-verify", "--ranking", f"{prefix}.parquet", "--model", "bert",
+    argv = ["recommend-verify", "--ranking", f"{prefix}.parquet", "--model", case,
             "--dataset", "labelled", "--labelled-text", str(labelled), "--model-spec", spec,
             "--lrs", "0.001", "0.003", "--steps", "8", "--val-every", "2", "--batch-size", "8",
-            "--micro-batch-size", "8", "--top-k", "1", "--baselines", "head",
+            "--micro-batch-size", "8", "--top-k", "1", "--baselines", *baselines,
             "--optimizer", "adamw", "--warmup-steps", "1", "--runs-dir", str(tmp_path / "runs"),
             "--out-prefix", str(prefix), *cut]  # fmt: skip
     assert cli.main(argv) == 0
@@ -224,7 +230,7 @@ def test_a_text_classifier_ranking_is_verified_by_finetuning_on_the_labelled_tex
     assert summaries and all(
         "sequences_per_second" in s and "test_accuracy" in s for s in summaries
     )
-    assert {s["configuration"] for s in summaries} >= {"head"}
+    assert {s["configuration"] for s in summaries} >= set(baselines)
     report = Path(f"{prefix}_verified.md").read_text()
     assert "## Recommendation (measured)" in report
     export = json.loads(Path(f"{prefix}_verified.json").read_text())

@@ -80,6 +80,11 @@ LLAMA_PATTERNS = {
     "fc1": r"model\.layers\.\d+\.mlp\.(gate_proj|up_proj)\.",
     "fc2": r"model\.layers\.\d+\.mlp\.down_proj\.",
 }
+MIXTRAL_PATTERNS = {  # its experts fused in two 3-D parameters per layer
+    **LLAMA_PATTERNS,
+    "fc1": r"model\.layers\.\d+\.mlp\.experts\.gate_up_proj$",
+    "fc2": r"model\.layers\.\d+\.mlp\.experts\.down_proj$",
+}
 
 
 def _entry(model_type: str, config: dict, **keys) -> dict:
@@ -108,12 +113,25 @@ def _tied_llama() -> torch.nn.Module:
     return transformers.LlamaModel(config)
 
 
+def _mixtral() -> torch.nn.Module:
+    """A MixtralForCausalLM: 4 experts, 2 per token, the eager experts loop."""
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(
+        **HF_TEXT_TINY_CONFIG,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        experts_implementation="eager",
+    )
+    return transformers.MixtralForCausalLM(config)
+
+
 MODELS = {
     # id: (build, parameter patterns, the prefix of the ranked module's names in the causal LM:
     # none, every family ranks the causal LM itself)
     "gpt2": (lambda: _tiny("gpt2_tiny"), GPT2_PATTERNS, ""),
     "llama_causal_lm": (lambda: _tiny("llama_causal_lm_tiny"), LLAMA_PATTERNS, ""),
     "llama_tied_bare": (_tied_llama, LLAMA_PATTERNS, ""),
+    "mixtral": (_mixtral, MIXTRAL_PATTERNS, ""),
 }
 
 
@@ -560,7 +578,7 @@ def test_a_bare_model_with_an_untied_head_is_refused_by_name(tmp_path: Path) -> 
 
 
 def test_the_text_families_no_longer_refuse_recommend() -> None:
-    for case_id in ("gpt2_tiny", "llama_tiny", "gemma2_tiny"):
+    for case_id in ("gpt2_tiny", "llama_tiny", "gemma2_tiny", "mixtral_tiny", "qwen2_moe_tiny"):
         model = _tiny(case_id)
         assert architecture_for(model).refusal("recommend", model) is None
 

@@ -157,29 +157,6 @@ CASES: list[tuple[str, Edit, list[str]]] = [
         ["plasticity.models: 'swin_hf' (microsoft/swin-tiny-patch4-window7-224)"],
     ),
     (
-        "mixtral-recommend-text",
-        lambda tmp: measured(tmp, random_text("mixtral"), recommend=True),
-        [
-            "text_plasticity.run_models (recommend --text: recommend.enabled ranks every text "
-            "model): 'm' (tiny/mixtral): hf_moe refuses recommend: routed experts "
-            "are fused 3-D parameters",
-            "or set recommend.enabled: false",
-        ],
-    ),
-    (
-        "qwen2-moe-folder-recommend-text",
-        lambda tmp: measured(
-            tmp,
-            {
-                "family": "transformers",
-                "hf_id": "Qwen/Qwen1.5-MoE-A2.7B",
-                "weights": saved_folder(tmp, {"model_type": "qwen2_moe"}),
-            },
-            recommend=True,
-        ),
-        ["'m' (Qwen/Qwen1.5-MoE-A2.7B): hf_moe refuses recommend"],
-    ),
-    (
         "bert-recommend-text",
         lambda tmp: measured(tmp, random_text("bert"), recommend=True),
         [
@@ -333,13 +310,14 @@ def test_a_refusal_the_config_decides_is_named_at_parse(
 
 def test_what_the_config_does_not_decide_is_left_to_the_job(tmp_path: Path) -> None:
     """A hub checkpoint without model_class: its config.json (its family) is fetched by the
-    weights job, so no refusal is guessed at parse; a Falcon with two norms, a GPT2 ranked by
-    recommend --text and a Swin finetuned are not refused."""
+    weights job, so no refusal is guessed at parse; a Falcon with two norms, a GPT2 and a
+    mixture of experts ranked by recommend --text and a Swin finetuned are not refused."""
     hub_moe = {"family": "transformers", "hf_id": "mistralai/Mixtral-8x7B-v0.1"}
     checked(merged(load_config(PAPER), measured(tmp_path, hub_moe, recommend=True)))
     falcon = random_text("falcon", new_decoder_architecture=True)
     checked(merged(load_config(PAPER), measured(tmp_path, falcon)))
-    checked(merged(load_config(PAPER), measured(tmp_path, random_text("gpt2"), recommend=True)))
+    for ranked in ("gpt2", "mixtral"):
+        checked(merged(load_config(PAPER), measured(tmp_path, random_text(ranked), recommend=True)))
     swin = {"models": {"swin_t": SWIN}, "experiments": {"sgd": {"models": ["swin_t"]}}}
     checked(merged(load_config(PAPER), swin))
 

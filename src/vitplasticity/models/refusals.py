@@ -51,14 +51,6 @@ SWIN_REFUSALS: dict[str, str] = {
 """The stages every Swin refuses (the in-situ protocol is refused for some grids only:
 :func:`swin_padding_reason`)."""
 
-MOE_FUSED_REASON = (
-    "routed experts are fused 3-D parameters (experts.gate_up_proj, experts.down_proj: FC1 "
-    "and FC2 of every expert in one module), and the recommendation's export names 2-D "
-    "weights of modules (PEFT target_modules, Spectrum's per-matrix scores)"
-)
-MOE_REFUSALS: dict[str, str] = {"recommend": MOE_FUSED_REASON, "export": MOE_FUSED_REASON}
-"""The stages refused for a sparse mixture of experts beyond a decoder's, and why."""
-
 DECODER_BOUNDS_REASON = (
     "the paper's bounds are stated for LayerNorm (RMSNorm does not centre) and for attention "
     "without rotary positions (these models rotate queries and keys by position)"
@@ -111,7 +103,7 @@ STAGE_REFUSALS: dict[str, dict[str, str]] = {
     "hf_gemma": DECODER_REFUSALS,
     "hf_phi3": DECODER_REFUSALS,
     "hf_olmo2": DECODER_REFUSALS,
-    "hf_moe": {**DECODER_REFUSALS, **MOE_REFUSALS},
+    "hf_moe": DECODER_REFUSALS,
     "hf_bert": ENCODER_REFUSALS,
     "hf_deberta_v2": ENCODER_REFUSALS,
 }

@@ -8,7 +8,11 @@ trains, docs/protocol.md), their counts, and PEFT configs to pass to peft as the
 - ``peft.lora.config``: ``peft.LoraConfig`` fields. ``target_modules`` are the fully qualified
   names of the chosen linear components' modules (MHA: the architecture's ``lora_targets``,
   the attention linears; FC1: the MLP's first linear stage, gate and up of a gated MLP; FC2),
-  at the paper's rank 8 and alpha 16 (docs/protocol.md, "LoRA baseline");
+  at the paper's rank 8 and alpha 16 (docs/protocol.md, "LoRA baseline"); an MoE's fused
+  experts (3-D parameters, one matrix per expert: Mixtral's and Qwen2-MoE's
+  ``experts.gate_up_proj`` for FC1, ``experts.down_proj`` for FC2) are
+  ``target_parameters``, which peft (0.17 on) adapts expert by expert, a shared expert's
+  linears ``target_modules``;
   ``modules_to_save`` trains copies of the chosen norms and of the head and final norm, so
   this one config stands for the whole configuration, its linear weights in low rank.
   ``peft.lora.set_attributes`` are module attributes to set first, so that the forward pass
@@ -89,7 +93,7 @@ def build_export(
     Raises:
         ValueError: for a configuration that is not made of the five components.
         UnsupportedModel: for a model no architecture knows or cannot account for, one whose
-            architecture refuses the export (an MoE's fused 3-D experts), linear targets of
+            architecture refuses the export, linear targets of
             two kinds (``nn.Linear`` and ``Conv1D``: no one ``fan_in_fan_out``), or LoRA
             targets that are not the MHA's.
     """
@@ -117,7 +121,7 @@ def build_export(
     trained_names = set(always).union(*chosen.values())
     trained = [n for n in names.parameters if n in trained_names]
     if lora is not None:
-        counts["lora_adapters"] = _adapter_count(model, lora["config"]["target_modules"])
+        counts["lora_adapters"] = _adapter_count(model, lora["config"])
     return {
         "format": FORMAT,
         "model": _model_record(model_name, model_entry, model, architecture),
@@ -294,14 +298,15 @@ def _lora_form(
     from vitplasticity.models.architectures import UnsupportedModel
 
     trained = parameters.component_names(component)
+    fused: list[str] = []
     if component == "mha":
         targets = architecture.lora_targets(model)
     else:
         modules = [m for block in blocks for m in architecture.components(block)[component]]
-        targets = names.of(sub for module in modules for sub in module.modules() if _is_linear(sub))
-    if not targets:
+        targets, fused = _linear_targets(model, names, modules)
+    if not targets and not fused:
         return _no_form(f"{component} holds no linear module (nn.Linear or Conv1D) to adapt")
-    adapted = [f"{target}.weight" for target in targets]
+    adapted = [f"{target}.weight" for target in targets] + fused
     foreign = [name for name in adapted if name not in trained]
     if foreign:
         raise UnsupportedModel(
@@ -309,10 +314,11 @@ def _lora_form(
             f"{', '.join(foreign[:4])} are not {component}'s parameters"
         )
     extra = [n for n in _target_matches(names.modules, targets) if n not in targets]
+    extra += [n for n in _target_matches(names.parameters, fused) if n not in fused]
     if extra:
         return _no_form(
-            f"peft would also adapt {', '.join(extra[:4])}: a module whose name ends as a "
-            f"target's ({', '.join(targets[:4])}) does"
+            f"peft would also adapt {', '.join(extra[:4])}: a name that ends as a "
+            f"target's ({', '.join([*targets, *fused][:4])}) does"
         )
     skipped = [t for t in targets if _excluded_by_modules_to_save(t, saved)]
     if skipped:
@@ -323,9 +329,28 @@ def _lora_form(
     return {
         "form": "lora",
         "modules": targets,
+        "parameters": fused,
         "adapted": adapted,
         "frozen": [n for n in trained if n not in adapted],
     }
+
+
+def _linear_targets(
+    model: nn.Module, names: _Names, modules: Sequence[nn.Module]
+) -> tuple[list[str], list[str]]:
+    """The linear modules a component's ``modules`` hold (LoRA's ``target_modules``) and the
+    3-D parameters they read, each a stack of per-expert matrices (``target_parameters``).
+
+    A module the model does not hold is a view of the model's parameters (an MoE's routed
+    FC1 or FC2, :mod:`~vitplasticity.models.architectures.hf_moe`): its linears are the
+    model's linear modules whose weight it reads (a shared expert's), and its fused experts'
+    3-D parameters are adapted as peft adapts them, per expert (``lora.ParamWrapper``)."""
+    held = [m for m in modules if id(m) in names.of_module]
+    read = {id(p): p for m in modules if id(m) not in names.of_module for p in m.parameters()}
+    linears = [sub for module in held for sub in module.modules() if _is_linear(sub)]
+    linears += [m for m in model.modules() if _is_linear(m) and id(m.weight) in read]
+    fused = [names.of_parameter[key] for key, p in read.items() if p.ndim == 3]
+    return names.of(linears), [n for n in names.parameters if n in fused]
 
 
 def _target_matches(module_names: Iterable[str], targets: Iterable[str]) -> list[str]:
@@ -376,11 +401,12 @@ def _peft_configs(
     if norms:
         ln_tuning = {"config": {"target_modules": norms, "modules_to_save": head}}
     targets = modules("lora")
-    if targets:
+    fused = [p for f in forms.values() if f["form"] == "lora" for p in f["parameters"]]
+    if targets or fused:
         by_name = dict(model.named_modules())
         # transformers' Conv1D stores its weight (in, out): peft must know, and one config
         # holds one flag.
-        transposed = {type(by_name[t]).__name__ == "Conv1D" for t in targets}
+        transposed = {type(by_name[t]).__name__ == "Conv1D" for t in targets} or {False}
         if len(transposed) > 1:
             raise UnsupportedModel(
                 f"{type(model).__name__}: LoRA targets mix nn.Linear and Conv1D modules; one "
@@ -395,6 +421,8 @@ def _peft_configs(
             "target_modules": targets,
             "modules_to_save": (norms + (head or [])) or None,
         }
+        if fused:  # a key peft knows from 0.17 on: written only where it is needed
+            config["target_parameters"] = fused
         lora = {"config": config, "set_attributes": _lora_preparation(architecture, model)}
     return lora, ln_tuning
 
@@ -438,12 +466,18 @@ def _lora_preparation(architecture: Architecture, model: nn.Module) -> dict[str,
     return changed
 
 
-def _adapter_count(model: nn.Module, targets: Sequence[str]) -> int:
-    """LoRA adapter parameters at :data:`LORA_RANK`: r (in + out) per adapted linear."""
+def _adapter_count(model: nn.Module, config: Mapping[str, Any]) -> int:
+    """LoRA adapter parameters at :data:`LORA_RANK`: r (in + out) per adapted linear, and
+    r (in + out) per expert of an adapted 3-D parameter (E, out, in)."""
     from vitplasticity.models.architectures.base import linear_weight
 
     by_name = dict(model.named_modules())
-    return sum(LORA_RANK * sum(linear_weight(by_name[t])[0].shape) for t in targets)
+    tensors = dict(model.named_parameters())
+    linears = sum(sum(linear_weight(by_name[t])[0].shape) for t in config["target_modules"])
+    experts = sum(
+        tensors[p].shape[0] * sum(tensors[p].shape[1:]) for p in config.get("target_parameters", ())
+    )
+    return LORA_RANK * (linears + experts)
 
 
 def _usage(

@@ -31,6 +31,11 @@ are n/a (NaN) with the reason in ``reason``, never a value:
 - s_max = 0 (a zero matrix): no spectrum at all; for kappa, s_min = 0 (a singular matrix:
   KappaTune's infinity) is n/a likewise, so that a configuration's mean stays a number.
 
+A 3-D tensor is a stack of matrices, one per expert (an MoE's fused experts, (E, out, in):
+:mod:`~vitplasticity.models.architectures.hf_moe`): each expert's matrix is scored as a 2-D
+weight, its row named ``parameter[e]``, as it is stored (Mixtral's ``gate_up_proj`` holds an
+expert's gate and up rows as one matrix).
+
 Signal = 0 (every singular value below the threshold) is a true SNR of 0 and is kept. Both
 criteria are computed in float64 on the CPU (an SVD per matrix; ViT-B has 48, a second).
 A configuration's value is the unweighted mean over the 2-D weights of its components, every
@@ -45,6 +50,7 @@ import math
 
 import numpy as np
 import polars as pl
+import torch
 from torch import nn
 
 from vitplasticity.components import COMPONENTS
@@ -61,7 +67,8 @@ MATRIX_SCHEMA: dict[str, pl.DataType] = {
     "kappa": pl.Float64(),
     "kappa_reason": pl.String(),
 }
-"""Columns of :func:`matrix_statistics`: one row per parameter tensor of the five components."""
+"""Columns of :func:`matrix_statistics`: one row per parameter tensor of the five components
+(per expert of a 3-D one: ``parameter[e]``)."""
 
 NOT_A_MATRIX = "a 1-D tensor (norm weight or bias) has one singular value: Spectrum scores it 1.0"
 NO_NOISE = (
@@ -117,8 +124,8 @@ def condition_number(weight: np.ndarray) -> tuple[float, str | None]:
 
 
 def matrix_statistics(model: nn.Module) -> pl.DataFrame:
-    """Spectrum's SNR and kappa of every parameter tensor of the five components, every
-    block's, in ``named_parameters`` order (the model's
+    """Spectrum's SNR and kappa of every parameter tensor of the five components (of each
+    expert's matrix of a 3-D one), every block's, in ``named_parameters`` order (the model's
     :class:`~vitplasticity.models.architectures.ParameterMap` says which component owns which).
 
     Raises:
@@ -129,17 +136,26 @@ def matrix_statistics(model: nn.Module) -> pl.DataFrame:
     rows = []
     for component in COMPONENTS:
         for name in parameters.component_names(component):
-            weight = tensors[name].detach().cpu().double().numpy()
-            snr, snr_reason = spectrum_snr(weight)
-            kappa, kappa_reason = condition_number(weight)
-            rows.append(
-                {
-                    "component": component,
-                    "parameter": name,
-                    "spectrum_snr": snr,
-                    "spectrum_snr_reason": snr_reason,
-                    "kappa": kappa,
-                    "kappa_reason": kappa_reason,
-                }
-            )
+            for parameter, weight in _matrices(name, tensors[name]):
+                snr, snr_reason = spectrum_snr(weight)
+                kappa, kappa_reason = condition_number(weight)
+                rows.append(
+                    {
+                        "component": component,
+                        "parameter": parameter,
+                        "spectrum_snr": snr,
+                        "spectrum_snr_reason": snr_reason,
+                        "kappa": kappa,
+                        "kappa_reason": kappa_reason,
+                    }
+                )
     return pl.DataFrame(rows, schema=MATRIX_SCHEMA)
+
+
+def _matrices(name: str, tensor: torch.Tensor) -> list[tuple[str, np.ndarray]]:
+    """The tensor ``name`` as the rows :func:`matrix_statistics` scores: itself, or each
+    expert's matrix of a 3-D stack (``name[e]``), in float64."""
+    values = tensor.detach().cpu().double().numpy()
+    if values.ndim != 3:
+        return [(name, values)]
+    return [(f"{name}[{expert}]", matrix) for expert, matrix in enumerate(values)]

@@ -63,10 +63,19 @@ NFN_SCHEMA: dict[str, pl.DataType] = {
     "real_norm": pl.Float64(),
     "random_norm": pl.Float64(),
     "nfn": pl.Float64(),
+    "reason": pl.String(),
 }
 """Columns of :func:`feature_norm_statistics`: one row per (block, component, map);
 ``modules`` names the map's linear layers ('+'-joined), ``real_norm`` and ``random_norm`` are
-mean_t ||W z_t|| and mean_t ||W z~_t||, ``nfn`` their ratio."""
+mean_t ||W z_t|| and mean_t ||W z~_t||, ``nfn`` their ratio; ``reason`` says why ``nfn`` is
+n/a (NaN) for a component the model holds no linear layer of (null otherwise)."""
+
+ROUTED_VIEW = (
+    "its experts are slices of fused 3-D parameters that run on the tokens the router picks, "
+    "not linear layers the forward pass calls on every token (PLoP's NFN is of such a layer)"
+)
+"""Why a component that is a view (an MoE's routed FC1 and FC2, :mod:`~vitplasticity.models.
+architectures.hf_moe`) has no NFN."""
 
 
 def is_linear(module: nn.Module) -> bool:
@@ -123,6 +132,7 @@ class _Map:
             "real_norm": real_norm,
             "random_norm": random_norm,
             "nfn": real_norm / random_norm if random_norm > 0 else float("nan"),
+            "reason": None,
         }
 
 
@@ -160,13 +170,14 @@ def feature_norm_statistics(
 
     Returns:
         One row per (block, component, map), in forward order, columns :data:`NFN_SCHEMA`;
-        no rows for the norms.
+        no rows for the norms; one NaN row per block, with the reason (:data:`ROUTED_VIEW`),
+        for a component that is a view the model does not hold (an MoE's routed FC1 and FC2:
+        no linear layer of the model is it).
 
     Raises:
         ValueError: for a model in training mode (dropout would make the features random).
-        UnsupportedModel: for a model no architecture knows, a component that is a view the
-            model does not hold (an MoE's routed FC1 and FC2: no linear layer of the model is
-            it), or a linear layer the forward pass does not call, or calls more than once.
+        UnsupportedModel: for a model no architecture knows, or a linear layer the forward
+            pass does not call, or calls more than once.
     """
     if model.training:
         raise ValueError(
@@ -176,6 +187,7 @@ def feature_norm_statistics(
     recorder = _Recorder(model, torch.Generator().manual_seed(seed))
     held = {id(module) for module in model.modules()}
     handles = []
+    views = []
     with _every_linear_called(architecture, model):
         try:
             for index, block in enumerate(architecture.blocks(model)):
@@ -183,11 +195,8 @@ def feature_norm_statistics(
                 for component in COMPONENTS:
                     for top in parts[component]:
                         if id(top) not in held:
-                            raise UnsupportedModel(
-                                f"{type(model).__name__} ({architecture.title}): block {index}'s "
-                                f"{component} is a view no module of the model is, and NFN "
-                                "needs the linear layers the forward pass calls"
-                            )
+                            views.append(_view_row(index, component, top))
+                            continue
                         for layer in top.modules():
                             if is_linear(layer) and id(layer) not in recorder.calls:
                                 handles.append(recorder.hook(index, component, layer))
@@ -205,7 +214,21 @@ def feature_norm_statistics(
             "once per forward pass, with its input; "
             + ", ".join(f"{name} was called {count} times" for name, count in wrong.items())
         )
-    return pl.DataFrame(recorder.rows, schema=NFN_SCHEMA)
+    return pl.DataFrame(recorder.rows + views, schema=NFN_SCHEMA)
+
+
+def _view_row(block: int, component: str, view: nn.Module) -> dict:
+    """The n/a row of a component that is a view the model does not hold."""
+    return {
+        "block": block,
+        "component": component,
+        "modules": type(view).__name__,
+        "n_tokens": 0,
+        "real_norm": float("nan"),
+        "random_norm": float("nan"),
+        "nfn": float("nan"),
+        "reason": ROUTED_VIEW,
+    }
 
 
 class _Recorder:

@@ -416,7 +416,8 @@ def write_report(result: Result | TextResult, prefix: str | os.PathLike[str]) ->
         demo=result.settings.demo,
         demo_note=DEMO_NOTE,
     )
-    notes = [*result.notes, *undefined_notes(result.measurements.matrices)]
+    measured = result.measurements
+    notes = [*result.notes, *undefined_notes(measured.matrices, measured.features)]
     if notes:
         text = text.rstrip("\n") + "\n\n" + "\n\n".join(notes) + "\n"
     with atomic_path(f"{prefix}.md") as tmp:

@@ -416,10 +416,10 @@ MATRIX_LABELS = {"spectrum_snr": "Spectrum SNR", "kappa": "kappa"}
 """How the report names the two matrix criteria."""
 
 
-def undefined_notes(matrices: pl.DataFrame) -> list[str]:
-    """One sentence per matrix criterion that is n/a for a component with weight matrices (so
-    for every configuration of that component alone), saying why from the rows' reasons: the
-    report never shows an n/a without one (the norms' is the NFN note's)."""
+def undefined_notes(matrices: pl.DataFrame, features: pl.DataFrame) -> list[str]:
+    """One sentence per matrix criterion, and for NFN, that is n/a for a component holding
+    linear maps (so for every configuration of that component alone), saying why from the
+    rows' reasons: the report never shows an n/a without one (the norms' is the NFN note's)."""
     notes = []
     matrices_only = matrices.filter(pl.col("spectrum_snr_reason") != NOT_A_MATRIX)
     for criterion, label in MATRIX_LABELS.items():
@@ -433,4 +433,14 @@ def undefined_notes(matrices: pl.DataFrame) -> list[str]:
                 f"{rows.height} weight tensors: {'; '.join(reasons)}), and so for a "
                 "configuration of it alone."
             )
+    for component in COMPONENTS:
+        rows = features.filter(pl.col("component") == component)
+        if rows.is_empty() or not rows["nfn"].is_nan().all():
+            continue
+        reasons = sorted(set(rows["reason"].drop_nulls())) or ["no output norm on random inputs"]
+        notes.append(
+            f"NFN is n/a for {configuration_label(component)} ({'; '.join(reasons)}): a "
+            "configuration joining it to other linear components has the NFN of theirs, one "
+            "of it alone has none."
+        )
     return notes

@@ -21,7 +21,8 @@
   the plugin trains the top ``spectrum_top_fraction`` of each type by SNR. Its keys are used
   as unanchored patterns, so a module whose name selects a parameter that is not its own is
   left out (``left_out``, with the reason), as is a matrix whose SNR is n/a (the plugin
-  would sort a NaN). The plugin adds only ``lm_head`` and ``embed_tokens`` itself: a vision
+  would sort a NaN), and so is an MoE's fused 3-D expert parameter (one module holds every
+  expert's FC1 and FC2, so no pattern names one of them). The plugin adds only ``lm_head`` and ``embed_tokens`` itself: a vision
   model's classifier head stays frozen under it.
 """
 
@@ -40,6 +41,12 @@ PLAIN_NAME = re.compile(r"[A-Za-z0-9_.]+")
 """The parameter names an axolotl pattern can spell literally (dots are escaped by axolotl)."""
 
 _AXOLOTL_DOT = re.compile(r"\.(?!\+)")
+
+FUSED_EXPERTS = (
+    "fused 3-D expert parameters: the module holds every expert's FC1 and FC2 matrices, so "
+    "no module name selects one of them"
+)
+"""Why an MoE's fused experts module is left out of the Spectrum score file."""
 
 
 def axolotl_pattern(pattern: str) -> re.Pattern[str]:
@@ -89,6 +96,10 @@ def spectrum_scores(
     scores: dict[str, dict[str, Any]] = {}
     left_out: dict[str, str] = {}
     for row in matrices.iter_rows(named=True):
+        if row["parameter"].endswith("]"):  # one expert's matrix of a fused 3-D parameter
+            fused, _, _ = row["parameter"].rpartition("[")
+            left_out[fused.rpartition(".")[0]] = FUSED_EXPERTS
+            continue
         module, _, leaf = row["parameter"].rpartition(".")
         if leaf != "weight" or not module:
             continue  # Spectrum scores a module by its weight only

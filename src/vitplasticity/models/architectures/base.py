@@ -83,8 +83,13 @@ class AttentionWeights:
 def linear_weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A linear map's weight in torch's (out, in) layout, and its bias.
 
-    transformers' ``Conv1D`` (GPT2) stores (in, out): it is transposed (a view).
+    transformers' ``Conv1D`` (GPT2) stores (in, out): it is transposed (a view). A module
+    that is a view of parameters held elsewhere says which map it stands for through an
+    ``as_linear()`` method (an MoE's routed FC1 and FC2, :mod:`.hf_moe`).
     """
+    as_linear = getattr(module, "as_linear", None)
+    if callable(as_linear):
+        return as_linear()
     if isinstance(module, nn.Linear):
         return module.weight, module.bias
     if type(module).__name__ == "Conv1D":

@@ -36,10 +36,13 @@ one is narrower than the token, which a top-k MoE also feeds FC2). The in-situ p
 layer through its mapped pieces (:meth:`HFMoE.in_situ_block`), so the views' hooks see what
 reaches FC1 and FC2; the contract checks that this composition is the layer's own forward.
 
-Refused: ``plasticity.fc1: up`` (up is half of each expert's fused ``gate_up_proj``), the bounds
-(RMSNorm, rotary positions), recommend (its export names 2-D weights of modules: PEFT
-``target_modules``, Spectrum's per-matrix scores; FC1 and FC2 of every expert are slices of one
-module's two 3-D parameters). A Qwen2-MoE with dense layers (``mlp_only_layers``,
+recommend ranks them as any decoder (its criteria of views: the weight statistic of FC1 is
+that of the map with every expert picked, :meth:`RoutedFC1.as_linear`; Spectrum SNR and kappa
+score each expert's matrix; NFN, of linear layers the forward pass calls, is n/a for FC1 and
+FC2) and exports the fused experts as PEFT ``target_parameters``
+(:mod:`vitplasticity.recommend.export`). Refused: ``plasticity.fc1: up`` (up is half of each
+expert's fused ``gate_up_proj``), the bounds (RMSNorm, rotary positions). A Qwen2-MoE with
+dense layers (``mlp_only_layers``,
 ``decoder_sparse_step`` > 1) is refused. Context: :mod:`~vitplasticity.models.architectures.hf_decoder`.
 """
 
@@ -59,9 +62,9 @@ from vitplasticity.models.architectures.base import (
     Parts,
     UnsupportedModel,
     check_fc1_mode,
+    padded_linear,
 )
 from vitplasticity.models.architectures.hf_decoder import HFDecoder, Variant
-from vitplasticity.models.refusals import MOE_REFUSALS
 
 
 def _shared_linears(moe: nn.Module, names: tuple[str, ...]) -> list[nn.Module]:
@@ -125,6 +128,24 @@ class RoutedFC1(_View):
             "shared_up_bias": None if up is None else up.bias,
         }
 
+    def as_linear(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The map with every expert picked, as one (E * 2I [+ 2 I_shared], d) matrix, and its
+        bias (zeros for the routed experts, which have none; None when the shared expert has
+        none either). Routing keeps some of its rows and zeros the others, so
+        ``||FC1(v)|| <= ||W||_2 ||v||`` for every token: its largest singular value is FC1's
+        weight factor (:func:`vitplasticity.recommend.criteria.weight_statistics`)."""
+        fused = self.moe.experts.gate_up_proj  # (E, 2I, d)
+        shared = _shared_linears(self.moe, ("gate_proj", "up_proj"))
+        weight = torch.cat([fused.flatten(0, 1), *(linear.weight for linear in shared)])
+        if all(linear.bias is None for linear in shared):
+            return weight, None
+        biases = [fused.new_zeros(fused.shape[0] * fused.shape[1])]
+        biases += [
+            linear.weight.new_zeros(len(linear.weight)) if linear.bias is None else linear.bias
+            for linear in shared
+        ]
+        return weight, torch.cat(biases)
+
     def forward(self, v: torch.Tensor) -> torch.Tensor:
         """(..., d) -> (..., E * 2I [+ 2 I_shared]), the experts picked by the MoE's router."""
         picked, _ = route(self.moe, v)
@@ -153,7 +174,7 @@ class RoutedFC2(_View):
             "shared_down_bias": None if down is None else down.bias,
         }
 
-    def weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def as_linear(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The map as one (d, E * I [+ I_shared]) matrix, and its bias (the shared expert's)."""
         down = self.moe.experts.down_proj  # (E, d, I)
         blocks = [down.permute(1, 0, 2).flatten(1)]
@@ -324,25 +345,10 @@ class HFMoE(HFDecoder):
         tokens = embedded.tokens
         parts = self.components(block, fc1)
         (ln1,), (mha,), (ln2,), (fc1_view,), (fc2_view,) = (parts[c] for c in parts)
-        weight, bias = fc2_view.weight()
-        width = tokens.shape[-1]
-        if weight.shape[1] < width:
-            raise UnsupportedModel(
-                f"{self.title} fc2 takes {weight.shape[1]} features, fewer than the {width} of a "
-                "token: the zero-padded FC2 input is undefined"
-            )
         return (
             (ln1(tokens),),
             (self.attend(mha, tokens, embedded, index),),
             (ln2(tokens),),
             (fc1_view(tokens),),
-            (F.linear(tokens, weight[:, :width], bias),),
+            (padded_linear(fc2_view, tokens),),
         )
-
-    # --- other stages -------------------------------------------------------------------------
-
-    def refusal(self, stage: str, model: nn.Module) -> str | None:
-        reason = MOE_REFUSALS.get(stage)
-        if reason is not None:
-            return f"{type(model).__name__} is a sparse mixture of experts: {reason}"
-        return super().refusal(stage, model)
