@@ -1,6 +1,6 @@
 """The stages' refusals of a model that the config alone decides, named when the Snakefile is
 parsed (:func:`refusal_problems`), not minutes or hours into a job: a Swin under the embedding
-protocol, an MoE or an encoder ranked by recommend --text, a decoder's bounds, a Falcon with ALiBi
+protocol, an encoder ranked by recommend --text, a decoder's bounds, a Falcon with ALiBi
 (:mod:`vitplasticity.models.refusals`: the families' own reasons, torch-free). A refusal the
 config does not decide (a hub checkpoint's config.json, fetched by the weights job) is the job's.
 """
