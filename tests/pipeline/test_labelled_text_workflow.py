@@ -98,7 +98,8 @@ def test_the_accuracy_report_reads_a_labelled_text_experiments_runs(tmp_path: Pa
             assert shown == f"{100 * summary['test_accuracy']:.1f}", (model, configuration)
     tex = (tmp_path / TABLE[0]).read_text()
     assert tex.startswith("% DEMO") and f"{EXPERIMENT}-accuracy" in tex
-    # Plasticity and recommend measure images and text files: the baseline is the criterion.
+    # Plasticity measures images and text files, and recommend ranks the preset's image
+    # datasets, not this one (recommend.datasets null): the baseline is the criterion.
     scores = pl.read_parquet(tmp_path / CRITERIA).filter(pl.col("level") == "dataset")
     assert set(scores["criterion"]) == {"trainable_parameters"}
     assert set(scores["model"]) == set(MODELS)

@@ -1,8 +1,10 @@
 """An experiment of labelled text (``source: labelled_text``): its runs are the finetune rules'
 jobs with the table or folder as their input, ``--labelled-text`` and the cut as their flags
 but no masks (vitplasticity.workflow.finetune_jobs); the accuracy report reads it as an image
-experiment and the text criteria check leaves it out (vitplasticity.workflow.experiments,
-.targets); its problems are named before any job (vitplasticity.workflow.dataset_kinds)."""
+experiment, its criteria are recommend's tables of the cells recommend ranks on its labelled
+text (and the parameter baseline), and the text criteria check leaves it out
+(vitplasticity.workflow.experiments, .results, .targets); its problems are named before any
+job (vitplasticity.workflow.dataset_kinds)."""
 
 from __future__ import annotations
 
@@ -119,18 +121,38 @@ def test_editing_the_mask_probability_changes_no_classification_runs_params(
     assert after[1]["text_flags"].endswith("--mask-probability 0.4") and after[1] != before[1]
 
 
-def test_a_labelled_experiments_criteria_are_the_parameter_counts_alone(tmp_path: Path) -> None:
-    """Plasticity is measured on images and text files, recommend ranks image datasets: a
-    labelled-text experiment is scored by the trainable-parameter baseline, or not at all."""
+def test_a_labelled_experiment_is_scored_by_recommends_tables_of_the_cells_it_ranks(
+    tmp_path: Path,
+) -> None:
+    """Plasticity measures images and text files: a labelled-text experiment's criteria are
+    recommend's tables of the cells recommend ranks on its labelled text, and the
+    trainable-parameter baseline. Without a ranked cell it is scored by the baseline alone, or
+    not at all; with one, by recommend's table of that cell alone when the baseline is off."""
     criteria = {"enabled": True, "experiments": [EXPERIMENT], "parameters": True}
     config = merged(_config(tmp_path), {"report": {"criteria": criteria}})
-    assert criteria_experiments(config) == [EXPERIMENT]
+    check_config(config)
     job = Wildcards(fromdict={"experiment": EXPERIMENT})
+    assert criteria_experiments(config) == [EXPERIMENT]
     files = ResultFiles(config)
     assert (files.criteria_plasticity(job), files.criteria_recommend(job)) == ([], [])
     config["report"]["criteria"]["parameters"] = False
-    assert config["recommend"]["enabled"]  # the demo's: it ranks the image experiments alone
+    assert config["recommend"]["enabled"]  # the demo's: it ranks the image datasets alone
     assert criteria_experiments(config) == []
+
+    # recommend ranks one of the experiment's two models on its labelled dataset, against the
+    # text file as reference text (the parse-time check asks for one).
+    ranked = {"models": ["tiny_bert"], "datasets": ["reviews"]}
+    config = merged(config, {"recommend": ranked, "text_plasticity": {"reference": "notes"}})
+    check_config(config)
+    assert criteria_experiments(config) == [EXPERIMENT]  # the baseline still off
+    results = config["paths"]["results"]
+    files = ResultFiles(config)
+    assert files.criteria_recommend(job) == [f"{results}/recommend/tiny_bert/reviews.parquet"]
+    assert files.criteria_plasticity(job) == []
+    # The table the check reads is one recommend's own rule writes.
+    assert f"{results}/recommend/tiny_bert/reviews.parquet" in Targets(config).recommend()
+    config["recommend"]["enabled"] = False  # recommend's tables are read only when it runs
+    assert (criteria_experiments(config), files.criteria_recommend(job)) == ([], [])
 
 
 Layout = Callable[[Path], Path]

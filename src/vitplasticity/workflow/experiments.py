@@ -17,6 +17,7 @@ from typing import Any
 from vitplasticity.settings.sequences import LABELLED_SOURCE, TEXT_SOURCE
 from vitplasticity.workflow.config import enabled_experiments
 from vitplasticity.workflow.dataset_kinds import IMAGES, dataset_kind
+from vitplasticity.workflow.recommend_jobs import recommend_cells
 
 
 def experiment_kind(config: dict[str, Any], name: str) -> str:
@@ -106,20 +107,42 @@ def measured_cells(config: dict[str, Any], experiment: str) -> list[tuple[str, s
     ]
 
 
+def recommended_cells(config: dict[str, Any], experiment: str) -> list[tuple[str, str]]:
+    """The cells of ``experiment`` whose recommend tables (``recommend/<model>/<dataset>``)
+    the criteria check reads: none unless recommend.enabled; an image experiment's every
+    cell; a labelled-text experiment's those recommend ranks (:func:`.recommend_cells`: only
+    those have their reference text checked at parse time, so only those have a job that can
+    run). A text-file experiment reads recommend --text's tables instead
+    (:meth:`.results.ResultFiles.criteria_recommend`): none of recommend's."""
+    if not config["recommend"]["enabled"]:
+        return []
+    kind = experiment_kind(config, experiment)
+    cells = experiment_cells(config, experiment)
+    if kind == IMAGES:
+        return cells
+    if kind == LABELLED_SOURCE:
+        ranked = set(recommend_cells(config))
+        return [cell for cell in cells if cell in ranked]
+    return []
+
+
 def criteria_experiments(config: dict[str, Any]) -> list[str]:
     """The classification experiments the criteria score: none unless report.criteria.enabled
     or recommend.enabled; else those of report.criteria.experiments that are enabled and have a
-    criterion to score (the parameter counts, recommend's tables, or measured plasticity;
-    the check reads recommend's tables of an image experiment's cells only: a labelled-text
-    experiment is scored without them, though recommend may rank its cells)."""
+    criterion to score (the parameter counts, recommend's tables of some of their cells,
+    :func:`recommended_cells`, or measured plasticity). A labelled-text experiment has no
+    measured plasticity: it is scored by recommend's tables where recommend ranks its cells on
+    the labelled text, else by the parameter counts alone, or not at all."""
     criteria = config["report"]["criteria"]
-    recommend = config["recommend"]["enabled"]
-    if not (criteria["enabled"] or recommend):
+    if not (criteria["enabled"] or config["recommend"]["enabled"]):
         return []
     enabled = set(classification_experiments(config))
 
     def scored(name: str) -> bool:
-        ranked = recommend and experiment_kind(config, name) == IMAGES
-        return bool(criteria["parameters"] or ranked or measured_cells(config, name))
+        return bool(
+            criteria["parameters"]
+            or recommended_cells(config, name)
+            or measured_cells(config, name)
+        )
 
     return [name for name in criteria["experiments"] if name in enabled and scored(name)]

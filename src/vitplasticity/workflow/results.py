@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from vitplasticity.finetune.run import Run
+from vitplasticity.settings.sequences import TEXT_SOURCE
 from vitplasticity.workflow.config import experiment_runs
 from vitplasticity.workflow.experiments import (
-    experiment_cells,
+    experiment_kind,
     is_text_experiment,
     measured_cells,
+    recommended_cells,
 )
 from vitplasticity.workflow.params import Wildcards
 from vitplasticity.workflow.recommend_jobs import recommend_text_models
@@ -89,16 +91,19 @@ class ResultFiles:
         return [f"{self.results}/{folder}/{m}/{d}_summary.parquet" for m, d in cells]
 
     def criteria_recommend(self, wildcards: Wildcards) -> list[str]:
-        """The recommend tables of the job's experiment's cells, when recommend is enabled (a
-        text experiment's: recommend --text's, of the cells text plasticity measures and
-        recommend --text ranks; the check says why a cell has none)."""
+        """The recommend tables of the job's experiment's cells, when recommend is enabled: an
+        image experiment's every cell, a labelled-text experiment's cells that recommend ranks
+        (:func:`.experiments.recommended_cells`); a text-file experiment's: recommend --text's,
+        of the cells text plasticity measures and recommend --text ranks (the check says why a
+        cell has none)."""
         if not self.config["recommend"]["enabled"]:
             return []
-        if is_text_experiment(self.config, wildcards.experiment):
+        experiment = wildcards.experiment
+        if experiment_kind(self.config, experiment) == TEXT_SOURCE:
             ranked = recommend_text_models(self.config)
-            cells = measured_cells(self.config, wildcards.experiment)
+            cells = measured_cells(self.config, experiment)
             return [
                 f"{self.results}/recommend_text/{m}/{d}.parquet" for m, d in cells if m in ranked
             ]
-        cells = experiment_cells(self.config, wildcards.experiment)
+        cells = recommended_cells(self.config, experiment)
         return [f"{self.results}/recommend/{m}/{d}.parquet" for m, d in cells]
