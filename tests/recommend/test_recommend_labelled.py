@@ -200,9 +200,7 @@ def test_the_command_refuses_a_warm_up_without_a_new_head_and_two_kinds_of_text(
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize(
-    ("case", "baselines"), [("bert", ["head"]), ("qwen2_moe", ["lora"])]
-)
+@pytest.mark.parametrize(("case", "baselines"), [("bert", ["head"]), ("qwen2_moe", ["lora"])])
 def test_a_text_classifier_ranking_is_verified_by_finetuning_on_the_labelled_text(
     tmp_path: Path, case: str, baselines: list[str]
 ) -> None:
