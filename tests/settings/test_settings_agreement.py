@@ -383,6 +383,7 @@ STAGES = [
         frozenset(
             f"plasticity.{k}"
             for k in ("models", "datasets", "protocols", "downstream_split", "dtype", "fc1")
+            + ("stream",)
         ),
         data_flags=("--reference", "reference.parquet"),
     ),
@@ -396,7 +397,7 @@ STAGES = [
         frozenset(
             {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
             | {"text_plasticity.bounds_models"}
-            | {f"text_plasticity.{k}" for k in ("protocols", "dtype")}
+            | {f"text_plasticity.{k}" for k in ("protocols", "dtype", "stream")}
         ),
         data_flags=("--text", "reference.txt"),
     ),
@@ -429,7 +430,7 @@ STAGES = [
             {f"text_plasticity.{k}" for k in ("enabled", "run_models", "reference", "datasets")}
             | {"text_plasticity.bounds_models"}
             | {f"text_plasticity.{k}" for k in ("n_pairs", "batch_size", "protocols")}
-            | {f"text_plasticity.{k}" for k in ("device", "dtype")}
+            | {f"text_plasticity.{k}" for k in ("device", "dtype", "stream")}
             | {"recommend.enabled", "recommend.models", "recommend.datasets"}
             | {"recommend.warmup_steps", "recommend.warmup_lr"}
             | VERIFY_KEYS

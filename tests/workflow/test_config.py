@@ -298,7 +298,7 @@ def test_every_unknown_key_is_listed_at_once(paper_config: dict) -> None:
     # No near key: every valid one is listed instead.
     assert (
         "plasticity.zzz: unknown key (valid here: batch_size, datasets, device, "
-        "downstream_split, dtype, fc1, models, n_pairs, protocols)" in message
+        "downstream_split, dtype, fc1, models, n_pairs, protocols, stream)" in message
     )
 
 

@@ -108,7 +108,7 @@ def load_checkpoint(model: nn.Module, path: str | Path, name: str) -> None:
     convert = _family_filter(model)
     if convert is not None:
         state = convert(state, model)
-    new, dropped = _new_head_prefixes(model)
+    new, dropped = new_head_prefixes(model)
     head_keys = [key for key in state if key.startswith(dropped)]
     if head_keys:
         log.info("%s: the checkpoint's head dropped (%s)", path, ", ".join(head_keys))
@@ -169,7 +169,7 @@ def _family_filter(model: nn.Module) -> Callable | None:
     return getattr(module, "checkpoint_filter_fn", None)
 
 
-def _new_head_prefixes(model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def new_head_prefixes(model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The key prefixes of the model's new head, and those of a checkpoint's head to drop.
 
     The new head: the classifier module(s) the model's pretrained_cfg names (``head``; DeiT's

@@ -17,11 +17,11 @@ from vitplasticity.data.reference import read_reference_images
 from vitplasticity.data.store import read_split
 from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import architecture_for
-from vitplasticity.models.build import build_model, pick_device, preprocessing
+from vitplasticity.models.build import build_model, check_inputs, pick_device, preprocessing
 from vitplasticity.models.spec import ModelSpec
-from vitplasticity.plasticity.measure import measure_protocols
 from vitplasticity.plasticity.protocols import fc1_mode_matters
 from vitplasticity.plasticity.settings import PlasticitySettings
+from vitplasticity.plasticity.streamed import MeasuredModel, measured_model
 from vitplasticity.plasticity.summary import Measurement, measurement
 from vitplasticity.settings.declaration import check_settings, recorded_settings
 from vitplasticity.utils.progress import ProgressReporter
@@ -54,18 +54,26 @@ def measure_dataset(
     target = pick_device(settings.device)
     dataset = Path(dataset_dir).name
 
-    model = build_model(spec, num_classes=0, inputs="images").eval()
+    measured = measured_model(
+        spec,
+        settings.stream,
+        target,
+        getattr(torch, settings.dtype),
+        lambda: build_model(spec, num_classes=0, inputs="images").eval(),
+    )
+    model = measured.model
+    check_inputs(model, spec, "images")
     architecture = architecture_for(model)
     gated = fc1_mode_matters(architecture, architecture.blocks(model))  # refusals named here
-    model = model.to(device=target, dtype=getattr(torch, settings.dtype))
     pre = preprocessing(model, spec)
     label = (model_name, dataset)
-    pairs = _measure_pairs(model, pre, (images, cycled), settings, label, n_downstream, target)
+    pairs = _measure_pairs(measured, pre, (images, cycled), settings, label, n_downstream, target)
     recorded = {
         "model_spec": model_spec,
         "reference": str(reference),
         "dataset_dir": str(dataset_dir),
         **_recorded(settings, gated),
+        "streamed": measured.streamed is not None,
         "preprocessing": asdict(pre),
     }
     named = {"model": model_name, "dataset": dataset}
@@ -73,7 +81,7 @@ def measure_dataset(
 
 
 def _measure_pairs(
-    model: torch.nn.Module,
+    measured: MeasuredModel,
     pre: Preprocessing,
     images: tuple[list[bytes], list[bytes]],
     settings: PlasticitySettings,
@@ -81,7 +89,7 @@ def _measure_pairs(
     n_downstream: int,
     device: torch.device,
 ) -> pl.DataFrame:
-    """The per-pair plasticity of ``model`` (on ``device``) over the encoded ``images``
+    """The per-pair plasticity of the ``measured`` model (on ``device``) over the encoded ``images``
     (reference, downstream cycled from a split of ``n_downstream``), decoded a batch ahead;
     ``label`` (model, dataset) names them in the log and the progress line."""
     reference, downstream = images
@@ -96,8 +104,7 @@ def _measure_pairs(
         device,
     )
     with ProgressReporter(settings.n_pairs, f"plasticity {'/'.join(label)}") as progress:
-        return measure_protocols(
-            model,
+        return measured.measure(
             decoded_batches(reference, pre, settings.batch_size),
             decoded_batches(downstream, pre, settings.batch_size),
             protocols=settings.protocols,

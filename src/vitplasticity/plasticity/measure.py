@@ -49,15 +49,9 @@ def measure_protocols(
     Returns:
         One row per (protocol, block, component, pair), columns :data:`PAIR_SCHEMA`.
     """
-    protocols = check_protocols(protocols)
-    fc1 = check_fc1_mode(fc1)
-    architecture = architecture_for(model)
-    for protocol in protocols:
-        refusal = architecture.refusal(f"plasticity {protocol}", model)
-        if refusal is not None:
-            raise UndefinedStage(f"the {protocol} protocol is not defined: {refusal}")
-    blocks = architecture.blocks(model)
-    _check_arguments(model, (architecture, blocks, fc1), reference, batch_size, n_pairs)
+    protocols, fc1, architecture, blocks = checked_measurement(
+        model, protocols, fc1, reference, batch_size, n_pairs
+    )
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
 
@@ -66,7 +60,7 @@ def measure_protocols(
     found: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {p: [] for p in protocols}
     done = 0
     with torch.inference_mode():
-        batches = _batch_pairs(reference, downstream, architecture, batch_size, n_pairs)
+        batches = batch_pairs(reference, downstream, architecture, batch_size, n_pairs)
         for ref_batch, down_batch in batches:
             inputs = architecture.to_device(torch.cat([ref_batch, down_batch]), device, dtype)
             for protocol, batches_found in found.items():
@@ -77,11 +71,38 @@ def measure_protocols(
             done += len(ref_batch)
             if progress is not None:
                 progress(done)
+    checked_pair_count(done, n_pairs)
+    return pairs_table(found)
+
+
+def checked_measurement(
+    model: nn.Module,
+    protocols: Sequence[str],
+    fc1: str,
+    reference: Images,
+    batch_size: int,
+    n_pairs: int | None,
+) -> tuple[tuple[str, ...], str, Architecture, list[nn.Module]]:
+    """The checked protocols and fc1 mode, the model's architecture and blocks, once the
+    family accepts every protocol and the arguments are valid (:func:`measure`'s Raises)."""
+    protocols = check_protocols(protocols)
+    fc1 = check_fc1_mode(fc1)
+    architecture = architecture_for(model)
+    for protocol in protocols:
+        refusal = architecture.refusal(f"plasticity {protocol}", model)
+        if refusal is not None:
+            raise UndefinedStage(f"the {protocol} protocol is not defined: {refusal}")
+    blocks = list(architecture.blocks(model))
+    _check_arguments(model, (architecture, blocks, fc1), reference, batch_size, n_pairs)
+    return protocols, fc1, architecture, blocks
+
+
+def checked_pair_count(done: int, n_pairs: int | None) -> None:
+    """Raise unless the ``done`` pairs measured are some and fill ``n_pairs``."""
     if done == 0:
         raise ValueError("reference: no images")
     if n_pairs is not None and done < n_pairs:
         raise ValueError(f"reference: {done} images, fewer than the {n_pairs} pairs asked for")
-    return _pairs_table(found)
 
 
 def _check_arguments(
@@ -109,7 +130,7 @@ def _check_arguments(
         )
 
 
-def _batch_pairs(
+def batch_pairs(
     reference: Images,
     downstream: Images,
     architecture: Architecture,
@@ -145,7 +166,7 @@ def _batch_pairs(
         done += len(ref_batch)
 
 
-def _pairs_table(found: dict[str, list[tuple[torch.Tensor, torch.Tensor]]]) -> pl.DataFrame:
+def pairs_table(found: dict[str, list[tuple[torch.Tensor, torch.Tensor]]]) -> pl.DataFrame:
     """The rows of every protocol (in ``found``'s order) from its per-batch (numerator,
     denominator) tensors, moved to the host once."""
     return pl.concat(

@@ -49,6 +49,20 @@ def fc1_mode_matters(architecture: Architecture, blocks: Sequence[nn.Module]) ->
     return False
 
 
+def embedding_block(
+    architecture: Architecture,
+    block: nn.Module,
+    index: int,
+    embedded: Embedded,
+    batch_pairs: int,
+    fc1: str,
+) -> torch.Tensor:
+    """Numerators (5, B) of block ``index`` in the embedding protocol: each component fed the
+    embedding output (FC2 is fc2([x, 0, 0, 0]): x meets fc2's first d input columns only)."""
+    outputs = architecture.embedding_outputs(block, index, embedded, fc1)
+    return torch.stack([joint_pair_norms(out, batch_pairs) for out in outputs])
+
+
 def _embedding_protocol(
     architecture: Architecture,
     model: nn.Module,
@@ -59,16 +73,14 @@ def _embedding_protocol(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Numerators and denominators (n_blocks, 5, B) of the embedding protocol."""
     embedded = architecture.embed(model, inputs)  # tokens (2B, n, d)
-    denominator = pair_norms(
-        embedded.tokens, batch_pairs
-    )  # (B,): the same pair feeds every component
-    numerators = []
-    for index, block in enumerate(blocks):
-        # FC2 is fc2([x, 0, 0, 0]): x meets fc2's first d input columns only.
-        outputs = architecture.embedding_outputs(block, index, embedded, fc1)
-        numerators.append(torch.stack([joint_pair_norms(out, batch_pairs) for out in outputs]))
-    numerator = torch.stack(numerators)  # (n_blocks, 5, B)
-    return numerator, denominator.expand_as(numerator)
+    numerator = torch.stack(
+        [
+            embedding_block(architecture, block, index, embedded, batch_pairs, fc1)
+            for index, block in enumerate(blocks)
+        ]
+    )  # (n_blocks, 5, B)
+    # The same pair feeds every component.
+    return numerator, pair_norms(embedded.tokens, batch_pairs).expand_as(numerator)
 
 
 class _InSituRecorder:
@@ -166,6 +178,26 @@ class _InSituRecorder:
         )
 
 
+def in_situ_block(
+    architecture: Architecture,
+    block: nn.Module,
+    index: int,
+    tokens: torch.Tensor,
+    embedded: Embedded,
+    batch_pairs: int,
+    fc1: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Block ``index`` run on ``tokens`` in the in-situ protocol: its output tokens, and the
+    numerators and denominators (5, B) of its components."""
+    recorder = _InSituRecorder(architecture, [block], batch_pairs, fc1)
+    try:
+        tokens = architecture.in_situ_block(block, index, tokens, embedded)
+    finally:
+        recorder.remove()
+    numerator, denominator = recorder.result()
+    return tokens, numerator[0], denominator[0]
+
+
 def _in_situ_protocol(
     architecture: Architecture,
     model: nn.Module,
@@ -175,15 +207,16 @@ def _in_situ_protocol(
     fc1: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Numerators and denominators (n_blocks, 5, B) of the in-situ protocol."""
-    recorder = _InSituRecorder(architecture, blocks, batch_pairs, fc1)
-    try:
-        embedded: Embedded = architecture.embed(model, inputs)
-        tokens = embedded.tokens
-        for index, block in enumerate(blocks):
-            tokens = architecture.in_situ_block(block, index, tokens, embedded)
-    finally:
-        recorder.remove()
-    return recorder.result()
+    embedded: Embedded = architecture.embed(model, inputs)
+    tokens = embedded.tokens
+    numerators, denominators = [], []
+    for index, block in enumerate(blocks):
+        tokens, numerator, denominator = in_situ_block(
+            architecture, block, index, tokens, embedded, batch_pairs, fc1
+        )
+        numerators.append(numerator)
+        denominators.append(denominator)
+    return torch.stack(numerators), torch.stack(denominators)
 
 
 PROTOCOL_FUNCTIONS = {"embedding": _embedding_protocol, "in_situ": _in_situ_protocol}

@@ -30,6 +30,7 @@ from vitplasticity.settings.sequences import sequence_length_setting, tokenizer_
 __all__ = [
     "DTYPES",
     "PROTOCOLS",
+    "STREAM_MODES",
     "BoundsSettings",
     "PlasticitySettings",
     "TextBoundsSettings",
@@ -44,6 +45,11 @@ PROTOCOLS: tuple[str, ...] = ("embedding", "in_situ")
 
 DTYPES: tuple[str, ...] = ("float32", "float64")
 """Compute dtypes of a measurement (its norms are reduced in float64 either way)."""
+
+STREAM_MODES: tuple[str, ...] = ("auto", "always", "never")
+"""Whether a measurement loads the whole model or streams it block by block from its
+checkpoint (:mod:`vitplasticity.plasticity.streamed`): auto streams a model whose weights would
+take more than half of the device's free memory."""
 
 SPLITS: tuple[str, ...] = ("pool", "val", "test")
 """The splits of a prepared dataset."""
@@ -85,6 +91,16 @@ def _dtype(block: str) -> Any:
     )
 
 
+def _stream(block: str) -> Any:
+    return setting(
+        "auto",
+        help="auto (block by block from the checkpoint when the whole model would take more "
+        "than half the free memory), always, never",
+        key=f"{block}.stream",
+        choices=STREAM_MODES,
+    )
+
+
 def demo_setting() -> Any:
     """The declaration of the config's ``demo``: the switch that labels a stage's outputs."""
     return setting(False, help="label the outputs as a demo", key="demo", switch=True)
@@ -107,6 +123,7 @@ class PlasticitySettings:
     )
     device: str = device_setting("plasticity")
     dtype: str = _dtype("plasticity")
+    stream: str = _stream("plasticity")
     fc1: str = setting(
         "stage",
         help="a gated MLP's FC1: stage (gate + up projections) or up (the up projection "
@@ -129,6 +146,7 @@ class TextPlasticitySettings:
     protocols: tuple[str, ...] = _protocols("text_plasticity")
     device: str = device_setting("text_plasticity")
     dtype: str = _dtype("text_plasticity")
+    stream: str = _stream("text_plasticity")
     demo: bool = demo_setting()
 
 

@@ -67,7 +67,7 @@ def checked_text_spec(
 
 def text_model(model_name: str, spec: HFModelSpec, sequence_length: int) -> Any:
     """The model of ``spec`` (on the CPU, in float32), checked to take token ids and
-    sequences of ``sequence_length`` tokens.
+    sequences of ``sequence_length`` tokens (:func:`check_text_measurable`).
 
     Raises:
         ValueError: for a model that takes images or has fewer positions than
@@ -77,9 +77,20 @@ def text_model(model_name: str, spec: HFModelSpec, sequence_length: int) -> Any:
 
     # A random init depends on init_seed alone: every job of the model measures the same weights.
     model = build_model(spec)
+    check_text_measurable(model_name, model, sequence_length)
+    return model
+
+
+def check_text_measurable(model_name: str, model: Any, sequence_length: int) -> None:
+    """Raise unless ``model`` (built, or a streamed skeleton) takes token ids and sequences
+    of ``sequence_length`` tokens.
+
+    Raises:
+        ValueError: for a model that takes images or has fewer positions than
+            ``sequence_length``.
+    """
     check_text_model(model_name, model)
     check_sequence_length(model.config, sequence_length, model_name)
-    return model
 
 
 def _read_pair_sequences(
@@ -132,6 +143,7 @@ def measure_text(
     import torch
 
     from vitplasticity.models.build import pick_device
+    from vitplasticity.plasticity.streamed import measured_model
     from vitplasticity.plasticity.summary import measurement
     from vitplasticity.settings.declaration import check_settings, recorded_settings
 
@@ -142,18 +154,25 @@ def measure_text(
         model_name, model_spec, files={"--reference": reference, "--text": text}
     )
     target = pick_device(settings.device)
-    model = text_model(model_name, spec, settings.sequence_length)
+    measured = measured_model(
+        spec,
+        settings.stream,
+        target,
+        getattr(torch, settings.dtype),
+        lambda: text_model(model_name, spec, settings.sequence_length),
+    )
+    check_text_measurable(model_name, measured.model, settings.sequence_length)
     tokenizer = tokenizer_name(settings.tokenizer, spec)
-    sequences = _read_pair_sequences(reference, text, tokenizer, model.config, settings)
+    sequences = _read_pair_sequences(reference, text, tokenizer, measured.model.config, settings)
     dataset = dataset or Path(text).stem
-    model = model.to(device=target, dtype=getattr(torch, settings.dtype))
     label = (model_name, dataset, tokenizer)
-    pairs = _measure_pairs(model, sequences, settings, label, target)
+    pairs = _measure_pairs(measured, sequences, settings, label, target)
     recorded = {
         "model_spec": model_spec,
         "reference": str(reference),
         "text": str(text),
         **recorded_settings(settings),
+        "streamed": measured.streamed is not None,
         "tokenizer": tokenizer,
         "downstream_sequences": len(sequences[1]),
     }
@@ -162,19 +181,20 @@ def measure_text(
 
 
 def _measure_pairs(
-    model: Any,
+    measured: Any,
     sequences: tuple[np.ndarray, np.ndarray],
     settings: TextPlasticitySettings,
     label: tuple[str, str, str],
     device: Any,
 ) -> Any:
-    """The per-pair plasticity of ``model`` (on ``device``) over reference sequence i and
+    """The per-pair plasticity of the ``measured`` model (a
+    :class:`~vitplasticity.plasticity.streamed.MeasuredModel`, on ``device``) over reference
+    sequence i and
     downstream sequence i (cycled; ``sequences``: reference, downstream); ``label`` (model,
     dataset, tokenizer) names them in the log and the progress line."""
     import torch
 
     from vitplasticity.data.text import cycled
-    from vitplasticity.plasticity.measure import measure_protocols
     from vitplasticity.utils.progress import ProgressReporter
 
     references, downstream = sequences
@@ -193,8 +213,7 @@ def _measure_pairs(
         device,
     )
     with ProgressReporter(n, f"text plasticity {model_name}/{dataset}") as progress:
-        return measure_protocols(
-            model,
+        return measured.measure(
             torch.from_numpy(references),
             torch.from_numpy(cycled(downstream, n)),
             protocols=settings.protocols,

@@ -1,0 +1,100 @@
+"""The streamed measurement (vitplasticity.plasticity.streamed): a model measured block by
+block from its safetensors checkpoint gives the whole-model measurement's numbers exactly, in
+float64, in both protocols, for every kind of family (a timm ViT, a timm Eva with rotary
+tables, a transformers vision tower, decoder LMs, a mixture of experts, an encoder), and a
+checkpoint it cannot read as it is named is refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.helpers.tiny_models import TINY_MODELS, perturbed
+from vitplasticity.models.build import build_model
+from vitplasticity.models.streamed import NotStreamable, open_streamed
+from vitplasticity.plasticity.measure import measure_protocols
+from vitplasticity.plasticity.streamed import measure_streamed
+
+CASES = {
+    "vit_tiny_patch16_224": "timm ViT",
+    "vit_small_patch16_dinov3": "timm Eva: rotary tables as buffers, layer scales",
+    "hf_vit": "a transformers vision tower",
+    "gpt2_tiny": "a decoder with Conv1D linears and a causal-mask buffer",
+    "llama_tiny": "a decoder with RMSNorm, rotary positions and grouped keys",
+    "mixtral_tiny": "a mixture of experts: fused 3-D experts read through views",
+    "bert_tiny": "an encoder with a pooler",
+}
+PROTOCOLS = ("embedding", "in_situ")
+
+
+def _tiny(case: str):
+    return next(t for t in TINY_MODELS if t.id == case)
+
+
+def _saved(tmp_path: Path, case: str) -> dict:
+    """The tiny model, its weights moved off their init, saved as its family saves a
+    checkpoint (timm: one safetensors file of its state dict, head included; transformers:
+    save_pretrained); the ``models:`` entry naming it."""
+    tiny = _tiny(case)
+    model = perturbed(tiny.build()).float()
+    if tiny.timm_id is not None:
+        path = tmp_path / "model.safetensors"
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+        return {"timm_id": tiny.timm_id, "kwargs": tiny.kwargs, "weights": str(path)}
+    model.save_pretrained(tmp_path / "model")
+    return {"family": "transformers", "hf_id": f"tiny/{case}", "weights": str(tmp_path / "model")}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_streamed_measurement_is_the_whole_models_exactly(tmp_path: Path, case: str) -> None:
+    entry = _saved(tmp_path, case)
+    inputs = _tiny(case).inputs(6)
+    reference, downstream = inputs[:4], inputs[4:]  # the downstream set cycles
+    counts = {"protocols": PROTOCOLS, "batch_size": 3, "n_pairs": 4}
+
+    whole = build_model(entry).eval().double()
+    expected = measure_protocols(whole, reference, downstream, **counts)
+
+    streamed = open_streamed(build_spec(entry)).to(torch.device("cpu"), torch.float64)
+    done: list[int] = []
+    found = measure_streamed(streamed, reference, downstream, progress=done.append, **counts)
+    assert found.equals(expected), CASES[case]
+    assert done[-1] == 4 and done == sorted(done)
+    # Nothing of a block stays loaded after it is measured.
+    assert all(p.device.type == "meta" for b in streamed.blocks for p in b.parameters())
+
+
+def build_spec(entry: dict):
+    from vitplasticity.models.spec import ModelSpec
+
+    return ModelSpec.from_config(entry)
+
+
+def test_a_checkpoint_named_otherwise_is_refused_naming_the_tensors(tmp_path: Path) -> None:
+    """Original (non-timm) names need the family's renames, which only the whole-model
+    loader applies: the streamed path names what it cannot find and says what to do."""
+    entry = _saved(tmp_path, "vit_tiny_patch16_224")
+    from safetensors.torch import load_file
+
+    state = load_file(entry["weights"])
+    state["blocks.0.attn.qkv.w"] = state.pop("blocks.0.attn.qkv.weight")
+    save_file(state, entry["weights"])
+    with pytest.raises(NotStreamable) as error:
+        open_streamed(build_spec(entry))
+    message = str(error.value)
+    assert "1 missing tensors (blocks.0.attn.qkv.weight)" in message
+    assert "1 unexpected tensors (blocks.0.attn.qkv.w)" in message
+    assert "stream: false" in message
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [("random", "weights 'random' are not a local safetensors checkpoint"), ("hub", "'hub'")],
+)
+def test_weights_not_in_a_local_safetensors_file_are_refused(weights: str, message: str) -> None:
+    entry = {"timm_id": "vit_tiny_patch16_224", "weights": weights}
+    with pytest.raises(NotStreamable, match=message):
+        open_streamed(build_spec(entry))
