@@ -6,6 +6,9 @@ checkpoint it cannot read as it is named is refused by name."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,7 +90,7 @@ def test_a_checkpoint_named_otherwise_is_refused_naming_the_tensors(tmp_path: Pa
     message = str(error.value)
     assert "1 missing tensors (blocks.0.attn.qkv.weight)" in message
     assert "1 unexpected tensors (blocks.0.attn.qkv.w)" in message
-    assert "stream: false" in message
+    assert "stream: never" in message
 
 
 @pytest.mark.parametrize(
@@ -98,3 +101,88 @@ def test_weights_not_in_a_local_safetensors_file_are_refused(weights: str, messa
     entry = {"timm_id": "vit_tiny_patch16_224", "weights": weights}
     with pytest.raises(NotStreamable, match=message):
         open_streamed(build_spec(entry))
+
+
+def test_auto_streams_a_checkpoint_larger_than_half_the_free_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decision's arithmetic: the checkpoint's tensors in the measurement's dtype against
+    half the device's free memory (the memory query replaced by a fixed figure here; the real
+    query is tested under a cgroup limit below)."""
+    from vitplasticity.models import streamed as module
+
+    entry = _saved(tmp_path, "vit_tiny_patch16_224")
+    spec = build_spec(entry)
+    size = module.checkpoint_bytes(module.checkpoint_files(spec), torch.float64)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(module, "free_memory", lambda device: 2 * size - 1)
+    stream, why = module.stream_decision("auto", spec, cpu, torch.float64)
+    assert stream and why.startswith("streamed block by block: its weights take")
+    monkeypatch.setattr(module, "free_memory", lambda device: 2 * size)
+    stream, why = module.stream_decision("auto", spec, cpu, torch.float64)
+    assert not stream and why.startswith("measured whole:")
+    # float32 halves the bytes: the same memory now holds it whole.
+    monkeypatch.setattr(module, "free_memory", lambda device: 2 * size - 1)
+    assert not module.stream_decision("auto", spec, cpu, torch.float32)[0]
+    random = build_spec({"timm_id": "vit_tiny_patch16_224", "weights": "random"})
+    assert module.stream_decision("auto", random, cpu, torch.float32) == (
+        False,
+        "measured whole (model 'vit_tiny_patch16_224': weights 'random' are not a local "
+        "safetensors checkpoint to stream from; measure it whole (stream: never))",
+    )
+    assert module.stream_decision("never", spec, cpu, torch.float64) == (False, "stream: never")
+    assert module.stream_decision("always", random, cpu, torch.float64) == (True, "stream: always")
+
+
+CGROUP = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.mark.skipif(
+    not (CGROUP / "cgroup.procs").is_file() or not os.access(CGROUP, os.W_OK),
+    reason="needs a writable cgroup v1 memory controller (root in a container that has one)",
+)
+def test_the_free_memory_of_a_process_is_capped_by_its_cgroup_limit(tmp_path: Path) -> None:
+    """A process in a cgroup of a 3 GiB limit (a SLURM job's, say) sees at most that limit
+    less its usage as free, whatever the machine has."""
+    group = CGROUP / f"vitplasticity_test_{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(3 * 2**30))
+        code = (
+            "import os, sys, torch\n"
+            f"open('{group}/cgroup.procs', 'w').write(str(os.getpid()))\n"
+            "from vitplasticity.models.streamed import free_memory\n"
+            "print(free_memory(torch.device('cpu')))\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        free = int(result.stdout.split()[-1])
+        assert 0 < free <= 3 * 2**30
+    finally:
+        group.rmdir()
+
+
+def test_the_text_stage_streams_as_asked_and_records_it(tmp_path: Path) -> None:
+    """The text plasticity stage with ``stream: always`` measures the saved Llama block by
+    block: the same pairs as ``stream: never``, and its provenance says which it was."""
+    from vitplasticity.plasticity.settings import TextPlasticitySettings
+    from vitplasticity.plasticity.text import measure_text
+
+    entry = _saved(tmp_path, "llama_tiny")
+    lines = "".join(f"line {i} of some plain text, {i * 3} words\n" for i in range(12))
+    (tmp_path / "reference.txt").write_text(lines)
+    (tmp_path / "notes.txt").write_text(lines.upper())
+    found = {}
+    for mode in ("always", "never"):
+        settings = TextPlasticitySettings(
+            tokenizer="bytes", sequence_length=8, n_pairs=4, batch_size=2,
+            protocols=PROTOCOLS, device="cpu", dtype="float64", stream=mode,
+        )  # fmt: skip
+        found[mode] = measure_text(
+            "llama", entry, tmp_path / "reference.txt", tmp_path / "notes.txt", settings
+        )
+    assert found["always"].pairs.equals(found["never"].pairs)
+    recorded = {mode: found[mode].metadata["provenance"]["settings"] for mode in found}
+    assert (recorded["always"]["streamed"], recorded["never"]["streamed"]) == (True, False)
+    assert recorded["always"]["stream"] == "always"

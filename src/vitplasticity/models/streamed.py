@@ -8,14 +8,18 @@ on the meta device, so that no weight is allocated nor initialised; buffers are 
 (a rotary table is computed, not stored). It then matches the skeleton's tensors with the
 checkpoint's, by name and shape, as strictly as the whole-model loaders do: every parameter
 from the file, nothing left over but a checkpoint's head (a task class's, or timm's
-classifier), or an error naming the keys. A :class:`StreamedModel` then loads what lies
-outside the blocks (the embedding, the final norm) once, and each block's tensors when
-:meth:`StreamedModel.block` is entered, freeing them when it is left: memory holds one block at
-a time, read tensor by tensor from the safetensors files.
+classifier), or an error naming the keys. transformers' own load-time conversions are applied
+as from_pretrained applies them (``conversion_mapping``: legacy names renamed, an MoE's experts
+saved one by one stacked into its fused 3-D parameters); timm's ``checkpoint_filter_fn``
+(original, non-timm checkpoints) is not: such a checkpoint is refused by name. A
+:class:`StreamedModel` then loads what lies outside the blocks (the embedding, the final norm)
+once, and each block's tensors when :meth:`StreamedModel.block` is entered, freeing them when
+it is left: memory holds one block at a time, read tensor by tensor from the safetensors files.
 
-What it cannot stream it refuses by name (a checkpoint that is not safetensors, ``weights:
-random`` or ``hub``, tensors that need the family's renames, a checkpoint's ``dtype``
-override): the whole-model path measures those.
+What it cannot stream it refuses by name (weights that are not a local safetensors checkpoint,
+``weights: random`` or ``hub``, tensors named otherwise, a ``config.dtype`` override): the
+whole-model path (``stream: never``) measures those. :func:`stream_decision` says when
+``stream: auto`` streams.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ _SHOWN = 4
 
 class NotStreamable(ValueError):
     """A model or checkpoint the streamed path cannot measure: the message says why, and
-    that the whole-model path (``stream: false``) can."""
+    that the whole-model path (``stream: never``) can."""
 
 
 @contextmanager
@@ -84,7 +88,7 @@ def checkpoint_files(spec: ModelSpec) -> list[Path]:
     if weights in ("random", "hub"):
         raise NotStreamable(
             f"model {spec.model_id!r}: weights {weights!r} are not a local safetensors "
-            "checkpoint to stream from; measure it whole (stream: false)"
+            "checkpoint to stream from; measure it whole (stream: never)"
         )
     path = Path(weights)
     if not path.exists():
@@ -93,7 +97,7 @@ def checkpoint_files(spec: ModelSpec) -> list[Path]:
     if not files or any(file.suffix != SAFETENSORS_SUFFIX for file in files):
         raise NotStreamable(
             f"model {spec.model_id!r}: {path} holds no safetensors weights, which the streamed "
-            "measurement reads tensor by tensor; measure it whole (stream: false)"
+            "measurement reads tensor by tensor; measure it whole (stream: never)"
         )
     for file in files:
         check_safetensors_file(file)
@@ -437,7 +441,7 @@ def match_checkpoint(
         raise NotStreamable(
             f"{source} does not hold {type(model).__name__}'s tensors under their names: "
             f"{'; '.join(problems)}. The streamed measurement reads each tensor by the name "
-            "transformers or timm gives it; measure this checkpoint whole (stream: false)"
+            "transformers or timm gives it; measure this checkpoint whole (stream: never)"
         )
     if head:
         log.info("%s: tensors outside the model not read (%s)", source, _shown(head))
@@ -570,14 +574,35 @@ def _meminfo_available() -> int:
 
 
 def _cgroup_room() -> int | None:
-    """What the cgroup (v2) limit leaves: memory.max - memory.current; None without one."""
+    """What the process's cgroup memory limit leaves (limit - usage), in the v2 or the v1
+    hierarchy (a SLURM job's cgroup); None without a limit."""
     root = Path("/sys/fs/cgroup")
     try:
-        limit = (root / "memory.max").read_text().strip()
-        current = int((root / "memory.current").read_text())
-    except (OSError, ValueError):
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
         return None
-    return None if limit == "max" else max(int(limit) - current, 0)
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one unified hierarchy
+            files = (root / path.lstrip("/"), "memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            files = (
+                root / "memory" / path.lstrip("/"),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        else:
+            continue
+        folder, limit_file, usage_file = files
+        try:
+            limit = (folder / limit_file).read_text().strip()
+            usage = int((folder / usage_file).read_text())
+        except (OSError, ValueError):
+            continue
+        # v1 writes "no limit" as a page-rounded 2**63 - 1.
+        if limit != "max" and int(limit) < 2**62:
+            return max(int(limit) - usage, 0)
+    return None
 
 
 def _gib(size: int) -> str:
