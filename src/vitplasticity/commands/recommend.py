@@ -29,8 +29,8 @@ from vitplasticity.commands import (
     refuse_given,
     track_summary,
 )
-from vitplasticity.plasticity.settings import DTYPES
 from vitplasticity.recommend.settings import (
+    RANKING_DTYPES,
     REFERENCE_FALLBACKS,
     RecommendImageSettings,
     RecommendTextSettings,
@@ -152,7 +152,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     """``--dtype``, which both recommends take and the workflow leaves at its default."""
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype")
+    parser.add_argument("--dtype", choices=RANKING_DTYPES, default="float32", help="compute dtype")
 
 
 def recommend_arguments(

@@ -15,7 +15,8 @@ def pair_norms(activations: torch.Tensor, batch_pairs: int) -> torch.Tensor:
     for ``activations`` (2B, ...) of a batch of ``batch_pairs`` = B pairs: each image's
     activations are its rows of d features, whatever their layout (tokens, a grid, windows).
 
-    Each token's norm (d terms) is reduced in the compute dtype, the sum over tokens in float64:
+    Each token's norm (d terms) is reduced in the compute dtype (float64 for a 16-bit one), the
+    sum over tokens in float64:
     as accurate as a float64 reduction of the whole matrix (~1e-8 relative in float32, where a
     float32 reduction of all n x d terms loses ~1e-6), without a float64 copy of every
     activation, which on a CPU costs as much as the layer that made it.
@@ -23,6 +24,10 @@ def pair_norms(activations: torch.Tensor, batch_pairs: int) -> torch.Tensor:
     # Each image's tokens as rows (2B, n, d): a no-op for tokens (2B, n, d); a Swin's grid
     # (2B, H, W, d) and its attention's windows (2B nW, w w, d), batch-major, become them.
     activations = activations.reshape(2 * batch_pairs, -1, activations.shape[-1])
+    if activations.element_size() < 4:
+        # A bfloat16 difference keeps 8 significant bits of two close activations: take it,
+        # and every norm, in float64 (the layers alone compute in bfloat16).
+        activations = activations.to(torch.float64)
     difference = activations[:batch_pairs] - activations[batch_pairs:]  # (B, n, d)
     token_norms = torch.linalg.vector_norm(difference, dim=-1)  # (B, n)
     return token_norms.to(torch.float64).square().sum(dim=-1).sqrt()

@@ -43,8 +43,9 @@ __all__ = [
 PROTOCOLS: tuple[str, ...] = ("embedding", "in_situ")
 """The plasticity protocols: embedding (the reference code's) and in_situ (docs/protocol.md)."""
 
-DTYPES: tuple[str, ...] = ("float32", "float64")
-"""Compute dtypes of a measurement (its norms are reduced in float64 either way)."""
+DTYPES: tuple[str, ...] = ("float32", "float64", "bfloat16")
+"""Compute dtypes of a measurement (its norms are reduced in float64 either way; bfloat16, for
+GPU speed on large models, differs from float64 as docs/protocol.md states)."""
 
 STREAM_MODES: tuple[str, ...] = ("auto", "always", "never")
 """Whether a measurement loads the whole model or streams it block by block from its

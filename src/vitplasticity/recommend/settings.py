@@ -18,7 +18,6 @@ from typing import Any
 
 from vitplasticity.criteria import RECOMMEND_CRITERIA
 from vitplasticity.plasticity.settings import (
-    DTYPES,
     batch_size_setting,
     demo_setting,
     device_setting,
@@ -29,6 +28,7 @@ from vitplasticity.settings.sequences import sequence_length_setting, tokenizer_
 __all__ = [
     "CRITERIA",
     "DEFAULT_CONFIGURATIONS",
+    "RANKING_DTYPES",
     "REFERENCE_FALLBACKS",
     "RecommendImageSettings",
     "RecommendTextSettings",
@@ -98,10 +98,14 @@ def parse_budget(text: str | int | None) -> int | None:
     return value
 
 
+RANKING_DTYPES: tuple[str, ...] = ("float32", "float64")
+"""The compute dtypes recommend takes: its gradients and warm-up are not measured in bfloat16."""
+
+
 def check_dtype(dtype: str) -> None:
-    """Raise ValueError naming --dtype unless ``dtype`` is one of the compute dtypes: both
-    recommends take the flag, which the workflow leaves at float32 (so no config key)."""
-    if dtype not in DTYPES:
+    """Raise ValueError naming --dtype unless ``dtype`` is one of :data:`RANKING_DTYPES`:
+    both recommends take the flag, which the workflow leaves at float32 (so no config key)."""
+    if dtype not in RANKING_DTYPES:
         raise ValueError(f"--dtype: {dtype!r} not float32 or float64")
 
 
