@@ -186,3 +186,23 @@ def test_the_text_stage_streams_as_asked_and_records_it(tmp_path: Path) -> None:
     recorded = {mode: found[mode].metadata["provenance"]["settings"] for mode in found}
     assert (recorded["always"]["streamed"], recorded["never"]["streamed"]) == (True, False)
     assert recorded["always"]["stream"] == "always"
+
+
+def test_a_causal_lms_untied_head_is_never_read(tmp_path: Path) -> None:
+    """A LlamaForCausalLM checkpoint (its lm_head untied: as large as the embedding) streams
+    with its head left on the meta device, and measures as the whole model does."""
+    import transformers
+
+    from tests.helpers.tiny_models import HF_TEXT_TINY_CONFIG
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**HF_TEXT_TINY_CONFIG, tie_word_embeddings=False)
+    perturbed(transformers.LlamaForCausalLM(config)).float().save_pretrained(tmp_path / "lm")
+    entry = {"family": "transformers", "hf_id": "tiny/lm", "weights": str(tmp_path / "lm")}
+    ids = torch.randint(0, 64, (6, 8), generator=torch.Generator().manual_seed(0))
+    counts = {"protocols": PROTOCOLS, "batch_size": 2, "n_pairs": 3}
+    expected = measure_protocols(build_model(entry).eval().double(), ids[:3], ids[3:], **counts)
+    streamed = open_streamed(build_spec(entry)).to(torch.device("cpu"), torch.float64)
+    assert measure_streamed(streamed, ids[:3], ids[3:], **counts).equals(expected)
+    assert streamed.model.lm_head.weight.device.type == "meta"
+    assert streamed.model.model.embed_tokens.weight.device.type == "cpu"

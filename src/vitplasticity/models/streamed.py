@@ -208,8 +208,11 @@ class StreamedModel:
         return self
 
     def load_outside_blocks(self) -> None:
-        """Load every tensor that no block holds (the embedding, the final norm...)."""
+        """Load every tensor that no block holds (the embedding, the final norm...) but a
+        task class's head (a causal LM's untied ``lm_head``: vocabulary x width, as large as
+        the embedding, and no measurement runs it), which stays on the meta device."""
         inside = {id(t) for block in self.blocks for t in _tensors(block).values()}
+        inside |= {id(t) for t in _task_head_tensors(self.model)}
         self._load(self.model, lambda tensor: id(tensor) not in inside)
 
     @contextmanager
@@ -482,6 +485,18 @@ def _timm_head_prefixes(model: nn.Module) -> tuple[str, ...]:
     from vitplasticity.models.timm_build import new_head_prefixes
 
     return new_head_prefixes(model)[1]
+
+
+def _task_head_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors of a transformers task class outside its base model (the head); none for
+    a bare model or a timm one. A tensor the base model shares (a tied LM head is the token
+    embedding) is the base model's."""
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, None) if prefix else None
+    if not isinstance(base, nn.Module) or base is model:
+        return []
+    own = {id(t) for t in _tensors(base).values()}
+    return [t for t in _tensors(model).values() if id(t) not in own]
 
 
 def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
