@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 
 from tests.helpers.tiny_models import TINY_MODELS, perturbed
 from vitplasticity.models.build import build_model
-from vitplasticity.models.streamed import NotStreamable, open_streamed
+from vitplasticity.models.checkpoint_tensors import NotStreamable
+from vitplasticity.models.streamed import open_streamed
 from vitplasticity.plasticity.measure import measure_protocols
 from vitplasticity.plasticity.streamed import measure_streamed
 
@@ -109,11 +110,14 @@ def test_auto_streams_a_checkpoint_larger_than_half_the_free_memory(
     """The decision's arithmetic: the checkpoint's tensors in the measurement's dtype against
     half the device's free memory (the memory query replaced by a fixed figure here; the real
     query is tested under a cgroup limit below)."""
-    from vitplasticity.models import streamed as module
+    from vitplasticity.models import checkpoint_tensors
+    from vitplasticity.models import stream_decision as module
 
     entry = _saved(tmp_path, "vit_tiny_patch16_224")
     spec = build_spec(entry)
-    size = module.checkpoint_bytes(module.checkpoint_files(spec), torch.float64)
+    size = checkpoint_tensors.checkpoint_bytes(
+        checkpoint_tensors.checkpoint_files(spec), torch.float64
+    )
     cpu = torch.device("cpu")
     monkeypatch.setattr(module, "free_memory", lambda device: 2 * size - 1)
     stream, why = module.stream_decision("auto", spec, cpu, torch.float64)
@@ -151,7 +155,7 @@ def test_the_free_memory_of_a_process_is_capped_by_its_cgroup_limit(tmp_path: Pa
         code = (
             "import os, sys, torch\n"
             f"open('{group}/cgroup.procs', 'w').write(str(os.getpid()))\n"
-            "from vitplasticity.models.streamed import free_memory\n"
+            "from vitplasticity.models.stream_decision import free_memory\n"
             "print(free_memory(torch.device('cpu')))\n"
         )
         result = subprocess.run(

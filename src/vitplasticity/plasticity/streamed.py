@@ -25,7 +25,8 @@ from torch import nn
 
 from vitplasticity.models.architectures import Architecture, Embedded
 from vitplasticity.models.spec import ModelSpec
-from vitplasticity.models.streamed import StreamedModel, open_streamed, stream_decision
+from vitplasticity.models.stream_decision import stream_decision
+from vitplasticity.models.streamed import StreamedModel, open_streamed
 from vitplasticity.plasticity.measure import (
     batch_pairs,
     checked_measurement,
