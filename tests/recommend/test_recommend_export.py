@@ -21,9 +21,9 @@ from vitplasticity.cli import main
 from vitplasticity.models.architectures import UnsupportedModel, parameter_map
 from vitplasticity.models.lora import check_adapters_used
 from vitplasticity.recommend.export import (
-    _modules_to_save_matches,
-    _target_matches,
     build_export,
+    modules_to_save_matches,
+    target_matches,
 )
 from vitplasticity.recommend.ranking import configuration_label
 from vitplasticity.utils.io import read_parquet_metadata, write_json
@@ -252,12 +252,12 @@ def test_peft_matching_rules_are_peft_s() -> None:
 
     names = ["norm", "fc_norm", "blocks.0.attn.q_norm", "blocks.0.norm1", "x.blocks.0.norm1"]
     module_names = [n for n, _ in holder(names).named_modules()]
-    assert _modules_to_save_matches(module_names, ["norm"]) == [
+    assert modules_to_save_matches(module_names, ["norm"]) == [
         "norm",
         "fc_norm",
         "blocks.0.attn.q_norm",
     ]
-    assert _target_matches(module_names, ["blocks.0.norm1"]) == [
+    assert target_matches(module_names, ["blocks.0.norm1"]) == [
         "blocks.0.norm1",
         "x.blocks.0.norm1",
     ]
@@ -266,14 +266,14 @@ def test_peft_matching_rules_are_peft_s() -> None:
     )
     wrapped = [n for n, m in saved.named_modules() if type(m).__name__ == "ModulesToSaveWrapper"]
     dotted = Version(peft.__version__) >= Version("0.22")
-    rule = _target_matches if dotted else _modules_to_save_matches
+    rule = target_matches if dotted else modules_to_save_matches
     assert wrapped == rule(module_names, ["norm"])
-    assert set(wrapped) <= set(_modules_to_save_matches(module_names, ["norm"]))
+    assert set(wrapped) <= set(modules_to_save_matches(module_names, ["norm"]))
     tuned = peft.inject_adapter_in_model(
         peft.LNTuningConfig(target_modules=["blocks.0.norm1"]), holder(names)
     )
     layers = [n for n, m in tuned.named_modules() if type(m).__name__ == "LNTuningLayer"]
-    assert layers == _target_matches(module_names, ["blocks.0.norm1"])
+    assert layers == target_matches(module_names, ["blocks.0.norm1"])
 
 
 def test_no_configuration_is_the_head_alone() -> None:

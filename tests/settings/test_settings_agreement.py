@@ -381,10 +381,9 @@ STAGES = [
         | {"figure_prefix", "tokenizer", "sequence_length", "n_sequences"},
         # The plasticity stage declares the rest of the block.
         frozenset(
-            f"plasticity.{k}"
-            for k in ("models", "datasets", "protocols", "downstream_split", "dtype", "fc1")
-            + ("stream",)
-        ),
+            f"plasticity.{k}" for k in ("models", "datasets", "protocols", "downstream_split")
+        )
+        | {f"plasticity.{k}" for k in ("dtype", "fc1", "stream")},
         data_flags=("--reference", "reference.parquet"),
     ),
     Stage(

@@ -22,14 +22,11 @@ trains, docs/protocol.md), their counts, and PEFT configs to pass to peft as the
 - ``peft.ln_tuning.config``: ``peft.LNTuningConfig`` fields: the chosen norms, and the head
   and final norm in ``modules_to_save``.
 
-peft selects a ``target_modules`` entry by equality or as a dotted suffix of a module's name.
-A ``modules_to_save`` entry is a plain suffix before peft 0.22 (``norm`` also selects
-``blocks.0.attn.q_norm``) and a dotted one from 0.22 on; the file is read by whichever peft
-the user has, so its entries are checked under the plain rule, which selects everything the
-dotted one does. Every name is checked against the model's modules under those rules: a part (a component, or the head) that cannot be named exactly has no PEFT form, and
-``peft.forms`` says so with the reason instead of dropping it; each form also lists the
-parameters of its part that it leaves frozen (a linear's bias beside its LoRA adapter, a
-LayerScale), since LoRA trains a low-rank update of a weight, not the component.
+peft selects modules by name; every name is checked against the model's own under peft's rules
+(:mod:`.peft_names`): a part (a component, or the head) that cannot be named exactly has no
+PEFT form, and ``peft.forms`` says so with the reason instead of dropping it; each form also
+lists the parameters of its part that it leaves frozen (a linear's bias beside its LoRA
+adapter, a LayerScale), since LoRA trains a low-rank update of a weight, not the component.
 
 ``trainers`` holds the same decision in the formats trainers read without peft: axolotl's
 ``unfrozen_parameters``, a plain freeze list, and Spectrum's score file of our Spectrum SNR
@@ -44,9 +41,14 @@ the file beside the formats, never inside one: ``peft.LoraConfig(**...)``, axolo
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from vitplasticity.recommend.peft_names import (
+    excluded_by_modules_to_save,
+    modules_to_save_matches,
+    target_matches,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -141,8 +143,7 @@ def build_export(
 def _model_record(
     name: str, entry: Mapping[str, Any], model: nn.Module, architecture: Architecture
 ) -> dict[str, Any]:
-    """The export's model: its name, config entry, class (``package.module.Class``) and
-    architecture."""
+    """The export's model: name, config entry, class (``package.module.Class``), architecture."""
     return {
         "name": name,
         "entry": dict(entry),
@@ -154,8 +155,7 @@ def _model_record(
 def _counts(
     sizes: Mapping[str, int], chosen: Mapping[str, list[str]], always: list[str]
 ) -> dict[str, Any]:
-    """The parameter counts of the export: of each ``chosen`` component, of the configuration
-    (all of them), of the head and final norm (``always``), of the model, and trained."""
+    """Parameters of each ``chosen`` component, all of them, ``always``, the model, trained."""
     counts = {
         "components": {c: sum(sizes[n] for n in names) for c, names in chosen.items()},
         "configuration": sum(sizes[n] for names in chosen.values() for n in names),
@@ -235,7 +235,7 @@ def _head_names(parameters: ParameterMap) -> list[str]:
     return [n for n, owner in parameters.owners.items() if owner.trained_by == "head"]
 
 
-def _no_form(reason: str) -> dict[str, Any]:
+def _no_form(reason: str) -> dict[str, Any]:  # a part without a PEFT form, and why
     return {"form": None, "reason": reason}
 
 
@@ -257,12 +257,12 @@ def _saved_form(
     entries = names.of(modules)
     extra = [
         name
-        for name in _modules_to_save_matches(names.modules, entries)
+        for name in modules_to_save_matches(names.modules, entries)
         if name in names.holds_parameters and name not in entries
     ]
     if saved is not None:
-        extra += [n for n in _target_matches(names.modules, entries) if n not in entries]
-        skipped = [e for e in entries if _excluded_by_modules_to_save(e, saved)]
+        extra += [n for n in target_matches(names.modules, entries) if n not in entries]
+        skipped = [e for e in entries if excluded_by_modules_to_save(e, saved)]
         if skipped:
             return _no_form(
                 f"peft would skip {', '.join(skipped[:4])}: their names fall under a "
@@ -313,14 +313,14 @@ def _lora_form(
             f"{type(model).__name__}: the {architecture.title} LoRA targets' weights "
             f"{', '.join(foreign[:4])} are not {component}'s parameters"
         )
-    extra = [n for n in _target_matches(names.modules, targets) if n not in targets]
-    extra += [n for n in _target_matches(names.parameters, fused) if n not in fused]
+    extra = [n for n in target_matches(names.modules, targets) if n not in targets]
+    extra += [n for n in target_matches(names.parameters, fused) if n not in fused]
     if extra:
         return _no_form(
             f"peft would also adapt {', '.join(extra[:4])}: a name that ends as a "
             f"target's ({', '.join([*targets, *fused][:4])}) does"
         )
-    skipped = [t for t in targets if _excluded_by_modules_to_save(t, saved)]
+    skipped = [t for t in targets if excluded_by_modules_to_save(t, saved)]
     if skipped:
         return _no_form(
             f"peft would skip {', '.join(skipped[:4])}: their names fall under a "
@@ -351,34 +351,6 @@ def _linear_targets(
     linears += [m for m in model.modules() if _is_linear(m) and id(m.weight) in read]
     fused = [names.of_parameter[key] for key, p in read.items() if p.ndim == 3]
     return names.of(linears), [n for n in names.parameters if n in fused]
-
-
-def _target_matches(module_names: Iterable[str], targets: Iterable[str]) -> list[str]:
-    """The modules a ``target_modules`` list selects: a name equal to an entry or ending in
-    ``.`` + an entry (peft's ``check_target_module_exists``)."""
-    wanted = set(targets)
-    found = []
-    for name in module_names:
-        parts = name.split(".")
-        if any(".".join(parts[i:]) in wanted for i in range(len(parts))):
-            found.append(name)
-    return found
-
-
-def _modules_to_save_matches(module_names: Iterable[str], entries: Iterable[str]) -> list[str]:
-    """The modules a ``modules_to_save`` list may select: a name ending in an entry, dot or not.
-
-    That is peft's ``_set_trainable`` before 0.22; from 0.22 on it selects the dotted-suffix
-    subset of these (:func:`_target_matches`), so entries whose matches here are exactly the
-    intended modules select exactly those under either version."""
-    entries = tuple(entries)
-    return [name for name in module_names if name.endswith(entries)]
-
-
-def _excluded_by_modules_to_save(target: str, entries: Iterable[str]) -> bool:
-    """Whether peft leaves ``target`` without an adapter because a ``modules_to_save`` entry
-    covers it (peft's pattern, entries unescaped as peft has them)."""
-    return any(re.match(rf"(^|.*\.){entry}($|\..*)", target) for entry in entries)
 
 
 def _peft_configs(
