@@ -20,7 +20,6 @@ from vitplasticity.models.build import build_model
 from vitplasticity.models.checkpoint_tensors import NotStreamable
 from vitplasticity.models.streamed import open_streamed
 from vitplasticity.plasticity.measure import measure_protocols
-from vitplasticity.plasticity.streamed import measure_streamed
 
 CASES = {
     "vit_tiny_patch16_224": "timm ViT",
@@ -64,7 +63,7 @@ def test_the_streamed_measurement_is_the_whole_models_exactly(tmp_path: Path, ca
 
     streamed = open_streamed(build_spec(entry)).to(torch.device("cpu"), torch.float64)
     done: list[int] = []
-    found = measure_streamed(streamed, reference, downstream, progress=done.append, **counts)
+    found = measure_protocols(streamed, reference, downstream, progress=done.append, **counts)
     assert found.equals(expected), CASES[case]
     assert done[-1] == 4 and done == sorted(done)
     # Nothing of a block stays loaded after it is measured.
@@ -207,6 +206,6 @@ def test_a_causal_lms_untied_head_is_never_read(tmp_path: Path) -> None:
     counts = {"protocols": PROTOCOLS, "batch_size": 2, "n_pairs": 3}
     expected = measure_protocols(build_model(entry).eval().double(), ids[:3], ids[3:], **counts)
     streamed = open_streamed(build_spec(entry)).to(torch.device("cpu"), torch.float64)
-    assert measure_streamed(streamed, ids[:3], ids[3:], **counts).equals(expected)
+    assert measure_protocols(streamed, ids[:3], ids[3:], **counts).equals(expected)
     assert streamed.model.lm_head.weight.device.type == "meta"
     assert streamed.model.model.embed_tokens.weight.device.type == "cpu"

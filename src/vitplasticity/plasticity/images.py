@@ -19,9 +19,9 @@ from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import architecture_for
 from vitplasticity.models.build import build_model, check_inputs, pick_device, preprocessing
 from vitplasticity.models.spec import ModelSpec
+from vitplasticity.plasticity.measured_model import MeasuredModel, measured_model
 from vitplasticity.plasticity.protocols import fc1_mode_matters
 from vitplasticity.plasticity.settings import PlasticitySettings
-from vitplasticity.plasticity.streamed import MeasuredModel, measured_model
 from vitplasticity.plasticity.summary import Measurement, measurement
 from vitplasticity.settings.declaration import check_settings, recorded_settings
 from vitplasticity.utils.progress import ProgressReporter

@@ -14,7 +14,8 @@ from torch import nn
 from vitplasticity.components import COMPONENTS
 from vitplasticity.models.architectures import Architecture, UndefinedStage, architecture_for
 from vitplasticity.models.architectures.base import check_fc1_mode
-from vitplasticity.plasticity.pairs import ImageQueue, Images, image_chunks
+from vitplasticity.models.streamed import StreamedModel
+from vitplasticity.plasticity.pairs import ImageQueue, Images, checked_pair_count, image_chunks
 from vitplasticity.plasticity.protocols import PROTOCOL_FUNCTIONS, check_protocols
 
 PAIR_SCHEMA: dict[str, pl.DataType] = {
@@ -30,7 +31,7 @@ PAIR_SCHEMA: dict[str, pl.DataType] = {
 
 
 def measure_protocols(
-    model: nn.Module,
+    model: nn.Module | StreamedModel,
     reference: Images,
     downstream: Images,
     *,
@@ -44,14 +45,25 @@ def measure_protocols(
 
     One pass over the images serves every protocol (each image is decoded once). See
     :func:`measure` for the arguments; ``progress`` is called with the number of pairs done
-    after each batch.
+    after each batch. A :class:`~vitplasticity.models.streamed.StreamedModel` is measured
+    block by block from its checkpoint (:func:`vitplasticity.plasticity.streamed.
+    streamed_pairs`): the same numbers, one block in memory at a time.
 
     Returns:
         One row per (protocol, block, component, pair), columns :data:`PAIR_SCHEMA`.
     """
+    streamed = model if isinstance(model, StreamedModel) else None
+    model = model.model if isinstance(model, StreamedModel) else model
     protocols, fc1, architecture, blocks = checked_measurement(
         model, protocols, fc1, reference, batch_size, n_pairs
     )
+    if streamed is not None:
+        from vitplasticity.plasticity.streamed import streamed_pairs
+
+        measured = {"protocols": protocols, "fc1": fc1, "progress": progress}
+        batches = batch_pairs(reference, downstream, architecture, batch_size, n_pairs)
+        found = streamed_pairs(streamed, architecture, blocks, batches, n_pairs, **measured)
+        return pairs_table(found)
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
 
@@ -95,14 +107,6 @@ def checked_measurement(
     blocks = list(architecture.blocks(model))
     _check_arguments(model, (architecture, blocks, fc1), reference, batch_size, n_pairs)
     return protocols, fc1, architecture, blocks
-
-
-def checked_pair_count(done: int, n_pairs: int | None) -> None:
-    """Raise unless the ``done`` pairs measured are some and fill ``n_pairs``."""
-    if done == 0:
-        raise ValueError("reference: no images")
-    if n_pairs is not None and done < n_pairs:
-        raise ValueError(f"reference: {done} images, fewer than the {n_pairs} pairs asked for")
 
 
 def _check_arguments(

@@ -69,3 +69,11 @@ class ImageQueue:
         rest = merged[count:]
         self._pending, self._held = ([rest], len(rest)) if len(rest) else ([], 0)
         return merged[:count]
+
+
+def checked_pair_count(done: int, n_pairs: int | None) -> None:
+    """Raise unless the ``done`` pairs measured are some and fill ``n_pairs``."""
+    if done == 0:
+        raise ValueError("reference: no images")
+    if n_pairs is not None and done < n_pairs:
+        raise ValueError(f"reference: {done} images, fewer than the {n_pairs} pairs asked for")

@@ -143,7 +143,7 @@ def measure_text(
     import torch
 
     from vitplasticity.models.build import pick_device
-    from vitplasticity.plasticity.streamed import measured_model
+    from vitplasticity.plasticity.measured_model import measured_model
     from vitplasticity.plasticity.summary import measurement
     from vitplasticity.settings.declaration import check_settings, recorded_settings
 
