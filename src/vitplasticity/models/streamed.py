@@ -170,6 +170,8 @@ class StreamedModel:
                 owner._parameters[leaf] = nn.Parameter(
                     torch.empty_like(parameter, device="meta"), requires_grad=False
                 )
+            if self.device.type == "cpu":
+                _return_freed_memory()
 
     def block_bytes(self) -> int:
         """The largest block's parameters, in bytes of the measurement's dtype."""
@@ -226,6 +228,20 @@ def open_streamed(spec: ModelSpec) -> StreamedModel:
         naming = Naming(dropped=timm_head_prefixes(model))
     keys = match_checkpoint(model, checkpoint_shapes(files), source, naming)
     return StreamedModel(model, keys, source, blocks=list(architecture.blocks(model)))
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap memory a freed block leaves back to the system (glibc's malloc_trim):
+    otherwise glibc keeps it, block after block, and the process's resident memory grows
+    to several blocks' worth (benchmarks/streamed.py measured 1.6 GiB against 1.0 GiB for a
+    20-block model). A no-op where the C library has no malloc_trim."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
 
 
 def _task_head_tensors(model: nn.Module) -> list[torch.Tensor]:
