@@ -382,8 +382,15 @@ STAGES = [
         # The plasticity stage declares the rest of the block.
         frozenset(
             f"plasticity.{k}"
-            for k in ("models", "datasets", "protocols", "downstream_split", "dtype", "fc1")
-            + ("stream",)
+            for k in (
+                "models",
+                "datasets",
+                "protocols",
+                "downstream_split",
+                "dtype",
+                "fc1",
+                "stream",
+            )
         ),
         data_flags=("--reference", "reference.parquet"),
     ),
