@@ -13,6 +13,7 @@ import pytest
 import torch
 from benchmarks import job_startup
 from benchmarks import run as bench
+from benchmarks import streamed as streamed_bench
 from benchmarks import tracking as tracking_bench
 from benchmarks.memory import state_accounting
 from benchmarks.naive import explicit_attention_copy
@@ -171,3 +172,35 @@ def test_tracking_benchmark_writes_every_key(tmp_path: Path) -> None:
     assert set(result["raw"]) == {
         f"{name}@{steps}" for name in ("off", "wandb_offline", "mlflow_file") for steps in (2, 4)
     }
+
+
+def test_streamed_benchmark_compares_both_paths_on_a_tiny_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Three fresh processes (build, whole, streamed) on a tiny Llama: the keys, sane figures
+    # and the two pair tables agreeing; no wall-time assertion.
+    out = tmp_path / "streamed.json"
+    streamed_bench.main(
+        ["--tiny", "--pairs", "2", "--batch-size", "2", "--threads", "1",
+         "--folder", str(tmp_path), "--json", str(out)]
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["tables"]["same_rows"] and result["tables"]["rows"] == 2 * 2 * 5
+    assert result["tables"]["max_relative_difference"] <= 1e-6
+    for side in ("whole", "streamed"):
+        figures = result[side]
+        assert figures["peak_rss_bytes"] >= figures["rss_after_imports_bytes"] > 0
+        assert figures["ru_maxrss_bytes"] > 0 and figures["cuda_max_allocated_bytes"] is None
+        for key in ("build_seconds", "measure_seconds", "total_seconds", "total_cpu_seconds"):
+            assert math.isfinite(figures[key]) and figures[key] >= 0, (side, key)
+        assert [run["threads"] for run in result["runs"][side]] == [1]
+    model = result["model"]
+    assert model["blocks"] == 2 and model["checkpoint_file_bytes"] > 0
+    assert (
+        model["parameter_bytes"] == model["outside_blocks_bytes"] + 2 * model["largest_block_bytes"]
+    )
+    assert model["carried_activation_bytes"] == 2 * 2 * 16 * 64 * 4  # pairs x 2 x L x hidden x 4
+    assert result["peak_rss_ratio"] > 0 and "memory_limit" not in result
+    printed = capsys.readouterr().out
+    for label in ("peak RSS, VmHWM (MiB)", "scaled from 2", "largest block", "pair tables"):
+        assert label in printed
