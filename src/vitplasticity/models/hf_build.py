@@ -246,6 +246,21 @@ def _named_hub_errors(spec: HFModelSpec) -> Iterator[None]:
         ) from error
 
 
+def saved_model_class(transformers: Any, spec: HFModelSpec) -> tuple[type, Any]:
+    """The class ``spec``'s checkpoint loads into (the entry's ``model_class``, else the one
+    its config.json names) and the checkpoint's model type, checked to agree.
+
+    Raises:
+        ValueError: for an unknown class, or a model type the class does not take.
+    """
+    config = saved_config(spec)
+    model_type = config.get("model_type")
+    name = spec.model_class or saved_class(config, spec.source)
+    model_class = model_class_for(transformers, name, model_type, spec.source)
+    check_model_type(model_type, model_class, spec.source)
+    return model_class, model_type
+
+
 def load_strict(
     transformers: Any, spec: HFModelSpec, overrides: dict[str, Any], dtype: torch.dtype
 ) -> nn.Module:
@@ -258,11 +273,7 @@ def load_strict(
             encoder's other tower dropped first).
     """
     source = spec.source
-    config = saved_config(spec)
-    model_type = config.get("model_type")
-    name = spec.model_class or saved_class(config, source)
-    model_class = model_class_for(transformers, name, model_type, source)
-    check_model_type(model_type, model_class, source)
+    model_class, model_type = saved_model_class(transformers, spec)
     where: dict[str, Any] = {}
     if spec.weights == "hub":
         where = {"revision": spec.revision, "local_files_only": hub_offline()}
