@@ -10,7 +10,6 @@ its fused 3-D parameters, by transformers' own operations); timm's ``checkpoint_
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,17 +72,16 @@ def checkpoint_shapes(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...
     Raises:
         NotStreamable: naming a key two files hold.
     """
+    from safetensors import safe_open
+
     found: dict[str, tuple[Path, tuple[int, ...], str]] = {}
     for file in files:
-        with file.open("rb") as handle:
-            size = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(size))
-        for key, info in header.items():
-            if key == "__metadata__":
-                continue
-            if key in found:
-                raise NotStreamable(f"{key} is in both {found[key][0]} and {file}")
-            found[key] = (file, tuple(info["shape"]), info["dtype"])
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for key in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                if key in found:
+                    raise NotStreamable(f"{key} is in both {found[key][0]} and {file}")
+                stored = handle.get_slice(key)
+                found[key] = (file, tuple(stored.get_shape()), stored.get_dtype())
     return found
 
 
