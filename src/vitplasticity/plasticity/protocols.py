@@ -84,7 +84,8 @@ def _embedding_protocol(
 
 
 class _InSituRecorder:
-    """Forward hooks recording, per component, the pair norms of its input and output change.
+    """Forward hooks recording, per component of one block, the pair norms of its input and
+    output change.
 
     Hooks (rather than re-implementing Block.forward) see exactly what the real forward pass
     feeds each module, whatever the block does around it (layer scale, drop path, the MLP's
@@ -95,72 +96,68 @@ class _InSituRecorder:
     """
 
     def __init__(
-        self, architecture: Architecture, blocks: list[nn.Module], batch_pairs: int, fc1: str
+        self, architecture: Architecture, block: nn.Module, batch_pairs: int, fc1: str
     ) -> None:
         self.batch_pairs = batch_pairs
         self._input_of = architecture.hook_input
         self._output_of = architecture.hook_output
-        self.numerators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
-        self.denominators: list[list[torch.Tensor | None]] = [[None] * 5 for _ in blocks]
-        # Per (block, component): the pair norms of each of its modules' outputs (a gated fc1
-        # has two, concatenated; see joint_pair_norms).
-        self._parts: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self.numerators: list[torch.Tensor | None] = [None] * 5
+        self.denominators: list[torch.Tensor | None] = [None] * 5
+        # Per component: the pair norms of each of its modules' outputs (a gated fc1 has two,
+        # concatenated; see joint_pair_norms).
+        self._parts: dict[int, list[torch.Tensor]] = {}
         self._last_output: torch.Tensor | None = None
         self._last_norm: torch.Tensor | None = None
-        # Per (block, component): the input pair norms of a part entered but not yet left.
-        self._entered: dict[tuple[int, int], torch.Tensor] = {}
+        # Per component: the input pair norms of a part entered but not yet left.
+        self._entered: dict[int, torch.Tensor] = {}
         self._handles = []
-        for b, block in enumerate(blocks):
-            for c, parts in enumerate(architecture.in_situ_parts(block, fc1).values()):
-                for first, last in parts:
-                    if first is not last:
-                        self._handles.append(
-                            first.register_forward_hook(self._enter(b, c), with_kwargs=True)
-                        )
+        for c, parts in enumerate(architecture.in_situ_parts(block, fc1).values()):
+            for first, last in parts:
+                if first is not last:
                     self._handles.append(
-                        last.register_forward_hook(
-                            self._hook(b, c, len(parts), entered=first is not last),
-                            with_kwargs=True,
-                        )
+                        first.register_forward_hook(self._enter(c), with_kwargs=True)
                     )
+                self._handles.append(
+                    last.register_forward_hook(
+                        self._hook(c, len(parts), entered=first is not last), with_kwargs=True
+                    )
+                )
 
     def _input_norms(self, inputs: torch.Tensor) -> torch.Tensor:
         if inputs is self._last_output:
             return self._last_norm  # type: ignore[return-value]
         return pair_norms(inputs, self.batch_pairs)
 
-    def _enter(self, block: int, component: int) -> Callable[..., None]:
+    def _enter(self, component: int) -> Callable[..., None]:
         def record(
             module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: object
         ) -> None:
-            self._entered[(block, component)] = self._input_norms(self._input_of(args, kwargs))
+            self._entered[component] = self._input_norms(self._input_of(args, kwargs))
 
         return record
 
-    def _hook(
-        self, block: int, component: int, n_parts: int, entered: bool = False
-    ) -> Callable[..., None]:
+    def _hook(self, component: int, n_parts: int, entered: bool = False) -> Callable[..., None]:
         def record(
             module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: object
         ) -> None:
             output = self._output_of(output)
             if entered:
-                denominator = self._entered.pop((block, component))
+                denominator = self._entered.pop(component)
             else:
                 denominator = self._input_norms(self._input_of(args, kwargs))
             numerator = pair_norms(output, self.batch_pairs)
             self._last_output, self._last_norm = output, numerator
             if n_parts > 1:
-                parts = self._parts.setdefault((block, component), [])
+                parts = self._parts.setdefault(component, [])
                 parts.append(numerator)
                 if len(parts) < n_parts:
-                    self.denominators[block][component] = denominator  # the parts share it
+                    self.denominators[component] = denominator  # the parts share it
                     return
                 numerator = torch.stack(parts).square().sum(0).sqrt()
-                del self._parts[(block, component)]
-                denominator = self.denominators[block][component]
-            self.numerators[block][component] = numerator
-            self.denominators[block][component] = denominator
+                del self._parts[component]
+                denominator = self.denominators[component]
+            self.numerators[component] = numerator
+            self.denominators[component] = denominator
 
         return record
 
@@ -171,10 +168,10 @@ class _InSituRecorder:
         self._entered.clear()
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Numerators and denominators (n_blocks, 5, B) of the pass just run."""
+        """Numerators and denominators (5, B) of the pass just run."""
         return (
-            torch.stack([torch.stack(row) for row in self.numerators]),  # type: ignore[arg-type]
-            torch.stack([torch.stack(row) for row in self.denominators]),  # type: ignore[arg-type]
+            torch.stack(self.numerators),  # type: ignore[arg-type]
+            torch.stack(self.denominators),  # type: ignore[arg-type]
         )
 
 
@@ -189,13 +186,12 @@ def in_situ_block(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Block ``index`` run on ``tokens`` in the in-situ protocol: its output tokens, and the
     numerators and denominators (5, B) of its components."""
-    recorder = _InSituRecorder(architecture, [block], batch_pairs, fc1)
+    recorder = _InSituRecorder(architecture, block, batch_pairs, fc1)
     try:
         tokens = architecture.in_situ_block(block, index, tokens, embedded)
     finally:
         recorder.remove()
-    numerator, denominator = recorder.result()
-    return tokens, numerator[0], denominator[0]
+    return tokens, *recorder.result()
 
 
 def _in_situ_protocol(
