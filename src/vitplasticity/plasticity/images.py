@@ -59,10 +59,10 @@ def measure_dataset(
         settings.stream,
         target,
         getattr(torch, settings.dtype),
-        lambda: build_model(spec, num_classes=0, inputs="images").eval(),
+        lambda: build_model(spec, num_classes=0).eval(),
     )
     model = measured.model
-    check_inputs(model, spec, "images")
+    check_inputs(model, spec, "images")  # the built model's, or the streamed skeleton's
     architecture = architecture_for(model)
     gated = fc1_mode_matters(architecture, architecture.blocks(model))  # refusals named here
     pre = preprocessing(model, spec)

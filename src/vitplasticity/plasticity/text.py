@@ -142,7 +142,7 @@ def measure_text(
     """
     import torch
 
-    from vitplasticity.models.build import pick_device
+    from vitplasticity.models.build import build_model, pick_device
     from vitplasticity.plasticity.measured_model import measured_model
     from vitplasticity.plasticity.summary import measurement
     from vitplasticity.settings.declaration import check_settings, recorded_settings
@@ -159,7 +159,8 @@ def measure_text(
         settings.stream,
         target,
         getattr(torch, settings.dtype),
-        lambda: text_model(model_name, spec, settings.sequence_length),
+        # A random init depends on init_seed alone: every job measures the same weights.
+        lambda: build_model(spec),
     )
     check_text_measurable(model_name, measured.model, settings.sequence_length)
     tokenizer = tokenizer_name(settings.tokenizer, spec)
