@@ -20,6 +20,7 @@ whole-model path (``stream: never``) measures those. When ``stream: auto`` strea
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -95,17 +96,9 @@ def _hf_skeleton(spec: HFModelSpec) -> nn.Module:
     """A transformers model of the folder's config.json and class, as :func:`.hf_build.
     load_strict` resolves them, its config overrides applied."""
     from vitplasticity.models.architectures import declared
-    from vitplasticity.models.hf_build import (
-        check_model_type,
-        model_class_for,
-        saved_class,
-        saved_config,
-    )
+    from vitplasticity.models.hf_build import saved_model_class
     from vitplasticity.utils.optional import require_transformers
 
-    transformers = require_transformers()
-    source = spec.source
-    saved = saved_config(spec)
     overrides = dict(spec.config)
     if "dtype" in overrides:
         raise NotStreamable(
@@ -113,11 +106,7 @@ def _hf_skeleton(spec: HFModelSpec) -> nn.Module:
             "measurement casts each block to the measurement's dtype itself: drop it"
         )
     overrides.setdefault("attn_implementation", "eager")
-    model_type = saved.get("model_type")
-    model_class = model_class_for(
-        transformers, spec.model_class or saved_class(saved, source), model_type, source
-    )
-    check_model_type(model_type, model_class, source)
+    model_class, _ = saved_model_class(require_transformers(), spec)
     config = model_class.config_class.from_pretrained(spec.weights, **overrides)
     tower = declared("tower_kwargs").get(model_class.__name__, {})
     return model_class(config, **tower)
@@ -195,14 +184,19 @@ class StreamedModel:
                 file: stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
                 for file in files
             }
+            loaded: dict[str, torch.Tensor] = {}  # a tied tensor (GPT2's wte and lm_head): once
             for owner, leaf, name, kind in slots:
-                value = self.keys[name].read(handles, self.source)
-                cast = self.dtype if value.is_floating_point() else value.dtype
-                value = value.to(device=self.device, dtype=cast)
+                if name not in loaded:
+                    value = self.keys[name].read(handles, self.source)
+                    cast = self.dtype if value.is_floating_point() else value.dtype
+                    value = value.to(device=self.device, dtype=cast)
+                    if kind == "parameter":
+                        value = nn.Parameter(value, requires_grad=False)
+                    loaded[name] = value
                 if kind == "parameter":
-                    owner._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+                    owner._parameters[leaf] = loaded[name]
                 else:
-                    owner._buffers[leaf] = value
+                    owner._buffers[leaf] = loaded[name]
 
 
 def open_streamed(spec: ModelSpec) -> StreamedModel:
@@ -235,13 +229,19 @@ def _return_freed_memory() -> None:
     otherwise glibc keeps it, block after block, and the process's resident memory grows
     to several blocks' worth (benchmarks/streamed.py measured 1.6 GiB against 1.0 GiB for a
     20-block model). A no-op where the C library has no malloc_trim."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """The C library's malloc_trim, or None (found once per process)."""
     import ctypes
     import ctypes.util
 
     name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    if trim is not None:
-        trim(0)
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
 
 
 def _task_head_tensors(model: nn.Module) -> list[torch.Tensor]:
