@@ -137,6 +137,44 @@ def test_auto_streams_a_checkpoint_larger_than_half_the_free_memory(
     assert module.stream_decision("always", random, cpu, torch.float64) == (True, "stream: always")
 
 
+def test_on_a_gpu_auto_also_streams_what_the_host_could_not_build_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU measurement builds the whole model on the host first (in float32), so the host's
+    free memory decides too, and the log names the memory that decided (the memory queries
+    replaced by fixed figures: the host's and the GPU's)."""
+    from vitplasticity.models import checkpoint_tensors
+    from vitplasticity.models import stream_decision as module
+
+    spec = build_spec(_saved(tmp_path, "llama_tiny"))
+    files = checkpoint_tensors.checkpoint_files(spec)
+    f32 = checkpoint_tensors.checkpoint_bytes(files, torch.float32)
+    bf16 = checkpoint_tensors.checkpoint_bytes(files, torch.bfloat16)
+    gpu = torch.device("cuda")
+
+    def free(host: int, card: int) -> None:
+        monkeypatch.setattr(
+            module, "free_memory", lambda device: card if device.type == "cuda" else host
+        )
+
+    free(host=2 * f32, card=2 * bf16)  # both hold it: float32 on the host, bf16 on the GPU
+    stream, why = module.stream_decision("auto", spec, gpu, torch.bfloat16)
+    assert not stream and why.startswith("measured whole: its weights take")
+    assert "in float32, at most half of" in why and "free on the host and" in why
+    assert why.endswith(f"in bfloat16, at most half of {bf16 / 2**30:.2f} GiB free on cuda")
+    free(host=2 * f32 - 1, card=10**15)  # a GPU with room, a host without
+    stream, why = module.stream_decision("auto", spec, gpu, torch.bfloat16)
+    assert stream and why.endswith(
+        f"in float32, more than half of {(2 * f32 - 1) / 2**30:.2f} GiB free on the host"
+    )
+    free(host=10**15, card=2 * bf16 - 1)  # the other way round
+    stream, why = module.stream_decision("auto", spec, gpu, torch.bfloat16)
+    assert stream and why.endswith("free on cuda") and "in bfloat16" in why
+    # On the CPU the host is the device: a bfloat16 measurement builds in float32 there.
+    free(host=2 * f32 - 1, card=0)
+    assert module.stream_decision("auto", spec, torch.device("cpu"), torch.bfloat16)[0]
+
+
 CGROUP = Path("/sys/fs/cgroup/memory")
 
 

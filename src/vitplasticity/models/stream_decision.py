@@ -1,6 +1,8 @@
 """When a measurement streams its model (``stream: auto``): the model's weights against the
-device's free memory, a GPU's, or on a CPU the kernel's available memory capped by the process's
-cgroup limit (a SLURM job's)."""
+free memory of the device it is measured on, and of the host, where the whole model is built
+before it moves to a GPU. A GPU's free memory is its own; the host's is the kernel's available
+memory capped by the process's cgroup limit (a SLURM job's: the workflow's memory request,
+vitplasticity.workflow.memory, which derives it from the same checkpoint)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,26 @@ from vitplasticity.models.checkpoint_tensors import (
 )
 from vitplasticity.models.spec import ModelSpec
 
+CPU = torch.device("cpu")
+
 STREAM_FRACTION = 0.5
-"""``stream: auto`` streams a model whose weights, in the measurement's dtype, would take more
-than this fraction of the device's free memory (the rest is for activations)."""
+"""``stream: auto`` streams a model whose weights would take more than this fraction of the free
+memory of the host or of the GPU it is measured on (the rest is for activations and the copies
+a build makes)."""
+
+BUILD_DTYPE = torch.float32
+"""The dtype the families build a whole model in on the host (timm's float32 parameters; the
+transformers loader's float32, :mod:`.hf_build`) before it is cast to the measurement's dtype:
+the host holds the weights in this dtype, or in the measurement's when that is wider (a float64
+measurement on the CPU; on a GPU the cast happens as the weights move, so that this counts twice
+what a float64 GPU measurement's host holds: the safe side)."""
+
+
+def host_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a whole model's weights take on the host, measured in ``dtype``: the wider
+    of :data:`BUILD_DTYPE` and ``dtype``."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return dtype if size > torch.empty((), dtype=BUILD_DTYPE).element_size() else BUILD_DTYPE
 
 
 def stream_decision(
@@ -26,6 +45,10 @@ def stream_decision(
 ) -> tuple[bool, str]:
     """Whether a measurement of ``spec`` on ``device`` in ``dtype`` streams (``mode``: auto,
     always, never), and why, for the log.
+
+    ``auto`` streams when the weights would take more than :data:`STREAM_FRACTION` of the
+    host's free memory (in :func:`host_dtype`), or, on a GPU, of the GPU's (in ``dtype``); the
+    log names the memory that decided.
 
     Raises:
         ValueError: for an unknown mode.
@@ -38,12 +61,23 @@ def stream_decision(
         files = checkpoint_files(spec)
     except (NotStreamable, FileNotFoundError) as why:
         return False, f"measured whole ({why})"
-    size = checkpoint_bytes(files, dtype)
-    free = free_memory(device)
-    stated = f"its weights take {_gib(size)} in {str(dtype).removeprefix('torch.')}"
-    if size > STREAM_FRACTION * free:
-        return True, f"streamed block by block: {stated}, more than half of {_gib(free)} free"
-    return False, f"measured whole: {stated}, at most half of {_gib(free)} free"
+    # The host first: a GPU measurement builds the whole model there before moving it.
+    memories = [(CPU, host_dtype(dtype), "the host")]
+    if device.type != "cpu":
+        memories.append((device, dtype, str(device)))
+    stated = []
+    for memory, held, where in memories:
+        size, free = checkpoint_bytes(files, held), free_memory(memory)
+        streams = size > STREAM_FRACTION * free
+        share = "more than half" if streams else "at most half"
+        stated.append(f"{_gib(size)} in {_name(held)}, {share} of {_gib(free)} free on {where}")
+        if streams:
+            return True, f"streamed block by block: its weights take {stated[-1]}"
+    return False, f"measured whole: its weights take {' and '.join(stated)}"
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def free_memory(device: torch.device) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,9 +142,22 @@ class StreamedModel:
         """Load every tensor that no block holds (the embedding, the final norm...) but a
         task class's head (a causal LM's untied ``lm_head``: vocabulary x width, as large as
         the embedding, and no measurement runs it), which stays on the meta device."""
+        self._load(self.model, self._outside())
+
+    def outside_bytes(self) -> int:
+        """The bytes, in the measurement's dtype, of what :meth:`load_outside_blocks` loads
+        (a tied tensor once): what stays in memory beside the block being measured."""
+        tensors = {
+            name: tensor for _, _, name, _, tensor in self._to_load(self.model, self._outside())
+        }
+        return sum(_bytes(tensor, self.dtype) for tensor in tensors.values())
+
+    def _outside(self) -> Callable[[torch.Tensor], bool]:
+        """Whether :meth:`load_outside_blocks` loads a tensor: neither a block's nor a task
+        class's head's."""
         inside = {id(t) for block in self.blocks for t in _tensors(block).values()}
         inside |= {id(t) for t in _task_head_tensors(self.model)}
-        self._load(self.model, lambda tensor: id(tensor) not in inside)
+        return lambda tensor: id(tensor) not in inside
 
     @contextmanager
     def block(self, index: int) -> Iterator[nn.Module]:
@@ -164,28 +177,22 @@ class StreamedModel:
 
     def block_bytes(self) -> int:
         """The largest block's parameters, in bytes of the measurement's dtype."""
-        size = torch.empty((), dtype=self.dtype).element_size()
-        return max(sum(p.numel() for p in block.parameters()) * size for block in self.blocks)
+        return max(sum(_bytes(p, self.dtype) for p in block.parameters()) for block in self.blocks)
 
-    def _load(self, root: nn.Module, wanted: Any) -> None:
+    def _load(self, root: nn.Module, wanted: Callable[[torch.Tensor], bool]) -> None:
         """Read the tensors of ``root`` that ``wanted`` keeps from the checkpoint, cast, and
         put them in place (a parameter as a frozen parameter, a buffer as a buffer)."""
         from safetensors import safe_open
 
-        names = {id(t): n for n, t in _tensors(self.model).items()}
-        slots = [
-            (owner, leaf, names[id(tensor)], kind)
-            for owner, leaf, tensor, kind in _slots(root)
-            if wanted(tensor) and names.get(id(tensor)) in self.keys
-        ]
-        files = {file for _, _, name, _ in slots for file, _ in self.keys[name].stored()}
+        slots = self._to_load(root, wanted)
+        files = {file for _, _, name, _, _ in slots for file, _ in self.keys[name].stored()}
         with ExitStack() as stack:
             handles = {
                 file: stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
                 for file in files
             }
             loaded: dict[str, torch.Tensor] = {}  # a tied tensor (GPT2's wte and lm_head): once
-            for owner, leaf, name, kind in slots:
+            for owner, leaf, name, kind, _ in slots:
                 if name not in loaded:
                     value = self.keys[name].read(handles, self.source)
                     cast = self.dtype if value.is_floating_point() else value.dtype
@@ -197,6 +204,19 @@ class StreamedModel:
                     owner._parameters[leaf] = loaded[name]
                 else:
                     owner._buffers[leaf] = loaded[name]
+
+    def _to_load(
+        self, root: nn.Module, wanted: Callable[[torch.Tensor], bool]
+    ) -> list[tuple[nn.Module, str, str, str, torch.Tensor]]:
+        """(owner, attribute, checkpoint name, "parameter" | "buffer", tensor) of every tensor
+        below ``root`` that ``wanted`` keeps and the checkpoint holds: what :meth:`_load`
+        reads."""
+        names = {id(t): n for n, t in _tensors(self.model).items()}
+        return [
+            (owner, leaf, names[id(tensor)], kind, tensor)
+            for owner, leaf, tensor, kind in _slots(root)
+            if wanted(tensor) and names.get(id(tensor)) in self.keys
+        ]
 
 
 def open_streamed(spec: ModelSpec) -> StreamedModel:
@@ -254,6 +274,13 @@ def _task_head_tensors(model: nn.Module) -> list[torch.Tensor]:
         return []
     own = {id(t) for t in _tensors(base).values()}
     return [t for t in _tensors(model).values() if id(t) not in own]
+
+
+def _bytes(tensor: torch.Tensor, dtype: torch.dtype) -> int:
+    """The bytes ``tensor`` takes once loaded: a floating tensor cast to ``dtype``, any other
+    as it is (as :meth:`StreamedModel._load` casts)."""
+    cast = dtype if tensor.is_floating_point() else tensor.dtype
+    return tensor.numel() * torch.empty((), dtype=cast).element_size()
 
 
 def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
