@@ -15,7 +15,7 @@ whole-model measurement's, bit for bit (tests/plasticity/test_streamed.py, float
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 import torch
 from torch import nn
@@ -82,6 +82,50 @@ def streamed_pairs(
             if progress is not None:
                 progress(total * (index + 1) // len(blocks))
     return {protocol: [_stacked(batch, protocol) for batch in carried] for protocol in protocols}
+
+
+def carried_bytes(
+    streamed: StreamedModel,
+    architecture: Architecture,
+    batch: torch.Tensor,
+    n_batches: int,
+    protocols: Sequence[str],
+) -> int:
+    """The bytes :func:`streamed_pairs` keeps from block to block over ``n_batches`` batches
+    like ``batch`` (its inputs, reference half first): each batch's embedding output (its
+    tokens and the context every block takes), its pair norms and, in situ, the tokens the
+    last block left. Counted, not computed: ``streamed`` and ``batch`` are on the meta device
+    (:meth:`~vitplasticity.models.streamed.StreamedModel.to`), where the architecture's
+    embedding gives the shapes and dtypes alone. The per-block sums (5 numbers per pair and
+    block) are left out."""
+    with torch.inference_mode():
+        inputs = architecture.to_device(batch, streamed.device, streamed.dtype)
+        embedded = architecture.embed(streamed.model, inputs)
+        norms = pair_norms(embedded.tokens, len(batch) // 2)
+    kept: list[torch.Tensor] = [norms, *_tensors_of(embedded)]
+    if "in_situ" in protocols:
+        kept.append(embedded.tokens)  # a second copy: the previous block's output
+    return n_batches * sum(tensor.untyped_storage().nbytes() for tensor in kept)
+
+
+def _tensors_of(value: object, seen: set[int] | None = None) -> list[torch.Tensor]:
+    """Every distinct tensor ``value`` holds: itself, or in its fields, items and elements
+    (an :class:`Embedded` and its context: a dataclass of tuples of tensors)."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        parts: Iterable[object] = value.values()
+    elif isinstance(value, list | tuple):
+        parts = value
+    elif is_dataclass(value):
+        parts = (getattr(value, f.name) for f in fields(value))
+    else:
+        return []
+    return [tensor for part in parts for tensor in _tensors_of(part, seen)]
 
 
 def _measure_block(
