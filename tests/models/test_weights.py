@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -312,6 +313,11 @@ def test_weights_stage_end_to_end(
     data, _ = checkpoint
     workdir = tmp_path / "work"
     online = hub_env(hub.url, tmp_path / "hf-login")
+    # A plasticity job's memory comes from its checkpoint (vitplasticity.workflow.memory): until
+    # the weights job has fetched it, Snakemake's <TBD>, evaluated again when the job is ready.
+    plasticity = "results/demo/plasticity/hub_vit/demo-stripes.parquet"
+    dry = snakemake(workdir, online, "-n", plasticity)
+    assert dry.returncode == 0 and "mem_mb=<TBD>" in dry.stdout + dry.stderr, dry.stderr[-3000:]
     result = snakemake(workdir, online, "weights_all")
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     folder = workdir / "resources/demo/weights/hub_vit"
@@ -336,12 +342,14 @@ def test_weights_stage_end_to_end(
     offline = hub_env(hub.url, tmp_path / "hf-compute")
     run = "results/demo/finetune/sgd/hub_vit/demo-stripes/mha/lr0.05_seed0"
     targets = [
-        "results/demo/plasticity/hub_vit/demo-stripes.parquet",
+        plasticity,
         "results/demo/bounds/hub_vit.parquet",
         f"{run}/summary.json",
     ]
     result = snakemake(workdir, offline, *targets)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    asked = r"rule plasticity:\n(?:\s+.*\n)*?\s+resources: .*\bmem_mb=\d+,"
+    assert re.search(asked, result.stdout + result.stderr), result.stdout[-3000:]
     assert "weights" not in planned_jobs(snakemake(workdir, offline, "-n", *targets))
     local = "resources/demo/weights/hub_vit/model.safetensors"
     found = [

@@ -4,7 +4,8 @@
   workflow/profiles/default/profile.yaml, unmodified), its runs packed as the demo preset packs
   them (finetune.pack_runs: one job and one process per cell): every job COMPLETED in sacct
   with the profile's requests (each pack those of one finetune run, plasticity one GPU each
-  and 8 CPUs per GPU, CPU-only rules no GPU; memory; wall time from the rules' runtime
+  and 8 CPUs per GPU, CPU-only rules no GPU; memory, plasticity's from the rule's derivation
+  (the demo's random ViT has no checkpoint: 32000 MB); wall time from the rules' runtime
   formulas, a pack's its runs' together), and the results identical to a local unpacked run.
 - A finetuning job cancelled twice mid-run (scancel) is retried by the same run (the profile's
   retries) and finishes on its third attempt, resuming from its checkpoint each time, every
@@ -29,6 +30,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -50,6 +52,7 @@ from tests.helpers.slurm_harness import (
     wait_for_accounting,
 )
 from vitplasticity.workflow import runtime
+from vitplasticity.workflow.memory import JobMemory
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -122,6 +125,18 @@ def expected_minutes(
     return profile["set-resources"][rule]["runtime"]
 
 
+def expected_mem_mb(row: dict[str, str], config: dict, wanted: dict, attempt: int) -> int:
+    """The memory the job of `row` should have asked for: the plasticity rule's, derived from
+    its model's checkpoint (vitplasticity.workflow.memory: the demo's random ViT has none, so
+    32000); another rule's, the workflow profile's (a number or a Snakemake resource expression
+    of `attempt`)."""
+    if job_rule(row) == "plasticity":
+        model, dataset = cell_of(row["Comment"], config)
+        return JobMemory(config).plasticity(SimpleNamespace(model=model, dataset=dataset))
+    env = {"__builtins__": {}, "min": min}
+    return eval(str(wanted["mem_mb"]), env, {"attempt": attempt})
+
+
 def cell_of(comment: str, config: dict) -> tuple[str, str]:
     """The one (model, dataset) whose names appear, in order, in a job's comment."""
     pairs = [
@@ -147,9 +162,7 @@ def check_requests(
     for row in rows:
         rule, tres = profile_rule(job_rule(row)), alloc_tres(row)
         wanted = profile["set-resources"][rule]
-        # mem_mb is a number or a Snakemake resource expression of `attempt`.
-        env = {"__builtins__": {}, "min": min}
-        mem_mb = eval(str(wanted["mem_mb"]), env, {"attempt": attempt})
+        mem_mb = expected_mem_mb(row, config, wanted, attempt)
         assert tres["mem"] == mem_mb <= node_mb, row
         if rule in ("finetune", "plasticity"):
             assert wanted["gpu"] == 1, f"the shipped profile asks no GPU for {rule}"

@@ -14,6 +14,7 @@ from vitplasticity.workflow.costs import JobRuntimes
 from vitplasticity.workflow.datasets import DatasetJobs
 from vitplasticity.workflow.finetune_jobs import FinetuneJobs
 from vitplasticity.workflow.jobs import ModelJobs
+from vitplasticity.workflow.memory import JobMemory
 from vitplasticity.workflow.packs import finetune_packs
 from vitplasticity.workflow.onstart import advise_gpu_resources
 from vitplasticity.workflow.failed_jobs import report_failed_jobs
@@ -57,6 +58,10 @@ DATA = DatasetJobs(config)
 FILES = ResultFiles(config)
 REPORT_FILES = ReportFiles(config)
 RUNTIMES = JobRuntimes(config)
+# The host memory a plasticity job asks for, from its model's checkpoint (whole or streamed:
+# vitplasticity.workflow.memory), computed (torch imported) in the main process only: on a
+# SLURM node the job's Snakemake takes what SLURM granted.
+MEMORY = JobMemory(config, workflow.is_main_process)
 # Snakemake groups of finetune runs are refused: finetune.pack_runs packs them
 # (vitplasticity.workflow.time_cap, which cuts the packs to scheduler.max_runtime_minutes).
 UNGROUPED = UngroupedFinetune(workflow)

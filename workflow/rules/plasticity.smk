@@ -18,6 +18,7 @@ rule plasticity:
         **PLASTICITY_PARAMS,
     resources:
         runtime=RUNTIMES.plasticity,
+        mem_mb=MEMORY.plasticity,
     conda:
         ENV
     shell:

@@ -20,6 +20,8 @@ rule text_plasticity:
     params:
         model_spec=MODELS.spec,
         **TEXT_PLASTICITY_PARAMS,
+    resources:
+        mem_mb=MEMORY.text_plasticity,
     wildcard_constraints:
         model=MODELS.of_family("transformers"),
     conda:
