@@ -154,3 +154,28 @@ def test_a_text_experiments_runs_are_billed_as_finetune_runs(demo_with: Configur
     assert (line.rule, line.runs) == ("finetune", 2 * 2 * 2 * 3)  # datasets x grid
     off = demo_with({**datasets, "experiments": {"text": {**text, **grid, "enabled": False}}})
     assert not [line for line in compute_bill(off, JobRuntimes(off)).lines if line.model == "gpt2"]
+
+
+def test_streamed_plasticity_jobs_are_billed_as_whole_ones(demo_with: Configure) -> None:
+    """A streamed job asks for the whole measurement's time (streaming took 0.74x of it on the
+    CPU benchmark, docs/benchmarks.md): every plasticity and text plasticity job is on the bill
+    whatever its stream mode, and the bill does not change with it."""
+    text = text_dataset("t.txt")
+    bills = []
+    for stream in ("never", "always", "auto"):
+        config = demo_with(
+            {
+                "models": {"gpt2": {"family": "transformers", "hf_id": "gpt2", "weights": "hub"}},
+                "datasets": {"ref": text, "notes": text},
+                "plasticity": {"stream": stream},
+                "text_plasticity": {
+                    "enabled": True, "run_models": ["gpt2"], "reference": "ref",
+                    "datasets": ["notes"], "stream": stream,
+                },
+            }
+        )  # fmt: skip
+        bills.append(compute_bill(config, JobRuntimes(config)))
+        runs = {line.rule: line.runs for line in bills[-1].lines}
+        assert runs["plasticity"] == len(config["plasticity"]["datasets"]) == 3
+        assert runs["text_plasticity"] == 1
+    assert bills[0] == bills[1] == bills[2]

@@ -192,6 +192,8 @@ def compute_bill(
     else:
         lines = finetune_lines(config, runtimes)
         finetune_jobs = sum(line.runs for line in lines)
+    # Every (model, dataset) job, streamed or not (``stream``): a streamed measurement asks for
+    # the whole one's time, which bounds it (0.74x on the CPU benchmark, docs/benchmarks.md).
     p = config["plasticity"]
     plasticity = [(m, d) for m in p["models"] for d in p["datasets"]]
     lines += _by_model("plasticity", p["dtype"], plasticity, runtimes.plasticity)
