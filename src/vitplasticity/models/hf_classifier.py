@@ -74,7 +74,11 @@ def with_classifier(transformers: Any, tower: nn.Module, num_classes: int) -> nn
             model = model_class(config)
         setattr(model, attribute, tower)
     model.classifier = new_head(model.classifier, tower)
-    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    # By identity, not by device: a streamed tower's own tensors are on the meta device too.
+    held = {
+        id(t) for part in (tower, model.classifier) for t in (*part.parameters(), *part.buffers())
+    }
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if id(t) not in held]
     if left:
         raise UnsupportedModel(
             f"{type(model).__name__} holds {shown_keys(left)} beside its {attribute} and classifier: "

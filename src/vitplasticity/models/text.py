@@ -154,7 +154,9 @@ def causal_lm(model: nn.Module) -> nn.Module:
         lm = lm_class(config)
     setattr(lm, lm.base_model_prefix, model)
     lm.get_output_embeddings().weight = model.get_input_embeddings().weight
-    left = [n for n, t in (*lm.named_parameters(), *lm.named_buffers()) if t.is_meta]
+    # By identity, not by device: a streamed model's own tensors are on the meta device too.
+    own = _tensor_ids(model)
+    left = [n for n, t in (*lm.named_parameters(), *lm.named_buffers()) if id(t) not in own]
     if left:
         raise UnsupportedModel(
             f"{name}: its causal LM {lm_class.__name__} holds {', '.join(left[:4])} beyond the "
@@ -264,6 +266,9 @@ def _around_base(task_class: type, config: Any, base: nn.Module) -> tuple[nn.Mod
     import torch
     from torch import nn
 
+    # The base's own tensors, by identity (a streamed base keeps them on the meta device too),
+    # before it takes a part of the class's (a pooler), which is drawn.
+    own = _tensor_ids(base)
     with torch.device("meta"):
         built = task_class(config)
     prefix = built.base_model_prefix
@@ -280,7 +285,7 @@ def _around_base(task_class: type, config: Any, base: nn.Module) -> tuple[nn.Mod
     for module in built.modules():
         for slots in (module._parameters, module._buffers):
             for key, tensor in slots.items():
-                if tensor is not None and tensor.is_meta:
+                if tensor is not None and tensor.is_meta and id(tensor) not in own:
                     if id(tensor) not in made:
                         real = torch.empty_like(tensor, device=base.device)
                         is_parameter = isinstance(tensor, nn.Parameter)
@@ -297,6 +302,11 @@ def _around_base(task_class: type, config: Any, base: nn.Module) -> tuple[nn.Mod
         if id(tensor) in made_ids
     ]
     return built.to(base.dtype), sorted(drawn)
+
+
+def _tensor_ids(module: nn.Module) -> set[int]:
+    """The identities of ``module``'s parameters and buffers."""
+    return {id(t) for t in (*module.parameters(), *module.buffers())}
 
 
 def _lm_counterpart(model: nn.Module, mapping: str, kind: str) -> tuple[nn.Module, type]:
