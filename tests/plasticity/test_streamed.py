@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from tests.helpers.tiny_models import TINY_MODELS, perturbed
+from tests.helpers.streamed import saved_checkpoint, tiny_model
+from tests.helpers.tiny_models import perturbed
 from vitplasticity.models.build import build_model
 from vitplasticity.models.checkpoint_tensors import NotStreamable
 from vitplasticity.models.streamed import open_streamed
@@ -33,28 +33,10 @@ CASES = {
 PROTOCOLS = ("embedding", "in_situ")
 
 
-def _tiny(case: str):
-    return next(t for t in TINY_MODELS if t.id == case)
-
-
-def _saved(tmp_path: Path, case: str) -> dict:
-    """The tiny model, its weights moved off their init, saved as its family saves a
-    checkpoint (timm: one safetensors file of its state dict, head included; transformers:
-    save_pretrained); the ``models:`` entry naming it."""
-    tiny = _tiny(case)
-    model = perturbed(tiny.build()).float()
-    if tiny.timm_id is not None:
-        path = tmp_path / "model.safetensors"
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
-        return {"timm_id": tiny.timm_id, "kwargs": tiny.kwargs, "weights": str(path)}
-    model.save_pretrained(tmp_path / "model")
-    return {"family": "transformers", "hf_id": f"tiny/{case}", "weights": str(tmp_path / "model")}
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_streamed_measurement_is_the_whole_models_exactly(tmp_path: Path, case: str) -> None:
-    entry = _saved(tmp_path, case)
-    inputs = _tiny(case).inputs(6)
+    entry = saved_checkpoint(tmp_path, case)
+    inputs = tiny_model(case).inputs(6)
     reference, downstream = inputs[:4], inputs[4:]  # the downstream set cycles
     counts = {"protocols": PROTOCOLS, "batch_size": 3, "n_pairs": 4}
 
@@ -79,8 +61,8 @@ def build_spec(entry: dict):
 def test_a_checkpoint_named_otherwise_is_refused_naming_the_tensors(tmp_path: Path) -> None:
     """Original (non-timm) names need the family's renames, which only the whole-model
     loader applies: the streamed path names what it cannot find and says what to do."""
-    entry = _saved(tmp_path, "vit_tiny_patch16_224")
-    from safetensors.torch import load_file
+    entry = saved_checkpoint(tmp_path, "vit_tiny_patch16_224")
+    from safetensors.torch import load_file, save_file
 
     state = load_file(entry["weights"])
     state["blocks.0.attn.qkv.w"] = state.pop("blocks.0.attn.qkv.weight")
@@ -112,7 +94,7 @@ def test_auto_streams_a_checkpoint_larger_than_half_the_free_memory(
     from vitplasticity.models import checkpoint_tensors
     from vitplasticity.models import stream_decision as module
 
-    entry = _saved(tmp_path, "vit_tiny_patch16_224")
+    entry = saved_checkpoint(tmp_path, "vit_tiny_patch16_224")
     spec = build_spec(entry)
     size = checkpoint_tensors.checkpoint_bytes(
         checkpoint_tensors.checkpoint_files(spec), torch.float64
@@ -210,7 +192,7 @@ def test_the_text_stage_streams_as_asked_and_records_it(tmp_path: Path) -> None:
     from vitplasticity.plasticity.settings import TextPlasticitySettings
     from vitplasticity.plasticity.text import measure_text
 
-    entry = _saved(tmp_path, "llama_tiny")
+    entry = saved_checkpoint(tmp_path, "llama_tiny")
     lines = "".join(f"line {i} of some plain text, {i * 3} words\n" for i in range(12))
     (tmp_path / "reference.txt").write_text(lines)
     (tmp_path / "notes.txt").write_text(lines.upper())

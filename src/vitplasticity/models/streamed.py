@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,6 +175,19 @@ class StreamedModel:
             if self.device.type == "cpu":
                 _return_freed_memory()
 
+    def rooted(self, root: nn.Module) -> StreamedModel:
+        """The streamed model of ``root``, a model built around this one's modules (a task
+        class around the base model: :func:`vitplasticity.models.text.causal_lm`,
+        :func:`with_new_head`): the same checkpoint tensors under the names ``root`` gives
+        them, matched by identity; a tensor of ``root``'s own (a new head) is never read."""
+        names = {id(t): n for n, t in _tensors(self.model).items()}
+        keys = {
+            name: self.keys[names[id(tensor)]]
+            for name, tensor in _tensors(root).items()
+            if names.get(id(tensor)) in self.keys
+        }
+        return StreamedModel(root, keys, self.source, self.blocks, self.device, self.dtype)
+
     def block_bytes(self) -> int:
         """The largest block's parameters, in bytes of the measurement's dtype."""
         return max(sum(_bytes(p, self.dtype) for p in block.parameters()) for block in self.blocks)
@@ -242,6 +255,37 @@ def open_streamed(spec: ModelSpec) -> StreamedModel:
         naming = Naming(dropped=timm_head_prefixes(model))
     keys = match_checkpoint(model, checkpoint_shapes(files), source, naming)
     return StreamedModel(model, keys, source, blocks=list(architecture.blocks(model)))
+
+
+def with_new_head(streamed: StreamedModel, spec: ModelSpec, num_classes: int) -> StreamedModel:
+    """``streamed`` with a new ``num_classes``-way classifier on the meta device, as its
+    family's builder puts one on the whole model (timm's ``reset_classifier``, a transformers
+    vision tower's classification class): its names and sizes are those of the model a
+    finetuning run trains. No measurement runs the head, so no weight of it is drawn."""
+    with parameters_on_meta():
+        if isinstance(spec, TimmSpec):
+            streamed.model.reset_classifier(num_classes)
+            root = streamed.model
+        else:
+            from vitplasticity.models.hf_classifier import with_classifier
+            from vitplasticity.utils.optional import require_transformers
+
+            root = with_classifier(require_transformers(), streamed.model, num_classes)
+    return streamed.rooted(root.eval())
+
+
+def loaded_blocks(
+    model: nn.Module | StreamedModel, blocks: Sequence[nn.Module]
+) -> Iterator[tuple[int, nn.Module]]:
+    """(index, block) of each of ``blocks`` (the architecture's blocks of ``model``) with its
+    weights: as it is in a whole model; in a streamed one loaded until the loop moves on to the
+    next (:meth:`StreamedModel.block`), so that memory holds one block."""
+    for index, block in enumerate(blocks):
+        if isinstance(model, StreamedModel):
+            with model.block(index) as loaded:
+                yield index, loaded
+        else:
+            yield index, block
 
 
 def _return_freed_memory() -> None:

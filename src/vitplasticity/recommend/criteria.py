@@ -59,6 +59,7 @@ from vitplasticity.models.architectures import (
     parameter_map,
     parse_configuration,
 )
+from vitplasticity.models.streamed import StreamedModel, loaded_blocks
 from vitplasticity.plasticity.finite import PAIR_MEASURED, check_finite_rows
 from vitplasticity.plasticity.measure import measure
 from vitplasticity.plasticity.pairs import Images
@@ -189,8 +190,9 @@ def pooled_estimate(criterion: str, measured: pl.DataFrame, components: Sequence
 # The data-free weight statistic
 
 
-def weight_statistics(model: nn.Module) -> pl.DataFrame:
-    """The weight factor of the paper's plasticity bound, per (block, component), in float64.
+def weight_statistics(model: nn.Module | StreamedModel) -> pl.DataFrame:
+    """The weight factor of the paper's plasticity bound, per (block, component), in float64;
+    of a streamed model block by block from its checkpoint (the same numbers).
 
     The components' modules come from the model's architecture
     (:func:`vitplasticity.models.architectures.architecture_for`):
@@ -221,10 +223,11 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
             ValueError).
         UndefinedStage: for a family that refuses the recommend stage (a ValueError).
     """
-    architecture = _ranked_architecture(model)
+    root = model.model if isinstance(model, StreamedModel) else model
+    architecture = _ranked_architecture(root)
     undefined: dict[str, str] = {}
     rows = []
-    for index, block in enumerate(architecture.blocks(model)):
+    for index, block in loaded_blocks(model, architecture.blocks(root)):
         for component, modules in architecture.components(block).items():
             value, reason = _weight_factor(architecture, component, modules)
             if reason is not None:
@@ -233,7 +236,7 @@ def weight_statistics(model: nn.Module) -> pl.DataFrame:
     if undefined:
         logging.getLogger(__name__).warning(
             "%s: weight statistic refused (NaN) for %s",
-            type(model).__name__,
+            type(root).__name__,
             "; ".join(f"{component} ({reason})" for component, reason in undefined.items()),
         )
     return pl.DataFrame(rows, schema=WEIGHT_SCHEMA)
@@ -310,11 +313,14 @@ class Measurements:
         weights: pl.DataFrame,
         features: pl.DataFrame,
         gradients: Callable[[list[str]], pl.DataFrame],
+        matrices: pl.DataFrame | None = None,
     ) -> Measurements:
         """The measurements of ``model``'s five components: ``gradients`` gives the gradient
         statistics of the parameter names it is called with (every component's, in
         :data:`COMPONENTS` order); the parameter counts come from the model's
-        :class:`~vitplasticity.models.architectures.ParameterMap`."""
+        :class:`~vitplasticity.models.architectures.ParameterMap`; ``matrices``: the
+        matrix statistics when already measured (None: :func:`matrix_statistics` of
+        ``model``)."""
         parameters = parameter_map(model)
         names = {c: parameters.component_names(c) for c in COMPONENTS}
         sizes = dict(model.named_parameters())
@@ -325,7 +331,7 @@ class Measurements:
             component_parameters={c: sum(sizes[n].numel() for n in names[c]) for c in COMPONENTS},
             always_trained=always_trained_parameters(model, parameters),
             features=features,
-            matrices=matrix_statistics(model),
+            matrices=matrix_statistics(model) if matrices is None else matrices,
         )
 
     def check_finite(self, what: str) -> None:

@@ -55,6 +55,7 @@ from torch import nn
 
 from vitplasticity.components import COMPONENTS
 from vitplasticity.models.architectures import parameter_map
+from vitplasticity.models.streamed import StreamedModel, loaded_blocks
 
 IQR_TO_SIGMA = 1.349
 """The interquartile range of a standard normal: IQR / 1.349 estimates its sigma."""
@@ -123,33 +124,54 @@ def condition_number(weight: np.ndarray) -> tuple[float, str | None]:
     return float(s[0] / s[-1]), None
 
 
-def matrix_statistics(model: nn.Module) -> pl.DataFrame:
+def matrix_statistics(model: nn.Module | StreamedModel) -> pl.DataFrame:
     """Spectrum's SNR and kappa of every parameter tensor of the five components (of each
     expert's matrix of a 3-D one), every block's, in ``named_parameters`` order (the model's
-    :class:`~vitplasticity.models.architectures.ParameterMap` says which component owns which).
+    :class:`~vitplasticity.models.architectures.ParameterMap` says which component owns which);
+    of a streamed model block by block from its checkpoint (the same rows).
 
     Raises:
         UnsupportedModel: for a model no architecture knows or cannot account for exactly.
     """
-    parameters = parameter_map(model)
-    tensors = dict(model.named_parameters())
-    rows = []
-    for component in COMPONENTS:
-        for name in parameters.component_names(component):
-            for parameter, weight in _matrices(name, tensors[name]):
-                snr, snr_reason = spectrum_snr(weight)
-                kappa, kappa_reason = condition_number(weight)
-                rows.append(
-                    {
-                        "component": component,
-                        "parameter": parameter,
-                        "spectrum_snr": snr,
-                        "spectrum_snr_reason": snr_reason,
-                        "kappa": kappa,
-                        "kappa_reason": kappa_reason,
-                    }
-                )
-    return pl.DataFrame(rows, schema=MATRIX_SCHEMA)
+    from vitplasticity.models.architectures import architecture_for
+
+    root = model.model if isinstance(model, StreamedModel) else model
+    parameters = parameter_map(root)
+    # Names, not identities: a streamed block's parameters are new objects once loaded.
+    owner = {name: c for c in COMPONENTS for name in parameters.component_names(c)}
+    order = {name: i for i, name in enumerate(owner)}  # component by component, as the map
+    rows: dict[str, list[dict[str, object]]] = {}
+
+    def score(held: set[int] | None) -> None:
+        """Score the components' tensors in ``held`` (identities; None: every one left)."""
+        for name, tensor in root.named_parameters():
+            if name in owner and name not in rows and (held is None or id(tensor) in held):
+                rows[name] = [_row(owner[name], *matrix) for matrix in _matrices(name, tensor)]
+
+    for _, block in loaded_blocks(model, architecture_for(root).blocks(root)):
+        score({id(p) for p in block.parameters()})
+    if len(rows) < len(owner):
+        # A component's tensor outside the blocks (DeBERTa's relative-position embeddings,
+        # which every block's attention reads): loaded with the embedding.
+        if isinstance(model, StreamedModel):
+            model.load_outside_blocks()
+        score(None)
+    ordered = sorted(rows.items(), key=lambda item: order[item[0]])
+    return pl.DataFrame([row for _, found in ordered for row in found], schema=MATRIX_SCHEMA)
+
+
+def _row(component: str, parameter: str, weight: np.ndarray) -> dict[str, object]:
+    """The :data:`MATRIX_SCHEMA` row of one matrix (``parameter``) of ``component``."""
+    snr, snr_reason = spectrum_snr(weight)
+    kappa, kappa_reason = condition_number(weight)
+    return {
+        "component": component,
+        "parameter": parameter,
+        "spectrum_snr": snr,
+        "spectrum_snr_reason": snr_reason,
+        "kappa": kappa,
+        "kappa_reason": kappa_reason,
+    }
 
 
 def _matrices(name: str, tensor: torch.Tensor) -> list[tuple[str, np.ndarray]]:
