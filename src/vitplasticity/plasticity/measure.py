@@ -186,7 +186,7 @@ def pairs_table(found: dict[str, list[tuple[torch.Tensor, torch.Tensor]]]) -> pl
 
 
 def measure(
-    model: nn.Module,
+    model: nn.Module | StreamedModel,
     reference: Images,
     downstream: Images,
     *,
@@ -202,7 +202,8 @@ def measure(
         model: a model of a registered architecture (:mod:`vitplasticity.models.architectures`: a
             timm ViT, Eva (EVA-02, DINOv3, rope ViT) or Beit; a transformers GPT2Model fed
             token ids (N, L) as ``reference`` and ``downstream``) in eval mode; it runs on its
-            own device and dtype.
+            own device and dtype. A streamed model is measured block by block
+            (:func:`measure_protocols`).
         reference: preprocessed reference images (N, 3, H, W), or an iterable of batches.
         downstream: preprocessed downstream images, the same way; pair i is reference image
             i with downstream image i, and the downstream set is cycled when shorter (an

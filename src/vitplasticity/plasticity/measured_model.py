@@ -15,7 +15,7 @@ from torch import nn
 
 from vitplasticity.models.spec import ModelSpec
 from vitplasticity.models.stream_decision import stream_decision
-from vitplasticity.models.streamed import StreamedModel, open_streamed
+from vitplasticity.models.streamed import StreamedModel, open_streamed, with_new_head
 from vitplasticity.plasticity.measure import measure_protocols
 from vitplasticity.plasticity.pairs import Images
 
@@ -45,9 +45,12 @@ def measured_model(
     device: torch.device,
     dtype: torch.dtype,
     build: Callable[[], nn.Module],
+    num_classes: int = 0,
 ) -> MeasuredModel:
     """The model of ``spec`` as ``mode`` (``stream``: auto, always, never) measures it on
-    ``device`` in ``dtype``: ``build()`` moved there, or streamed; the log says which and why.
+    ``device`` in ``dtype``: ``build()`` moved there, or streamed (with a new
+    ``num_classes``-way head, as ``build`` gives the whole model one: 0, none); the log says
+    which and why.
 
     Raises:
         NotStreamable: ``always`` for a checkpoint the streamed path cannot read.
@@ -57,5 +60,8 @@ def measured_model(
     log.info("%s: %s", spec.model_id, why)
     if not stream:
         return MeasuredModel(build().to(device=device, dtype=dtype), None, why)
-    streamed = open_streamed(spec).to(device, dtype)
+    streamed = open_streamed(spec)
+    if num_classes:
+        streamed = with_new_head(streamed, spec, num_classes)
+    streamed = streamed.to(device, dtype)
     return MeasuredModel(streamed.model, streamed, why)

@@ -92,7 +92,9 @@ def _dtype(block: str) -> Any:
     )
 
 
-def _stream(block: str) -> Any:
+def stream_setting(block: str) -> Any:
+    """The declaration of ``<block>.stream``: whether the stage measures the whole model or
+    streams it block by block from its checkpoint."""
     return setting(
         "auto",
         help="auto (block by block from the checkpoint when the whole model would take more "
@@ -124,7 +126,7 @@ class PlasticitySettings:
     )
     device: str = device_setting("plasticity")
     dtype: str = _dtype("plasticity")
-    stream: str = _stream("plasticity")
+    stream: str = stream_setting("plasticity")
     fc1: str = setting(
         "stage",
         help="a gated MLP's FC1: stage (gate + up projections) or up (the up projection "
@@ -147,7 +149,7 @@ class TextPlasticitySettings:
     protocols: tuple[str, ...] = _protocols("text_plasticity")
     device: str = device_setting("text_plasticity")
     dtype: str = _dtype("text_plasticity")
-    stream: str = _stream("text_plasticity")
+    stream: str = stream_setting("text_plasticity")
     demo: bool = demo_setting()
 
 

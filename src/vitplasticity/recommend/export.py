@@ -51,6 +51,7 @@ from vitplasticity.recommend.peft_names import (
 )
 
 if TYPE_CHECKING:
+    import polars as pl
     from torch import nn
 
     from vitplasticity.models.architectures import Architecture, ParameterMap
@@ -78,6 +79,7 @@ def build_export(
     dataset: str | None = None,
     recommendation: Mapping[str, Any] | None = None,
     verification: Mapping[str, Any] | None = None,
+    matrices: pl.DataFrame | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready description of ``configuration`` on ``model`` (the module docstring's).
 
@@ -91,6 +93,8 @@ def build_export(
         dataset, recommendation: what it is for, how it was chosen (copied as it is).
         verification: the ``verification`` record (:mod:`.verification_record`); None: the
             heuristic pick of ``recommendation``'s criterion, unverified.
+        matrices: ``model``'s matrix statistics when already measured (recommend's, of a
+            streamed model too); None: :func:`.matrix_criteria.matrix_statistics` of it.
 
     Raises:
         ValueError: for a configuration that is not made of the five components.
@@ -134,7 +138,9 @@ def build_export(
         "parameters": {"components": chosen, "always_trained": always},
         "counts": counts,
         "peft": {"lora": lora, "ln_tuning": ln_tuning, "forms": forms},
-        "trainers": trainer_exports(model, trained, matrix_statistics(model)),
+        "trainers": trainer_exports(
+            model, trained, matrix_statistics(model) if matrices is None else matrices
+        ),
         "usage": _usage(configuration, lora, ln_tuning),
         "verification": dict(verification or heuristic_record(recommendation)),
     }

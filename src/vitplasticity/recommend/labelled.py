@@ -62,17 +62,26 @@ class LabelledRanking:
         return [p for n, p in self.classifier.named_parameters() if n in drawn]
 
     def note(
-        self, inputs: TextRecommendInputs, settings: RecommendTextSettings, n_user: int
+        self,
+        inputs: TextRecommendInputs,
+        settings: RecommendTextSettings,
+        n_user: int,
+        gradients: bool = True,
     ) -> str:
-        """The report's paragraph on the data and the loss."""
+        """The report's paragraph on the data and the loss (``gradients``: whether the
+        gradient criteria were measured; a streamed model's were not)."""
         name = Path(str(inputs.labelled_text)).name
-        return (
+        data = (
             f"User data: `{name}`, {len(self.labels):,} labelled documents of "
             f"{len(self.classes)} classes ({', '.join(self.classes)}), each its first "
             f"{settings.sequence_length} tokens. Plasticity pairs reference sequence i with "
             f"user sequence i (cycled; the {n_user:,} user sequences are the documents cut as "
-            f"a text file's lines are), {inputs.protocol} protocol. "
-            f"{type(self.classifier).__name__} holds the model with a new head "
+            f"a text file's lines are), {inputs.protocol} protocol."
+        )
+        if not gradients:
+            return data
+        return (
+            f"{data} {type(self.classifier).__name__} holds the model with a new head "
             f"({', '.join(f'`{n}`' for n in self.drawn)}, drawn from --seed), warmed up alone "
             f"for {inputs.warmup_steps} SGD steps (lr {inputs.warmup_lr}) as the image "
             f"recommend warms up its new classifier; the relative gradient norm and gradient "

@@ -23,6 +23,7 @@ from vitplasticity.data.transforms import decoded_batches
 from vitplasticity.models.architectures import ParameterMap, UnsupportedModel, architecture_for
 from vitplasticity.models.build import build_model, pick_device, preprocessing
 from vitplasticity.models.spec import ModelSpec
+from vitplasticity.plasticity.measured_model import MeasuredModel, measured_model
 from vitplasticity.provenance import provenance
 from vitplasticity.recommend.criteria import Measurements, measure_criteria
 from vitplasticity.recommend.export import build_export
@@ -38,6 +39,11 @@ from vitplasticity.recommend.settings import (
     RecommendImageSettings,
     RecommendTextSettings,
     check_dtype,
+)
+from vitplasticity.recommend.streamed import (
+    check_streamed_criterion,
+    measure_streamed_criteria,
+    streamed_note,
 )
 from vitplasticity.settings.declaration import check_settings, recorded_settings
 from vitplasticity.utils.io import atomic_path, write_json, write_parquet
@@ -223,11 +229,11 @@ def recommend(
     reference, reference_label = _reference_images(inputs, settings.n_pairs, pool)
     device = pick_device(settings.device)
     dtype = getattr(torch, inputs.dtype)
-    model = _checked_model(inputs, settings.seed, num_classes, device, dtype)
-    pre = preprocessing(model, inputs.model_spec)
+    measured = _checked_model(inputs, settings, num_classes, device, dtype)
+    pre = preprocessing(measured.model, inputs.model_spec)
     if reference is None:
         reference = _synthetic_reference(settings.n_pairs, pre, settings.seed)
-    measurements = _measure(inputs, settings, model, pre, reference, (pool, test), device, dtype)
+    measurements = _measure(inputs, settings, measured, pre, reference, (pool, test), device, dtype)
     named = {"model": inputs.model, "dataset": inputs.dataset}
     table, recommendation, configurations = rank(settings, measurements, **named)
     resolved = {
@@ -237,18 +243,31 @@ def recommend(
         "protocol": "embedding",
         "configurations": configurations,
         "preprocessing": asdict(pre),
+        "streamed": measured.streamed is not None,
     }
     record = footer_record(
         settings, resolved, device, reference_label, recommendation, measurements, **named
     )
-    export = _export(inputs, model, recommendation)
+    export = _export(inputs, measured.model, recommendation, measurements)
+    notes = (streamed_note(measured.why),) if measured.streamed is not None else ()
     return Result(
-        inputs, settings, table, recommendation, measurements, reference_label, record, export
+        inputs,
+        settings,
+        table,
+        recommendation,
+        measurements,
+        reference_label,
+        record,
+        export,
+        notes,
     )
 
 
 def _export(
-    inputs: RecommendInputs, model: torch.nn.Module, recommendation: Recommendation
+    inputs: RecommendInputs,
+    model: torch.nn.Module,
+    recommendation: Recommendation,
+    measurements: Measurements,
 ) -> dict[str, Any]:
     """The decision as data that applies without vitplasticity (:func:`.export.build_export`)."""
     return build_export(
@@ -258,6 +277,7 @@ def _export(
         model_entry=asdict(inputs.model_spec),
         dataset=inputs.dataset,
         recommendation=asdict(recommendation),
+        matrices=measurements.matrices,
     )
 
 
@@ -309,41 +329,59 @@ def footer_record(
 
 
 def _checked_model(
-    inputs: RecommendInputs, seed: int, num_classes: int, device: torch.device, dtype: torch.dtype
-) -> torch.nn.Module:
-    """The model of ``inputs`` with a ``num_classes`` head drawn from ``seed``, in eval mode
-    on ``device`` in ``dtype``, once its architecture accepts it for recommend.
+    inputs: RecommendInputs,
+    settings: RecommendImageSettings,
+    num_classes: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> MeasuredModel:
+    """The model of ``inputs`` with a ``num_classes`` head drawn from the settings' seed, in
+    eval mode on ``device`` in ``dtype``, or streamed from its checkpoint as
+    ``settings.stream`` decides (a streamed model's head stays unmeasured), once its
+    architecture accepts it for recommend and the ranking's criterion is one it measures.
 
     Raises:
         UnsupportedModel: for a model no architecture knows, one its architecture refuses to
             rank, or one with a parameter its architecture cannot account for.
+        ValueError: for a streamed model ranked by a criterion it leaves n/a.
     """
     spec = inputs.model_spec
     # The seed draws the new head (as a finetuning run's seed does); a random-init backbone
     # has its own seed (models.init_seed).
-    torch.manual_seed(seed)
-    model = build_model(spec, num_classes=num_classes).eval()
+    torch.manual_seed(settings.seed)
+    measured = measured_model(
+        spec,
+        settings.stream,
+        device,
+        dtype,
+        lambda: build_model(spec, num_classes=num_classes).eval(),
+        num_classes,
+    )
+    model = measured.model
     architecture = architecture_for(model)
     refusal = architecture.refusal("recommend", model)
     if refusal is not None:
         raise UnsupportedModel(f"recommend {spec.model_id}: {refusal}")
     ParameterMap(architecture, model)  # names a missing component before any compute
-    return model.to(device=device, dtype=dtype)
+    if measured.streamed is not None:
+        check_streamed_criterion(settings.criterion, measured.why)
+    return measured
 
 
 def _measure(
     inputs: RecommendInputs,
     settings: RecommendImageSettings,
-    model: torch.nn.Module,
+    measured: MeasuredModel,
     pre: Preprocessing,
     reference: list[bytes],
     splits: tuple[Split, Split],
     device: torch.device,
     dtype: torch.dtype,
 ) -> Measurements:
-    """Every criterion of ``model``: plasticity over the pairs (reference image i, test image
-    i cycled), then the head warm-up and the gradient batches drawn from the pool (``splits``:
-    pool, test)."""
+    """Every criterion of the ``measured`` model: plasticity over the pairs (reference image
+    i, test image i cycled), then the head warm-up and the gradient batches drawn from the
+    pool (``splits``: pool, test); of a streamed model, what it gives block by block
+    (:func:`.streamed.measure_streamed_criteria`)."""
     pool, test = splits
     n = settings.n_pairs
     cycled = [test.images[i % len(test)] for i in range(n)]
@@ -365,17 +403,27 @@ def _measure(
     warmup = range(settings.warmup_steps)
     gradients = range(settings.warmup_steps, settings.warmup_steps + settings.batches)
     with ProgressReporter(n, f"plasticity {inputs.model}/{inputs.dataset}") as progress:
-        measurements = measure_criteria(
-            model,
-            decoded_batches(reference, pre, settings.batch_size),
-            decoded_batches(cycled, pre, settings.batch_size),
-            batches(warmup),
-            batches(gradients),
-            n_pairs=n,
-            warmup_lr=settings.warmup_lr,
-            batch_size=settings.batch_size,
-            progress=progress,
-        )
+        if measured.streamed is not None:
+            measurements = measure_streamed_criteria(
+                measured.streamed,
+                decoded_batches(reference, pre, settings.batch_size),
+                decoded_batches(cycled, pre, settings.batch_size),
+                n_pairs=n,
+                batch_size=settings.batch_size,
+                progress=progress,
+            )
+        else:
+            measurements = measure_criteria(
+                measured.model,
+                decoded_batches(reference, pre, settings.batch_size),
+                decoded_batches(cycled, pre, settings.batch_size),
+                batches(warmup),
+                batches(gradients),
+                n_pairs=n,
+                warmup_lr=settings.warmup_lr,
+                batch_size=settings.batch_size,
+                progress=progress,
+            )
     measurements.check_finite(f"recommend criteria of model {inputs.model!r} on {inputs.dataset}")
     return measurements
 

@@ -21,6 +21,7 @@ from vitplasticity.plasticity.settings import (
     batch_size_setting,
     demo_setting,
     device_setting,
+    stream_setting,
 )
 from vitplasticity.settings.declaration import setting
 from vitplasticity.settings.sequences import sequence_length_setting, tokenizer_setting
@@ -186,6 +187,7 @@ class RecommendImageSettings:
     configurations: tuple[str, ...] = _ranking("configurations")
     seed: int = _ranking("seed")
     device: str = device_setting("recommend")
+    stream: str = stream_setting("recommend")
     demo: bool = demo_setting()
 
 
@@ -205,4 +207,5 @@ class RecommendTextSettings:
     configurations: tuple[str, ...] = _ranking("configurations")
     seed: int = _ranking("seed")
     device: str = device_setting("recommend")
+    stream: str = stream_setting("recommend")
     demo: bool = demo_setting()

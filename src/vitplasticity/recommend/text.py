@@ -52,6 +52,7 @@ from vitplasticity.models.architectures import (
     architecture_for,
 )
 from vitplasticity.models.build import build_model
+from vitplasticity.models.streamed import StreamedModel
 from vitplasticity.models.text import (
     causal_lm,
     check_sequence_length,
@@ -59,11 +60,13 @@ from vitplasticity.models.text import (
     text_model_entry,
     untied_bare_model,
 )
+from vitplasticity.plasticity.measured_model import MeasuredModel, measured_model
 from vitplasticity.recommend.criteria import Measurements
 from vitplasticity.recommend.labelled import LabelledRanking, labelled_classifier
 from vitplasticity.recommend.pipeline import footer_record, rank
 from vitplasticity.recommend.ranking import check_ranking
 from vitplasticity.recommend.settings import RecommendTextSettings
+from vitplasticity.recommend.streamed import check_streamed_criterion, measure_streamed_criteria
 from vitplasticity.recommend.text_criteria import (
     measure_text_criteria,
     ranked_lm,
@@ -151,28 +154,38 @@ def recommend_text(
     from vitplasticity.models.build import pick_device
 
     settings = checked_text_settings(inputs, settings)
+    device, dtype = pick_device(settings.device), getattr(torch, inputs.dtype)
     labelled = None
-    if inputs.labelled_text is not None:
-        if model is None:
+    if model is None:
+        if inputs.labelled_text is not None:
             check_stated_positions(inputs.model, inputs.model_spec, settings.sequence_length)
-        labelled = labelled_classifier(inputs, settings, model)
+        else:
+            check_text_entry(inputs, settings)
+        measured = _built(inputs, settings, device, dtype)
+    else:
+        measured = MeasuredModel(model.to(device=device, dtype=dtype), None, "built by the caller")
+    if inputs.labelled_text is not None:
+        labelled = labelled_classifier(inputs, settings, measured.model)
         lm = ranked = labelled.classifier
         architecture = architecture_for(ranked)
         tokenizer, references, user = labelled.tokenizer, labelled.references, labelled.user
     else:
-        if model is None:
-            check_text_entry(inputs, settings)
-        lm, ranked, architecture = _checked_lm(inputs, model)
+        lm, ranked, architecture = _checked_lm(inputs, measured.model)
         tokenizer, references, user = _sequences(inputs, settings, lm, ranked)
-    device = pick_device(settings.device)
-    lm = lm.to(device=device, dtype=getattr(torch, inputs.dtype))
+    streamed = None
+    if measured.streamed is None:
+        lm = lm.to(device=device, dtype=dtype)
+    else:  # the LM's own buffers too (the skeleton's are already there)
+        streamed = measured.streamed.rooted(lm).to(device, dtype)
+        check_streamed_criterion(settings.criterion, measured.why)
     measurements, refused = _measure(
-        inputs, settings, lm, (references, user), tokenizer, device, labelled
+        inputs, settings, streamed or lm, (references, user), tokenizer, device, labelled
     )
     named = {"model": inputs.model, "dataset": inputs.dataset}
     table, recommendation, configurations = rank(settings, measurements, **named)
     where = ranked_lm(lm, ranked, architecture)
     resolved = _resolved(inputs, settings, configurations, tokenizer, len(user), lm, labelled)
+    resolved["streamed"] = streamed is not None
     reference = (
         f"`{Path(inputs.reference).name}` ({settings.n_pairs:,} sequences of "
         f"{settings.sequence_length} tokens, tokenizer {tokenizer})"
@@ -180,13 +193,27 @@ def recommend_text(
     record = footer_record(
         settings, resolved, device, reference, recommendation, measurements, **named
     )
-    export = text_export(inputs, where, recommendation)
-    notes = report_notes(inputs, settings, measurements, where, len(user), refused)
+    export = text_export(inputs, where, recommendation, measurements)
+    why = None if streamed is None else measured.why
+    notes = report_notes(inputs, settings, measurements, where, len(user), refused, why)
     if labelled is not None:
-        notes[0] = labelled.note(inputs, settings, len(user))
+        notes[0] = labelled.note(inputs, settings, len(user), gradients=streamed is None)
     return TextResult(
         inputs, settings, table, recommendation, measurements, reference, notes, record, export
     )
+
+
+def _built(
+    inputs: TextRecommendInputs,
+    settings: RecommendTextSettings,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> MeasuredModel:
+    """The text model of ``inputs`` on ``device`` in ``dtype``, built whole or streamed from
+    its checkpoint as ``settings.stream`` decides
+    (:func:`~vitplasticity.plasticity.measured_model.measured_model`)."""
+    spec = text_model_entry(inputs.model, inputs.model_spec)
+    return measured_model(spec, settings.stream, device, dtype, lambda: build_model(spec))
 
 
 def _resolved(
@@ -240,19 +267,16 @@ def _recorded_spec(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def _checked_lm(
-    inputs: TextRecommendInputs, model: nn.Module | None
+    inputs: TextRecommendInputs, model: nn.Module
 ) -> tuple[nn.Module, nn.Module, Architecture]:
-    """(the causal LM, the module ranked in it, that module's architecture) of ``model``, or of
-    the model built from ``inputs`` when None, in eval mode, once the architecture accepts it
-    for recommend.
+    """(the causal LM, the module ranked in it, that module's architecture) of ``model`` (of
+    ``inputs``), in eval mode, once the architecture accepts it for recommend.
 
     Raises:
         UnsupportedModel: for an image model, a model no architecture knows, a bare model
             without its LM head's weights, one its architecture refuses to rank, or a
             parameter its architecture cannot account for.
     """
-    if model is None:
-        model = build_model(text_model_entry(inputs.model, inputs.model_spec))
     model = model.eval()
     check_text_model(model)
     refusal = architecture_for(model).refusal("recommend lm", model)  # before any wrapping
@@ -297,7 +321,7 @@ def _sequences(
 def _measure(
     inputs: TextRecommendInputs,
     settings: RecommendTextSettings,
-    lm: nn.Module,
+    lm: nn.Module | StreamedModel,
     sequences: tuple[np.ndarray, np.ndarray],
     tokenizer: str,
     device: torch.device,
@@ -307,12 +331,25 @@ def _measure(
     (reference sequence i, user sequence i cycled; ``sequences``: reference, user), the
     gradient batches drawn from the user's sequences (or, ``labelled``, its documents after
     the new head's warm-up); and the warnings the criteria logged (why a weight statistic is
-    n/a)."""
+    n/a). A streamed ``lm`` gives what it measures block by block
+    (:func:`.streamed.measure_streamed_criteria`): no gradient batch, no warm-up."""
     from vitplasticity.data.text import cycled
     from vitplasticity.recommend.gradients import head_warmup
 
     references, user = sequences
     n = settings.n_pairs
+    if isinstance(lm, StreamedModel):
+        with ProgressReporter(n, f"plasticity {inputs.model}/{inputs.dataset}") as progress:
+            measurements = measure_streamed_criteria(
+                lm,
+                torch.from_numpy(references),
+                torch.from_numpy(cycled(user, n)),
+                n_pairs=n,
+                batch_size=settings.batch_size,
+                protocol=inputs.protocol,
+                progress=progress,
+            )
+        return measurements, []
     log.info(
         "%s on %s: %d pairs (%s), %d user sequences of %d tokens (tokenizer %s), "
         "%d gradient batches of %d, %s on %s",

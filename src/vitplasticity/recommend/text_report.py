@@ -20,6 +20,7 @@ from vitplasticity.recommend.criteria import Measurements
 from vitplasticity.recommend.export import build_export
 from vitplasticity.recommend.ranking import Recommendation, configuration_label
 from vitplasticity.recommend.settings import RecommendTextSettings
+from vitplasticity.recommend.streamed import streamed_note
 from vitplasticity.recommend.text_criteria import NFN_NA, RankedLM
 from vitplasticity.recommend.text_inputs import TextRecommendInputs
 
@@ -32,10 +33,14 @@ def class_path(module: object) -> str:
 
 
 def text_export(
-    inputs: TextRecommendInputs, where: RankedLM, recommendation: Recommendation
+    inputs: TextRecommendInputs,
+    where: RankedLM,
+    recommendation: Recommendation,
+    measurements: Measurements,
 ) -> dict[str, Any]:
-    """The decision as data (:func:`.export.build_export` of the ranked module), with where
-    its names sit in the causal LM (``where``) and the loss the gradients are of."""
+    """The decision as data (:func:`.export.build_export` of the ranked module, with its
+    measured matrix statistics), with where its names sit in the causal LM (``where``) and
+    the loss the gradients are of."""
     lm, ranked, prefix = where.lm, where.ranked, where.prefix
     export = build_export(
         ranked,
@@ -44,6 +49,7 @@ def text_export(
         model_entry=inputs.model_spec,
         dataset=inputs.dataset,
         recommendation=asdict(recommendation),
+        matrices=measurements.matrices,
     )
     if inputs.labelled_text is not None:
         export["text"] = {
@@ -79,22 +85,29 @@ def report_notes(
     where: RankedLM,
     n_user: int,
     refused: Sequence[str],
+    streamed: str | None = None,
 ) -> list[str]:
     """The report's text-specific paragraphs: the data (``n_user`` user sequences), the loss,
     what "the classifier head and final norm" are here, and why a weight statistic is n/a
-    (``refused``: the warnings that said so)."""
+    (``refused``: the warnings that said so); of a ``streamed`` model (why it streamed), that
+    no gradient criterion was measured (:func:`.streamed.streamed_note`)."""
     lm, ranked, prefix, head = where.lm, where.ranked, where.prefix, where.head
     files = ", ".join(f"`{Path(t).name}`" for t in inputs.texts)
     output = lm.get_output_embeddings()  # None for a sequence classifier
     tied = output is not None and output.weight is lm.get_input_embeddings().weight
-    notes = [
+    data = (
         f"User text: {files} ({n_user:,} sequences of {settings.sequence_length} tokens, taken "
         f"in turn from each file). Plasticity pairs reference sequence i with user sequence i "
-        f"(cycled), {inputs.protocol} protocol. The relative gradient norm and gradient SNR "
-        f"are of the next-token cross-entropy of {type(lm).__name__} on {settings.batches} "
-        f"batches of {settings.batch_size} user sequences, NFN of the first batch. No head "
-        "warm-up: the LM head is pretrained (the image recommend warms up a new classifier "
-        "first).",
+        f"(cycled), {inputs.protocol} protocol."
+    )
+    loss = (
+        f" The relative gradient norm and gradient SNR are of the next-token cross-entropy of "
+        f"{type(lm).__name__} on {settings.batches} batches of {settings.batch_size} user "
+        "sequences, NFN of the first batch. No head warm-up: the LM head is pretrained (the "
+        "image recommend warms up a new classifier first)."
+    )
+    notes = [
+        data + ("" if streamed is not None else loss),
         "Here the classifier head and final norm are "
         + ", ".join(f"`{n}` ({_parameters(lm, n):,} parameters)" for n in head)
         + (
@@ -120,6 +133,8 @@ def report_notes(
             f"that contains one: {why}"
         )
     notes += [message for message in refused if message.startswith(NFN_NA)]
+    if streamed is not None:
+        notes.append(streamed_note(streamed))
     if prefix:
         notes.append(
             f"PREFIX.json names {type(ranked).__name__}'s parameters; in {type(lm).__name__} "
