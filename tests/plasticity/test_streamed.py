@@ -128,7 +128,7 @@ def test_on_a_gpu_auto_also_streams_what_the_host_could_not_build_whole(
     from vitplasticity.models import checkpoint_tensors
     from vitplasticity.models import stream_decision as module
 
-    spec = build_spec(_saved(tmp_path, "llama_tiny"))
+    spec = build_spec(saved_checkpoint(tmp_path, "llama_tiny"))
     files = checkpoint_tensors.checkpoint_files(spec)
     f32 = checkpoint_tensors.checkpoint_bytes(files, torch.float32)
     bf16 = checkpoint_tensors.checkpoint_bytes(files, torch.bfloat16)
