@@ -44,7 +44,8 @@ def stream_decision(
     mode: str, spec: ModelSpec, device: torch.device, dtype: torch.dtype
 ) -> tuple[bool, str]:
     """Whether a measurement of ``spec`` on ``device`` in ``dtype`` streams (``mode``: auto,
-    always, never), and why, for the log.
+    always, never), and why (the reason alone: the log and the report say the verdict in
+    their own words, :func:`verdict`).
 
     ``auto`` streams when the weights would take more than :data:`STREAM_FRACTION` of the
     host's free memory (in :func:`host_dtype`), or, on a GPU, of the GPU's (in ``dtype``); the
@@ -60,7 +61,7 @@ def stream_decision(
     try:
         files = checkpoint_files(spec)
     except (NotStreamable, FileNotFoundError) as why:
-        return False, f"measured whole ({why})"
+        return False, str(why)
     # The host first: a GPU measurement builds the whole model there before moving it.
     memories = [(CPU, host_dtype(dtype), "the host")]
     if device.type != "cpu":
@@ -72,8 +73,14 @@ def stream_decision(
         share = "more than half" if streams else "at most half"
         stated.append(f"{_gib(size)} in {_name(held)}, {share} of {_gib(free)} free on {where}")
         if streams:
-            return True, f"streamed block by block: its weights take {stated[-1]}"
-    return False, f"measured whole: its weights take {' and '.join(stated)}"
+            return True, f"its weights take {stated[-1]}"
+    return False, f"its weights take {' and '.join(stated)}"
+
+
+def verdict(stream: bool, why: str) -> str:
+    """How a measurement ran and why, for the log: ``streamed block by block (why)`` or
+    ``measured whole (why)``."""
+    return f"{'streamed block by block' if stream else 'measured whole'} ({why})"
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -101,8 +108,14 @@ def _meminfo_available() -> int:
 
 
 def _cgroup_room() -> int | None:
-    """What the process's cgroup memory limit leaves (limit - usage), in the v2 or the v1
-    hierarchy (a SLURM job's cgroup); None without a limit."""
+    """What the process's cgroup memory limit leaves (limit - working set), in the v2 or the
+    v1 hierarchy (a SLURM job's cgroup); None without a limit.
+
+    The working set is the usage less the inactive file pages: a cgroup is charged the page
+    cache of every file its processes read (a dataset, a checkpoint), which the kernel
+    reclaims before it would kill anything, so the usage alone would make a job that has
+    read its inputs look full (the kubelet's working set is the same difference).
+    """
     root = Path("/sys/fs/cgroup")
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -111,16 +124,17 @@ def _cgroup_room() -> int | None:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # v2: one unified hierarchy
-            files = (root / path.lstrip("/"), "memory.max", "memory.current")
+            files = (root / path.lstrip("/"), "memory.max", "memory.current", "inactive_file")
         elif "memory" in controllers.split(","):
             files = (
                 root / "memory" / path.lstrip("/"),
                 "memory.limit_in_bytes",
                 "memory.usage_in_bytes",
+                "total_inactive_file",
             )
         else:
             continue
-        folder, limit_file, usage_file = files
+        folder, limit_file, usage_file, inactive_key = files
         try:
             limit = (folder / limit_file).read_text().strip()
             usage = int((folder / usage_file).read_text())
@@ -128,8 +142,20 @@ def _cgroup_room() -> int | None:
             continue
         # v1 writes "no limit" as a page-rounded 2**63 - 1.
         if limit != "max" and int(limit) < 2**62:
-            return max(int(limit) - usage, 0)
+            return max(int(limit) - usage + _stat(folder / "memory.stat", inactive_key), 0)
     return None
+
+
+def _stat(path: Path, key: str) -> int:
+    """The value of ``key`` in a cgroup's memory.stat (0 where it cannot be read)."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _gib(size: int) -> str:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from vitplasticity.models.spec import ModelSpec
-from vitplasticity.models.stream_decision import stream_decision
+from vitplasticity.models.stream_decision import stream_decision, verdict
 from vitplasticity.models.streamed import StreamedModel, open_streamed, with_new_head
 from vitplasticity.plasticity.measure import measure_protocols
 from vitplasticity.plasticity.pairs import Images
@@ -31,7 +31,8 @@ class MeasuredModel:
     """The model, or the streamed skeleton (its parameters on the meta device)."""
     streamed: StreamedModel | None
     why: str
-    """How it is measured and why, as the log says."""
+    """Why it is measured whole or streamed
+    (:func:`~vitplasticity.models.stream_decision.stream_decision`'s reason)."""
 
     def measure(self, reference: Images, downstream: Images, **options: Any) -> pl.DataFrame:
         """:func:`~vitplasticity.plasticity.measure.measure_protocols` of the pairs
@@ -57,7 +58,7 @@ def measured_model(
         as ``build`` and :func:`~vitplasticity.models.streamed.open_streamed`.
     """
     stream, why = stream_decision(mode, spec, device, dtype)
-    log.info("%s: %s", spec.model_id, why)
+    log.info("%s: %s", spec.model_id, verdict(stream, why))
     if not stream:
         return MeasuredModel(build().to(device=device, dtype=dtype), None, why)
     streamed = open_streamed(spec)

@@ -39,7 +39,8 @@ def whole_model_criteria() -> tuple[str, ...]:
 
 def check_streamed_criterion(criterion: str, why: str) -> None:
     """Raise before any compute when the ranking's ``criterion`` is one a streamed model
-    leaves n/a (``why``: why the model streams, as the log says).
+    leaves n/a (``why``: why the model streams,
+    :func:`~vitplasticity.models.stream_decision.stream_decision`'s reason).
 
     Raises:
         ValueError: naming the criterion, why the model streams and what to do instead.
@@ -56,12 +57,14 @@ def check_streamed_criterion(criterion: str, why: str) -> None:
 
 
 def streamed_note(why: str) -> str:
-    """The report's sentence on the criteria a streamed model leaves n/a, and why."""
+    """The report's sentence on the criteria a streamed model leaves n/a, and why (``why``:
+    why the model streamed)."""
     labels = [REGISTRY[c].label for c in whole_model_criteria()]
     return (
-        f"{', '.join(labels[:-1])} and {labels[-1]} are n/a for every configuration: the model "
-        f"was streamed block by block from its checkpoint ({why}), and they need a forward and backward pass through the whole model at once "
-        "(recommend.stream: never measures them where the model fits)."
+        f"{', '.join(labels[:-1])} and {labels[-1]} are n/a for every configuration: they need "
+        "a forward and backward pass through the whole model at once, and the model was "
+        f"streamed block by block from its checkpoint ({why}); recommend.stream: never "
+        "measures them where the model fits."
     )
 
 
