@@ -339,7 +339,10 @@ def _measure(
     references, user = sequences
     n = settings.n_pairs
     if isinstance(lm, StreamedModel):
-        with ProgressReporter(n, f"plasticity {inputs.model}/{inputs.dataset}") as progress:
+        with (
+            _warnings("vitplasticity.recommend.criteria") as refused,
+            ProgressReporter(n, f"plasticity {inputs.model}/{inputs.dataset}") as progress,
+        ):
             measurements = measure_streamed_criteria(
                 lm,
                 torch.from_numpy(references),
@@ -349,7 +352,7 @@ def _measure(
                 protocol=inputs.protocol,
                 progress=progress,
             )
-        return measurements, []
+        return measurements, refused
     log.info(
         "%s on %s: %d pairs (%s), %d user sequences of %d tokens (tokenizer %s), "
         "%d gradient batches of %d, %s on %s",
