@@ -381,7 +381,7 @@ def _recommendation_text(
             f"It is the configuration of {'lowest' if lower else 'highest'} {criterion}{among}."
         )
     others = [
-        f"{REGISTRY[c].label} {by_config[(recommendation.configuration, c)]['rank']}"
+        f"{REGISTRY[c].label} {_rank_or_na(by_config[(recommendation.configuration, c)])}"
         for c in CRITERIA
         if c != recommendation.criterion and (recommendation.configuration, c) in by_config
     ]
@@ -392,6 +392,13 @@ def _recommendation_text(
         sentences.append(overlap)
     sentences.append(heuristic)
     return " ".join(sentences)
+
+
+def _rank_or_na(row: dict) -> str:
+    """A table row's rank, or n/a where its value is (an n/a is ranked last, but its rank
+    says nothing of the configuration)."""
+    value = row["value"]
+    return "n/a" if value is None or not math.isfinite(value) else str(row["rank"])
 
 
 def _plasticity_overlap(
