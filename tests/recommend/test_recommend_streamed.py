@@ -104,6 +104,8 @@ def test_a_streamed_image_recommend_reports_what_it_measured_and_why_the_rest_is
     report = (tmp_path / "streamed.md").read_text()
     assert "relative gradient norm, gradient SNR and NFN are n/a for every configuration" in report
     assert "streamed block by block from its checkpoint (stream: always)" in report
+    # The recommendation's sentence gives no rank for a criterion it has no value of.
+    assert "The other criteria rank it: relative gradient norm n/a, gradient SNR n/a" in report
     settings = read_parquet_metadata(tmp_path / "streamed.parquet")["provenance"]["settings"]
     assert settings["stream"] == "always" and settings["streamed"] is True
 
