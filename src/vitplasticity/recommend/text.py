@@ -33,6 +33,7 @@ notes and files :mod:`.text_report`'s.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterator
@@ -338,67 +339,50 @@ def _measure(
 
     references, user = sequences
     n = settings.n_pairs
+    pairs = (torch.from_numpy(references), torch.from_numpy(cycled(user, n)))
+    counts = {"n_pairs": n, "batch_size": settings.batch_size, "protocol": inputs.protocol}
     if isinstance(lm, StreamedModel):
-        with (
-            _warnings("vitplasticity.recommend.criteria") as refused,
-            ProgressReporter(n, f"plasticity {inputs.model}/{inputs.dataset}") as progress,
-        ):
-            measurements = measure_streamed_criteria(
-                lm,
-                torch.from_numpy(references),
-                torch.from_numpy(cycled(user, n)),
-                n_pairs=n,
-                batch_size=settings.batch_size,
-                protocol=inputs.protocol,
-                progress=progress,
-            )
-        return measurements, refused
-    log.info(
-        "%s on %s: %d pairs (%s), %d user sequences of %d tokens (tokenizer %s), "
-        "%d gradient batches of %d, %s on %s",
-        inputs.model,
-        inputs.dataset,
-        n,
-        inputs.protocol,
-        len(user),
-        settings.sequence_length,
-        tokenizer,
-        settings.batches,
-        settings.batch_size,
-        inputs.dtype,
-        device,
-    )
-    task: dict[str, Any] = {}
-    if labelled is None:
-        gradient_batches = _gradient_batches(user, settings, device, settings.batches)
+        measure = functools.partial(measure_streamed_criteria, lm, *pairs, **counts)
     else:
-        size, seed, steps = settings.batch_size, settings.seed, inputs.warmup_steps
-        warmup = labelled.batches(range(steps), size, seed, device)
-        gradient_batches = labelled.batches(
-            range(steps, steps + settings.batches), size, seed, device
+        log.info(
+            "%s on %s: %d pairs (%s), %d user sequences of %d tokens (tokenizer %s), "
+            "%d gradient batches of %d, %s on %s",
+            inputs.model,
+            inputs.dataset,
+            n,
+            inputs.protocol,
+            len(user),
+            settings.sequence_length,
+            tokenizer,
+            settings.batches,
+            settings.batch_size,
+            inputs.dtype,
+            device,
         )
-        task = {
-            "loss": labelled.loss,
-            "warm_up": lambda: head_warmup(
-                lm, warmup, inputs.warmup_lr, head=labelled.head(), loss=labelled.loss
-            ),
-            "nfn_inputs": _gradient_batches(user, settings, device, 1)[0],
-        }
+        task: dict[str, Any] = {}
+        if labelled is None:
+            gradient_batches = _gradient_batches(user, settings, device, settings.batches)
+        else:
+            size, seed, steps = settings.batch_size, settings.seed, inputs.warmup_steps
+            warmup = labelled.batches(range(steps), size, seed, device)
+            gradient_batches = labelled.batches(
+                range(steps, steps + settings.batches), size, seed, device
+            )
+            task = {
+                "loss": labelled.loss,
+                "warm_up": lambda: head_warmup(
+                    lm, warmup, inputs.warmup_lr, head=labelled.head(), loss=labelled.loss
+                ),
+                "nfn_inputs": _gradient_batches(user, settings, device, 1)[0],
+            }
+        measure = functools.partial(
+            measure_text_criteria, lm, *pairs, gradient_batches, **counts, **task
+        )
     with (
         _warnings("vitplasticity.recommend.criteria") as refused,
         ProgressReporter(n, f"plasticity {inputs.model}/{inputs.dataset}") as progress,
     ):
-        measurements = measure_text_criteria(
-            lm,
-            torch.from_numpy(references),
-            torch.from_numpy(cycled(user, n)),
-            gradient_batches,
-            n_pairs=n,
-            batch_size=settings.batch_size,
-            protocol=inputs.protocol,
-            progress=progress,
-            **task,
-        )
+        measurements = measure(progress=progress)
     measurements.check_finite(f"recommend criteria of model {inputs.model!r} on {inputs.dataset}")
     return measurements, refused
 
