@@ -198,13 +198,6 @@ class _Names:
         return [name for name in self.parameters if name in wanted]
 
 
-def _is_linear(module: nn.Module) -> bool:
-    """What LoRA adapts: ``nn.Linear`` and transformers' ``Conv1D`` (GPT2)."""
-    from torch import nn
-
-    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
-
-
 def _peft_forms(
     architecture: Architecture,
     model: nn.Module,
@@ -351,10 +344,12 @@ def _linear_targets(
     FC1 or FC2, :mod:`~vitplasticity.models.architectures.hf_moe`): its linears are the
     model's linear modules whose weight it reads (a shared expert's), and its fused experts'
     3-D parameters are adapted as peft adapts them, per expert (``lora.ParamWrapper``)."""
+    from vitplasticity.models.architectures.base import is_linear_layer
+
     held = [m for m in modules if id(m) in names.of_module]
     read = {id(p): p for m in modules if id(m) not in names.of_module for p in m.parameters()}
-    linears = [sub for module in held for sub in module.modules() if _is_linear(sub)]
-    linears += [m for m in model.modules() if _is_linear(m) and id(m.weight) in read]
+    linears = [sub for module in held for sub in module.modules() if is_linear_layer(sub)]
+    linears += [m for m in model.modules() if is_linear_layer(m) and id(m.weight) in read]
     fused = [names.of_parameter[key] for key, p in read.items() if p.ndim == 3]
     return names.of(linears), [n for n in names.parameters if n in fused]
 

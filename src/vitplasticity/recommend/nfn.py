@@ -50,7 +50,7 @@ from torch.utils.hooks import RemovableHandle
 
 from vitplasticity.components import COMPONENTS
 from vitplasticity.models.architectures import Architecture, UnsupportedModel, architecture_for
-from vitplasticity.models.architectures.base import linear_weight
+from vitplasticity.models.architectures.base import is_linear_layer, linear_weight
 
 NFN_SEED = 0
 """The random inputs' seed (fixed: the same model and images give the same NFN)."""
@@ -76,11 +76,6 @@ ROUTED_VIEW = (
 )
 """Why a component that is a view (an MoE's routed FC1 and FC2, :mod:`~vitplasticity.models.
 architectures.hf_moe`) has no NFN."""
-
-
-def is_linear(module: nn.Module) -> bool:
-    """Whether ``module`` is a linear layer: ``nn.Linear`` or transformers' ``Conv1D``."""
-    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 @dataclass
@@ -198,7 +193,7 @@ def feature_norm_statistics(
                             views.append(_view_row(index, component, top))
                             continue
                         for layer in top.modules():
-                            if is_linear(layer) and id(layer) not in recorder.calls:
+                            if is_linear_layer(layer) and id(layer) not in recorder.calls:
                                 handles.append(recorder.hook(index, component, layer))
             with torch.no_grad():
                 model(inputs)

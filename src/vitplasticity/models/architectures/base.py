@@ -80,6 +80,12 @@ class AttentionWeights:
     says so here: the MHA bound's A^h is the bilinear form of the logits the model computes."""
 
 
+def is_linear_layer(module: nn.Module) -> bool:
+    """Whether ``module`` is a linear layer as LoRA and NFN take one: ``nn.Linear`` or
+    transformers' ``Conv1D`` (GPT2's, its weight stored transposed)."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
 def linear_weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A linear map's weight in torch's (out, in) layout, and its bias.
 
