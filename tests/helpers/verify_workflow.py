@@ -1,6 +1,6 @@
-"""The verification the workflow tests run (tests/pipeline/test_verify_workflow.py locally,
-test_slurm_verify.py on the local SLURM): the demo model and data, one configuration of the
-demo grid as its experiment, two learning rates and two seeds."""
+"""The verification the workflow tests run (tests/pipeline/test_slurm_verify.py, on the local
+SLURM; tests/workflow/test_bad_verify_config.py, its config refused): the demo model and data,
+one configuration of the demo grid as its experiment, two learning rates and two seeds."""
 
 from __future__ import annotations
 

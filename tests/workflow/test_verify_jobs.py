@@ -1,6 +1,6 @@
 """recommend.verify's parse-time checks and the rungs the workflow asks for
 (vitplasticity.workflow.verify_jobs); the jobs themselves run in
-tests/pipeline/test_verify_workflow.py."""
+tests/pipeline/test_slurm_verify.py."""
 
 from __future__ import annotations
 
