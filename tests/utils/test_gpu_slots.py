@@ -314,22 +314,37 @@ def test_provenance_records_the_slot_only_when_given(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.slow
 def test_a_local_run_puts_each_gpu_job_on_a_device_of_its_own(tmp_path: Path) -> None:
-    """The mini preset's finetune and plasticity jobs with two stand-in GPUs and
-    `--resources gpu=2`, on `device: auto` (the demo's `cpu` takes no slot): each job's
-    results record the device it was given, both used."""
+    """The finetune and plasticity jobs of the mini preset cut to one dataset (its two runs
+    and its plasticity) with two stand-in GPUs and `--resources gpu=2`, on `device: auto` (the
+    demo's `cpu` takes no slot): each job's results record the device it was given, both used.
+    The datasets and the reference set are made first, so that the three GPU jobs are ready
+    at once and two of them start together."""
     bindir = Path(sys.executable).parent
     env = job_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1", **{gpu_slots.LOCK_DIR_VARIABLE: None})
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
     configfiles = [REPO / n for n in ("config/config.yaml", "config/demo.yaml",
                                       "tests/presets/mini.yaml")]  # fmt: skip
     auto = tmp_path / "auto.yaml"
-    auto.write_text("plasticity: {device: auto}\nfinetune: {device: auto}\n")
-    command = [
+    auto.write_text(
+        "plasticity: {device: auto, datasets: [demo-stripes]}\nfinetune: {device: auto}\n"
+        "experiments:\n  sgd: {datasets: [demo-stripes], configurations: [mha, head]}\n"
+        "  adam: {enabled: false}\n"
+    )
+    snakemake = [
         str(bindir / "snakemake"),
         "--snakefile", str(REPO / "workflow/Snakefile"), "--directory", str(tmp_path),
         "--configfile", *map(str, [*configfiles, auto]),
-        "--resources", "gpu=2", "--cores", "2", "finetune_all", "plasticity_all",
+        "--resources", "gpu=2", "--cores", "2",
     ]  # fmt: skip
+    inputs = [
+        "resources/demo/datasets/demo-stripes",
+        "resources/demo/reference/demo_reference.parquet",
+    ]
+    result = subprocess.run(
+        [*snakemake, *inputs], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    command = [*snakemake, "finetune_all", "plasticity_all"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     results = tmp_path / "results/demo"
@@ -340,7 +355,7 @@ def test_a_local_run_puts_each_gpu_job_on_a_device_of_its_own(tmp_path: Path) ->
     ]
     pairs = sorted(results.glob("plasticity/*/*.parquet"))
     slots += [read_parquet_metadata(path)["provenance"]["gpu_slot"] for path in pairs]
-    assert len(slots) == 8 + 4  # 8 runs; 2 datasets x (pairs, summary)
+    assert len(slots) == 2 + 2  # 2 runs; 1 dataset x (pairs, summary)
     assert set(slots) == {"0", "1"}
     assert pl.read_parquet(pairs[0]).height > 0
 
