@@ -21,9 +21,16 @@ import pytest
 import yaml
 
 from tests.helpers.repo import REPO
-from tests.helpers.workflow import PRESETS
+from tests.helpers.workflow import PRESETS, planned_jobs
 
 pytestmark = pytest.mark.slow
+
+# The mini preset cut to one dataset: every rule of its `all` still runs (each experiment keeps
+# two configurations beside head, as its Wilcoxon test needs), half its finetuning runs.
+ONE_DATASET = {
+    "plasticity": {"datasets": ["demo-stripes"]},
+    "experiments": {"sgd": {"datasets": ["demo-stripes"], "configurations": ["mha", "fc1"]}},
+}
 
 
 def local_clone(destination: Path) -> Path:
@@ -89,22 +96,27 @@ def test_the_demo_runs_in_the_deployed_folder_on_its_own_config(
     snakefile.write_text(
         text.replace('"workflow/Snakefile"', repr(str(clone / "workflow/Snakefile")))
     )
-    # The user's own config: the smallest demo that runs every stage, written to their folder
-    # and into a results folder of their naming.
+    # The user's own config, written to their folder and into a results folder of their
+    # naming: the smallest demo that runs every stage, and their cut of it to one dataset.
     mini = PRESETS[-1]  # the smallest preset the workflow tests run
     assert mini.name == "mini.yaml"
     mine = yaml.safe_load(mini.read_text())
     mine["paths"] = {"resources": "resources/mine", "results": "results/mine"}
     (folder / "config/mine.yaml").write_text(yaml.safe_dump(mine))
+    (folder / "config/one_dataset.yaml").write_text(yaml.safe_dump(ONE_DATASET))
     bindir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
-    command = [str(bindir / "snakemake"), "--cores", "2", "--configfile"]
-    command += ["config/demo.yaml", "config/mine.yaml", "--", "all"]
-    result = subprocess.run(
-        command, cwd=folder, env=env, capture_output=True, text=True, timeout=1500
-    )
+    snakemake = [str(bindir / "snakemake"), "--cores", "2"]
+    configs = ["--configfile", "config/demo.yaml", "config/mine.yaml"]
+    # What the whole mini preset would run (a dry run), then the run of the cut.
+    run = {"cwd": folder, "env": env, "capture_output": True, "text": True}
+    planned = subprocess.run([*snakemake, "-n", *configs, "--", "all"], timeout=300, **run)
+    configs.append("config/one_dataset.yaml")
+    result = subprocess.run([*snakemake, *configs, "--", "all"], timeout=1500, **run)
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     assert "profiles/default" in result.stdout + result.stderr  # the deployed rule resources
+    # The cut runs every rule that the whole mini preset would.
+    assert set(planned_jobs(result)) == set(planned_jobs(planned)), planned.stdout[-3000:]
     results = folder / "results/mine"
     assert (results / "tables/sgd_accuracy.tex").is_file()
     assert list((results / "figures/plasticity_depth").glob("*.png"))
