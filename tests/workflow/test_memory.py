@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 from tests.helpers.configs import DEMO, PAPER, Configure, dry_run
+from tests.helpers.repo import REPO
 from tests.helpers.saved_checkpoints import saved_causal_lm, saved_vit
 from vitplasticity.models import stream_decision as decision
 from vitplasticity.models.checkpoint_tensors import checkpoint_bytes, checkpoint_files
@@ -108,6 +111,24 @@ def test_a_model_without_a_checkpoint_asks_for_the_default_or_the_cap(
     assert JobMemory(demo_with({})).plasticity(wildcards) == DEFAULT_MEM_MB == 32000
     capped = demo_with({"scheduler": {"max_mem_mb": 64000}})
     assert JobMemory(capped).plasticity(wildcards) == 64000
+
+
+def test_a_random_model_asks_without_importing_torch() -> None:
+    """The Snakemake process that plans a demo run (random weights) never imports torch for a
+    memory request: the entry says there is no checkpoint to count."""
+    code = (
+        "import sys\n"
+        "from types import SimpleNamespace\n"
+        "from tests.helpers.configs import DEMO, PAPER, load_config, validated\n"
+        "from vitplasticity.workflow.memory import JobMemory\n"
+        "jobs = JobMemory(validated(load_config(PAPER, DEMO)))\n"
+        "asked = jobs.plasticity(SimpleNamespace(model='demo_vit', dataset='demo-stripes'))\n"
+        "print(asked, 'torch' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert result.stdout.split()[-2:] == [str(DEFAULT_MEM_MB), "False"], result.stdout
 
 
 def test_a_hub_model_not_fetched_yet_is_snakemakes_tbd(demo_with: Configure) -> None:

@@ -165,6 +165,10 @@ class JobMemory:
         granted = os.environ.get(GRANTED_VARIABLE)
         if not self.main_process and granted is not None and granted.isdigit():
             return int(granted)
+        if self.models.models[model]["weights"] == "random":
+            # No checkpoint to count, known from the entry: no torch import in the Snakemake
+            # process for it (every demo run plans plasticity jobs of random models).
+            return self.uncounted
         self._check_fetched(model)
         stage = self.config[block]
         found = _estimates(
